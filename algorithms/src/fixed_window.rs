@@ -1,0 +1,41 @@
+//! Fixed window: a counter per aligned window.
+
+use tollgate_core::{State, Stored, Transition, Verdict, Window};
+
+use crate::{after, ttl_until};
+
+/// Fixed window over the state `[count, last µs, 0]`.
+///
+/// The window is the one holding the effective time `max(now, last)`; the
+/// stored count belongs to the window holding `last`. A clock stepping back
+/// into an earlier window keeps the later window and its count.
+pub fn fixed_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transition {
+    let w = p.window_us();
+    let (stored, last) = match state {
+        Some([count, last, _]) => (count, last),
+        None => (0, now),
+    };
+    let t = now.max(last);
+    let start = t - t % w;
+    let count = if last >= start { stored } else { 0 };
+    let end = start + w;
+    let allowed = count + cost <= p.limit();
+    let count_after = if allowed { count + cost } else { count };
+    Transition {
+        verdict: Verdict {
+            allowed,
+            limit: p.limit(),
+            remaining: p.limit() - count_after,
+            reset_after: if count_after == 0 {
+                after(t, now)
+            } else {
+                after(end, now)
+            },
+            retry_after: (!allowed).then(|| after(end, now)),
+        },
+        next: allowed.then(|| Stored {
+            state: State::Cells([count_after, t, 0]),
+            ttl: ttl_until(end, now),
+        }),
+    }
+}

@@ -1,0 +1,53 @@
+//! GCRA: the token bucket as one theoretical arrival time.
+
+use tollgate_core::{Gcra, State, Stored, Transition, Verdict};
+
+use crate::{after, ttl_until};
+
+/// GCRA over the state `[TAT µs, last µs, 0]`.
+///
+/// The theoretical arrival time (TAT) is when the key is back to full. A
+/// request of `cost` moves it `cost × interval` later; it is admitted when the
+/// new TAT is at most `burst × interval` ahead of the effective time. `last`
+/// keeps the effective time monotonic, so a backward clock cannot make the
+/// bucket look emptier.
+pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transition {
+    let interval = p.interval_us();
+    let tolerance = p.burst() * interval;
+    let (tat, last) = match state {
+        Some([tat, last, _]) => (tat, last),
+        None => (now, now),
+    };
+    let t = now.max(last);
+    let base = tat.max(t);
+    let new_tat = base + cost * interval;
+    if new_tat - t <= tolerance {
+        Transition {
+            verdict: Verdict {
+                allowed: true,
+                limit: p.burst(),
+                remaining: (tolerance - (new_tat - t)) / interval,
+                reset_after: after(new_tat, now),
+                retry_after: None,
+            },
+            next: Some(Stored {
+                state: State::Cells([new_tat, t, 0]),
+                ttl: ttl_until(new_tat, now),
+            }),
+        }
+    } else {
+        // Admitted once the effective time reaches new_tat - tolerance; that
+        // instant is not after `base`, so `base` is unchanged by then.
+        let retry_at = new_tat - tolerance;
+        Transition {
+            verdict: Verdict {
+                allowed: false,
+                limit: p.burst(),
+                remaining: (tolerance - (base - t)) / interval,
+                reset_after: after(base, now),
+                retry_after: Some(after(retry_at, now)),
+            },
+            next: None,
+        }
+    }
+}

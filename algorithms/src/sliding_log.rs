@@ -1,0 +1,57 @@
+//! Sliding log: one timestamp per admitted unit, kept for one window.
+
+use std::collections::VecDeque;
+
+use tollgate_core::{State, Stored, Transition, Verdict, Window};
+
+use crate::{after, ttl_until};
+
+/// Sliding log over a non-decreasing list of timestamps.
+///
+/// An entry counts while it lies in `(t − W, t]`, `t = max(now, newest)`. A
+/// request of `cost` passes when `entries + cost ≤ limit` and then adds `cost`
+/// entries at `t`. Because `t` never decreases, the list stays sorted and a
+/// store can keep it as a plain list.
+pub fn sliding_log(p: &Window, state: Option<&VecDeque<u64>>, now: u64, cost: u64) -> Transition {
+    let (w, limit) = (p.window_us(), p.limit());
+    let empty = VecDeque::new();
+    let entries = state.unwrap_or(&empty);
+    let t = entries.back().map_or(now, |&newest| now.max(newest));
+    // Entries at or before t - W have aged out.
+    let live = entries.len() - entries.partition_point(|&ts| ts + w <= t);
+    let first_live = entries.len() - live;
+    let allowed = live as u64 + cost <= limit;
+    if allowed {
+        let mut next: VecDeque<u64> = entries.range(first_live..).copied().collect();
+        next.extend(std::iter::repeat_n(t, cost as usize));
+        let reset_at = t + w;
+        Transition {
+            verdict: Verdict {
+                allowed,
+                limit,
+                remaining: limit - next.len() as u64,
+                reset_after: after(reset_at, now),
+                retry_after: None,
+            },
+            next: Some(Stored {
+                state: State::Log(next),
+                ttl: ttl_until(reset_at, now),
+            }),
+        }
+    } else {
+        // The k-th oldest live entry must age out, k = live + cost - limit.
+        let k = live as u64 + cost - limit;
+        let retry_at = entries[first_live + k as usize - 1] + w;
+        let reset_at = entries.back().map_or(t, |&newest| newest + w);
+        Transition {
+            verdict: Verdict {
+                allowed,
+                limit,
+                remaining: limit - live as u64,
+                reset_after: after(reset_at, now),
+                retry_after: Some(after(retry_at, now)),
+            },
+            next: None,
+        }
+    }
+}

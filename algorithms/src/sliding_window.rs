@@ -1,0 +1,77 @@
+//! Sliding window counter: two aligned windows, the previous one weighted.
+
+use tollgate_core::{State, Stored, Transition, Verdict, Window};
+
+use crate::{after, ttl_until};
+
+/// Sliding window counter over the state `[current count, previous count, last µs]`.
+///
+/// With `e` the elapsed part of the current window `W`, a request of `cost`
+/// passes when `prev × (W − e) + (cur + cost) × W ≤ limit × W` — the usual
+/// `prev × (1 − e/W) + cur + cost ≤ limit`, multiplied out so it stays exact.
+pub fn sliding_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transition {
+    let (w, limit) = (p.window_us(), p.limit());
+    let (stored_cur, stored_prev, last) = match state {
+        Some([cur, prev, last]) => (cur, prev, last),
+        None => (0, 0, now),
+    };
+    let t = now.max(last);
+    let start = t - t % w;
+    let last_start = last - last % w;
+    let (prev, cur) = if last_start == start {
+        (stored_prev, stored_cur)
+    } else if last_start + w == start {
+        (stored_cur, 0)
+    } else {
+        (0, 0)
+    };
+    let e = t - start;
+    let budget = limit * w;
+    let used = prev * (w - e) + cur * w;
+    let allowed = used + cost * w <= budget;
+    let cur_after = if allowed { cur + cost } else { cur };
+    let used_after = prev * (w - e) + cur_after * w;
+    let reset_at = if cur_after > 0 {
+        start + 2 * w
+    } else if prev > 0 {
+        start + w
+    } else {
+        t
+    };
+    let retry_after = (!allowed).then(|| after(retry_at(limit, w, prev, cur, cost, start, e), now));
+    Transition {
+        verdict: Verdict {
+            allowed,
+            limit,
+            remaining: budget.saturating_sub(used_after) / w,
+            reset_after: after(reset_at, now),
+            retry_after,
+        },
+        next: allowed.then(|| Stored {
+            state: State::Cells([cur_after, prev, t]),
+            ttl: ttl_until(reset_at, now),
+        }),
+    }
+}
+
+/// The earliest instant a denied request of `cost` passes.
+fn retry_at(limit: u64, w: u64, prev: u64, cur: u64, cost: u64, start: u64, e: u64) -> u64 {
+    // Later in this window, as the previous window's weight fades:
+    // prev × (W − e') ≤ (limit − cur − cost) × W.
+    if limit >= cur + cost && prev > 0 {
+        let spare = (limit - cur - cost) * w;
+        let e_min = w - (spare / prev).min(w);
+        if e_min < w {
+            debug_assert!(e_min > e);
+            return start + e_min;
+        }
+    }
+    // In the next window, where this window's count becomes the weighted one:
+    // cur × (W − e') ≤ (limit − cost) × W.
+    let e_next = if cur == 0 {
+        0
+    } else {
+        w - (((limit - cost) * w) / cur).min(w)
+    };
+    start + w + e_next
+}

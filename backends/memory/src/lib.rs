@@ -1,0 +1,39 @@
+//! Tollgate's in-process store.
+//!
+//! A [`MemoryStore`] keeps every key's state in a sharded hash map behind one
+//! mutex per shard. A decision locks the shards of all its layers (in shard
+//! order, so two decisions never deadlock), judges every layer, and writes
+//! only if all admit: layered decisions are atomic and all-or-nothing.
+//!
+//! Memory is bounded: at most `max_keys` live keys. Expired entries are
+//! reclaimed as the map grows (a sweep whenever a shard has doubled since its
+//! last sweep, and whenever it is full), so no cleanup task is needed. When a
+//! shard is full of live keys, the store answers [`StoreError::Full`] rather
+//! than evict a live counter, because evicting one would hand its subject a
+//! fresh allowance.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::{sync::Arc, time::Duration};
+//! use tollgate_core::{Context, Limit, Limiter, Policy, Scope, Subject};
+//! use tollgate_memory::MemoryStore;
+//!
+//! let store = Arc::new(MemoryStore::builder().max_keys(100_000).build());
+//! let policy = Policy::new("login", Limit::sliding_log(3, Duration::from_secs(60))?)?;
+//! let limiter = Limiter::builder(store).layer("user", Scope::Subject, policy).build()?;
+//!
+//! let ctx = Context::subject(Subject::new("alice")?);
+//! let mut admitted = 0;
+//! for _ in 0..5 {
+//!     if limiter.check(&ctx, 1).await?.is_allowed() {
+//!         admitted += 1;
+//!     }
+//! }
+//! assert_eq!(admitted, 3);
+//! # Ok(()) }
+//! ```
+
+mod store;
+
+pub use store::{MemoryStore, MemoryStoreBuilder};
+pub use tollgate_core::StoreError;

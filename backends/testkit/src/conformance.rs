@@ -1,0 +1,356 @@
+//! The store conformance suite.
+//!
+//! Each case is an `async fn` taking a [`StoreFactory`]: something that,
+//! given a [`ManualClock`], returns a store reading its time from that clock.
+//! Cases use their own policy names and subjects, so one store (or one Redis
+//! database) can serve them all in parallel. [`conformance_tests!`] turns every
+//! case into a `#[tokio::test]`.
+//!
+//! The cases pin down the [`Store`] contract: a new key starts full; exactly
+//! the capacity passes in sequence and under concurrency; a denial consumes
+//! nothing; retry-after is exact to the microsecond; a clock stepping back
+//! neither refills nor drains; layered decisions are all-or-nothing; and
+//! subjects never share counters.
+//!
+//! [`conformance_tests!`]: crate::conformance_tests
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::{
+    Context, Limit, Limiter, ManualClock, Policy, Scope, Store, Subject, Timestamp,
+};
+
+/// Builds a store whose time comes from the given manual clock.
+pub trait StoreFactory: Send + Sync {
+    /// The store's future.
+    type Fut: Future<Output = Arc<dyn Store>> + Send;
+    /// A store reading time from `clock`.
+    fn make(&self, clock: ManualClock) -> Self::Fut;
+}
+
+impl<F, Fut> StoreFactory for F
+where
+    F: Fn(ManualClock) -> Fut + Send + Sync,
+    Fut: Future<Output = Arc<dyn Store>> + Send,
+{
+    type Fut = Fut;
+    fn make(&self, clock: ManualClock) -> Fut {
+        self(clock)
+    }
+}
+
+/// The instant every case starts at: a realistic wall-clock time (2026).
+pub const START: Timestamp = Timestamp::from_micros(1_780_000_000_123_456);
+
+/// One policy of each built-in algorithm, every one with capacity `capacity`
+/// and a one-second period or window.
+pub fn every_algorithm(capacity: u64) -> Vec<Limit> {
+    let second = Duration::from_secs(1);
+    vec![
+        Limit::token_bucket(capacity, capacity, second).expect("valid"),
+        Limit::gcra(capacity, second, capacity).expect("valid"),
+        Limit::fixed_window(capacity, second).expect("valid"),
+        Limit::sliding_window(capacity, second).expect("valid"),
+        Limit::sliding_log(capacity, second).expect("valid"),
+    ]
+}
+
+/// A name no other case (in this process or another) uses, so cases can
+/// share a store.
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{}-{n}", std::process::id())
+}
+
+/// A one-layer limiter over `store` with `limit`.
+pub fn single(store: Arc<dyn Store>, limit: Limit) -> Limiter {
+    let policy = Policy::new(unique(limit.algorithm_name()), limit).expect("valid policy");
+    Limiter::builder(store)
+        .layer("only", Scope::Subject, policy)
+        .build()
+        .expect("valid limiter")
+}
+
+/// A context with a fresh subject.
+pub fn fresh_subject() -> Context {
+    Context::subject(Subject::new(unique("subject")).expect("valid subject"))
+}
+
+async fn admitted(limiter: &Limiter, ctx: &Context, n: usize, cost: u64) -> usize {
+    let mut count = 0;
+    for _ in 0..n {
+        if limiter
+            .check(ctx, cost)
+            .await
+            .expect("store answers")
+            .is_allowed()
+        {
+            count += 1;
+        }
+    }
+    count
+}
+
+/// A new key starts full: `capacity` requests pass, the next is denied.
+pub async fn new_key_starts_full(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    for limit in every_algorithm(5) {
+        let name = limit.algorithm_name();
+        let limiter = single(store.clone(), limit);
+        let ctx = fresh_subject();
+        let first = limiter.check(&ctx, 1).await.expect("store answers");
+        assert!(first.is_allowed(), "{name}: first request of a new key");
+        assert_eq!(
+            first.layers()[0].remaining,
+            4,
+            "{name}: remaining after one"
+        );
+        assert_eq!(
+            admitted(&limiter, &ctx, 4, 1).await,
+            4,
+            "{name}: rest of the capacity"
+        );
+        let denied = limiter.check(&ctx, 1).await.expect("store answers");
+        assert!(!denied.is_allowed(), "{name}: request over capacity");
+        assert_eq!(denied.layers()[0].remaining, 0, "{name}: nothing left");
+        assert!(
+            denied.retry_after().expect("a denial has a retry-after") > Duration::ZERO,
+            "{name}"
+        );
+    }
+}
+
+/// The seed's case: 5 requests in sequence against a limit of 3 admit exactly 3.
+pub async fn sequential_admits_exactly_the_limit(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    for limit in every_algorithm(3) {
+        let name = limit.algorithm_name();
+        let limiter = single(store.clone(), limit);
+        assert_eq!(
+            admitted(&limiter, &fresh_subject(), 5, 1).await,
+            3,
+            "{name}"
+        );
+    }
+}
+
+/// A denied request consumes nothing, and retry-after is exact: one
+/// microsecond before it the request is still denied, at it the request passes.
+pub async fn retry_after_is_exact_and_denials_are_free(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    for limit in every_algorithm(4) {
+        let name = limit.algorithm_name();
+        let limiter = single(store.clone(), limit);
+        let ctx = fresh_subject();
+        assert_eq!(admitted(&limiter, &ctx, 4, 1).await, 4, "{name}");
+        clock.advance(Duration::from_millis(100));
+        let denied = limiter.check(&ctx, 3).await.expect("store answers");
+        assert!(
+            !denied.is_allowed(),
+            "{name}: cost 3 with (almost) nothing left"
+        );
+        let wait = denied.retry_after().expect("retry-after");
+        // Hammering while denied must not push the retry point back.
+        for _ in 0..10 {
+            let again = limiter.check(&ctx, 3).await.expect("store answers");
+            assert_eq!(
+                again.retry_after(),
+                Some(wait),
+                "{name}: denials consumed something"
+            );
+        }
+        clock.advance(wait - Duration::from_micros(1));
+        assert!(
+            !limiter
+                .check(&ctx, 3)
+                .await
+                .expect("store answers")
+                .is_allowed(),
+            "{name}: 1µs early"
+        );
+        clock.advance(Duration::from_micros(1));
+        assert!(
+            limiter
+                .check(&ctx, 3)
+                .await
+                .expect("store answers")
+                .is_allowed(),
+            "{name}: at retry-after"
+        );
+    }
+}
+
+/// A clock stepping back neither refills the bucket a second time nor takes
+/// anything away.
+pub async fn backward_clock_neither_refills_nor_drains(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    for limit in every_algorithm(4) {
+        let name = limit.algorithm_name();
+        let limiter = single(store.clone(), limit);
+        let ctx = fresh_subject();
+        assert_eq!(admitted(&limiter, &ctx, 2, 1).await, 2, "{name}");
+        clock.advance(Duration::from_millis(300));
+        let before = limiter.check(&ctx, 1).await.expect("store answers");
+        assert!(before.is_allowed(), "{name}");
+        let remaining = before.layers()[0].remaining;
+        // Step back 200ms: the same request must not see more, nor less.
+        clock.rewind(Duration::from_millis(200));
+        let after = limiter.check(&ctx, 1).await.expect("store answers");
+        if remaining == 0 {
+            assert!(!after.is_allowed(), "{name}: a backward clock refilled");
+        } else {
+            assert!(after.is_allowed(), "{name}: a backward clock drained");
+            assert_eq!(after.layers()[0].remaining, remaining - 1, "{name}");
+        }
+        // Coming forward again to the same instant refills nothing twice.
+        clock.advance(Duration::from_millis(200));
+        let total = admitted(&limiter, &ctx, 10, 1).await as u64;
+        assert_eq!(total, remaining.saturating_sub(1), "{name}: refilled twice");
+    }
+}
+
+/// Many tasks released together on one key at one instant admit exactly the capacity.
+pub async fn concurrent_requests_admit_exactly_the_capacity(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    for limit in every_algorithm(20) {
+        let name = limit.algorithm_name();
+        let limiter = single(store.clone(), limit);
+        let ctx = fresh_subject();
+        let barrier = Arc::new(tokio::sync::Barrier::new(200));
+        let tasks: Vec<_> = (0..200)
+            .map(|_| {
+                let (limiter, ctx, barrier) = (limiter.clone(), ctx.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    limiter
+                        .check(&ctx, 1)
+                        .await
+                        .expect("store answers")
+                        .is_allowed()
+                })
+            })
+            .collect();
+        let mut count = 0;
+        for task in tasks {
+            count += usize::from(task.await.expect("task"));
+        }
+        assert_eq!(count, 20, "{name}: 200 concurrent requests, capacity 20");
+    }
+}
+
+/// A request denied by one layer charges no layer.
+pub async fn layers_are_all_or_nothing(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    for limit in every_algorithm(10) {
+        let name = limit.algorithm_name();
+        let wide = Policy::new(unique("wide"), limit).expect("valid");
+        let narrow = Policy::new(
+            unique("narrow"),
+            Limit::fixed_window(2, Duration::from_secs(60)).expect("valid"),
+        )
+        .expect("valid");
+        let limiter = Limiter::builder(store.clone())
+            .layer("subject", Scope::Subject, wide)
+            .layer("tenant", Scope::Tenant, narrow)
+            .build()
+            .expect("valid");
+        let ctx = fresh_subject().with_tenant(Subject::new(unique("tenant")).expect("valid"));
+        assert_eq!(admitted(&limiter, &ctx, 2, 1).await, 2, "{name}");
+        for _ in 0..5 {
+            let d = limiter.check(&ctx, 1).await.expect("store answers");
+            assert!(!d.is_allowed(), "{name}");
+            assert!(
+                d.layers()[0].allowed && !d.layers()[1].allowed,
+                "{name}: only the tenant layer denies"
+            );
+            assert_eq!(
+                d.layers()[0].remaining,
+                8,
+                "{name}: the denied request charged the subject layer"
+            );
+        }
+    }
+}
+
+/// Different subjects never share a counter; the same policy under another
+/// version starts fresh.
+pub async fn subjects_and_versions_are_isolated(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    for limit in every_algorithm(2) {
+        let name = limit.algorithm_name();
+        let policy = Policy::new(unique("iso"), limit).expect("valid");
+        let v1 = Limiter::builder(store.clone())
+            .layer("l", Scope::Subject, policy.clone())
+            .build()
+            .expect("valid");
+        let v2 = Limiter::builder(store.clone())
+            .layer("l", Scope::Subject, policy.with_version(2))
+            .build()
+            .expect("valid");
+        let (a, b) = (fresh_subject(), fresh_subject());
+        assert_eq!(admitted(&v1, &a, 3, 1).await, 2, "{name}");
+        assert_eq!(admitted(&v1, &b, 3, 1).await, 2, "{name}: another subject");
+        assert_eq!(admitted(&v2, &a, 3, 1).await, 2, "{name}: another version");
+    }
+}
+
+/// After the reported reset time the key is exactly as new.
+pub async fn state_resets_after_reset_after(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    for limit in every_algorithm(3) {
+        let name = limit.algorithm_name();
+        let limiter = single(store.clone(), limit);
+        let ctx = fresh_subject();
+        let mut last = None;
+        for _ in 0..3 {
+            last = Some(limiter.check(&ctx, 1).await.expect("store answers"));
+        }
+        let reset = last.expect("three checks").layers()[0].reset_after;
+        clock.advance(reset);
+        assert_eq!(
+            admitted(&limiter, &ctx, 5, 1).await,
+            3,
+            "{name}: full again after reset-after"
+        );
+    }
+}
+
+/// Turns every conformance case into a `#[tokio::test]` (multi-threaded).
+///
+/// The argument is a closure `|clock: ManualClock| async move { … }` returning
+/// an `Arc<dyn Store>` whose time comes from `clock`.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr) => {
+        $crate::conformance_tests!(@cases $factory;
+            new_key_starts_full,
+            sequential_admits_exactly_the_limit,
+            retry_after_is_exact_and_denials_are_free,
+            backward_clock_neither_refills_nor_drains,
+            concurrent_requests_admit_exactly_the_capacity,
+            layers_are_all_or_nothing,
+            subjects_and_versions_are_isolated,
+            state_resets_after_reset_after,
+        );
+    };
+    (@cases $factory:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                $crate::conformance::$case($factory).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,24 @@
+//! Tollgate's test kit.
+//!
+//! - [`conformance`]: the store conformance suite. Every store — the built-in
+//!   ones and yours — runs the same cases through
+//!   [`conformance_tests!`](crate::conformance_tests).
+//!
+//! Use it from your store's tests:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tollgate_core::{ManualClock, Store};
+//! # mod my_store { pub use tollgate_testkit::doc_support::ExampleStore as MyStore; }
+//!
+//! // One #[tokio::test] per conformance case. The closure gets the manual
+//! // clock the case moves and returns a fresh store that reads time from it.
+//! tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+//!     Arc::new(my_store::MyStore::new(clock)) as Arc<dyn Store>
+//! });
+//! # fn main() {}
+//! ```
+
+pub mod conformance;
+#[doc(hidden)]
+pub mod doc_support;

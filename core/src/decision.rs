@@ -1,0 +1,93 @@
+//! Decisions: what the limiter answers, layer by layer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::policy::Policy;
+
+/// Where a layer's answer came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Source {
+    /// The configured store decided.
+    Store,
+    /// The store failed; the in-process emergency bucket decided.
+    Fallback,
+    /// The store failed; the policy says to admit.
+    FailOpen,
+    /// The store failed; the policy says to reject (HTTP 503, not 429).
+    FailClosed,
+}
+
+impl Source {
+    /// A short label: `store`, `fallback`, `fail_open`, `fail_closed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Store => "store",
+            Source::Fallback => "fallback",
+            Source::FailOpen => "fail_open",
+            Source::FailClosed => "fail_closed",
+        }
+    }
+}
+
+/// One layer's part of a [`Decision`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerDecision {
+    /// The layer's name.
+    pub layer: Arc<str>,
+    /// The layer's policy.
+    pub policy: Policy,
+    /// Whether this layer admits the request.
+    pub allowed: bool,
+    /// The policy's capacity or window limit.
+    pub limit: u64,
+    /// Units left after this decision (when the request is denied by another
+    /// layer, this layer was not charged and shows what it still has).
+    pub remaining: u64,
+    /// Time until this layer is back to full.
+    pub reset_after: Duration,
+    /// When this layer denies: the earliest time the same request could pass it.
+    pub retry_after: Option<Duration>,
+    /// Where the answer came from.
+    pub source: Source,
+}
+
+/// The answer to one request: admitted only if every layer admits, and then
+/// every layer was charged; denied otherwise, and no layer was charged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    layers: Vec<LayerDecision>,
+}
+
+impl Decision {
+    /// A decision from its layers.
+    pub fn new(layers: Vec<LayerDecision>) -> Self {
+        Decision { layers }
+    }
+
+    /// Whether the request may proceed.
+    pub fn is_allowed(&self) -> bool {
+        self.layers.iter().all(|l| l.allowed)
+    }
+
+    /// Every layer, in the limiter's order.
+    pub fn layers(&self) -> &[LayerDecision] {
+        &self.layers
+    }
+
+    /// The layers that denied.
+    pub fn denied_layers(&self) -> impl Iterator<Item = &LayerDecision> {
+        self.layers.iter().filter(|l| !l.allowed)
+    }
+
+    /// When denied: the longest wait among the denying layers (`None` when admitted).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.denied_layers().filter_map(|l| l.retry_after).max()
+    }
+
+    /// The layer with the fewest remaining units (the one headers report first).
+    pub fn tightest(&self) -> Option<&LayerDecision> {
+        self.layers.iter().min_by_key(|l| (l.allowed, l.remaining))
+    }
+}

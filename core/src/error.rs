@@ -1,0 +1,126 @@
+//! Errors. Being rate limited is not one of them: that is a [`Decision`](crate::Decision).
+
+use std::error::Error as StdError;
+
+/// A policy (or a request's cost) that Tollgate cannot enforce exactly.
+///
+/// The message names the field and says what to change, for example
+/// `window: 0ns must be between 1ms and 604800s (7 days)`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct PolicyError {
+    field: String,
+    reason: String,
+}
+
+impl PolicyError {
+    /// An error about `field`.
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        PolicyError {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The same error with `prefix.` before its field path, so configuration
+    /// errors read `policies.search.window: …`.
+    pub fn within(mut self, prefix: &str) -> Self {
+        self.field = format!("{prefix}.{}", self.field);
+        self
+    }
+
+    /// The field path the error is about.
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// Why the value is rejected.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+/// A subject that cannot name a counter.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubjectError {
+    /// Nothing left after trimming white space.
+    #[error("subject is empty: pass a user, tenant or key id (hash secrets with Subject::hashed)")]
+    Empty,
+    /// Longer than [`Subject::MAX_LEN`](crate::Subject::MAX_LEN) bytes.
+    #[error("subject is {0} bytes long; at most 256 bytes are accepted (hash long identifiers with Subject::hashed)")]
+    TooLong(usize),
+    /// Contains a control character, white space, or `{`/`}` (which would
+    /// change the Redis Cluster hash tag).
+    #[error("subject contains {0:?}; control characters, white space, '{{' and '}}' are not allowed (hash such identifiers with Subject::hashed)")]
+    BadCharacter(char),
+}
+
+/// Why a store could not decide.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store did not answer within its deadline.
+    #[error(
+        "the store did not answer within {0:?}; check that it is reachable, or raise the deadline"
+    )]
+    Timeout(std::time::Duration),
+    /// The store cannot be reached or refused the connection.
+    #[error("the store is unavailable: {0}")]
+    Unavailable(String),
+    /// The in-process store holds its maximum number of live keys.
+    #[error("the in-process store is full ({0} live keys); raise max_keys, since evicting a live counter would hand out free requests")]
+    Full(usize),
+    /// The store cannot run this policy's algorithm.
+    #[error("this store cannot run the {0} algorithm; use a built-in algorithm or a store with a generic path")]
+    Unsupported(&'static str),
+    /// The store answered something Tollgate does not understand.
+    #[error("the store answered unexpectedly: {0}")]
+    Protocol(String),
+    /// Any other failure of a store implementation.
+    #[error("store error: {0}")]
+    Backend(#[source] Box<dyn StdError + Send + Sync>),
+}
+
+impl StoreError {
+    /// A short, bounded label for metrics and logs (`timeout`, `unavailable`, …).
+    pub fn class(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "timeout",
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Full(_) => "full",
+            StoreError::Unsupported(_) => "unsupported",
+            StoreError::Protocol(_) => "protocol",
+            StoreError::Backend(_) => "backend",
+        }
+    }
+}
+
+/// Everything [`Limiter::check`](crate::Limiter::check) can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A policy or cost is invalid.
+    #[error("invalid policy: {0}")]
+    Policy(#[from] PolicyError),
+    /// A subject is invalid.
+    #[error("invalid subject: {0}")]
+    Subject(#[from] SubjectError),
+    /// The request context lacks the subject a layer needs (HTTP: 401).
+    #[error("layer {layer:?} needs a {scope} subject and the request has none")]
+    MissingSubject {
+        /// The layer's name.
+        layer: String,
+        /// What the layer keys on.
+        scope: String,
+    },
+    /// The limiter has no layers.
+    #[error("a limiter needs at least one layer")]
+    NoLayers,
+    /// Two layers share a name.
+    #[error("two layers are named {0:?}; layer names must be unique")]
+    DuplicateLayer(String),
+    /// The store failed (and no failure mode turned that into a decision).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

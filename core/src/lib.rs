@@ -1,0 +1,31 @@
+//! Core model of [Tollgate](https://docs.rs/tollgate): policies, subjects,
+//! decisions, clocks, and the [`Algorithm`] and [`Store`] traits that every
+//! algorithm and store implements.
+//!
+//! This crate does no I/O. Algorithms live in `tollgate-algorithms`, stores
+//! in `tollgate-memory` and `tollgate-redis`; the `tollgate` facade crate
+//! re-exports all of them behind cargo features.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod algorithm;
+mod decision;
+mod error;
+mod limiter;
+mod policy;
+mod store;
+mod subject;
+mod time;
+
+pub use algorithm::{Algorithm, State, Stored, Transition, Verdict};
+pub use decision::{Decision, LayerDecision, Source};
+pub use error::{Error, PolicyError, StoreError, SubjectError};
+pub use limiter::{Context, Layer, Limiter, LimiterBuilder, Scope};
+pub use policy::{
+    CustomAlgorithm, DurationSpec, Gcra, Limit, LimitSpec, Policy, TokenBucket, Window, MAX_COUNT,
+    MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY, MAX_WINDOW, MIN_WINDOW,
+};
+pub use store::{LayerRequest, Store, StoreKey};
+pub use subject::{HashKey, Subject};
+pub use time::{duration_micros, Clock, ManualClock, SystemClock, Timestamp};
+
+pub use async_trait::async_trait;

@@ -1,0 +1,118 @@
+//! Time as Tollgate sees it: integer microseconds since the Unix epoch, read
+//! from a [`Clock`] so tests move time by hand instead of sleeping.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// An instant, in whole microseconds since the Unix epoch.
+///
+/// Microseconds keep every algorithm in exact integer arithmetic, and every
+/// instant until the year 2255 fits in 2^53, so the Lua scripts (whose numbers
+/// are doubles) compute bit-identical results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Timestamp(u64);
+
+impl Timestamp {
+    /// The instant `micros` microseconds after the Unix epoch.
+    pub const fn from_micros(micros: u64) -> Self {
+        Timestamp(micros)
+    }
+
+    /// Microseconds since the Unix epoch.
+    pub const fn as_micros(self) -> u64 {
+        self.0
+    }
+
+    /// This instant moved `by` forward (saturating).
+    pub fn add(self, by: Duration) -> Self {
+        Timestamp(self.0.saturating_add(duration_micros(by)))
+    }
+
+    /// This instant moved `by` back (saturating at the epoch).
+    pub fn sub(self, by: Duration) -> Self {
+        Timestamp(self.0.saturating_sub(duration_micros(by)))
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}µs", self.0)
+    }
+}
+
+/// Whole microseconds in `d`, saturating at `u64::MAX`.
+pub fn duration_micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A source of the current time.
+///
+/// Production code uses [`SystemClock`]; tests use [`ManualClock`] and move
+/// time explicitly, so no test sleeps.
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// The current instant.
+    fn now(&self) -> Timestamp;
+}
+
+/// The operating system's wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        let since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        Timestamp(duration_micros(since))
+    }
+}
+
+/// A clock that moves only when told to; clones share the same time.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::{Clock, ManualClock, Timestamp};
+///
+/// let clock = ManualClock::new(Timestamp::from_micros(1_000));
+/// clock.advance(Duration::from_millis(2));
+/// assert_eq!(clock.now(), Timestamp::from_micros(3_000));
+/// clock.set(Timestamp::from_micros(500)); // clocks can go backwards too
+/// assert_eq!(clock.now().as_micros(), 500);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    /// A clock showing `start`.
+    pub fn new(start: Timestamp) -> Self {
+        ManualClock(Arc::new(AtomicU64::new(start.0)))
+    }
+
+    /// Move the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(duration_micros(by), Ordering::SeqCst);
+    }
+
+    /// Move the clock back by `by`, as a stepped system clock would.
+    pub fn rewind(&self, by: Duration) {
+        let by = duration_micros(by);
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                Some(t.saturating_sub(by))
+            });
+    }
+
+    /// Show `to` from now on (forward or backward).
+    pub fn set(&self, to: Timestamp) {
+        self.0.store(to.0, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.0.load(Ordering::SeqCst))
+    }
+}
