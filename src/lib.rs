@@ -1,1 +1,61 @@
-//! Tollgate.
+//! # Tollgate
+//!
+//! Rate limiting for Rust services that decides atomically across several
+//! algorithms, layers and stores, and tells clients exactly when to come back.
+//!
+//! - Five algorithms behind one [`Algorithm`] trait, chosen per policy:
+//!   token bucket, GCRA, fixed window, sliding window counter, sliding log.
+//! - Layered policies (per key, per tenant, global) decided together by a
+//!   [`Limiter`]: all layers are charged, or none is.
+//! - Stores behind one [`Store`] trait: the in-process [`MemoryStore`]
+//!   (feature `memory`, on by default), and yours — checked by the
+//!   conformance suite in `tollgate-testkit`.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::{sync::Arc, time::Duration};
+//! use tollgate::{Context, Limit, Limiter, MemoryStore, Policy, Scope, Subject};
+//!
+//! let limiter = Limiter::builder(Arc::new(MemoryStore::default()))
+//!     .layer("key", Scope::Subject, Policy::new("api", Limit::gcra(10, Duration::from_secs(1), 20)?)?)
+//!     .layer("tenant", Scope::Tenant, Policy::new("tenant", Limit::sliding_window(1_000, Duration::from_secs(60))?)?)
+//!     .build()?;
+//!
+//! let ctx = Context::subject(Subject::new("key-7")?).with_tenant(Subject::new("acme")?);
+//! let decision = limiter.check(&ctx, 1).await?;
+//! if decision.is_allowed() {
+//!     // serve the request
+//! } else {
+//!     let wait = decision.retry_after(); // tell the client when to come back
+//! #   let _ = wait;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## Cargo features
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `memory` (default) | [`MemoryStore`], the in-process store |
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub use tollgate_core::*;
+
+/// The reference algorithm implementations (pure functions).
+pub mod algorithms {
+    pub use tollgate_algorithms::*;
+}
+
+#[cfg(feature = "memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+pub use tollgate_memory::{MemoryStore, MemoryStoreBuilder};
+
+/// The README's examples, compiled as doc-tests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+/// The algorithms guide's examples, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/algorithms.md")]
+pub struct AlgorithmsGuideDoctests;

@@ -68,10 +68,9 @@ fn retry_at(limit: u64, w: u64, prev: u64, cur: u64, cost: u64, start: u64, e: u
     }
     // In the next window, where this window's count becomes the weighted one:
     // cur × (W − e') ≤ (limit − cost) × W.
-    let e_next = if cur == 0 {
-        0
-    } else {
-        w - (((limit - cost) * w) / cur).min(w)
-    };
+    // With no current count, the next window admits at its start.
+    let e_next = ((limit - cost) * w)
+        .checked_div(cur)
+        .map_or(0, |spare| w - spare.min(w));
     start + w + e_next
 }

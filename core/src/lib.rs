@@ -10,6 +10,7 @@
 mod algorithm;
 mod decision;
 mod error;
+pub mod headers;
 mod limiter;
 mod policy;
 mod store;

@@ -126,7 +126,7 @@ impl Context {
 
     /// The store key of `layer` for this request, or `None` when the request
     /// lacks what the layer counts by. Keys of one tenant share its hash tag.
-    fn key_for(&self, layer: &Layer) -> Option<StoreKey> {
+    fn key_for<'a>(&'a self, layer: &'a Layer) -> Option<StoreKey<'a>> {
         let scope = layer.scope.label();
         let (tag, subject) = match &layer.scope {
             Scope::Subject => {
@@ -216,25 +216,19 @@ impl Limiter {
     /// subject) and store failures; being denied is `Ok` with
     /// [`Decision::is_allowed`] false.
     pub async fn check(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
-        let mut keys = Vec::with_capacity(self.layers.len());
+        let mut requests = Vec::with_capacity(self.layers.len());
         for layer in self.layers.iter() {
             layer.policy.check_cost(cost)?;
             let key = ctx.key_for(layer).ok_or_else(|| Error::MissingSubject {
                 layer: layer.name.to_string(),
                 scope: layer.scope.label().to_string(),
             })?;
-            keys.push(key);
-        }
-        let requests: Vec<LayerRequest<'_>> = self
-            .layers
-            .iter()
-            .zip(&keys)
-            .map(|(layer, key)| LayerRequest {
+            requests.push(LayerRequest {
                 key,
                 policy: &layer.policy,
                 cost,
-            })
-            .collect();
+            });
+        }
         let verdicts = self.store.decide(&requests).await?;
         if verdicts.len() != self.layers.len() {
             return Err(crate::StoreError::Protocol(format!(

@@ -8,48 +8,122 @@ use crate::algorithm::Verdict;
 use crate::error::StoreError;
 use crate::policy::Policy;
 
-/// Where one layer's state lives, without the store's prefix:
-/// `{tag}:<policy>:v<version>:<scope>:<subject>`.
+/// Where one layer's state lives, without the store's prefix. Rendered
+/// ([`StoreKey::render`], or `Display`) it reads `{tag}:<policy>:v<version>:<scope>:<subject>`.
 ///
 /// The `{tag}` is a Redis Cluster hash tag: keys with the same tag share a
 /// slot, so layers keyed on one tenant are decided by a single script call.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StoreKey(String);
+/// A key borrows its parts, so building one costs nothing; stores render it
+/// (or compare against a rendered key with [`StoreKey::matches`]) only when
+/// they need text.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use tollgate_core::{Limit, Policy, StoreKey};
+/// let policy = Policy::new("search", Limit::fixed_window(5, Duration::from_secs(1))?)?;
+/// let key = StoreKey::new("acme", &policy, "subject", "key-7");
+/// assert_eq!(key.to_string(), "{acme}:search:v1:subject:key-7");
+/// assert!(key.matches("{acme}:search:v1:subject:key-7"));
+/// assert_eq!(key.tag(), "acme");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StoreKey<'a> {
+    tag: &'a str,
+    policy: &'a str,
+    version: u32,
+    scope: &'a str,
+    subject: &'a str,
+}
 
-impl StoreKey {
-    /// Build a key from validated parts (subjects cannot contain `{`, `}` or
-    /// white space, policy names only `A-Z a-z 0-9 _ - .`).
-    pub fn new(tag: &str, policy: &Policy, scope: &str, subject: &str) -> Self {
-        StoreKey(format!(
-            "{{{tag}}}:{}:v{}:{scope}:{subject}",
-            policy.name(),
-            policy.version()
-        ))
+impl<'a> StoreKey<'a> {
+    /// A key from validated parts (subjects cannot contain `{`, `}` or white
+    /// space; policy names hold only `A-Z a-z 0-9 _ - .`).
+    pub fn new(tag: &'a str, policy: &'a Policy, scope: &'a str, subject: &'a str) -> Self {
+        StoreKey {
+            tag,
+            policy: policy.name(),
+            version: policy.version(),
+            scope,
+            subject,
+        }
     }
 
-    /// The key text.
-    pub fn as_str(&self) -> &str {
-        &self.0
+    /// The hash tag (rendered between `{` and `}`).
+    pub fn tag(&self) -> &'a str {
+        self.tag
     }
 
-    /// The hash tag (between the first `{` and `}`).
-    pub fn tag(&self) -> &str {
-        let end = self.0.find('}').unwrap_or(1);
-        &self.0[1..end]
+    /// The key's text, built in one allocation.
+    pub fn render(&self) -> String {
+        let mut version = [0u8; 10];
+        let version = format_u32(self.version, &mut version);
+        let parts = self.parts(version);
+        let mut out = String::with_capacity(
+            parts.iter().map(|p| p.len()).sum::<usize>() + self.subject.len(),
+        );
+        for part in parts {
+            out.push_str(part);
+        }
+        out.push_str(self.subject);
+        out
+    }
+
+    /// Every piece of the rendered key before the subject.
+    fn parts<'s>(&'s self, version: &'s str) -> [&'s str; 9] {
+        [
+            "{",
+            self.tag,
+            "}:",
+            self.policy,
+            ":v",
+            version,
+            ":",
+            self.scope,
+            ":",
+        ]
+    }
+
+    /// Whether `rendered` is this key's text, without allocating.
+    pub fn matches(&self, rendered: &str) -> bool {
+        let mut version = [0u8; 10];
+        let version = format_u32(self.version, &mut version);
+        let mut rest = rendered;
+        for part in self.parts(version) {
+            match rest.strip_prefix(part) {
+                Some(r) => rest = r,
+                None => return false,
+            }
+        }
+        rest == self.subject
     }
 }
 
-impl fmt::Debug for StoreKey {
+impl fmt::Display for StoreKey<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "StoreKey({:?})", self.0)
+        f.write_str(&self.render())
     }
+}
+
+/// `n` in decimal, written into `buf`.
+fn format_u32(mut n: u32, buf: &mut [u8; 10]) -> &str {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[i..]).expect("ASCII digits")
 }
 
 /// One layer of a decision as a store sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerRequest<'a> {
     /// Where the layer's state lives.
-    pub key: &'a StoreKey,
+    pub key: StoreKey<'a>,
     /// The layer's policy.
     pub policy: &'a Policy,
     /// Units the request costs (1 ≤ cost ≤ the policy's capacity).

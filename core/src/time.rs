@@ -26,12 +26,12 @@ impl Timestamp {
     }
 
     /// This instant moved `by` forward (saturating).
-    pub fn add(self, by: Duration) -> Self {
+    pub fn saturating_add(self, by: Duration) -> Self {
         Timestamp(self.0.saturating_add(duration_micros(by)))
     }
 
     /// This instant moved `by` back (saturating at the epoch).
-    pub fn sub(self, by: Duration) -> Self {
+    pub fn saturating_sub(self, by: Duration) -> Self {
         Timestamp(self.0.saturating_sub(duration_micros(by)))
     }
 }

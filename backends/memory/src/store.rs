@@ -1,42 +1,46 @@
 //! The sharded map and the all-or-nothing decision over it.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 use tollgate_core::{
-    duration_micros, Clock, LayerRequest, State, Store, StoreError, SystemClock, Transition,
-    Verdict,
+    duration_micros, Clock, LayerRequest, State, Store, StoreError, StoreKey, SystemClock,
+    Transition, Verdict,
 };
 
 /// Sweep a shard once it holds this many entries, at the least.
 const MIN_SWEEP: usize = 64;
 
 struct Entry {
+    /// The rendered key; compared against a borrowed [`StoreKey`] on lookup.
+    key: Box<str>,
+    /// The key's hash, kept so the table can grow without rehashing text.
+    hash: u64,
     state: State,
     /// Microseconds; the entry is gone from this instant on.
     expires_at: u64,
 }
 
 struct Shard {
-    entries: HashMap<Box<str>, Entry, RandomState>,
+    entries: HashTable<Entry>,
     /// Sweep expired entries when an insert finds at least this many.
     sweep_at: usize,
 }
 
 impl Shard {
-    fn live(&self, key: &str, now: u64) -> Option<&State> {
+    fn live(&self, hash: u64, key: &StoreKey<'_>, now: u64) -> Option<&State> {
         self.entries
-            .get(key)
+            .find(hash, |e| key.matches(&e.key))
             .filter(|e| e.expires_at > now)
             .map(|e| &e.state)
     }
 
     /// Drop expired entries and set the next sweep point.
     fn sweep(&mut self, now: u64) {
-        self.entries.retain(|_, e| e.expires_at > now);
+        self.entries.retain(|e| e.expires_at > now);
         self.sweep_at = (self.entries.len() * 2).max(MIN_SWEEP);
     }
 
@@ -48,6 +52,25 @@ impl Shard {
             self.sweep(now);
         }
         self.entries.len() + new_keys <= capacity
+    }
+
+    /// Store `state` under `key` (room was reserved for a new key).
+    fn write(&mut self, hash: u64, key: &StoreKey<'_>, state: State, expires_at: u64) {
+        match self.entries.find_mut(hash, |e| key.matches(&e.key)) {
+            Some(entry) => {
+                entry.state = state;
+                entry.expires_at = expires_at;
+            }
+            None => {
+                let entry = Entry {
+                    key: key.render().into_boxed_str(),
+                    hash,
+                    state,
+                    expires_at,
+                };
+                self.entries.insert_unique(hash, entry, |e| e.hash);
+            }
+        }
     }
 }
 
@@ -113,7 +136,7 @@ impl MemoryStoreBuilder {
             shards: (0..shards)
                 .map(|_| {
                     Mutex::new(Shard {
-                        entries: HashMap::with_hasher(RandomState::default()),
+                        entries: HashTable::new(),
                         sweep_at: MIN_SWEEP,
                     })
                 })
@@ -159,8 +182,12 @@ impl MemoryStore {
         }
     }
 
-    fn shard_of(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) as usize) & (self.shards.len() - 1)
+    /// The key's hash and its shard (the top bits pick the shard, so the
+    /// table inside the shard still sees well-mixed low bits).
+    fn locate(&self, key: &StoreKey<'_>) -> (u64, usize) {
+        let hash = self.hasher.hash_one(key);
+        let shard = (hash >> 48) as usize & (self.shards.len() - 1);
+        (hash, shard)
     }
 
     /// Decide all layers under the locks of their shards.
@@ -169,39 +196,38 @@ impl MemoryStore {
         let now_us = now.as_micros();
         if let [layer] = layers {
             // One layer, one lock: the common case, without the bookkeeping.
-            let mut shard = lock(&self.shards[self.shard_of(layer.key.as_str())]);
-            let t = tollgate_algorithms::decide(
-                layer.policy.limit(),
-                shard.live(layer.key.as_str(), now_us),
-                now,
-                layer.cost,
-            );
-            return self
-                .commit_one(&mut shard, layer, t, now_us)
-                .map(|v| vec![v]);
+            let (hash, id) = self.locate(&layer.key);
+            let mut shard = lock(&self.shards[id]);
+            let state = shard.live(hash, &layer.key, now_us);
+            let is_new = state.is_none();
+            let t = tollgate_algorithms::decide(layer.policy.limit(), state, now, layer.cost);
+            if let Some(next) = t.next {
+                if is_new && !shard.reserve(1, now_us, self.shard_capacity) {
+                    return Err(StoreError::Full(self.max_keys()));
+                }
+                shard.write(
+                    hash,
+                    &layer.key,
+                    next.state,
+                    now_us + duration_micros(next.ttl),
+                );
+            }
+            return Ok(vec![t.verdict]);
         }
-        let shard_ids: Vec<usize> = layers
-            .iter()
-            .map(|l| self.shard_of(l.key.as_str()))
-            .collect();
-        let mut order = shard_ids.clone();
+        let located: Vec<(u64, usize)> = layers.iter().map(|l| self.locate(&l.key)).collect();
+        let mut order: Vec<usize> = located.iter().map(|&(_, id)| id).collect();
         order.sort_unstable();
         order.dedup();
         // Locks are taken in ascending shard order: no two decisions deadlock.
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
-            order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            order.iter().map(|&i| lock(&self.shards[i])).collect();
         let slot = |id: usize| order.binary_search(&id).expect("locked shard");
         let transitions: Vec<Transition> = layers
             .iter()
-            .zip(&shard_ids)
-            .map(|(l, &id)| {
-                let shard = &guards[slot(id)].1;
-                tollgate_algorithms::decide(
-                    l.policy.limit(),
-                    shard.live(l.key.as_str(), now_us),
-                    now,
-                    l.cost,
-                )
+            .zip(&located)
+            .map(|(l, &(hash, id))| {
+                let state = guards[slot(id)].live(hash, &l.key, now_us);
+                tollgate_algorithms::decide(l.policy.limit(), state, now, l.cost)
             })
             .collect();
         if !transitions.iter().all(|t| t.verdict.allowed) {
@@ -211,61 +237,32 @@ impl MemoryStore {
                 .map(|(l, t)| t.verdict.uncharged(l.cost))
                 .collect());
         }
-        {
-            // Room for new keys is checked in every shard before anything is written.
-            for (pos, (_, guard)) in guards.iter_mut().enumerate() {
-                let new_keys = layers
-                    .iter()
-                    .zip(&shard_ids)
-                    .filter(|(l, &id)| {
-                        slot(id) == pos && guard.live(l.key.as_str(), now_us).is_none()
-                    })
-                    .count();
-                if new_keys > 0 && !guard.reserve(new_keys, now_us, self.shard_capacity) {
-                    return Err(StoreError::Full(self.max_keys()));
-                }
-            }
-            for ((l, &id), t) in layers.iter().zip(&shard_ids).zip(&transitions) {
-                if let Some(next) = &t.next {
-                    write(
-                        &mut guards[slot(id)].1,
-                        l.key.as_str(),
-                        next.state.clone(),
-                        now_us + duration_micros(next.ttl),
-                    );
-                }
-            }
-        }
-        Ok(transitions.into_iter().map(|t| t.verdict).collect())
-    }
-
-    fn commit_one(
-        &self,
-        shard: &mut Shard,
-        layer: &LayerRequest<'_>,
-        t: Transition,
-        now: u64,
-    ) -> Result<Verdict, StoreError> {
-        if let Some(next) = t.next {
-            let key = layer.key.as_str();
-            let expires_at = now + duration_micros(next.ttl);
-            if shard.live(key, now).is_none() && !shard.reserve(1, now, self.shard_capacity) {
+        // Room for new keys is checked in every shard before anything is written.
+        for (pos, guard) in guards.iter_mut().enumerate() {
+            let new_keys = layers
+                .iter()
+                .zip(&located)
+                .filter(|(l, &(hash, id))| {
+                    slot(id) == pos && guard.live(hash, &l.key, now_us).is_none()
+                })
+                .count();
+            if new_keys > 0 && !guard.reserve(new_keys, now_us, self.shard_capacity) {
                 return Err(StoreError::Full(self.max_keys()));
             }
-            write(shard, key, next.state, expires_at);
         }
-        Ok(t.verdict)
-    }
-}
-
-fn write(shard: &mut Shard, key: &str, state: State, expires_at: u64) {
-    match shard.entries.get_mut(key) {
-        Some(entry) => *entry = Entry { state, expires_at },
-        None => {
-            shard
-                .entries
-                .insert(key.into(), Entry { state, expires_at });
+        let mut verdicts = Vec::with_capacity(layers.len());
+        for ((l, &(hash, id)), t) in layers.iter().zip(&located).zip(transitions) {
+            if let Some(next) = t.next {
+                guards[slot(id)].write(
+                    hash,
+                    &l.key,
+                    next.state,
+                    now_us + duration_micros(next.ttl),
+                );
+            }
+            verdicts.push(t.verdict);
         }
+        Ok(verdicts)
     }
 }
 

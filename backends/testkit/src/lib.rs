@@ -3,6 +3,9 @@
 //! - [`conformance`]: the store conformance suite. Every store — the built-in
 //!   ones and yours — runs the same cases through
 //!   [`conformance_tests!`](crate::conformance_tests).
+//! - [`redis_server`]: real `redis-server` processes on free loopback ports,
+//!   started per test or shared by a test binary (no Redis mock, and no
+//!   silent skip when Redis is missing).
 //!
 //! Use it from your store's tests:
 //!
@@ -22,3 +25,4 @@
 pub mod conformance;
 #[doc(hidden)]
 pub mod doc_support;
+pub mod redis_server;

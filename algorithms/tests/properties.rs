@@ -1,0 +1,169 @@
+//! Property tests: random request sequences against brute-force models.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tollgate_core::{Limit, State, Timestamp};
+
+const T0: u64 = 1_780_000_000_000_000;
+
+/// A step: advance the clock by `dt` µs (sometimes backwards), then request `cost`.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    dt: i64,
+    cost: u64,
+}
+
+fn steps(max_cost: u64, max_dt: i64) -> impl Strategy<Value = Vec<Step>> {
+    let step = (
+        prop_oneof![
+            4 => 0..max_dt,
+            2 => Just(0i64),
+            1 => -max_dt..0, // the clock steps back
+        ],
+        1..=max_cost,
+    )
+        .prop_map(|(dt, cost)| Step { dt, cost });
+    prop::collection::vec(step, 1..300)
+}
+
+/// Run `steps`; returns (effective time, cost) of each admitted request.
+/// The effective time is `max(now, effective time of the last admitted
+/// request)`: denials write nothing, so only admitted requests move the
+/// stored time, and that stored time never goes back.
+fn run(limit: &Limit, steps: &[Step]) -> Vec<(u64, u64)> {
+    let (mut now, mut latest) = (T0, 0);
+    let mut state: Option<State> = None;
+    let mut expires_at = 0;
+    let mut admitted = Vec::new();
+    for step in steps {
+        now = now.saturating_add_signed(step.dt);
+        if now >= expires_at {
+            state = None;
+        }
+        let t = tollgate_algorithms::decide(
+            limit,
+            state.as_ref(),
+            Timestamp::from_micros(now),
+            step.cost,
+        );
+        if let Some(next) = t.next {
+            expires_at = now + next.ttl.as_micros() as u64;
+            state = Some(next.state);
+        }
+        if t.verdict.allowed {
+            latest = latest.max(now);
+            admitted.push((latest, step.cost));
+        }
+    }
+    admitted
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Fixed window: no aligned window ever holds more than the limit.
+    #[test]
+    fn fixed_window_never_exceeds_the_limit_in_a_window(limit in 1u64..20, window_ms in 1u64..500, s in steps(5, 300_000)) {
+        let policy = Limit::fixed_window(limit, Duration::from_millis(window_ms)).unwrap();
+        let w = window_ms * 1000;
+        let admitted = run(&policy, &s.into_iter().map(|st| Step { cost: st.cost.min(limit), ..st }).collect::<Vec<_>>());
+        let mut per_window = std::collections::HashMap::new();
+        for (t, cost) in admitted {
+            *per_window.entry(t / w).or_insert(0) += cost;
+        }
+        for (window, total) in per_window {
+            prop_assert!(total <= limit, "window {window} admitted {total} > {limit}");
+        }
+    }
+
+    /// Sliding log: no interval of one window length holds more than the limit.
+    #[test]
+    fn sliding_log_never_exceeds_the_limit_in_any_window(limit in 1u64..20, window_ms in 1u64..500, s in steps(5, 300_000)) {
+        let policy = Limit::sliding_log(limit, Duration::from_millis(window_ms)).unwrap();
+        let w = window_ms * 1000;
+        let admitted = run(&policy, &s.into_iter().map(|st| Step { cost: st.cost.min(limit), ..st }).collect::<Vec<_>>());
+        for (i, &(end, _)) in admitted.iter().enumerate() {
+            let in_window: u64 = admitted[..=i].iter().filter(|(t, _)| t + w > end).map(|(_, c)| c).sum();
+            prop_assert!(in_window <= limit, "{in_window} admitted in the window ending {end}");
+        }
+    }
+
+    /// Sliding window counter: no aligned window holds more than the limit.
+    #[test]
+    fn sliding_window_never_exceeds_the_limit_in_a_window(limit in 1u64..20, window_ms in 1u64..500, s in steps(5, 300_000)) {
+        let policy = Limit::sliding_window(limit, Duration::from_millis(window_ms)).unwrap();
+        let w = window_ms * 1000;
+        let admitted = run(&policy, &s.into_iter().map(|st| Step { cost: st.cost.min(limit), ..st }).collect::<Vec<_>>());
+        let mut per_window = std::collections::HashMap::new();
+        for (t, cost) in admitted {
+            *per_window.entry(t / w).or_insert(0) += cost;
+        }
+        prop_assert!(per_window.values().all(|&total| total <= limit));
+    }
+
+    /// Token bucket and GCRA: over any interval [a, b], at most
+    /// `capacity + rate × (b − a)` units pass.
+    #[test]
+    fn buckets_never_exceed_capacity_plus_rate_times_interval(
+        capacity in 1u64..20, rate in 1u64..50, period_ms in 1u64..2_000, gcra in any::<bool>(), s in steps(5, 200_000),
+    ) {
+        let period = Duration::from_millis(period_ms);
+        let policy = if gcra { Limit::gcra(rate, period, capacity) } else { Limit::token_bucket(capacity, rate, period) };
+        let Ok(policy) = policy else { return Ok(()) };
+        let p = period_ms * 1000;
+        let admitted = run(&policy, &s.into_iter().map(|st| Step { cost: st.cost.min(capacity), ..st }).collect::<Vec<_>>());
+        for i in 0..admitted.len() {
+            let mut total = 0u64;
+            for &(t, cost) in &admitted[i..] {
+                total += cost;
+                let span = t - admitted[i].0;
+                // total ≤ capacity + rate × span / p, multiplied out by p.
+                prop_assert!(total * p <= capacity * p + rate * span,
+                    "{total} admitted within {span}µs (capacity {capacity}, {rate} per {p}µs)");
+            }
+        }
+    }
+
+    /// With an emission interval of whole microseconds, GCRA is the token
+    /// bucket: both admit exactly the same requests.
+    #[test]
+    fn gcra_and_token_bucket_agree(capacity in 1u64..20, rate in 1u64..50, interval_ms in 1u64..100, s in steps(5, 200_000)) {
+        let period = Duration::from_millis(interval_ms * rate);
+        let tb = Limit::token_bucket(capacity, rate, period).unwrap();
+        let g = Limit::gcra(rate, period, capacity).unwrap();
+        let s: Vec<Step> = s.into_iter().map(|st| Step { cost: st.cost.min(capacity), ..st }).collect();
+        prop_assert_eq!(run(&tb, &s), run(&g, &s));
+    }
+
+    /// Retry-after is exact for every algorithm: waiting exactly that long
+    /// admits the same request, one microsecond less does not.
+    #[test]
+    fn retry_after_is_exact(which in 0usize..5, capacity in 1u64..10, period_ms in 1u64..1_000, s in steps(4, 100_000)) {
+        let period = Duration::from_millis(period_ms);
+        let limit = match which {
+            0 => Limit::token_bucket(capacity, capacity, period),
+            1 => Limit::gcra(capacity, period, capacity),
+            2 => Limit::fixed_window(capacity, period),
+            3 => Limit::sliding_window(capacity, period),
+            _ => Limit::sliding_log(capacity, period),
+        };
+        let Ok(limit) = limit else { return Ok(()) };
+        let mut now = T0;
+        let mut state: Option<State> = None;
+        for step in s {
+            now = now.saturating_add_signed(step.dt.max(0));
+            let cost = step.cost.min(capacity);
+            let t = tollgate_algorithms::decide(&limit, state.as_ref(), Timestamp::from_micros(now), cost);
+            if let Some(wait) = t.verdict.retry_after {
+                let wait = wait.as_micros() as u64;
+                let at = |dt: u64| tollgate_algorithms::decide(&limit, state.as_ref(), Timestamp::from_micros(now + dt), cost).verdict.allowed;
+                prop_assert!(at(wait), "{}: not admitted after retry-after {wait}µs", limit.algorithm_name());
+                prop_assert!(wait == 0 || !at(wait - 1), "{}: admitted before retry-after {wait}µs", limit.algorithm_name());
+            }
+            if let Some(next) = t.next {
+                state = Some(next.state);
+            }
+        }
+    }
+}

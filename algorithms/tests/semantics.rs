@@ -1,0 +1,275 @@
+//! The semantics every built-in algorithm shares, checked one algorithm at a
+//! time against explicit numbers (time moves by hand, in microseconds).
+
+use std::time::Duration;
+
+use tollgate_core::{Limit, State, Timestamp, Verdict};
+
+const T0: u64 = 1_780_000_000_000_000;
+const MS: u64 = 1_000;
+const S: u64 = 1_000_000;
+
+/// One key's state, driven through `tollgate_algorithms::decide`.
+struct Key {
+    limit: Limit,
+    state: Option<State>,
+    /// Microsecond instant the stored state stops existing.
+    expires_at: u64,
+}
+
+impl Key {
+    fn new(limit: Limit) -> Self {
+        Key {
+            limit,
+            state: None,
+            expires_at: 0,
+        }
+    }
+
+    fn at(&mut self, now: u64, cost: u64) -> Verdict {
+        if now >= self.expires_at {
+            self.state = None;
+        }
+        let t = tollgate_algorithms::decide(
+            &self.limit,
+            self.state.as_ref(),
+            Timestamp::from_micros(now),
+            cost,
+        );
+        if let Some(next) = t.next {
+            assert!(next.ttl > Duration::ZERO, "every write has a TTL");
+            self.expires_at = now + next.ttl.as_micros() as u64;
+            self.state = Some(next.state);
+        }
+        t.verdict
+    }
+
+    fn admitted(&mut self, now: u64, n: u64) -> u64 {
+        (0..n).filter(|_| self.at(now, 1).allowed).count() as u64
+    }
+}
+
+/// One limit per algorithm: capacity `capacity`, refilling `capacity` per second.
+fn all(capacity: u64) -> Vec<Limit> {
+    let s = Duration::from_secs(1);
+    vec![
+        Limit::token_bucket(capacity, capacity, s).unwrap(),
+        Limit::gcra(capacity, s, capacity).unwrap(),
+        Limit::fixed_window(capacity, s).unwrap(),
+        Limit::sliding_window(capacity, s).unwrap(),
+        Limit::sliding_log(capacity, s).unwrap(),
+    ]
+}
+
+#[test]
+fn new_key_starts_full_then_denies() {
+    for limit in all(10) {
+        let name = limit.algorithm_name();
+        let mut key = Key::new(limit);
+        let first = key.at(T0, 1);
+        assert!(first.allowed, "{name}");
+        assert_eq!((first.limit, first.remaining), (10, 9), "{name}");
+        assert_eq!(key.admitted(T0, 9), 9, "{name}");
+        let denied = key.at(T0, 1);
+        assert!(!denied.allowed && denied.remaining == 0, "{name}");
+    }
+}
+
+#[test]
+fn five_against_three_admit_exactly_three() {
+    for limit in all(3) {
+        let name = limit.algorithm_name();
+        assert_eq!(Key::new(limit).admitted(T0 + 5 * MS, 5), 3, "{name}");
+    }
+}
+
+#[test]
+fn continuous_algorithms_refill_the_exact_fraction() {
+    for limit in [all(10).remove(0), all(10).remove(1)] {
+        let name = limit.algorithm_name();
+        let mut key = Key::new(limit);
+        assert_eq!(key.admitted(T0, 10), 10, "{name}");
+        // 10 per second: 299.999ms refills 2 whole tokens, 300ms exactly 3.
+        assert_eq!(key.admitted(T0 + 300 * MS - 1, 10), 2, "{name}");
+        assert_eq!(key.admitted(T0 + 300 * MS, 10), 1, "{name}");
+    }
+}
+
+#[test]
+fn token_bucket_refills_fractions_of_a_token_exactly() {
+    // 3 tokens per 7 seconds: one token every 2.333…s, kept exactly.
+    let mut key = Key::new(Limit::token_bucket(3, 3, Duration::from_secs(7)).unwrap());
+    assert_eq!(key.admitted(T0, 3), 3);
+    let denied = key.at(T0, 1);
+    // ceil(7e6 / 3) µs.
+    assert_eq!(denied.retry_after, Some(Duration::from_micros(2_333_334)));
+    assert!(!key.at(T0 + 2_333_333, 1).allowed);
+    assert!(key.at(T0 + 2_333_334, 1).allowed);
+}
+
+#[test]
+fn fixed_window_refills_only_at_the_window_end() {
+    let mut key = Key::new(Limit::fixed_window(10, Duration::from_secs(1)).unwrap());
+    let start = T0 - T0 % S;
+    assert_eq!(key.admitted(start + 100 * MS, 10), 10);
+    let denied = key.at(start + 400 * MS, 1);
+    assert_eq!(denied.retry_after, Some(Duration::from_millis(600)));
+    assert_eq!(key.admitted(start + S - 1, 10), 0);
+    assert_eq!(key.admitted(start + S, 20), 10);
+}
+
+#[test]
+fn sliding_window_weights_the_previous_window_exactly() {
+    let mut key = Key::new(Limit::sliding_window(10, Duration::from_secs(1)).unwrap());
+    let start = T0 - T0 % S;
+    assert_eq!(key.admitted(start, 10), 10);
+    // 300ms into the next window, the previous 10 weigh 0.7: 7 used, 3 free.
+    assert_eq!(key.admitted(start + S + 300 * MS, 10), 3);
+    // Now 3 in this window: prev × (1 - e) + 3 + 1 ≤ 10 needs e ≥ 400ms.
+    let denied = key.at(start + S + 300 * MS, 1);
+    assert_eq!(denied.retry_after, Some(Duration::from_millis(100)));
+    assert!(!key.at(start + S + 400 * MS - 1, 1).allowed);
+    assert!(key.at(start + S + 400 * MS, 1).allowed);
+}
+
+#[test]
+fn sliding_log_frees_entries_exactly_one_window_later() {
+    let mut key = Key::new(Limit::sliding_log(3, Duration::from_secs(1)).unwrap());
+    assert!(key.at(T0, 1).allowed);
+    assert!(key.at(T0 + 100 * MS, 1).allowed);
+    assert!(key.at(T0 + 200 * MS, 1).allowed);
+    // Cost 2 needs the two oldest to age out: the second leaves at T0 + 1.1s.
+    let denied = key.at(T0 + 500 * MS, 2);
+    assert_eq!(denied.retry_after, Some(Duration::from_millis(600)));
+    assert!(!key.at(T0 + 1_100 * MS - 1, 2).allowed);
+    assert!(key.at(T0 + 1_100 * MS, 2).allowed);
+}
+
+#[test]
+fn a_long_idle_never_overfills() {
+    for limit in all(10) {
+        let name = limit.algorithm_name();
+        let mut key = Key::new(limit);
+        assert_eq!(key.admitted(T0, 4), 4, "{name}");
+        assert_eq!(
+            key.admitted(T0 + 3600 * S, 30),
+            10,
+            "{name}: after an hour idle"
+        );
+        assert_eq!(
+            key.admitted(T0 + 365 * 24 * 3600 * S, 30),
+            10,
+            "{name}: after a year idle"
+        );
+    }
+}
+
+#[test]
+fn a_cost_larger_than_what_is_left_gets_the_exact_retry_after() {
+    // Capacity 10, 10 per second; 8 used at T0 (window starts aligned).
+    let start = T0 - T0 % S;
+    let expected = [
+        ("token_bucket", Duration::from_millis(300)), // need 5, have 2: 3 tokens at 100ms each
+        ("gcra", Duration::from_millis(300)),
+        ("fixed_window", Duration::from_secs(1)), // the window ends
+        ("sliding_window", Duration::from_millis(1_375)), // next window: 8 × (1 − e) ≤ 5 at e = 375ms
+        ("sliding_log", Duration::from_secs(1)), // the 8 entries at `start` age out together
+    ];
+    for (limit, (name, wait)) in all(10).into_iter().zip(expected) {
+        assert_eq!(limit.algorithm_name(), name);
+        let mut key = Key::new(limit);
+        assert!(key.at(start, 8).allowed, "{name}");
+        let denied = key.at(start, 5);
+        assert!(!denied.allowed, "{name}");
+        assert_eq!(denied.retry_after, Some(wait), "{name}");
+        let micros = wait.as_micros() as u64;
+        assert!(!key.at(start + micros - 1, 5).allowed, "{name}: 1µs early");
+        assert!(key.at(start + micros, 5).allowed, "{name}: on time");
+    }
+}
+
+#[test]
+fn a_backward_clock_neither_refills_twice_nor_drains() {
+    for limit in all(10) {
+        let name = limit.algorithm_name();
+        let mut key = Key::new(limit.clone());
+        let start = T0 - T0 % S;
+        assert_eq!(key.admitted(start + 100 * MS, 10), 10, "{name}");
+        let at_500 = key.at(start + 500 * MS, 1);
+        // Clock jumps back 400ms, then forward again: compare with a key that
+        // saw the same requests on a clock that never went back.
+        let back = key.at(start + 100 * MS, 1);
+        let mut steady = Key::new(limit);
+        steady.admitted(start + 100 * MS, 10);
+        steady.at(start + 500 * MS, 1);
+        let same = steady.at(start + 500 * MS, 1);
+        assert_eq!(
+            back.allowed, same.allowed,
+            "{name}: the step back changed the answer"
+        );
+        assert_eq!(
+            back.remaining, same.remaining,
+            "{name}: the step back changed the remaining"
+        );
+        let total = key.admitted(start + 500 * MS, 20);
+        let steady_total = steady.admitted(start + 500 * MS, 20);
+        assert_eq!(
+            total, steady_total,
+            "{name}: refilled twice after the clock came back"
+        );
+        let _ = at_500;
+    }
+}
+
+#[test]
+fn state_expires_exactly_when_it_equals_no_state() {
+    for limit in all(10) {
+        let name = limit.algorithm_name();
+        let t = tollgate_algorithms::decide(&limit, None, Timestamp::from_micros(T0), 3);
+        let next = t.next.expect("admitted");
+        let ttl = next.ttl.as_micros() as u64;
+        assert!(ttl <= 2 * S + MS, "{name}: TTL {ttl}µs longer than needed");
+        // At expiry the stored state decides like no state at all…
+        let at = Timestamp::from_micros(T0 + ttl);
+        let stored = tollgate_algorithms::decide(&limit, Some(&next.state), at, 10);
+        let fresh = tollgate_algorithms::decide(&limit, None, at, 10);
+        assert_eq!(stored.verdict.allowed, fresh.verdict.allowed, "{name}");
+        assert_eq!(stored.verdict.remaining, fresh.verdict.remaining, "{name}");
+        // …and one millisecond before, it still holds something.
+        let before = Timestamp::from_micros(T0 + ttl - MS - 1);
+        let early = tollgate_algorithms::decide(&limit, Some(&next.state), before, 10);
+        assert!(
+            !early.verdict.allowed,
+            "{name}: state was no longer needed before its TTL"
+        );
+    }
+}
+
+#[test]
+fn invalid_policies_fail_at_construction() {
+    let s = Duration::from_secs(1);
+    let cases = [
+        Limit::token_bucket(0, 1, s),
+        Limit::token_bucket(1, 0, s),
+        Limit::token_bucket(10, 1, Duration::ZERO),
+        Limit::token_bucket(10, 1, Duration::from_secs(8 * 24 * 3600)),
+        Limit::token_bucket(1_000_000_000, 1, s), // 31 years to refill
+        Limit::gcra(0, s, 1),
+        Limit::gcra(1, s, 0),
+        Limit::gcra(2_000_000, s, 1), // more than one per microsecond
+        Limit::fixed_window(0, s),
+        Limit::fixed_window(1, Duration::from_micros(999)),
+        Limit::sliding_window(1_000_000_000, Duration::from_secs(3600)), // not exact below 2^53
+        Limit::sliding_log(10_001, s), // the log would be too large
+    ];
+    for (i, case) in cases.into_iter().enumerate() {
+        let err = case.expect_err(&format!("case {i} must be rejected"));
+        assert!(!err.to_string().is_empty());
+    }
+    let policy = tollgate_core::Policy::new("p", Limit::fixed_window(5, s).unwrap()).unwrap();
+    assert!(policy.check_cost(0).is_err());
+    assert!(policy.check_cost(6).is_err());
+    assert!(policy.check_cost(5).is_ok());
+    assert!(tollgate_core::Policy::new("bad name", Limit::fixed_window(5, s).unwrap()).is_err());
+    assert!(tollgate_core::Policy::new("", Limit::fixed_window(5, s).unwrap()).is_err());
+}

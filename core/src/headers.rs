@@ -1,0 +1,89 @@
+//! The standard rate-limit header values for a [`Decision`], shared by every
+//! HTTP adapter: `RateLimit-Policy` and `RateLimit` as structured fields
+//! (draft-ietf-httpapi-ratelimit-headers-10, one list item per layer) and
+//! `Retry-After`.
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use tollgate_core::*;
+//! let policy = Policy::new("search", Limit::fixed_window(100, Duration::from_secs(60))?)?;
+//! let decision = Decision::new(vec![LayerDecision {
+//!     layer: "key".into(), policy, allowed: true, limit: 100, remaining: 42,
+//!     reset_after: Duration::from_millis(12_300), retry_after: None, source: Source::Store,
+//! }]);
+//! assert_eq!(headers::rate_limit_policy(&decision), r#""search";q=100;w=60"#);
+//! assert_eq!(headers::rate_limit(&decision), r#""search";r=42;t=13"#);
+//! assert_eq!(headers::retry_after_secs(&decision), None);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use crate::decision::{Decision, LayerDecision};
+use crate::policy::Limit;
+
+/// Whole seconds in `d`, rounded up.
+pub fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// The window `w` a policy announces, in whole seconds (rounded up): the
+/// window, or the time an empty bucket takes to refill.
+pub fn window_secs(limit: &Limit) -> u64 {
+    let micros = match limit {
+        Limit::TokenBucket(p) => (p.capacity() * p.period_us()).div_ceil(p.refill()),
+        Limit::Gcra(p) => p.burst() * p.interval_us(),
+        Limit::FixedWindow(p) | Limit::SlidingWindow(p) | Limit::SlidingLog(p) => p.window_us(),
+        _ => 0,
+    };
+    ceil_secs(Duration::from_micros(micros)).max(1)
+}
+
+/// Seconds a layer announces as `t`: until it admits again when it denies,
+/// until it is full again otherwise.
+pub fn layer_t(layer: &LayerDecision) -> u64 {
+    ceil_secs(layer.retry_after.unwrap_or(layer.reset_after))
+}
+
+/// The `RateLimit-Policy` value: `"<policy>";q=<quota>;w=<window seconds>` per layer.
+pub fn rate_limit_policy(decision: &Decision) -> String {
+    let mut out = String::new();
+    for (i, layer) in decision.layers().iter().enumerate() {
+        let sep = if i == 0 { "" } else { ", " };
+        let _ = write!(
+            out,
+            "{sep}\"{}\";q={};w={}",
+            layer.policy.name(),
+            layer.limit,
+            window_secs(layer.policy.limit())
+        );
+    }
+    out
+}
+
+/// The `RateLimit` value: `"<policy>";r=<remaining>;t=<seconds>` per layer.
+pub fn rate_limit(decision: &Decision) -> String {
+    let mut out = String::new();
+    for (i, layer) in decision.layers().iter().enumerate() {
+        let sep = if i == 0 { "" } else { ", " };
+        let _ = write!(
+            out,
+            "{sep}\"{}\";r={};t={}",
+            layer.policy.name(),
+            layer.remaining,
+            layer_t(layer)
+        );
+    }
+    out
+}
+
+/// `Retry-After` for a denied decision: whole seconds, rounded up, at least 1,
+/// and never earlier than the `t` any denying layer announced.
+pub fn retry_after_secs(decision: &Decision) -> Option<u64> {
+    decision
+        .denied_layers()
+        .map(layer_t)
+        .max()
+        .map(|t| t.max(1))
+}
