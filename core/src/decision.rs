@@ -58,12 +58,36 @@ pub struct LayerDecision {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     layers: Vec<LayerDecision>,
+    store_error: Option<&'static str>,
 }
 
 impl Decision {
     /// A decision from its layers.
     pub fn new(layers: Vec<LayerDecision>) -> Self {
-        Decision { layers }
+        Decision {
+            layers,
+            store_error: None,
+        }
+    }
+
+    /// A decision made without the store, which failed with an error of
+    /// `class` (see [`StoreError::class`](crate::StoreError::class)).
+    pub fn degraded(layers: Vec<LayerDecision>, class: &'static str) -> Self {
+        Decision {
+            layers,
+            store_error: Some(class),
+        }
+    }
+
+    /// When the store failed: the error class (`timeout`, `unavailable`, …).
+    pub fn store_error(&self) -> Option<&'static str> {
+        self.store_error
+    }
+
+    /// Whether the request is denied because a layer failed closed (HTTP
+    /// 503), rather than by a limit (HTTP 429).
+    pub fn failed_closed(&self) -> bool {
+        self.denied_layers().any(|l| l.source == Source::FailClosed)
     }
 
     /// Whether the request may proceed.

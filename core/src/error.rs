@@ -68,6 +68,10 @@ pub enum StoreError {
     /// The store cannot be reached or refused the connection.
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
+    /// The circuit breaker is open: the store failed repeatedly and is not
+    /// asked again until the open period ends.
+    #[error("the store failed repeatedly and is skipped for {0:?} more (circuit breaker open)")]
+    CircuitOpen(std::time::Duration),
     /// The in-process store holds its maximum number of live keys.
     #[error("the in-process store is full ({0} live keys); raise max_keys, since evicting a live counter would hand out free requests")]
     Full(usize),
@@ -83,11 +87,25 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the error says the store is down or unreachable (and so
+    /// counts towards opening the circuit breaker). A full in-process store
+    /// or an unsupported algorithm is not an outage.
+    pub fn is_outage(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Timeout(_)
+                | StoreError::Unavailable(_)
+                | StoreError::Protocol(_)
+                | StoreError::Backend(_)
+        )
+    }
+
     /// A short, bounded label for metrics and logs (`timeout`, `unavailable`, …).
     pub fn class(&self) -> &'static str {
         match self {
             StoreError::Timeout(_) => "timeout",
             StoreError::Unavailable(_) => "unavailable",
+            StoreError::CircuitOpen(_) => "circuit_open",
             StoreError::Full(_) => "full",
             StoreError::Unsupported(_) => "unsupported",
             StoreError::Protocol(_) => "protocol",
@@ -117,6 +135,9 @@ pub enum Error {
     /// The limiter has no layers.
     #[error("a limiter needs at least one layer")]
     NoLayers,
+    /// A layer falls back to the emergency store but the limiter has none.
+    #[error("layer {0:?} falls back to an emergency store on store failure; give the limiter one with LimiterBuilder::fallback_store")]
+    NoFallbackStore(String),
     /// Two layers share a name.
     #[error("two layers are named {0:?}; layer names must be unique")]
     DuplicateLayer(String),

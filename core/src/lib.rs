@@ -10,8 +10,10 @@
 mod algorithm;
 mod decision;
 mod error;
+mod failure;
 pub mod headers;
 mod limiter;
+pub mod observe;
 mod policy;
 mod store;
 mod subject;
@@ -20,10 +22,13 @@ mod time;
 pub use algorithm::{Algorithm, State, Stored, Transition, Verdict};
 pub use decision::{Decision, LayerDecision, Source};
 pub use error::{Error, PolicyError, StoreError, SubjectError};
+pub use failure::{
+    Admission, BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure,
+};
 pub use limiter::{Context, Layer, Limiter, LimiterBuilder, Scope};
 pub use policy::{
-    CustomAlgorithm, DurationSpec, Gcra, Limit, LimitSpec, Policy, TokenBucket, Window, MAX_COUNT,
-    MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY, MAX_WINDOW, MIN_WINDOW,
+    CustomAlgorithm, DurationSpec, Gcra, Limit, LimitSpec, OnFailureSpec, Policy, TokenBucket,
+    Window, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY, MAX_WINDOW, MIN_WINDOW,
 };
 pub use store::{LayerRequest, Store, StoreKey};
 pub use subject::{HashKey, Subject};

@@ -4,11 +4,17 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use crate::algorithm::Verdict;
 use crate::decision::{Decision, LayerDecision, Source};
-use crate::error::Error;
+use crate::error::{Error, StoreError};
+use crate::failure::{Admission, BreakerConfig, BreakerState, CircuitBreaker, OnStoreFailure};
+use crate::observe;
 use crate::policy::Policy;
 use crate::store::{LayerRequest, Store, StoreKey};
 use crate::subject::Subject;
+use crate::time::{Clock, SystemClock};
 
 /// What a layer counts by.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -41,15 +47,18 @@ pub struct Layer {
     name: Arc<str>,
     scope: Scope,
     policy: Policy,
+    fallback: Option<Policy>,
 }
 
 impl Layer {
     /// A layer named `name` counting by `scope` under `policy`.
     pub fn new(name: impl Into<Arc<str>>, scope: Scope, policy: Policy) -> Self {
+        let fallback = policy.fallback_policy();
         Layer {
             name: name.into(),
             scope,
             policy,
+            fallback,
         }
     }
     /// The layer's name.
@@ -154,6 +163,11 @@ impl Context {
 /// one store call: admitted only if every layer admits, and then every layer
 /// is charged; otherwise nothing is charged.
 ///
+/// When the store fails, each layer's policy decides
+/// ([`OnStoreFailure`]): fail open, fail closed, or fall back to the
+/// limiter's emergency store. A [`CircuitBreaker`] stops calling a store that
+/// keeps failing and probes it for recovery.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # use std::sync::Arc;
@@ -167,7 +181,8 @@ impl Context {
 /// # let store: Arc<dyn Store> = Arc::new(AlwaysYes);
 /// use std::time::Duration;
 /// let per_key = Policy::new("per-key", Limit::gcra(10, Duration::from_secs(1), 20)?)?;
-/// let global = Policy::new("global", Limit::fixed_window(10_000, Duration::from_secs(60))?)?;
+/// let global = Policy::new("global", Limit::fixed_window(10_000, Duration::from_secs(60))?)?
+///     .with_on_failure(OnStoreFailure::FailOpen)?;
 /// let limiter = Limiter::builder(store)
 ///     .layer("key", Scope::Subject, per_key)
 ///     .layer("all", Scope::Global, global)
@@ -180,6 +195,8 @@ impl Context {
 pub struct Limiter {
     layers: Arc<[Layer]>,
     store: Arc<dyn Store>,
+    fallback: Option<Arc<dyn Store>>,
+    breaker: Arc<CircuitBreaker>,
 }
 
 impl fmt::Debug for Limiter {
@@ -187,6 +204,8 @@ impl fmt::Debug for Limiter {
         f.debug_struct("Limiter")
             .field("layers", &self.layers)
             .field("store", &self.store.kind())
+            .field("fallback", &self.fallback.as_ref().map(|s| s.kind()))
+            .field("breaker", &self.breaker.state())
             .finish()
     }
 }
@@ -197,6 +216,9 @@ impl Limiter {
         LimiterBuilder {
             store,
             layers: Vec::new(),
+            fallback: None,
+            breaker: BreakerConfig::default(),
+            clock: Arc::new(SystemClock),
         }
     }
 
@@ -210,11 +232,17 @@ impl Limiter {
         &self.store
     }
 
+    /// The circuit breaker guarding the store.
+    pub fn breaker(&self) -> &CircuitBreaker {
+        &self.breaker
+    }
+
     /// Decide a request of `cost` units for `ctx`.
     ///
     /// Errors are for bad input (a cost outside 1..=capacity, a missing
-    /// subject) and store failures; being denied is `Ok` with
-    /// [`Decision::is_allowed`] false.
+    /// subject). Being denied is `Ok` with [`Decision::is_allowed`] false; a
+    /// store failure is `Ok` too, decided by each layer's failure mode (see
+    /// [`Decision::failed_closed`] and [`LayerDecision::source`]).
     pub async fn check(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
         let mut requests = Vec::with_capacity(self.layers.len());
         for layer in self.layers.iter() {
@@ -229,31 +257,145 @@ impl Limiter {
                 cost,
             });
         }
-        let verdicts = self.store.decide(&requests).await?;
-        if verdicts.len() != self.layers.len() {
-            return Err(crate::StoreError::Protocol(format!(
-                "{} verdicts for {} layers",
-                verdicts.len(),
-                self.layers.len()
-            ))
-            .into());
+        let admission = self.breaker.admit();
+        let answer = match admission {
+            Admission::Skip(wait) => Err(StoreError::CircuitOpen(wait)),
+            Admission::Call | Admission::Probe => {
+                let started = observe::start();
+                let answer = self.store.decide(&requests).await.and_then(|verdicts| {
+                    if verdicts.len() == requests.len() {
+                        Ok(verdicts)
+                    } else {
+                        Err(StoreError::Protocol(format!(
+                            "{} verdicts for {} layers",
+                            verdicts.len(),
+                            requests.len()
+                        )))
+                    }
+                });
+                observe::store_call(self.store.kind(), started, answer.as_ref().err());
+                match &answer {
+                    Ok(_) if self.breaker.success() => {
+                        observe::breaker(self.store.kind(), BreakerState::Closed, None)
+                    }
+                    Err(e)
+                        if e.is_outage() && self.breaker.failure(admission == Admission::Probe) =>
+                    {
+                        observe::breaker(self.store.kind(), BreakerState::Open, Some(e))
+                    }
+                    _ => {}
+                }
+                answer
+            }
+        };
+        let decision = match answer {
+            Ok(verdicts) => Decision::new(
+                self.layers
+                    .iter()
+                    .zip(verdicts)
+                    .map(|(layer, v)| decided(layer, v, Source::Store))
+                    .collect(),
+            ),
+            Err(error) => self.degraded(&requests, &error).await,
+        };
+        observe::decision(&decision);
+        Ok(decision)
+    }
+
+    /// Decide without the store, which failed with `error`: every layer by
+    /// its policy's failure mode.
+    async fn degraded(&self, requests: &[LayerRequest<'_>], error: &StoreError) -> Decision {
+        let wait = match error {
+            StoreError::CircuitOpen(wait) => *wait,
+            _ => self.breaker.config().open_for,
+        };
+        let closed = |layer: &Layer| {
+            let v = Verdict {
+                allowed: false,
+                limit: layer.policy.capacity(),
+                remaining: 0,
+                reset_after: wait,
+                retry_after: Some(wait),
+            };
+            decided(layer, v, Source::FailClosed)
+        };
+        let any_closed = self
+            .layers
+            .iter()
+            .any(|l| matches!(l.policy.on_failure(), OnStoreFailure::FailClosed));
+        // Fallback layers are decided together in the emergency store, but
+        // only when no layer fails closed: a request that cannot pass must
+        // not charge the emergency buckets.
+        let fallback: Vec<(usize, LayerRequest<'_>)> = if any_closed {
+            Vec::new()
+        } else {
+            self.layers
+                .iter()
+                .zip(requests)
+                .enumerate()
+                .filter_map(|(i, (layer, r))| {
+                    layer.fallback.as_ref().map(|policy| {
+                        (
+                            i,
+                            LayerRequest {
+                                key: r.key,
+                                policy,
+                                cost: r.cost,
+                            },
+                        )
+                    })
+                })
+                .collect()
+        };
+        let mut fallback_verdicts = None;
+        if let (false, Some(store)) = (fallback.is_empty(), &self.fallback) {
+            let batch: Vec<LayerRequest<'_>> = fallback.iter().map(|(_, r)| *r).collect();
+            match store.decide(&batch).await {
+                Ok(verdicts) if verdicts.len() == batch.len() => fallback_verdicts = Some(verdicts),
+                Ok(_) | Err(_) => observe::fallback_failed(store.kind()),
+            }
         }
         let layers = self
             .layers
             .iter()
-            .zip(verdicts)
-            .map(|(layer, v)| LayerDecision {
-                layer: layer.name.clone(),
-                policy: layer.policy.clone(),
-                allowed: v.allowed,
-                limit: v.limit,
-                remaining: v.remaining,
-                reset_after: v.reset_after,
-                retry_after: v.retry_after,
-                source: Source::Store,
+            .enumerate()
+            .map(|(i, layer)| match layer.policy.on_failure() {
+                OnStoreFailure::FailOpen => {
+                    let v = Verdict {
+                        allowed: true,
+                        limit: layer.policy.capacity(),
+                        remaining: layer.policy.capacity(),
+                        reset_after: Duration::ZERO,
+                        retry_after: None,
+                    };
+                    decided(layer, v, Source::FailOpen)
+                }
+                OnStoreFailure::Fallback(_) => {
+                    let slot = fallback.iter().position(|(j, _)| *j == i);
+                    match (slot, &fallback_verdicts) {
+                        (Some(slot), Some(verdicts)) => {
+                            decided(layer, verdicts[slot], Source::Fallback)
+                        }
+                        _ => closed(layer),
+                    }
+                }
+                _ => closed(layer),
             })
             .collect();
-        Ok(Decision::new(layers))
+        Decision::degraded(layers, error.class())
+    }
+}
+
+fn decided(layer: &Layer, v: Verdict, source: Source) -> LayerDecision {
+    LayerDecision {
+        layer: layer.name.clone(),
+        policy: layer.policy.clone(),
+        allowed: v.allowed,
+        limit: v.limit,
+        remaining: v.remaining,
+        reset_after: v.reset_after,
+        retry_after: v.retry_after,
+        source,
     }
 }
 
@@ -262,12 +404,35 @@ impl Limiter {
 pub struct LimiterBuilder {
     store: Arc<dyn Store>,
     layers: Vec<Layer>,
+    fallback: Option<Arc<dyn Store>>,
+    breaker: BreakerConfig,
+    clock: Arc<dyn Clock>,
 }
 
 impl LimiterBuilder {
     /// Add a layer (layers are decided together; order is the report order).
     pub fn layer(mut self, name: impl Into<Arc<str>>, scope: Scope, policy: Policy) -> Self {
         self.layers.push(Layer::new(name, scope, policy));
+        self
+    }
+
+    /// The in-process emergency store for layers whose policy falls back
+    /// (typically a small `MemoryStore`). Required when any layer falls back.
+    pub fn fallback_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.fallback = Some(store);
+        self
+    }
+
+    /// Circuit breaker settings (default: open after 5 consecutive failures,
+    /// probe after 1 s).
+    pub fn breaker(mut self, config: BreakerConfig) -> Self {
+        self.breaker = config;
+        self
+    }
+
+    /// The clock the circuit breaker reads (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
         self
     }
 
@@ -290,10 +455,15 @@ impl LimiterBuilder {
             )) {
                 return Err(Error::DuplicateLayer(layer.name.to_string()));
             }
+            if layer.fallback.is_some() && self.fallback.is_none() {
+                return Err(Error::NoFallbackStore(layer.name.to_string()));
+            }
         }
         Ok(Limiter {
             layers: self.layers.into(),
             store: self.store,
+            fallback: self.fallback,
+            breaker: Arc::new(CircuitBreaker::with_clock(self.breaker, self.clock)),
         })
     }
 }

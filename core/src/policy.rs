@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use crate::algorithm::Algorithm;
 use crate::error::PolicyError;
+use crate::failure::{Fallback, OnStoreFailure};
 use crate::time::duration_micros;
 
 /// Largest integer every store computes exactly (Lua numbers are doubles).
@@ -45,6 +46,9 @@ pub struct Policy {
     name: Arc<str>,
     version: u32,
     limit: Limit,
+    on_failure: OnStoreFailure,
+    /// The emergency limit, resolved when `on_failure` is a fallback.
+    fallback: Option<Limit>,
 }
 
 impl Policy {
@@ -62,6 +66,53 @@ impl Policy {
             name: name.into(),
             version: 1,
             limit,
+            on_failure: OnStoreFailure::FailClosed,
+            fallback: None,
+        })
+    }
+
+    /// The same policy with another answer for store failures (the default
+    /// is [`OnStoreFailure::FailClosed`]). A fallback's limit is validated here.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tollgate_core::{Fallback, Limit, OnStoreFailure, Policy};
+    /// let shared = Limit::fixed_window(1_000, Duration::from_secs(60))?;
+    /// let policy = Policy::new("api", shared)?
+    ///     .with_on_failure(OnStoreFailure::Fallback(Fallback::Share { instances: 4 }))?;
+    /// assert_eq!(policy.fallback_limit().unwrap().capacity(), 250);
+    /// # Ok::<(), tollgate_core::PolicyError>(())
+    /// ```
+    pub fn with_on_failure(mut self, on_failure: OnStoreFailure) -> Result<Self, PolicyError> {
+        self.fallback = match &on_failure {
+            OnStoreFailure::Fallback(f) => {
+                Some(f.limit_for(&self.limit).map_err(|e| e.within("fallback"))?)
+            }
+            _ => None,
+        };
+        self.on_failure = on_failure;
+        Ok(self)
+    }
+
+    /// What this policy does when its store fails.
+    pub fn on_failure(&self) -> &OnStoreFailure {
+        &self.on_failure
+    }
+
+    /// The emergency bucket's limit, when the policy falls back.
+    pub fn fallback_limit(&self) -> Option<&Limit> {
+        self.fallback.as_ref()
+    }
+
+    /// The policy the emergency store runs: same name and version, the
+    /// fallback limit.
+    pub fn fallback_policy(&self) -> Option<Policy> {
+        let limit = self.fallback.clone()?;
+        Some(Policy {
+            limit,
+            on_failure: OnStoreFailure::FailClosed,
+            fallback: None,
+            ..self.clone()
         })
     }
 
@@ -175,6 +226,56 @@ impl Limit {
             Limit::SlidingWindow(_) => "sliding_window",
             Limit::SlidingLog(_) => "sliding_log",
             Limit::Custom(c) => c.0.name(),
+        }
+    }
+
+    /// This limit shared by `instances` processes: each gets the limit
+    /// divided by `instances` (rounded down, at least 1) at the same pace.
+    pub fn divided_by(&self, instances: u32) -> Result<Limit, PolicyError> {
+        let n = u64::from(instances);
+        if n == 0 {
+            return Err(PolicyError::new("instances", "must be at least 1"));
+        }
+        let share = |v: u64| (v / n).max(1);
+        let slower = |us: u64| {
+            us.checked_mul(n).map(Duration::from_micros).ok_or_else(|| {
+                PolicyError::new(
+                    "instances",
+                    format!("{instances} is too many to share this limit"),
+                )
+            })
+        };
+        match self {
+            // The rate divides exactly by stretching the period.
+            Limit::TokenBucket(p) => {
+                Limit::token_bucket(share(p.capacity), p.refill, slower(p.period_us)?)
+            }
+            Limit::Gcra(p) => {
+                let limit = Gcra {
+                    burst: share(p.burst),
+                    interval_us: p.interval_us.checked_mul(n).ok_or_else(|| {
+                        PolicyError::new(
+                            "instances",
+                            format!("{instances} is too many to share this limit"),
+                        )
+                    })?,
+                };
+                check_recovery(limit.burst.saturating_mul(limit.interval_us))?;
+                Ok(Limit::Gcra(limit))
+            }
+            Limit::FixedWindow(p) => {
+                Limit::fixed_window(share(p.limit), Duration::from_micros(p.window_us))
+            }
+            Limit::SlidingWindow(p) => {
+                Limit::sliding_window(share(p.limit), Duration::from_micros(p.window_us))
+            }
+            Limit::SlidingLog(p) => {
+                Limit::sliding_log(share(p.limit), Duration::from_micros(p.window_us))
+            }
+            Limit::Custom(_) => Err(PolicyError::new(
+                "fallback",
+                "a custom algorithm cannot be shared; give the fallback its own limit",
+            )),
         }
     }
 
@@ -461,6 +562,41 @@ struct PolicyDef {
     #[serde(default = "first_version")]
     version: u32,
     limit: LimitSpec,
+    #[serde(default)]
+    on_failure: Option<OnFailureSpec>,
+}
+
+/// A store-failure mode as written in a configuration file:
+/// `"fail_open"`, `"fail_closed"`, `{ fallback = { algorithm = … } }` or
+/// `{ fallback_share = 4 }`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum OnFailureSpec {
+    /// [`OnStoreFailure::FailOpen`].
+    FailOpen,
+    /// [`OnStoreFailure::FailClosed`].
+    FailClosed,
+    /// [`Fallback::Limit`].
+    Fallback(LimitSpec),
+    /// [`Fallback::Share`] among this many processes.
+    FallbackShare(u32),
+}
+
+impl OnFailureSpec {
+    /// Validate into an [`OnStoreFailure`].
+    pub fn build(&self) -> Result<OnStoreFailure, PolicyError> {
+        Ok(match self {
+            OnFailureSpec::FailOpen => OnStoreFailure::FailOpen,
+            OnFailureSpec::FailClosed => OnStoreFailure::FailClosed,
+            OnFailureSpec::Fallback(spec) => OnStoreFailure::Fallback(Fallback::Limit(
+                spec.build().map_err(|e| e.within("fallback"))?,
+            )),
+            OnFailureSpec::FallbackShare(instances) => OnStoreFailure::Fallback(Fallback::Share {
+                instances: *instances,
+            }),
+        })
+    }
 }
 
 fn first_version() -> u32 {
@@ -470,6 +606,11 @@ fn first_version() -> u32 {
 impl TryFrom<PolicyDef> for Policy {
     type Error = PolicyError;
     fn try_from(def: PolicyDef) -> Result<Self, PolicyError> {
-        Ok(Policy::new(def.name, def.limit.build()?)?.with_version(def.version))
+        let policy = Policy::new(def.name, def.limit.build().map_err(|e| e.within("limit"))?)?
+            .with_version(def.version);
+        match def.on_failure {
+            Some(spec) => policy.with_on_failure(spec.build().map_err(|e| e.within("on_failure"))?),
+            None => Ok(policy),
+        }
     }
 }

@@ -6,7 +6,10 @@ use std::sync::{Arc, Barrier};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Duration;
 
-use tollgate_core::{Context, Limit, Limiter, ManualClock, Policy, Scope, StoreError, Subject};
+use tollgate_core::{
+    Context, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope, Store, StoreError, StoreKey,
+    Subject,
+};
 use tollgate_memory::MemoryStore;
 use tollgate_testkit::conformance::{every_algorithm, START};
 
@@ -142,11 +145,22 @@ fn memory_is_bounded_and_a_full_store_refuses_rather_than_evicts() {
             .unwrap()
             .is_allowed());
     }
-    let err = ready(limiter.check(&subject("one-too-many"), 1)).unwrap_err();
+    // A full store is a store failure: the policy's failure mode answers
+    // (fail closed by default), and the store itself says why.
+    let d = ready(limiter.check(&subject("one-too-many"), 1)).unwrap();
     assert!(
-        matches!(err, tollgate_core::Error::Store(StoreError::Full(64))),
-        "{err}"
+        d.failed_closed() && d.store_error() == Some("full"),
+        "{d:?}"
     );
+    let policy = limiter.layers()[0].policy();
+    let key = StoreKey::new("x", policy, "subject", "x");
+    let err = ready(store.decide(&[LayerRequest {
+        key,
+        policy,
+        cost: 1,
+    }]))
+    .unwrap_err();
+    assert!(matches!(err, StoreError::Full(64)), "{err}");
     // Existing keys still decide (and stay denied: nothing was evicted).
     assert!(!ready(limiter.check(&subject("u0"), 1))
         .unwrap()

@@ -1,0 +1,231 @@
+//! Failure modes and the circuit breaker, with a store that can be switched
+//! off (the in-process store behind a switch) and a manual clock. The same
+//! modes against real redis-server faults are in the Redis store's tests.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::{
+    async_trait, BreakerConfig, BreakerState, Context, Fallback, LayerRequest, Limit, Limiter,
+    ManualClock, MemoryStore, OnStoreFailure, Policy, Scope, Source, Store, StoreError, Subject,
+    Timestamp, Verdict,
+};
+
+/// The in-process store behind an on/off switch; counts the calls it gets.
+#[derive(Debug)]
+struct Switchable {
+    inner: MemoryStore,
+    down: AtomicBool,
+    calls: AtomicUsize,
+}
+
+#[async_trait]
+impl Store for Switchable {
+    fn kind(&self) -> &'static str {
+        "switchable"
+    }
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("switched off".into()));
+        }
+        self.inner.decide(layers).await
+    }
+}
+
+fn setup(mode: OnStoreFailure) -> (ManualClock, Arc<Switchable>, Limiter) {
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let store = Arc::new(Switchable {
+        inner: MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+        down: AtomicBool::new(false),
+        calls: AtomicUsize::new(0),
+    });
+    let policy = Policy::new(
+        "api",
+        Limit::fixed_window(10, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap()
+    .with_on_failure(mode)
+    .unwrap();
+    let limiter = Limiter::builder(store.clone())
+        .layer("key", Scope::Subject, policy)
+        .fallback_store(Arc::new(
+            MemoryStore::builder()
+                .clock(Arc::new(clock.clone()))
+                .build(),
+        ))
+        .breaker(BreakerConfig {
+            failure_threshold: 3,
+            open_for: Duration::from_secs(2),
+        })
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap();
+    (clock, store, limiter)
+}
+
+fn ctx() -> Context {
+    Context::subject(Subject::new("client").unwrap())
+}
+
+#[tokio::test]
+async fn fail_open_admits_and_says_so() {
+    let (_, store, limiter) = setup(OnStoreFailure::FailOpen);
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..20 {
+        let d = limiter.check(&ctx(), 1).await.unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(d.layers()[0].source, Source::FailOpen);
+        // The first three store errors open the breaker; later decisions skip the store.
+        assert!(
+            matches!(d.store_error(), Some("unavailable" | "circuit_open")),
+            "{:?}",
+            d.store_error()
+        );
+    }
+}
+
+#[tokio::test]
+async fn fail_closed_rejects_as_a_store_failure_not_a_limit() {
+    let (_, store, limiter) = setup(OnStoreFailure::FailClosed);
+    store.down.store(true, Ordering::SeqCst);
+    let d = limiter.check(&ctx(), 1).await.unwrap();
+    assert!(!d.is_allowed());
+    assert!(d.failed_closed(), "a store failure is a 503, not a 429");
+    assert_eq!(d.layers()[0].source, Source::FailClosed);
+    assert_eq!(d.store_error(), Some("unavailable"));
+}
+
+#[tokio::test]
+async fn fallback_enforces_the_emergency_bucket() {
+    // The shared limit is 10 per minute; 2 processes share it: 5 each.
+    let (_, store, limiter) = setup(OnStoreFailure::Fallback(Fallback::Share { instances: 2 }));
+    store.down.store(true, Ordering::SeqCst);
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let d = limiter.check(&ctx(), 1).await.unwrap();
+        assert_eq!(d.layers()[0].source, Source::Fallback);
+        admitted += usize::from(d.is_allowed());
+    }
+    assert_eq!(admitted, 5);
+}
+
+#[tokio::test]
+async fn the_breaker_opens_skips_the_store_probes_and_recovers() {
+    let (clock, store, limiter) = setup(OnStoreFailure::FailClosed);
+    store.down.store(true, Ordering::SeqCst);
+    for _ in 0..3 {
+        limiter.check(&ctx(), 1).await.unwrap();
+    }
+    assert_eq!(limiter.breaker().state(), BreakerState::Open);
+    let calls = store.calls.load(Ordering::SeqCst);
+    for _ in 0..100 {
+        let d = limiter.check(&ctx(), 1).await.unwrap();
+        assert_eq!(d.store_error(), Some("circuit_open"));
+        assert!(d.retry_after().unwrap() <= Duration::from_secs(2));
+    }
+    assert_eq!(
+        store.calls.load(Ordering::SeqCst),
+        calls,
+        "an open breaker does not call the store"
+    );
+
+    // Still down at the probe: open again, one call spent.
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(limiter.breaker().state(), BreakerState::HalfOpen);
+    limiter.check(&ctx(), 1).await.unwrap();
+    assert_eq!(store.calls.load(Ordering::SeqCst), calls + 1);
+    assert_eq!(limiter.breaker().state(), BreakerState::Open);
+
+    // Back up: the next probe closes the breaker with no manual step.
+    store.down.store(false, Ordering::SeqCst);
+    clock.advance(Duration::from_secs(2));
+    let d = limiter.check(&ctx(), 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.layers()[0].source, Source::Store);
+    assert_eq!(limiter.breaker().state(), BreakerState::Closed);
+}
+
+#[tokio::test]
+async fn a_fail_closed_layer_keeps_fallback_layers_uncharged() {
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let store = Arc::new(Switchable {
+        inner: MemoryStore::default(),
+        down: AtomicBool::new(true),
+        calls: AtomicUsize::new(0),
+    });
+    let emergency = Arc::new(
+        MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+    );
+    let minute = Duration::from_secs(60);
+    let limiter = Limiter::builder(store)
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new("k", Limit::fixed_window(3, minute).unwrap())
+                .unwrap()
+                .with_on_failure(OnStoreFailure::Fallback(Fallback::Limit(
+                    Limit::fixed_window(3, minute).unwrap(),
+                )))
+                .unwrap(),
+        )
+        .layer(
+            "all",
+            Scope::Global,
+            Policy::new("g", Limit::fixed_window(100, minute).unwrap()).unwrap(),
+        )
+        .fallback_store(emergency.clone())
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        let d = limiter.check(&ctx(), 1).await.unwrap();
+        assert!(d.failed_closed());
+    }
+    assert!(
+        emergency.is_empty(),
+        "denied requests charged the emergency bucket"
+    );
+}
+
+#[test]
+fn a_fallback_without_an_emergency_store_is_a_build_error() {
+    let policy = Policy::new("p", Limit::fixed_window(3, Duration::from_secs(1)).unwrap())
+        .unwrap()
+        .with_on_failure(OnStoreFailure::Fallback(Fallback::Share { instances: 3 }))
+        .unwrap();
+    let err = Limiter::builder(Arc::new(MemoryStore::default()))
+        .layer("key", Scope::Subject, policy)
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("fallback_store"), "{err}");
+}
+
+#[test]
+fn policies_with_failure_modes_deserialize() {
+    let policy: Policy = serde_json::from_str(
+        r#"{ "name": "api", "version": 3,
+             "limit": { "algorithm": "gcra", "rate": 100, "period": "1s", "burst": 20 },
+             "on_failure": { "fallback_share": 4 } }"#,
+    )
+    .unwrap();
+    assert_eq!(policy.version(), 3);
+    assert_eq!(policy.fallback_limit().unwrap().capacity(), 5);
+    let err = serde_json::from_str::<Policy>(
+        r#"{ "name": "api", "limit": { "algorithm": "fixed_window", "limit": 0, "window": "1s" } }"#,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("limit.limit"), "{err}");
+    let err = serde_json::from_str::<Policy>(
+        r#"{ "name": "api", "limit": { "algorithm": "fixed_window", "limit": 5, "window": "1s", "burst": 3 } }"#,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("burst"),
+        "unknown fields are errors: {err}"
+    );
+}
