@@ -17,16 +17,20 @@ pub enum Source {
     FailOpen,
     /// The store failed; the policy says to reject (HTTP 503, not 429).
     FailClosed,
+    /// The blocked-key cache repeated the store's recent denial, without a
+    /// store call.
+    Cache,
 }
 
 impl Source {
-    /// A short label: `store`, `fallback`, `fail_open`, `fail_closed`.
+    /// A short label: `store`, `fallback`, `fail_open`, `fail_closed`, `cache`.
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Store => "store",
             Source::Fallback => "fallback",
             Source::FailOpen => "fail_open",
             Source::FailClosed => "fail_closed",
+            Source::Cache => "cache",
         }
     }
 }

@@ -8,6 +8,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod algorithm;
+#[cfg(feature = "blocked-cache")]
+mod blocked;
 mod decision;
 mod error;
 mod failure;
@@ -20,6 +22,9 @@ mod subject;
 mod time;
 
 pub use algorithm::{Algorithm, State, Stored, Transition, Verdict};
+#[cfg(feature = "blocked-cache")]
+#[cfg_attr(docsrs, doc(cfg(feature = "blocked-cache")))]
+pub use blocked::BlockedCacheConfig;
 pub use decision::{Decision, LayerDecision, Source};
 pub use error::{Error, PolicyError, StoreError, SubjectError};
 pub use failure::{

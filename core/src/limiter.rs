@@ -197,6 +197,9 @@ pub struct Limiter {
     store: Arc<dyn Store>,
     fallback: Option<Arc<dyn Store>>,
     breaker: Arc<CircuitBreaker>,
+    clock: Arc<dyn Clock>,
+    #[cfg(feature = "blocked-cache")]
+    blocked: Option<Arc<crate::blocked::BlockedCache>>,
 }
 
 impl fmt::Debug for Limiter {
@@ -219,6 +222,8 @@ impl Limiter {
             fallback: None,
             breaker: BreakerConfig::default(),
             clock: Arc::new(SystemClock),
+            #[cfg(feature = "blocked-cache")]
+            blocked: None,
         }
     }
 
@@ -230,6 +235,11 @@ impl Limiter {
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The clock of the breaker and the blocked-key cache.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
     }
 
     /// The circuit breaker guarding the store.
@@ -257,6 +267,18 @@ impl Limiter {
                 cost,
             });
         }
+        #[cfg(feature = "blocked-cache")]
+        let identity = match &self.blocked {
+            Some(cache) => {
+                let identity = crate::blocked::identity(&requests);
+                if let Some(decision) = cache.get(&identity, cost, &*self.clock) {
+                    observe::decision(&decision);
+                    return Ok(decision);
+                }
+                Some(identity)
+            }
+            None => None,
+        };
         let admission = self.breaker.admit();
         let answer = match admission {
             Admission::Skip(wait) => Err(StoreError::CircuitOpen(wait)),
@@ -298,6 +320,12 @@ impl Limiter {
             ),
             Err(error) => self.degraded(&requests, &error).await,
         };
+        #[cfg(feature = "blocked-cache")]
+        if let (Some(cache), Some(identity), false) =
+            (&self.blocked, identity, decision.is_allowed())
+        {
+            cache.remember(identity, cost, &decision, &*self.clock);
+        }
         observe::decision(&decision);
         Ok(decision)
     }
@@ -407,6 +435,8 @@ pub struct LimiterBuilder {
     fallback: Option<Arc<dyn Store>>,
     breaker: BreakerConfig,
     clock: Arc<dyn Clock>,
+    #[cfg(feature = "blocked-cache")]
+    blocked: Option<crate::blocked::BlockedCacheConfig>,
 }
 
 impl LimiterBuilder {
@@ -430,7 +460,17 @@ impl LimiterBuilder {
         self
     }
 
-    /// The clock the circuit breaker reads (default: the system clock).
+    /// Answer requests the store denied with a retry-after of at least
+    /// `config.threshold` locally until that time, without a store call.
+    #[cfg(feature = "blocked-cache")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "blocked-cache")))]
+    pub fn blocked_cache(mut self, config: crate::blocked::BlockedCacheConfig) -> Self {
+        self.blocked = Some(config);
+        self
+    }
+
+    /// The clock the circuit breaker and blocked-key cache read (default:
+    /// the system clock).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -463,7 +503,12 @@ impl LimiterBuilder {
             layers: self.layers.into(),
             store: self.store,
             fallback: self.fallback,
-            breaker: Arc::new(CircuitBreaker::with_clock(self.breaker, self.clock)),
+            breaker: Arc::new(CircuitBreaker::with_clock(self.breaker, self.clock.clone())),
+            clock: self.clock,
+            #[cfg(feature = "blocked-cache")]
+            blocked: self
+                .blocked
+                .map(|c| Arc::new(crate::blocked::BlockedCache::new(c))),
         })
     }
 }

@@ -1,0 +1,114 @@
+//! The blocked-key cache repeats long denials without a store call, and
+//! never admits what the store would deny.
+#![cfg(feature = "blocked-cache")]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate::{
+    async_trait, BlockedCacheConfig, Context, LayerRequest, Limit, Limiter, ManualClock,
+    MemoryStore, Policy, Scope, Source, Store, StoreError, Subject, Timestamp, Verdict,
+};
+
+#[derive(Debug)]
+struct Counting {
+    inner: MemoryStore,
+    calls: AtomicUsize,
+}
+
+#[async_trait]
+impl Store for Counting {
+    fn kind(&self) -> &'static str {
+        "counting"
+    }
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.decide(layers).await
+    }
+}
+
+fn setup(limit: Limit) -> (ManualClock, Arc<Counting>, Limiter) {
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let store = Arc::new(Counting {
+        inner: MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+        calls: AtomicUsize::new(0),
+    });
+    let limiter = Limiter::builder(store.clone())
+        .layer("key", Scope::Subject, Policy::new("p", limit).unwrap())
+        .blocked_cache(BlockedCacheConfig {
+            threshold: Duration::from_secs(1),
+            max_entries: 1000,
+        })
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap();
+    (clock, store, limiter)
+}
+
+fn ctx() -> Context {
+    Context::subject(Subject::new("abuser").unwrap())
+}
+
+#[tokio::test]
+async fn long_denials_are_answered_locally_until_the_retry_time() {
+    let (clock, store, limiter) = setup(Limit::fixed_window(3, Duration::from_secs(10)).unwrap());
+    let start = 1_780_000_000_000_000u64;
+    clock.set(Timestamp::from_micros(start - start % 10_000_000)); // window start
+    for _ in 0..3 {
+        assert!(limiter.check(&ctx(), 1).await.unwrap().is_allowed());
+    }
+    let denied = limiter.check(&ctx(), 1).await.unwrap();
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(10)));
+    let calls = store.calls.load(Ordering::SeqCst);
+    clock.advance(Duration::from_secs(4));
+    for _ in 0..1000 {
+        let d = limiter.check(&ctx(), 1).await.unwrap();
+        assert!(!d.is_allowed());
+        assert_eq!(d.layers()[0].source, Source::Cache);
+        assert_eq!(
+            d.retry_after(),
+            Some(Duration::from_secs(6)),
+            "the wait is aged, not repeated"
+        );
+    }
+    assert_eq!(
+        store.calls.load(Ordering::SeqCst),
+        calls,
+        "no store call while blocked"
+    );
+    // At the retry time the store decides again, and admits.
+    clock.advance(Duration::from_secs(6));
+    let d = limiter.check(&ctx(), 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.layers()[0].source, Source::Store);
+}
+
+#[tokio::test]
+async fn a_cheaper_request_and_a_short_denial_still_ask_the_store() {
+    // 10 tokens, one per second: cost 5 with 4 left waits 1s, cost 1 passes.
+    let (_, store, limiter) = setup(Limit::token_bucket(10, 1, Duration::from_secs(1)).unwrap());
+    assert!(limiter.check(&ctx(), 6).await.unwrap().is_allowed());
+    let denied = limiter.check(&ctx(), 5).await.unwrap();
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(1)));
+    let calls = store.calls.load(Ordering::SeqCst);
+    let cheap = limiter.check(&ctx(), 1).await.unwrap();
+    assert!(
+        cheap.is_allowed(),
+        "the cache must not deny a cheaper request the store admits"
+    );
+    assert_eq!(store.calls.load(Ordering::SeqCst), calls + 1);
+    // A denial shorter than the threshold is not cached.
+    let (_, store, limiter) = setup(Limit::gcra(10, Duration::from_secs(1), 1).unwrap());
+    limiter.check(&ctx(), 1).await.unwrap();
+    let before = store.calls.load(Ordering::SeqCst);
+    for _ in 0..5 {
+        assert_eq!(
+            limiter.check(&ctx(), 1).await.unwrap().layers()[0].source,
+            Source::Store
+        );
+    }
+    assert_eq!(store.calls.load(Ordering::SeqCst), before + 5);
+}
