@@ -37,6 +37,9 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `memory` (default) | [`MemoryStore`], the in-process store |
+//! | `metrics` | counters and histograms through the `metrics` facade ([`observe`]) |
+//! | `tracing` | log events (policy and error class, never keys) through `tracing` |
+//! | `blocked-cache` | long denials answered in-process without a store call |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use tollgate_core::*;
@@ -59,3 +62,8 @@ pub struct ReadmeDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/algorithms.md")]
 pub struct AlgorithmsGuideDoctests;
+
+/// The operations guide's examples, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/operations.md")]
+pub struct OperationsGuideDoctests;

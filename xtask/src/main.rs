@@ -15,7 +15,7 @@ use std::process::{exit, Command};
 use std::time::Instant;
 
 /// Features of the `tollgate` facade crate, each built on its own.
-const FEATURES: &[&str] = &["memory"];
+const FEATURES: &[&str] = &["memory", "metrics", "tracing", "blocked-cache"];
 
 fn main() {
     let args: Vec<String> = env::args().skip(1).collect();
