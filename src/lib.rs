@@ -40,6 +40,9 @@
 //! | `metrics` | counters and histograms through the `metrics` facade ([`observe`]) |
 //! | `tracing` | log events (policy and error class, never keys) through `tracing` |
 //! | `blocked-cache` | long denials answered in-process without a store call |
+//! | `tower` | [`tower::RateLimitLayer`], for axum, tonic and hyper (guide: `docs/http.md`) |
+//! | `axum` | `tower`, plus the client address from axum's `ConnectInfo` |
+//! | `actix` | [`actix::RateLimit`], the actix-web middleware |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use tollgate_core::*;
@@ -52,6 +55,30 @@ pub mod algorithms {
 #[cfg(feature = "memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 pub use tollgate_memory::{MemoryStore, MemoryStoreBuilder};
+
+/// The tower layer (axum, tonic, hyper): see `tollgate-tower`.
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower {
+    pub use tollgate_tower::*;
+}
+
+/// The actix-web middleware: see `tollgate-actix`.
+#[cfg(feature = "actix")]
+#[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
+pub mod actix {
+    pub use tollgate_actix::*;
+}
+
+/// The HTTP guide's examples, compiled as doc-tests.
+#[cfg(all(doctest, feature = "axum", feature = "actix", feature = "memory"))]
+#[doc = include_str!("../docs/http.md")]
+pub struct HttpGuideDoctests;
+
+/// The API consumers' guide's examples, compiled and run as doc-tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/clients.md")]
+pub struct ClientsGuideDoctests;
 
 /// The README's examples, compiled as doc-tests so they cannot rot.
 #[cfg(doctest)]

@@ -1,6 +1,6 @@
 //! The blocked-key cache repeats long denials without a store call, and
 //! never admits what the store would deny.
-#![cfg(feature = "blocked-cache")]
+#![cfg(all(feature = "blocked-cache", feature = "memory"))]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

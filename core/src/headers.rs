@@ -28,16 +28,18 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
-/// The window `w` a policy announces, in whole seconds (rounded up): the
-/// window, or the time an empty bucket takes to refill.
-pub fn window_secs(limit: &Limit) -> u64 {
+/// The window `w` a policy announces, in whole seconds (rounded up, at
+/// least 1): the window, or the time an empty bucket takes to refill. `None`
+/// for custom algorithms, whose window Tollgate cannot know (`w` is optional
+/// in the draft, and a made-up one would mislead clients).
+pub fn window_secs(limit: &Limit) -> Option<u64> {
     let micros = match limit {
         Limit::TokenBucket(p) => (p.capacity() * p.period_us()).div_ceil(p.refill()),
         Limit::Gcra(p) => p.burst() * p.interval_us(),
         Limit::FixedWindow(p) | Limit::SlidingWindow(p) | Limit::SlidingLog(p) => p.window_us(),
-        _ => 0,
+        _ => return None,
     };
-    ceil_secs(Duration::from_micros(micros)).max(1)
+    Some(ceil_secs(Duration::from_micros(micros)).max(1))
 }
 
 /// Seconds a layer announces as `t`: until it admits again when it denies,
@@ -46,18 +48,16 @@ pub fn layer_t(layer: &LayerDecision) -> u64 {
     ceil_secs(layer.retry_after.unwrap_or(layer.reset_after))
 }
 
-/// The `RateLimit-Policy` value: `"<policy>";q=<quota>;w=<window seconds>` per layer.
+/// The `RateLimit-Policy` value: `"<policy>";q=<quota>;w=<window seconds>` per layer
+/// (`w` omitted when unknown, see [`window_secs`]).
 pub fn rate_limit_policy(decision: &Decision) -> String {
     let mut out = String::new();
     for (i, layer) in decision.layers().iter().enumerate() {
         let sep = if i == 0 { "" } else { ", " };
-        let _ = write!(
-            out,
-            "{sep}\"{}\";q={};w={}",
-            layer.policy.name(),
-            layer.limit,
-            window_secs(layer.policy.limit())
-        );
+        let _ = write!(out, "{sep}\"{}\";q={}", layer.policy.name(), layer.limit);
+        if let Some(w) = window_secs(layer.policy.limit()) {
+            let _ = write!(out, ";w={w}");
+        }
     }
     out
 }

@@ -15,7 +15,15 @@ use std::process::{exit, Command};
 use std::time::Instant;
 
 /// Features of the `tollgate` facade crate, each built on its own.
-const FEATURES: &[&str] = &["memory", "metrics", "tracing", "blocked-cache"];
+const FEATURES: &[&str] = &[
+    "memory",
+    "metrics",
+    "tracing",
+    "blocked-cache",
+    "tower",
+    "axum",
+    "actix",
+];
 
 fn main() {
     let args: Vec<String> = env::args().skip(1).collect();
@@ -188,8 +196,17 @@ fn ci() -> Result {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     run(
-        "demo (README's first command)",
-        cargo().args(["run", "--quiet", "--example", "demo"]),
+        "demo self-test (the README's first command, over real HTTP)",
+        cargo().args([
+            "run",
+            "--quiet",
+            "--example",
+            "demo",
+            "--features",
+            "axum",
+            "--",
+            "--selftest",
+        ]),
     )?;
     eprintln!(
         "xtask ci: all steps passed in {:.1}s",

@@ -1,0 +1,246 @@
+//! Tollgate's actix-web middleware.
+//!
+//! [`RateLimit`] identifies each request, decides it with a [`Limiter`], and
+//! either calls the wrapped service (adding the `RateLimit-Policy` and
+//! `RateLimit` headers to its response) or answers at once: 429 with
+//! `Retry-After` and an `application/problem+json` body, 503 when the store
+//! failed and the policy fails closed, 401 when the request has no identity.
+//! Admitted requests carry their [`Decision`](tollgate_core::Decision) in
+//! their extensions (`web::ReqData<Decision>`).
+//!
+//! The responses are byte for byte those of the tower adapter: both are thin
+//! wrappers over `tollgate-http`.
+//!
+//! ```no_run
+//! # async fn run() -> std::io::Result<()> {
+//! use std::{sync::Arc, time::Duration};
+//! use actix_web::{web, App, HttpServer};
+//! use tollgate_core::{Limit, Limiter, Policy, Scope};
+//! use tollgate_actix::{ClientIp, Identity, RateLimit};
+//!
+//! let policy = Policy::new("per-ip", Limit::gcra(10, Duration::from_secs(1), 20).unwrap()).unwrap();
+//! let limiter = Limiter::builder(Arc::new(tollgate_memory::MemoryStore::default()))
+//!     .layer("ip", Scope::Subject, policy)
+//!     .build()
+//!     .unwrap();
+//! let rate_limit = RateLimit::new(limiter).identity(Identity::new().client_ip(ClientIp::direct()));
+//! HttpServer::new(move || {
+//!     App::new()
+//!         .wrap(rate_limit.clone())
+//!         .route("/", web::get().to(|| async { "hello" }))
+//! })
+//! .bind(("127.0.0.1", 3000))?
+//! .run()
+//! .await
+//! # }
+//! ```
+//!
+//! The client address is the socket peer (`ServiceRequest::peer_addr`);
+//! actix-web's own `realip_remote_addr` trusts forwarding headers from
+//! anyone, so it is never used. Configure proxies with [`ClientIp`].
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+use std::future::{ready, Future, Ready};
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{forward_ready, Service, ServiceRequest, ServiceResponse, Transform};
+use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::{HttpMessage, HttpResponse};
+
+use tollgate_core::{Context, Error, Limiter, Subject};
+use tollgate_http::{is_list_field, RequestView};
+
+pub use tollgate_http::{
+    decision_headers, names, Cidr, ClientIp, ConfigError, Gate, HeaderStyle, Outcome, PeerAddr,
+    Problem, Reply, TrustedProxies,
+};
+
+/// How requests are identified; see [`tollgate_http::Identity`]. Custom
+/// functions receive the [`ServiceRequest`].
+pub type Identity = tollgate_http::Identity<ServiceRequest>;
+
+/// The rate-limiting middleware (an actix-web [`Transform`]); see the
+/// [crate docs](crate). Cloning is cheap; wrap an `App`, a `scope` or a
+/// `resource` — a resource's own `RateLimit` gives it its own limiter or
+/// [cost](Self::cost).
+#[derive(Clone, Debug)]
+pub struct RateLimit {
+    gate: Arc<Gate<ServiceRequest>>,
+}
+
+impl RateLimit {
+    /// Middleware over `limiter`. Requests are identified by the request
+    /// extensions only (what an authentication middleware inserted: a
+    /// [`Context`] or a [`Subject`]) until [`identity`](Self::identity) says
+    /// otherwise; each costs 1.
+    pub fn new(limiter: Limiter) -> Self {
+        RateLimit::from_gate(Gate::new(limiter))
+    }
+
+    /// Middleware over a fully configured [`Gate`].
+    pub fn from_gate(gate: Gate<ServiceRequest>) -> Self {
+        RateLimit {
+            gate: Arc::new(gate),
+        }
+    }
+
+    fn map(mut self, f: impl FnOnce(Gate<ServiceRequest>) -> Gate<ServiceRequest>) -> Self {
+        let gate = Arc::unwrap_or_clone(self.gate);
+        self.gate = Arc::new(f(gate));
+        self
+    }
+
+    /// How requests are identified.
+    pub fn identity(self, identity: Identity) -> Self {
+        self.map(|g| g.identity(identity))
+    }
+
+    /// Every request costs `cost` units (default 1).
+    pub fn cost(self, cost: u64) -> Self {
+        self.map(|g| g.cost(cost))
+    }
+
+    /// The cost is `f(&request)`, for example by method.
+    pub fn cost_with(self, f: impl Fn(&ServiceRequest) -> u64 + Send + Sync + 'static) -> Self {
+        self.map(|g| g.cost_with(f))
+    }
+
+    /// Also send `RateLimit-Limit`, `-Remaining`, `-Reset`.
+    pub fn legacy_headers(self, on: bool) -> Self {
+        self.map(|g| g.legacy_headers(on))
+    }
+
+    /// Also send `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    pub fn x_ratelimit_headers(self, on: bool) -> Self {
+        self.map(|g| g.x_ratelimit_headers(on))
+    }
+
+    /// The `WWW-Authenticate` value sent with 401.
+    pub fn unauthorized_challenge(self, challenge: &str) -> Self {
+        self.map(|g| g.unauthorized_challenge(challenge))
+    }
+
+    /// Called with every limiter error before it becomes a 401, 500 or 503.
+    pub fn on_error(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Self {
+        self.map(|g| g.on_error(f))
+    }
+
+    /// The configuration.
+    pub fn gate(&self) -> &Gate<ServiceRequest> {
+        &self.gate
+    }
+}
+
+impl<S, B> Transform<S, ServiceRequest> for RateLimit
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = actix_web::Error;
+    type Transform = RateLimitMiddleware<S>;
+    type InitError = ();
+    type Future = Ready<Result<Self::Transform, ()>>;
+
+    fn new_transform(&self, service: S) -> Self::Future {
+        ready(Ok(RateLimitMiddleware {
+            service: Rc::new(service),
+            gate: self.gate.clone(),
+        }))
+    }
+}
+
+/// The service [`RateLimit`] wraps around `S`.
+#[derive(Debug)]
+pub struct RateLimitMiddleware<S> {
+    service: Rc<S>,
+    gate: Arc<Gate<ServiceRequest>>,
+}
+
+/// The request as identification sees it.
+struct View<'a>(&'a ServiceRequest);
+
+impl RequestView for View<'_> {
+    fn header_values(&self, name: &str) -> Vec<&[u8]> {
+        self.0
+            .headers()
+            .get_all(name)
+            .map(HeaderValue::as_bytes)
+            .collect()
+    }
+    fn peer_ip(&self) -> Option<IpAddr> {
+        // The socket peer, never `connection_info().realip_remote_addr()`,
+        // which believes `Forwarded` / `X-Forwarded-For` from anyone.
+        let from_extension = self.0.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        from_extension.or_else(|| self.0.peer_addr().map(|a| a.ip()))
+    }
+    fn extension_context(&self) -> Option<Context> {
+        let extensions = self.0.extensions();
+        extensions
+            .get::<Context>()
+            .cloned()
+            .or_else(|| extensions.get::<Subject>().cloned().map(Context::subject))
+    }
+}
+
+impl<S, B> Service<ServiceRequest> for RateLimitMiddleware<S>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
+    B: MessageBody + 'static,
+{
+    type Response = ServiceResponse<EitherBody<B>>;
+    type Error = actix_web::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>>>>;
+
+    forward_ready!(service);
+
+    fn call(&self, request: ServiceRequest) -> Self::Future {
+        let service = self.service.clone();
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            let (ctx, cost) = gate.prepare(&request, &View(&request));
+            match gate.decide(&ctx, cost).await {
+                Outcome::Allow { decision, headers } => {
+                    request.extensions_mut().insert(decision);
+                    let mut response = service.call(request).await?;
+                    apply_headers(&headers, response.headers_mut());
+                    Ok(response.map_into_left_body())
+                }
+                Outcome::Reject(reply) => Ok(reject(request, reply)),
+                // `Outcome` may grow; anything unknown is not an admission.
+                _ => Ok(reject(request, Reply::internal_error())),
+            }
+        })
+    }
+}
+
+/// Answer `request` with `reply`, without calling the service.
+fn reject<B>(request: ServiceRequest, reply: Reply) -> ServiceResponse<EitherBody<B>> {
+    let (status, headers, body) = reply.into_parts();
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = HttpResponse::new(status);
+    apply_headers(&headers, response.headers_mut());
+    let response = response.set_body(body).map_into_boxed_body();
+    request.into_response(response).map_into_right_body()
+}
+
+/// Add `headers` to an actix-web header map, as `tollgate_http::apply_headers`
+/// does for `http` 1.x maps (actix-web 4 uses its own header types).
+fn apply_headers(headers: &[(&'static str, String)], map: &mut HeaderMap) {
+    for (name, value) in headers {
+        let Ok(value) = HeaderValue::from_str(value) else {
+            continue;
+        };
+        let name = HeaderName::from_static(name);
+        if is_list_field(name.as_str()) {
+            map.append(name, value);
+        } else if !map.contains_key(&name) {
+            map.insert(name, value);
+        }
+    }
+}

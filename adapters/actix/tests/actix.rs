@@ -1,0 +1,209 @@
+//! The actix-web middleware in a real actix-web server on 127.0.0.1, driven
+//! by a real HTTP client. Time is a manual clock; nothing sleeps.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix_web::dev::Service as _;
+use actix_web::{web, App, HttpMessage, HttpServer};
+use common::{memory_store, per_minute, DownStore, Http};
+use http::StatusCode;
+use tollgate_actix::{Cidr, ClientIp, Identity, RateLimit};
+use tollgate_core::{Decision, Limiter, Store, Subject};
+
+/// Serve one route wrapped in `rate_limit` on a free loopback port. The
+/// `auth` stand-in turns an `x-user` header into a subject, as an
+/// authentication middleware would.
+fn serve(rate_limit: RateLimit) -> Http {
+    let server = HttpServer::new(move || {
+        App::new()
+            .wrap(rate_limit.clone())
+            .wrap_fn(|request, service| {
+                let user = request
+                    .headers()
+                    .get("x-user")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| Subject::new(v).ok());
+                if let Some(user) = user {
+                    request.extensions_mut().insert(user);
+                }
+                service.call(request)
+            })
+            .route(
+                "/",
+                web::get().to(|decision: web::ReqData<Decision>| async move {
+                    format!("left: {}", decision.layers()[0].remaining)
+                }),
+            )
+    })
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(0)
+    .bind(("127.0.0.1", 0))
+    .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    Http::new(addr)
+}
+
+fn by_ip(limiter: Limiter, ip: ClientIp) -> RateLimit {
+    RateLimit::new(limiter).identity(Identity::new().client_ip(ip))
+}
+
+#[actix_web::test]
+async fn three_pass_then_429_with_exact_headers() {
+    let (clock, store) = memory_store();
+    let http = serve(by_ip(per_minute(store, "per-ip", 3), ClientIp::direct()));
+
+    for expected_remaining in [2, 1, 0] {
+        let reply = http.get("/", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.body, format!("left: {expected_remaining}"));
+        let policy = reply.items("ratelimit-policy");
+        assert_eq!(policy[0].0, "per-ip");
+        assert_eq!((policy[0].1["q"], policy[0].1["w"]), (3, 60));
+        assert_eq!(reply.remaining_and_reset(), (expected_remaining, 60));
+        assert_eq!(reply.header("retry-after"), None);
+    }
+
+    clock.advance(Duration::from_millis(15_500));
+    let reply = http.get("/", &[]).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(reply.remaining_and_reset(), (0, 45));
+    assert_eq!(reply.header("retry-after"), Some("45"));
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    let problem = reply.json();
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["violated-policies"], serde_json::json!(["per-ip"]));
+
+    clock.advance(Duration::from_millis(44_500));
+    assert_eq!(http.get("/", &[]).await.status, StatusCode::OK);
+}
+
+#[actix_web::test]
+async fn spoofed_forwarded_for_does_not_change_the_bucket() {
+    let (_clock, store) = memory_store();
+    let http = serve(by_ip(per_minute(store, "per-ip", 3), ClientIp::direct()));
+    for spoof in ["203.0.113.1", "203.0.113.2", "203.0.113.3"] {
+        let reply = http.get("/", &[("x-forwarded-for", spoof)]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    // `Forwarded` is not read either (actix-web's realip would believe it).
+    let reply = http
+        .get(
+            "/",
+            &[
+                ("x-forwarded-for", "198.51.100.99"),
+                ("forwarded", "for=198.51.100.98"),
+            ],
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[actix_web::test]
+async fn clients_behind_a_trusted_proxy_get_their_own_buckets() {
+    let (_clock, store) = memory_store();
+    let proxy: Cidr = "127.0.0.1/32".parse().unwrap();
+    let http = serve(by_ip(
+        per_minute(store, "per-ip", 3),
+        ClientIp::trusted_proxies([proxy]),
+    ));
+    let a = [("x-forwarded-for", "203.0.113.7")];
+    for _ in 0..3 {
+        assert_eq!(http.get("/", &a).await.status, StatusCode::OK);
+    }
+    assert_eq!(
+        http.get("/", &a).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let spoofing_a = [("x-forwarded-for", "10.9.9.9, 203.0.113.7")];
+    assert_eq!(
+        http.get("/", &spoofing_a).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let b = [("x-forwarded-for", "203.0.113.8")];
+    let reply = http.get("/", &b).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining_and_reset().0, 2);
+}
+
+#[actix_web::test]
+async fn missing_subject_is_401_and_an_auth_layer_identifies() {
+    let (_clock, store) = memory_store();
+    let http =
+        serve(RateLimit::new(per_minute(store, "per-user", 3)).unauthorized_challenge("Bearer"));
+    let reply = http.get("/", &[]).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(reply.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(reply.json()["status"], 401);
+
+    let reply = http.get("/", &[("x-user", "alice")]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, "left: 2");
+}
+
+/// Any store can go here; a stopped Redis will once its store lands.
+async fn store_failure_is_503_quickly(store: Arc<dyn Store>) {
+    let http = serve(by_ip(per_minute(store, "per-ip", 3), ClientIp::direct()));
+    let started = Instant::now();
+    let reply = http.get("/", &[]).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    let problem = reply.json();
+    assert_eq!(problem["status"], 503);
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+    );
+    assert_eq!(problem["violated-policies"], serde_json::json!(["per-ip"]));
+    let retry: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry >= 1);
+}
+
+#[actix_web::test]
+async fn a_store_that_is_down_gives_503() {
+    store_failure_is_503_quickly(Arc::new(DownStore)).await;
+}
+
+#[actix_web::test]
+async fn cost_and_legacy_headers() {
+    let (_clock, store) = memory_store();
+    let http = serve(
+        by_ip(per_minute(store, "per-ip", 3), ClientIp::direct())
+            .cost(2)
+            .legacy_headers(true)
+            .x_ratelimit_headers(true),
+    );
+    let reply = http.get("/", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining_and_reset().0, 1);
+    assert_eq!(reply.header("ratelimit-limit"), Some("3"));
+    assert_eq!(reply.header("ratelimit-remaining"), Some("1"));
+    assert_eq!(reply.header("x-ratelimit-reset"), Some("60"));
+    assert_eq!(
+        http.get("/", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

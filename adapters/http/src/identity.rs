@@ -1,0 +1,372 @@
+//! Who a request is: the [`Context`] its limiter layers count by.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use tollgate_core::{Context, HashKey, Subject};
+
+use crate::client_ip::ClientIp;
+
+/// The client's socket address, for stacks that do not record it where the
+/// adapter looks (axum's `ConnectInfo` and actix-web's peer address are read
+/// directly). Insert it into the request extensions per connection; see the
+/// HTTP guide for hyper and tonic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// What identification needs from a request, whatever the framework.
+///
+/// Implemented here for [`http::request::Parts`] and [`http::Request`]
+/// (axum, hyper, tonic); the actix-web adapter implements it for its own
+/// request type.
+pub trait RequestView {
+    /// Every value of the header `name` (lowercase), in the order received.
+    fn header_values(&self, name: &str) -> Vec<&[u8]>;
+    /// The TCP peer's address, if the server recorded it.
+    fn peer_ip(&self) -> Option<IpAddr>;
+    /// The identity an earlier layer (typically authentication) put into the
+    /// request extensions: a [`Context`], or else a [`Subject`].
+    fn extension_context(&self) -> Option<Context>;
+}
+
+/// The identity in `extensions`: a [`Context`], or else a [`Subject`].
+pub fn context_from_extensions(extensions: &http::Extensions) -> Option<Context> {
+    extensions
+        .get::<Context>()
+        .cloned()
+        .or_else(|| extensions.get::<Subject>().cloned().map(Context::subject))
+}
+
+impl RequestView for http::request::Parts {
+    fn header_values(&self, name: &str) -> Vec<&[u8]> {
+        self.headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect()
+    }
+    fn peer_ip(&self) -> Option<IpAddr> {
+        self.extensions.get::<PeerAddr>().map(|p| p.0.ip())
+    }
+    fn extension_context(&self) -> Option<Context> {
+        context_from_extensions(&self.extensions)
+    }
+}
+
+impl<B> RequestView for http::Request<B> {
+    fn header_values(&self, name: &str) -> Vec<&[u8]> {
+        self.headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect()
+    }
+    fn peer_ip(&self) -> Option<IpAddr> {
+        self.extensions().get::<PeerAddr>().map(|p| p.0.ip())
+    }
+    fn extension_context(&self) -> Option<Context> {
+        context_from_extensions(self.extensions())
+    }
+}
+
+/// A function from the framework's request type to an identity.
+type CustomFn<R> = Arc<dyn Fn(&R) -> Option<Context> + Send + Sync>;
+
+enum Source<R: ?Sized> {
+    Extension,
+    ApiKey {
+        header: Box<str>,
+        bearer: bool,
+        key: HashKey,
+    },
+    ClientIp(ClientIp),
+    Custom(CustomFn<R>),
+}
+
+impl<R: ?Sized> Clone for Source<R> {
+    fn clone(&self) -> Self {
+        match self {
+            Source::Extension => Source::Extension,
+            Source::ApiKey {
+                header,
+                bearer,
+                key,
+            } => Source::ApiKey {
+                header: header.clone(),
+                bearer: *bearer,
+                key: key.clone(),
+            },
+            Source::ClientIp(ip) => Source::ClientIp(ip.clone()),
+            Source::Custom(f) => Source::Custom(f.clone()),
+        }
+    }
+}
+
+impl<R: ?Sized> fmt::Debug for Source<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Extension => f.write_str("Extension"),
+            Source::ApiKey { header, bearer, .. } => f
+                .debug_struct("ApiKey")
+                .field("header", header)
+                .field("bearer", bearer)
+                .finish_non_exhaustive(),
+            Source::ClientIp(ip) => f.debug_tuple("ClientIp").field(ip).finish(),
+            Source::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// How a request's identity is found: sources tried in order, the first
+/// that answers wins, then an optional fallback subject.
+///
+/// `R` is the framework's request type (`http::request::Parts` for tower,
+/// `ServiceRequest` for actix-web); only [`Identity::custom`] sees it.
+///
+/// Policy stays the server's: every source reads something the client cannot
+/// choose freely (an authenticated identity, a secret it must hold, the
+/// socket address) or something you decide in code. Nothing here lets a
+/// request pick its policy or its limit.
+///
+/// ```
+/// use tollgate_core::{HashKey, Subject};
+/// use tollgate_http::{ClientIp, Identity};
+///
+/// let key = HashKey::new(b"server-side secret, 16+ bytes").unwrap();
+/// // The authenticated user if an auth layer set one, else the hashed API
+/// // key, else the client address, else one shared anonymous bucket.
+/// let identity: Identity<http::request::Parts> = Identity::new()
+///     .extension()
+///     .api_key("x-api-key", key)
+///     .client_ip(ClientIp::direct())
+///     .fallback(Subject::new("anonymous")?);
+/// # Ok::<(), tollgate_core::SubjectError>(())
+/// ```
+pub struct Identity<R: ?Sized> {
+    sources: Vec<Source<R>>,
+    fallback: Option<Subject>,
+}
+
+impl<R: ?Sized> Identity<R> {
+    /// No source: every request is unidentified (HTTP 401) unless a
+    /// [fallback](Identity::fallback) is set. Add sources with the methods below.
+    pub fn new() -> Self {
+        Identity {
+            sources: Vec::new(),
+            fallback: None,
+        }
+    }
+
+    /// The [`Context`] (or else the [`Subject`]) an earlier layer inserted
+    /// into the request extensions — the way to use an authenticated
+    /// principal. Clients cannot set extensions.
+    pub fn extension(mut self) -> Self {
+        self.sources.push(Source::Extension);
+        self
+    }
+
+    /// The value of the header `header`, hashed with [`Subject::hashed`]
+    /// under `key`: the raw key never reaches a store key or a log line.
+    /// A request carrying the header more than once is not identified by it.
+    ///
+    /// Put an authentication layer that rejects unknown keys *before* the
+    /// limiter (or add a per-IP or global layer): otherwise every made-up key
+    /// gets a fresh bucket.
+    ///
+    /// # Panics
+    ///
+    /// When `header` is not a valid header name.
+    pub fn api_key(mut self, header: &str, key: HashKey) -> Self {
+        let header = http::HeaderName::from_bytes(header.as_bytes())
+            .unwrap_or_else(|_| panic!("{header:?} is not a valid header name"));
+        self.sources.push(Source::ApiKey {
+            header: header.as_str().into(),
+            bearer: false,
+            key,
+        });
+        self
+    }
+
+    /// The token of an `Authorization: Bearer <token>` header, hashed like
+    /// [`Identity::api_key`] (with the same advice about authentication).
+    pub fn bearer_token(mut self, key: HashKey) -> Self {
+        self.sources.push(Source::ApiKey {
+            header: "authorization".into(),
+            bearer: true,
+            key,
+        });
+        self
+    }
+
+    /// The client's IP address, grouped by prefix; see [`ClientIp`] for which
+    /// forwarding headers are trusted (none unless configured).
+    pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
+        self.sources.push(Source::ClientIp(client_ip));
+        self
+    }
+
+    /// Your own function of the framework's request type; `None` passes to
+    /// the next source. It can set a tenant and attributes as well.
+    pub fn custom(mut self, f: impl Fn(&R) -> Option<Context> + Send + Sync + 'static) -> Self {
+        self.sources.push(Source::Custom(Arc::new(f)));
+        self
+    }
+
+    /// The subject of requests no source identifies, instead of HTTP 401.
+    /// They all share its buckets.
+    pub fn fallback(mut self, subject: Subject) -> Self {
+        self.fallback = Some(subject);
+        self
+    }
+
+    /// The identity of `request` (`view` is the same request seen through
+    /// [`RequestView`]); `None` when no source answers and there is no
+    /// fallback.
+    pub fn identify(&self, request: &R, view: &dyn RequestView) -> Option<Context> {
+        self.sources
+            .iter()
+            .find_map(|source| match source {
+                Source::Extension => view.extension_context(),
+                Source::ApiKey {
+                    header,
+                    bearer,
+                    key,
+                } => api_key(view, header, *bearer)
+                    .map(|k| Context::subject(Subject::hashed(k, key))),
+                Source::ClientIp(config) => {
+                    let forwarded = view.header_values("x-forwarded-for");
+                    config
+                        .client_addr(view.peer_ip(), &forwarded)
+                        .map(|ip| Context::subject(config.subject(ip)))
+                }
+                Source::Custom(f) => f(request),
+            })
+            .or_else(|| self.fallback.clone().map(Context::subject))
+    }
+}
+
+/// The secret in `header`: exactly one field line, non-empty after trimming,
+/// and after `Bearer ` (any case) when `bearer`.
+fn api_key<'a>(view: &'a dyn RequestView, header: &str, bearer: bool) -> Option<&'a [u8]> {
+    let values = view.header_values(header);
+    // Two values would be ambiguous: an auth layer might check one while the
+    // limiter counts the other, letting a client rotate buckets at will.
+    let [value] = values.as_slice() else {
+        return None;
+    };
+    let mut value = value.trim_ascii();
+    if bearer {
+        let (scheme, rest) = value.split_at_checked(7)?;
+        if !scheme.eq_ignore_ascii_case(b"bearer ") {
+            return None;
+        }
+        value = rest.trim_ascii();
+    }
+    (!value.is_empty()).then_some(value)
+}
+
+impl<R: ?Sized> Default for Identity<R> {
+    /// Extensions only: the identity an authentication layer established.
+    fn default() -> Self {
+        Identity::new().extension()
+    }
+}
+
+impl<R: ?Sized> Clone for Identity<R> {
+    fn clone(&self) -> Self {
+        Identity {
+            sources: self.sources.clone(),
+            fallback: self.fallback.clone(),
+        }
+    }
+}
+
+impl<R: ?Sized> fmt::Debug for Identity<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Identity")
+            .field("sources", &self.sources)
+            .field("fallback", &self.fallback)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::request::Parts;
+
+    fn parts(headers: &[(&str, &str)], peer: Option<&str>) -> Parts {
+        let mut b = http::Request::builder();
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        let (mut parts, ()) = b.body(()).unwrap().into_parts();
+        if let Some(p) = peer {
+            parts.extensions.insert(PeerAddr(p.parse().unwrap()));
+        }
+        parts
+    }
+
+    fn key() -> HashKey {
+        HashKey::new(b"0123456789abcdef").unwrap()
+    }
+
+    fn who(identity: &Identity<Parts>, p: &Parts) -> Option<String> {
+        identity
+            .identify(p, p)
+            .and_then(|c| c.get_subject().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn sources_in_order_then_fallback() {
+        let id: Identity<Parts> = Identity::new()
+            .extension()
+            .api_key("X-Api-Key", key())
+            .client_ip(ClientIp::direct());
+        let mut p = parts(&[("x-api-key", "sk_live_1")], Some("192.0.2.1:5000"));
+        let hashed = who(&id, &p).unwrap();
+        assert!(hashed.starts_with("h.") && !hashed.contains("sk_live"));
+        p.extensions.insert(Subject::new("user-1").unwrap());
+        assert_eq!(who(&id, &p).unwrap(), "user-1");
+        let p = parts(&[], Some("192.0.2.1:5000"));
+        assert_eq!(who(&id, &p).unwrap(), "ip:192.0.2.1/32");
+        let p = parts(&[], None);
+        assert_eq!(who(&id, &p), None);
+        let id = id.fallback(Subject::new("anon").unwrap());
+        assert_eq!(who(&id, &p).unwrap(), "anon");
+    }
+
+    #[test]
+    fn api_keys_must_be_single_and_non_empty() {
+        let id: Identity<Parts> = Identity::new().api_key("x-api-key", key());
+        assert_eq!(who(&id, &parts(&[("x-api-key", "  ")], None)), None);
+        let two = parts(&[("x-api-key", "a"), ("x-api-key", "b")], None);
+        assert_eq!(who(&id, &two), None);
+        let a = who(&id, &parts(&[("x-api-key", " a ")], None));
+        assert_eq!(a, who(&id, &parts(&[("x-api-key", "a")], None)));
+    }
+
+    #[test]
+    fn bearer_tokens() {
+        let id: Identity<Parts> = Identity::new().bearer_token(key());
+        let t = who(&id, &parts(&[("authorization", "bearer tok")], None));
+        assert_eq!(t, Some(Subject::hashed("tok", &key()).to_string()));
+        assert_eq!(
+            who(&id, &parts(&[("authorization", "Basic dXNlcg==")], None)),
+            None
+        );
+        assert_eq!(who(&id, &parts(&[("authorization", "Bearer")], None)), None);
+    }
+
+    #[test]
+    fn custom_sees_the_request() {
+        let id: Identity<Parts> = Identity::new().custom(|p: &Parts| {
+            let tenant = p.uri.path().strip_prefix("/t/")?;
+            Some(Context::new().with_tenant(Subject::new(tenant).ok()?))
+        });
+        let (p, ()) = http::Request::get("/t/acme").body(()).unwrap().into_parts();
+        let ctx = id.identify(&p, &p).unwrap();
+        assert_eq!(ctx.get_tenant().unwrap().as_str(), "acme");
+    }
+}

@@ -1,0 +1,62 @@
+//! The framework-independent half of Tollgate's HTTP adapters: who a request
+//! is ([`Identity`], [`ClientIp`]), and what to answer for a
+//! [`Decision`](tollgate_core::Decision) ([`decision_headers`], [`Reply`]).
+//! [`Gate`] ties them to a [`Limiter`](tollgate_core::Limiter).
+//!
+//! `tollgate-tower` (axum, tonic, hyper) and `tollgate-actix` are thin
+//! wrappers over this crate, so every framework sends the same status codes,
+//! headers and bytes. Use those crates (or the `tollgate` facade's `tower`,
+//! `axum` and `actix` features) rather than this one, unless you are writing
+//! an adapter.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::{sync::Arc, time::Duration};
+//! use tollgate_core::{Limit, Limiter, Policy, Scope};
+//! use tollgate_http::{ClientIp, Gate, Identity, Outcome, PeerAddr};
+//!
+//! let limiter = Limiter::builder(Arc::new(tollgate_memory::MemoryStore::default()))
+//!     .layer("ip", Scope::Subject, Policy::new("per-ip", Limit::fixed_window(1, Duration::from_secs(60))?)?)
+//!     .build()?;
+//! let gate: Gate<http::request::Parts> =
+//!     Gate::new(limiter).identity(Identity::new().client_ip(ClientIp::direct()));
+//!
+//! let (mut parts, ()) = http::Request::get("/").body(())?.into_parts();
+//! parts.extensions.insert(PeerAddr("192.0.2.1:40000".parse()?));
+//! let (ctx, cost) = gate.prepare(&parts, &parts);
+//! assert!(matches!(gate.decide(&ctx, cost).await, Outcome::Allow { .. }));
+//! let Outcome::Reject(reply) = gate.decide(&ctx, cost).await else { panic!("limit is 1") };
+//! assert_eq!(reply.status(), 429);
+//! # Ok(()) }
+//! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod client_ip;
+mod gate;
+mod identity;
+mod response;
+
+pub use client_ip::{Cidr, ClientIp, TrustedProxies};
+pub use gate::{Gate, Outcome};
+pub use identity::{context_from_extensions, Identity, PeerAddr, RequestView};
+pub use response::{
+    apply_headers, decision_headers, is_list_field, names, HeaderStyle, Headers, Problem, Reply,
+    PROBLEM_JSON, QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY,
+};
+
+/// A configuration value the adapters cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A prefix length longer than the address.
+    #[error("prefix length /{bits} is longer than the address (at most /{max})")]
+    Prefix {
+        /// The prefix length given.
+        bits: u8,
+        /// The longest prefix for the address family.
+        max: u8,
+    },
+    /// A network that cannot be parsed or has host bits set.
+    #[error("invalid network: {0}")]
+    Cidr(String),
+}

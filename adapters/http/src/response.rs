@@ -1,0 +1,452 @@
+//! The headers and responses for a [`Decision`], as plain names, strings and
+//! status codes, so every framework adapter sends exactly the same bytes.
+
+use std::fmt::Write;
+
+use tollgate_core::{headers, Decision};
+
+/// Header names, lowercase (HTTP/2 and HTTP/3 require it; HTTP/1.1 ignores case).
+pub mod names {
+    /// `RateLimit-Policy`: the policies, one list item per layer.
+    pub const RATELIMIT_POLICY: &str = "ratelimit-policy";
+    /// `RateLimit`: what is left, one list item per layer.
+    pub const RATELIMIT: &str = "ratelimit";
+    /// `Retry-After`, in whole seconds.
+    pub const RETRY_AFTER: &str = "retry-after";
+    /// Legacy (drafts before -07): the tightest layer's limit.
+    pub const RATELIMIT_LIMIT: &str = "ratelimit-limit";
+    /// Legacy: the tightest layer's remaining units.
+    pub const RATELIMIT_REMAINING: &str = "ratelimit-remaining";
+    /// Legacy: seconds until the tightest layer resets.
+    pub const RATELIMIT_RESET: &str = "ratelimit-reset";
+    /// De-facto `X-` form of `RateLimit-Limit`.
+    pub const X_RATELIMIT_LIMIT: &str = "x-ratelimit-limit";
+    /// De-facto `X-` form of `RateLimit-Remaining`.
+    pub const X_RATELIMIT_REMAINING: &str = "x-ratelimit-remaining";
+    /// De-facto `X-` form of `RateLimit-Reset` (seconds from now, not a Unix time).
+    pub const X_RATELIMIT_RESET: &str = "x-ratelimit-reset";
+    /// `Content-Type`.
+    pub const CONTENT_TYPE: &str = "content-type";
+    /// `WWW-Authenticate`, on 401 when a challenge is configured.
+    pub const WWW_AUTHENTICATE: &str = "www-authenticate";
+}
+
+/// The media type of every error body (RFC 9457).
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Problem type of a 429 (draft-ietf-httpapi-ratelimit-headers-10, §5.1).
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+/// Problem type of a 503 from a layer that failed closed (same draft, §5.2).
+pub const TEMPORARY_REDUCED_CAPACITY: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
+
+/// Whether a header is a structured-field list, which a response may carry
+/// on several field lines (an inner and an outer limiter each add theirs);
+/// every other rate-limit header has one value, and the first one set wins.
+pub fn is_list_field(name: &str) -> bool {
+    name == names::RATELIMIT || name == names::RATELIMIT_POLICY
+}
+
+/// Which headers go on responses besides the standard ones.
+///
+/// `RateLimit-Policy` and `RateLimit` are always sent, and `Retry-After` on
+/// every denial.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeaderStyle {
+    legacy: bool,
+    x_ratelimit: bool,
+}
+
+impl HeaderStyle {
+    /// Also send `RateLimit-Limit`, `-Remaining` and `-Reset` for the tightest layer.
+    pub fn legacy(mut self, on: bool) -> Self {
+        self.legacy = on;
+        self
+    }
+    /// Also send `X-RateLimit-Limit`, `-Remaining` and `-Reset` for the tightest layer.
+    pub fn x_ratelimit(mut self, on: bool) -> Self {
+        self.x_ratelimit = on;
+        self
+    }
+}
+
+/// Header name and value pairs, in the order to send them.
+pub type Headers = Vec<(&'static str, String)>;
+
+/// The rate-limit headers for `decision`: `RateLimit-Policy` and `RateLimit`
+/// (one item per layer), the optional legacy ones, and `Retry-After` when it
+/// is denied (whole seconds, rounded up, at least 1, never before any
+/// denying layer's `t`).
+///
+/// ```
+/// # use std::time::Duration;
+/// # use tollgate_core::*;
+/// use tollgate_http::{decision_headers, HeaderStyle};
+/// let policy = Policy::new("search", Limit::fixed_window(10, Duration::from_secs(60))?)?;
+/// let decision = Decision::new(vec![LayerDecision {
+///     layer: "key".into(), policy, allowed: false, limit: 10, remaining: 0,
+///     reset_after: Duration::from_secs(30), retry_after: Some(Duration::from_millis(29_200)),
+///     source: Source::Store,
+/// }]);
+/// let headers = decision_headers(&decision, HeaderStyle::default());
+/// assert_eq!(headers, vec![
+///     ("ratelimit-policy", r#""search";q=10;w=60"#.to_string()),
+///     ("ratelimit", r#""search";r=0;t=30"#.to_string()),
+///     ("retry-after", "30".to_string()),
+/// ]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn decision_headers(decision: &Decision, style: HeaderStyle) -> Headers {
+    let mut out = Vec::with_capacity(9);
+    if decision.layers().is_empty() {
+        return out;
+    }
+    out.push((
+        names::RATELIMIT_POLICY,
+        headers::rate_limit_policy(decision),
+    ));
+    out.push((names::RATELIMIT, headers::rate_limit(decision)));
+    if let Some(layer) = decision.tightest() {
+        let t = headers::layer_t(layer).to_string();
+        if style.legacy {
+            out.push((names::RATELIMIT_LIMIT, layer.limit.to_string()));
+            out.push((names::RATELIMIT_REMAINING, layer.remaining.to_string()));
+            out.push((names::RATELIMIT_RESET, t.clone()));
+        }
+        if style.x_ratelimit {
+            out.push((names::X_RATELIMIT_LIMIT, layer.limit.to_string()));
+            out.push((names::X_RATELIMIT_REMAINING, layer.remaining.to_string()));
+            out.push((names::X_RATELIMIT_RESET, t));
+        }
+    }
+    if let Some(secs) = headers::retry_after_secs(decision) {
+        out.push((names::RETRY_AFTER, secs.to_string()));
+    }
+    out
+}
+
+/// An RFC 9457 problem: the JSON body of every error response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// `type`: a URI naming the problem (`about:blank` for plain HTTP errors).
+    pub kind: &'static str,
+    /// `title`: the problem type's short summary.
+    pub title: &'static str,
+    /// `status`: the HTTP status code.
+    pub status: u16,
+    /// `detail`: what happened to this request.
+    pub detail: String,
+    /// `violated-policies`: names of the policies that denied (omitted when empty).
+    pub violated_policies: Vec<String>,
+}
+
+impl Problem {
+    /// The JSON text.
+    ///
+    /// ```
+    /// use tollgate_http::Problem;
+    /// let p = Problem { kind: "about:blank", title: "Unauthorized", status: 401,
+    ///     detail: "say \"who\"".into(), violated_policies: vec![] };
+    /// assert_eq!(p.to_json(),
+    ///     r#"{"type":"about:blank","title":"Unauthorized","status":401,"detail":"say \"who\""}"#);
+    /// ```
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(256);
+        out.push_str("{\"type\":");
+        json_string(&mut out, self.kind);
+        out.push_str(",\"title\":");
+        json_string(&mut out, self.title);
+        let _ = write!(out, ",\"status\":{}", self.status);
+        out.push_str(",\"detail\":");
+        json_string(&mut out, &self.detail);
+        if !self.violated_policies.is_empty() {
+            out.push_str(",\"violated-policies\":[");
+            for (i, name) in self.violated_policies.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                json_string(&mut out, name);
+            }
+            out.push(']');
+        }
+        out.push('}');
+        out
+    }
+}
+
+/// `s` as a JSON string literal.
+fn json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// A complete response to send instead of calling the service: status,
+/// headers (with `Content-Type`) and an `application/problem+json` body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    status: u16,
+    headers: Headers,
+    body: String,
+}
+
+impl Reply {
+    /// A reply with `problem` as its body, after `headers`.
+    pub fn problem(problem: &Problem, mut headers: Headers) -> Self {
+        headers.push((names::CONTENT_TYPE, PROBLEM_JSON.to_string()));
+        Reply {
+            status: problem.status,
+            headers,
+            body: problem.to_json(),
+        }
+    }
+
+    /// 429 for a decision denied by its limits: the rate-limit headers,
+    /// `Retry-After`, and a `quota-exceeded` problem naming the denying
+    /// layers' policies.
+    pub fn too_many_requests(decision: &Decision, style: HeaderStyle) -> Self {
+        let retry = headers::retry_after_secs(decision).unwrap_or(1);
+        let problem = Problem {
+            kind: QUOTA_EXCEEDED,
+            title: "Quota Exceeded",
+            status: 429,
+            detail: format!(
+                "Request cannot be satisfied as assigned quota has been exceeded; retry in {retry} s"
+            ),
+            violated_policies: policy_names(decision, |_| true),
+        };
+        Reply::problem(&problem, decision_headers(decision, style))
+    }
+
+    /// 503 for a decision denied because a layer's store failed and its
+    /// policy fails closed: a `temporary-reduced-capacity` problem naming
+    /// those layers' policies (a client did nothing wrong, so not 429).
+    pub fn failed_closed(decision: &Decision, style: HeaderStyle) -> Self {
+        let problem = Problem {
+            kind: TEMPORARY_REDUCED_CAPACITY,
+            title: "Temporary Reduced Capacity",
+            status: 503,
+            detail: "The rate limiter's store is unavailable and this policy rejects requests until it is back".into(),
+            violated_policies: policy_names(decision, |l| {
+                l.source == tollgate_core::Source::FailClosed
+            }),
+        };
+        Reply::problem(&problem, decision_headers(decision, style))
+    }
+
+    /// 503 when the store failed and no failure mode produced a decision.
+    /// The error itself is not shown: it may name internal hosts.
+    pub fn store_unavailable() -> Self {
+        let problem = Problem {
+            kind: "about:blank",
+            title: "Service Unavailable",
+            status: 503,
+            detail: "The rate limiter could not reach its store; retry later".into(),
+            violated_policies: Vec::new(),
+        };
+        Reply::problem(&problem, Vec::new())
+    }
+
+    /// 401 when the request has no identity a layer needs. `challenge`, when
+    /// set, becomes the `WWW-Authenticate` header (RFC 9110 asks for one on
+    /// every 401; only the application knows its scheme).
+    pub fn unidentified(challenge: Option<&str>) -> Self {
+        let problem = Problem {
+            kind: "about:blank",
+            title: "Unauthorized",
+            status: 401,
+            detail: "This endpoint is rate limited per client and the request carries no identity the server accepts".into(),
+            violated_policies: Vec::new(),
+        };
+        let headers = challenge
+            .map(|c| vec![(names::WWW_AUTHENTICATE, c.to_string())])
+            .unwrap_or_default();
+        Reply::problem(&problem, headers)
+    }
+
+    /// 500 for any other limiter error (an invalid cost, a misconfigured
+    /// limiter); the details stay on the server.
+    pub fn internal_error() -> Self {
+        let problem = Problem {
+            kind: "about:blank",
+            title: "Internal Server Error",
+            status: 500,
+            detail: "The rate limiter could not decide this request".into(),
+            violated_policies: Vec::new(),
+        };
+        Reply::problem(&problem, Vec::new())
+    }
+
+    /// The status code.
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+    /// The headers, `Content-Type` included.
+    pub fn headers(&self) -> &[(&'static str, String)] {
+        &self.headers
+    }
+    /// The JSON body.
+    pub fn body(&self) -> &str {
+        &self.body
+    }
+    /// Status, headers and body.
+    pub fn into_parts(self) -> (u16, Headers, String) {
+        (self.status, self.headers, self.body)
+    }
+}
+
+/// Names of the denying layers' policies that match `keep`, each once, in order.
+fn policy_names(
+    decision: &Decision,
+    keep: impl Fn(&tollgate_core::LayerDecision) -> bool,
+) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for layer in decision.denied_layers().filter(|l| keep(l)) {
+        let name = layer.policy.name();
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    }
+    names
+}
+
+/// Add `headers` to an `http` 1.x header map: list fields are appended
+/// (several limiters each add their items), single-value fields are set only
+/// when not already present (the innermost limiter's value wins).
+pub fn apply_headers(headers: &[(&'static str, String)], map: &mut http::HeaderMap) {
+    for (name, value) in headers {
+        // Every value here is ASCII we formatted ourselves (numbers, policy
+        // names of A-Z a-z 0-9 _ - ., quotes and semicolons); a value that
+        // still fails is skipped rather than turned into a panic.
+        let Ok(value) = http::HeaderValue::from_str(value) else {
+            continue;
+        };
+        let name = http::HeaderName::from_static(name);
+        if is_list_field(name.as_str()) {
+            map.append(name, value);
+        } else if !map.contains_key(&name) {
+            map.insert(name, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tollgate_core::{LayerDecision, Limit, Policy, Source};
+
+    fn layer(name: &str, allowed: bool, remaining: u64, source: Source) -> LayerDecision {
+        let policy = Policy::new(
+            name,
+            Limit::sliding_log(5, Duration::from_secs(10)).unwrap(),
+        )
+        .unwrap();
+        LayerDecision {
+            layer: name.into(),
+            policy,
+            allowed,
+            limit: 5,
+            remaining,
+            reset_after: Duration::from_millis(8_500),
+            retry_after: (!allowed).then(|| Duration::from_millis(1_001)),
+            source,
+        }
+    }
+
+    #[test]
+    fn headers_parse_as_structured_fields() {
+        let d = Decision::new(vec![
+            layer("per-key", false, 0, Source::Store),
+            layer("global", true, 4, Source::Store),
+        ]);
+        let h = decision_headers(&d, HeaderStyle::default().legacy(true).x_ratelimit(true));
+        let get = |n: &str| {
+            h.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.clone())
+                .unwrap()
+        };
+        let list = sfv::Parser::new(&get(names::RATELIMIT))
+            .parse::<sfv::List>()
+            .unwrap();
+        assert_eq!(list.len(), 2);
+        let policy = sfv::Parser::new(&get(names::RATELIMIT_POLICY))
+            .parse::<sfv::List>()
+            .unwrap();
+        assert_eq!(policy.len(), 2);
+        assert_eq!(get(names::RETRY_AFTER), "2");
+        assert_eq!(get(names::RATELIMIT_REMAINING), "0");
+        assert_eq!(get(names::X_RATELIMIT_RESET), "2");
+        assert_eq!(
+            get(names::RATELIMIT),
+            r#""per-key";r=0;t=2, "global";r=4;t=9"#
+        );
+    }
+
+    #[test]
+    fn replies() {
+        let d = Decision::new(vec![
+            layer("per-key", false, 0, Source::Store),
+            layer("tenant", false, 0, Source::FailClosed),
+        ]);
+        let r = Reply::too_many_requests(&d, HeaderStyle::default());
+        assert_eq!(r.status(), 429);
+        let body: serde_json::Value = serde_json::from_str(r.body()).unwrap();
+        assert_eq!(
+            body["violated-policies"],
+            serde_json::json!(["per-key", "tenant"])
+        );
+        assert_eq!(body["status"], 429);
+        let r = Reply::failed_closed(&d, HeaderStyle::default());
+        assert_eq!(r.status(), 503);
+        let body: serde_json::Value = serde_json::from_str(r.body()).unwrap();
+        assert_eq!(body["violated-policies"], serde_json::json!(["tenant"]));
+        assert_eq!(body["type"], TEMPORARY_REDUCED_CAPACITY);
+        let r = Reply::unidentified(Some("Bearer"));
+        assert_eq!(r.status(), 401);
+        assert!(r
+            .headers()
+            .contains(&(names::WWW_AUTHENTICATE, "Bearer".into())));
+        assert!(r
+            .headers()
+            .contains(&(names::CONTENT_TYPE, PROBLEM_JSON.into())));
+    }
+
+    #[test]
+    fn json_escapes_control_characters() {
+        let mut s = String::new();
+        json_string(&mut s, "a\u{1}\n\"\\é");
+        assert_eq!(s, r#""a\u0001\u000a\"\\é""#);
+    }
+
+    #[test]
+    fn applying_headers_appends_lists_and_keeps_first_singles() {
+        let mut map = http::HeaderMap::new();
+        apply_headers(
+            &[
+                (names::RATELIMIT, "\"a\";r=1".into()),
+                (names::RETRY_AFTER, "3".into()),
+            ],
+            &mut map,
+        );
+        apply_headers(
+            &[
+                (names::RATELIMIT, "\"b\";r=2".into()),
+                (names::RETRY_AFTER, "9".into()),
+            ],
+            &mut map,
+        );
+        assert_eq!(map.get_all(names::RATELIMIT).iter().count(), 2);
+        assert_eq!(map[names::RETRY_AFTER], "3");
+    }
+}

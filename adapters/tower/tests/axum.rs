@@ -1,0 +1,264 @@
+//! The tower layer in a real axum server on 127.0.0.1, driven by a real
+//! HTTP client. Time is a manual clock; nothing sleeps.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::get;
+use axum::{Extension, Router};
+use common::{memory_store, per_minute, DownStore, Http};
+use http::StatusCode;
+use tollgate_core::{Decision, Limiter, Store, Subject};
+use tollgate_tower::{Cidr, ClientIp, Identity, RateLimitLayer};
+
+/// Serve `app` on a free loopback port, with the client's socket address.
+async fn serve(app: Router) -> Http {
+    // With the `axum` feature the layer reads `ConnectInfo` itself; without
+    // it, the server hands the address over as a `PeerAddr`, as a hyper or
+    // tonic server would.
+    #[cfg(not(feature = "axum"))]
+    let app = app.layer(middleware::from_fn(
+        |axum::extract::ConnectInfo(addr): axum::extract::ConnectInfo<SocketAddr>,
+         mut request: Request,
+         next: Next| async move {
+            request
+                .extensions_mut()
+                .insert(tollgate_tower::PeerAddr(addr));
+            next.run(request).await
+        },
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    Http::new(addr)
+}
+
+fn app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+fn by_ip(limiter: Limiter, ip: ClientIp) -> RateLimitLayer {
+    RateLimitLayer::new(limiter).identity(Identity::new().client_ip(ip))
+}
+
+#[tokio::test]
+async fn three_pass_then_429_with_exact_headers() {
+    let (clock, store) = memory_store();
+    let http = serve(app(by_ip(
+        per_minute(store, "per-ip", 3),
+        ClientIp::direct(),
+    )))
+    .await;
+
+    for expected_remaining in [2, 1, 0] {
+        let reply = http.get("/", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.body, "ok");
+        let policy = reply.items("ratelimit-policy");
+        assert_eq!(policy[0].0, "per-ip");
+        assert_eq!((policy[0].1["q"], policy[0].1["w"]), (3, 60));
+        assert_eq!(reply.remaining_and_reset(), (expected_remaining, 60));
+        assert_eq!(reply.header("retry-after"), None);
+    }
+
+    clock.advance(Duration::from_millis(15_500));
+    let reply = http.get("/", &[]).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    // 44.5 s left in the window: t and Retry-After round up to 45.
+    assert_eq!(reply.remaining_and_reset(), (0, 45));
+    assert_eq!(reply.header("retry-after"), Some("45"));
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    let problem = reply.json();
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["violated-policies"], serde_json::json!(["per-ip"]));
+    assert!(problem["title"].is_string() && problem["detail"].is_string());
+
+    // The next window admits again.
+    clock.advance(Duration::from_millis(44_500));
+    assert_eq!(http.get("/", &[]).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn spoofed_forwarded_for_does_not_change_the_bucket() {
+    let (_clock, store) = memory_store();
+    let http = serve(app(by_ip(
+        per_minute(store, "per-ip", 3),
+        ClientIp::direct(),
+    )))
+    .await;
+    for spoof in ["203.0.113.1", "203.0.113.2", "203.0.113.3"] {
+        let reply = http.get("/", &[("x-forwarded-for", spoof)]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    let reply = http.get("/", &[("x-forwarded-for", "198.51.100.99")]).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn clients_behind_a_trusted_proxy_get_their_own_buckets() {
+    let (_clock, store) = memory_store();
+    // The test client plays the proxy: it connects from 127.0.0.1.
+    let proxy: Cidr = "127.0.0.1/32".parse().unwrap();
+    let http = serve(app(by_ip(
+        per_minute(store, "per-ip", 3),
+        ClientIp::trusted_proxies([proxy]),
+    )))
+    .await;
+    let a = [("x-forwarded-for", "203.0.113.7")];
+    for _ in 0..3 {
+        assert_eq!(http.get("/", &a).await.status, StatusCode::OK);
+    }
+    assert_eq!(
+        http.get("/", &a).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // A client-written entry left of the proxy's does not help client A...
+    let spoofing_a = [("x-forwarded-for", "10.9.9.9, 203.0.113.7")];
+    assert_eq!(
+        http.get("/", &spoofing_a).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // ...and client B, behind the same proxy, has its own bucket.
+    let b = [("x-forwarded-for", "203.0.113.8")];
+    let reply = http.get("/", &b).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining_and_reset().0, 2);
+}
+
+#[tokio::test]
+async fn missing_subject_is_401_and_an_auth_layer_identifies() {
+    let (_clock, store) = memory_store();
+    // Identity from extensions only (the default): an auth layer sets it.
+    async fn auth(mut request: Request, next: Next) -> Response {
+        let user = request
+            .headers()
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| Subject::new(v).ok());
+        if let Some(user) = user {
+            request.extensions_mut().insert(user);
+        }
+        next.run(request).await
+    }
+    let app = Router::new()
+        .route(
+            "/",
+            get(|Extension(decision): Extension<Decision>| async move {
+                format!("left: {}", decision.layers()[0].remaining)
+            }),
+        )
+        .layer(
+            RateLimitLayer::new(per_minute(store, "per-user", 3)).unauthorized_challenge("Bearer"),
+        )
+        .layer(middleware::from_fn(auth));
+    let http = serve(app).await;
+
+    let reply = http.get("/", &[]).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(reply.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(reply.json()["status"], 401);
+
+    let reply = http.get("/", &[("x-user", "alice")]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, "left: 2");
+}
+
+/// Any store can go here; a stopped Redis will once its store lands.
+async fn store_failure_is_503_quickly(store: Arc<dyn Store>) {
+    let http = serve(app(by_ip(
+        per_minute(store, "per-ip", 3),
+        ClientIp::direct(),
+    )))
+    .await;
+    let started = Instant::now();
+    let reply = http.get("/", &[]).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    let problem = reply.json();
+    assert_eq!(problem["status"], 503);
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+    );
+    assert_eq!(problem["violated-policies"], serde_json::json!(["per-ip"]));
+    // Retry-After is never below 1 s.
+    let retry: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry >= 1);
+}
+
+#[tokio::test]
+async fn a_store_that_is_down_gives_503() {
+    store_failure_is_503_quickly(Arc::new(DownStore)).await;
+}
+
+#[tokio::test]
+async fn per_route_cost_and_legacy_headers() {
+    let (_clock, store) = memory_store();
+    let limiter = per_minute(store, "per-ip", 3);
+    let ip = || Identity::new().client_ip(ClientIp::direct());
+    let app = Router::new()
+        .route("/cheap", get(|| async { "cheap" }))
+        .route_layer(RateLimitLayer::new(limiter.clone()).identity(ip()))
+        .merge(
+            Router::new()
+                .route("/export", get(|| async { "export" }))
+                .route_layer(
+                    RateLimitLayer::new(limiter)
+                        .identity(ip())
+                        .cost(2)
+                        .legacy_headers(true)
+                        .x_ratelimit_headers(true),
+                ),
+        );
+    let http = serve(app).await;
+    let reply = http.get("/export", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining_and_reset().0, 1);
+    assert_eq!(reply.header("ratelimit-limit"), Some("3"));
+    assert_eq!(reply.header("ratelimit-remaining"), Some("1"));
+    assert_eq!(reply.header("x-ratelimit-remaining"), Some("1"));
+    assert_eq!(reply.header("x-ratelimit-reset"), Some("60"));
+    // Both routes share the bucket: one unit left, an export needs two.
+    assert_eq!(
+        http.get("/export", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let reply = http.get("/cheap", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header("ratelimit-remaining"), None);
+    assert_eq!(reply.remaining_and_reset().0, 0);
+}

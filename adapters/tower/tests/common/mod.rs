@@ -1,0 +1,158 @@
+//! Test helpers: limiters on a manual clock, a store that is down, a real
+//! HTTP client, and the structured-field checks.
+//!
+//! The actix-web adapter's tests have the same helpers; keep them in step.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use tollgate_core::{
+    async_trait, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope, Store, StoreError,
+    Timestamp, Verdict,
+};
+use tollgate_memory::MemoryStore;
+
+/// A start time on a minute boundary, so fixed windows end 60 s later.
+pub const START: Timestamp = Timestamp::from_micros(1_779_999_960_000_000);
+
+/// The in-process store on a manual clock.
+pub fn memory_store() -> (ManualClock, Arc<dyn Store>) {
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .build();
+    (clock, Arc::new(store))
+}
+
+/// A store that is down: every call fails at once.
+#[derive(Debug)]
+pub struct DownStore;
+
+#[async_trait]
+impl Store for DownStore {
+    fn kind(&self) -> &'static str {
+        "down"
+    }
+    async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+        Err(StoreError::Unavailable("test store is down".into()))
+    }
+}
+
+/// `limit` requests per minute per subject, in a fixed window named `name`.
+pub fn per_minute(store: Arc<dyn Store>, name: &str, limit: u64) -> Limiter {
+    let policy = Policy::new(
+        name,
+        Limit::fixed_window(limit, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    Limiter::builder(store)
+        .layer("subject", Scope::Subject, policy)
+        .build()
+        .unwrap()
+}
+
+/// A response as the test reads it.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+
+    /// The `RateLimit` (or `RateLimit-Policy`) items: policy name → parameters.
+    pub fn items(&self, name: &str) -> Vec<(String, HashMap<String, i64>)> {
+        let lines: Vec<&str> = self
+            .headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert!(!lines.is_empty(), "no {name} header on a {}", self.status);
+        let list = sfv::Parser::new(&lines.join(", "))
+            .parse::<sfv::List>()
+            .unwrap_or_else(|e| panic!("{name} is not a structured-field list: {e:?}"));
+        list.into_iter()
+            .map(|entry| {
+                let sfv::ListEntry::Item(item) = entry else {
+                    panic!("{name} has an inner list")
+                };
+                let policy = item
+                    .bare_item
+                    .as_string()
+                    .expect("item is a string")
+                    .as_str()
+                    .to_string();
+                let params = item
+                    .params
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.as_str().to_string(),
+                            i64::from(v.as_integer().expect("integer parameter")),
+                        )
+                    })
+                    .collect();
+                (policy, params)
+            })
+            .collect()
+    }
+
+    /// `r` and `t` of the single `RateLimit` item.
+    pub fn remaining_and_reset(&self) -> (i64, i64) {
+        let items = self.items("ratelimit");
+        assert_eq!(items.len(), 1);
+        (items[0].1["r"], items[0].1["t"])
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// A real HTTP/1.1 client.
+#[derive(Clone)]
+pub struct Http {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    base: String,
+}
+
+impl Http {
+    pub fn new(addr: SocketAddr) -> Self {
+        Http {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            base: format!("http://{addr}"),
+        }
+    }
+
+    pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut request = Request::get(format!("{}{path}", self.base));
+        for (n, v) in headers {
+            request = request.header(*n, *v);
+        }
+        let response = self
+            .client
+            .request(request.body(Empty::new()).unwrap())
+            .await
+            .expect("the server answers");
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+        }
+    }
+}
