@@ -39,6 +39,7 @@
 //! | `memory` (default) | [`MemoryStore`], the in-process store |
 //! | `metrics` | counters and histograms through the `metrics` facade ([`observe`]) |
 //! | `tracing` | log events (policy and error class, never keys) through `tracing` |
+//! | `redis` | [`redis::RedisStore`], standalone Redis: one script call per decision |
 //! | `blocked-cache` | long denials answered in-process without a store call |
 //! | `tower` | [`tower::RateLimitLayer`], for axum, tonic and hyper (guide: `docs/http.md`) |
 //! | `axum` | `tower`, plus the client address from axum's `ConnectInfo` |
@@ -55,6 +56,13 @@ pub mod algorithms {
 #[cfg(feature = "memory")]
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 pub use tollgate_memory::{MemoryStore, MemoryStoreBuilder};
+
+/// The Redis store (standalone): one Lua script call per decision.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis {
+    pub use tollgate_redis::*;
+}
 
 /// The tower layer (axum, tonic, hyper): see `tollgate-tower`.
 #[cfg(feature = "tower")]

@@ -25,7 +25,7 @@ pub fn fixed_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) ->
         verdict: Verdict {
             allowed,
             limit: p.limit(),
-            remaining: p.limit() - count_after,
+            remaining: p.limit().saturating_sub(count_after),
             reset_after: if count_after == 0 {
                 after(t, now)
             } else {

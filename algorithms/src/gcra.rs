@@ -43,7 +43,7 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
             verdict: Verdict {
                 allowed: false,
                 limit: p.burst(),
-                remaining: (tolerance - (base - t)) / interval,
+                remaining: tolerance.saturating_sub(base - t) / interval,
                 reset_after: after(base, now),
                 retry_after: Some(after(retry_at, now)),
             },

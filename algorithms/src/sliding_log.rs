@@ -47,7 +47,7 @@ pub fn sliding_log(p: &Window, state: Option<&VecDeque<u64>>, now: u64, cost: u6
             verdict: Verdict {
                 allowed,
                 limit,
-                remaining: limit - live as u64,
+                remaining: limit.saturating_sub(live as u64),
                 reset_after: after(reset_at, now),
                 retry_after: Some(after(retry_at, now)),
             },

@@ -273,3 +273,49 @@ fn invalid_policies_fail_at_construction() {
     assert!(tollgate_core::Policy::new("bad name", Limit::fixed_window(5, s).unwrap()).is_err());
     assert!(tollgate_core::Policy::new("", Limit::fixed_window(5, s).unwrap()).is_err());
 }
+
+#[test]
+fn state_written_under_a_larger_limit_never_underflows() {
+    // A policy lowered without a version bump (a configuration reload) meets
+    // state its larger predecessor wrote: the answer stays within the new
+    // limit (buckets holding more than the new capacity are capped to it;
+    // counts above the new limit deny, with nothing remaining).
+    let s = Duration::from_secs(1);
+    let pairs = [
+        (
+            Limit::token_bucket(100, 100, s).unwrap(),
+            Limit::token_bucket(5, 5, s).unwrap(),
+        ),
+        (
+            Limit::gcra(100, s, 100).unwrap(),
+            Limit::gcra(5, s, 5).unwrap(),
+        ),
+        (
+            Limit::fixed_window(100, s).unwrap(),
+            Limit::fixed_window(5, s).unwrap(),
+        ),
+        (
+            Limit::sliding_window(100, s).unwrap(),
+            Limit::sliding_window(5, s).unwrap(),
+        ),
+        (
+            Limit::sliding_log(100, s).unwrap(),
+            Limit::sliding_log(5, s).unwrap(),
+        ),
+    ];
+    for (large, small) in pairs {
+        let name = large.algorithm_name();
+        let mut key = Key::new(large);
+        assert_eq!(key.admitted(T0, 50), 50, "{name}");
+        key.limit = small;
+        let v = key.at(T0, 1);
+        assert!(
+            v.remaining < 5,
+            "{name}: remaining {} above the new limit",
+            v.remaining
+        );
+        if !v.allowed {
+            assert_eq!(v.remaining, 0, "{name}");
+        }
+    }
+}

@@ -64,7 +64,9 @@ pub struct Stored {
     pub state: State,
     /// Time until the state is equivalent to no state at all (full bucket,
     /// empty window). Always positive and at most
-    /// [`MAX_RECOVERY`](crate::MAX_RECOVERY) plus clock skew.
+    /// [`MAX_RECOVERY`](crate::MAX_RECOVERY) plus clock skew. A store may
+    /// add its own clock granularity (Redis adds 1 ms: it counts relative
+    /// TTLs from a millisecond-truncated clock), never subtract.
     pub ttl: Duration,
 }
 

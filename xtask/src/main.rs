@@ -17,6 +17,7 @@ use std::time::Instant;
 /// Features of the `tollgate` facade crate, each built on its own.
 const FEATURES: &[&str] = &[
     "memory",
+    "redis",
     "metrics",
     "tracing",
     "blocked-cache",

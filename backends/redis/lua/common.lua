@@ -1,0 +1,60 @@
+-- Tollgate: helpers shared by every algorithm script.
+--
+-- This file defines functions only; it is the first part of the script the
+-- store runs (see layered.lua for the KEYS/ARGV and reply layout).
+--
+-- Lua numbers are doubles. Every value Tollgate computes is an integer below
+-- 2^53 (policy validation guarantees it), so +, - and * are exact; division is
+-- not, so every division goes through fdiv/cdiv, which correct the rounded
+-- quotient by one where needed. The result is bit-identical to the Rust
+-- reference (tollgate-algorithms), which uses u64 arithmetic.
+
+-- floor(a / b) exactly, for integers a >= 0 (or small negatives) and b > 0.
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q = q - 1
+  elseif r >= b then
+    q = q + 1
+  end
+  return q
+end
+
+-- ceil(a / b) exactly (Rust's u64::div_ceil).
+local function cdiv(a, b)
+  local q = fdiv(a, b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+-- a mod b exactly, for a >= 0 and b > 0.
+local function mod(a, b)
+  return a - fdiv(a, b) * b
+end
+
+-- at - now, or 0 when at is not after now (Rust: crate::after).
+local function after(at, now)
+  if at > now then
+    return at - now
+  end
+  return 0
+end
+
+-- A state's TTL in milliseconds: until reset_at, rounded up, at least 1
+-- (Rust: crate::ttl_until).
+local function ttl_ms(reset_at, now)
+  local ms = cdiv(after(reset_at, now), 1000)
+  if ms < 1 then
+    return 1
+  end
+  return ms
+end
+
+-- An integer as decimal text. tostring() would give 14 significant digits
+-- and an exponent ("1.78e+15"), losing the microseconds.
+local function int(x)
+  return string.format('%.0f', x)
+end

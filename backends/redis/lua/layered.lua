@@ -1,0 +1,199 @@
+-- Tollgate: decide every layer of one request in one call, all-or-nothing.
+--
+-- The store runs one script: common.lua, the five algorithm files and this
+-- dispatcher, concatenated in that order (src/script.rs). Each algorithm
+-- lives in exactly one file; a single-policy decision is this same script
+-- with one layer, so there is one source of truth per algorithm.
+--
+-- KEYS[i]  the state of layer i (distinct keys).
+-- ARGV[1]  the caller's time in µs since the Unix epoch, or "" to read the
+--          server's TIME (the default: one clock for every key).
+-- ARGV[2]  with a caller's time: the largest allowed distance in µs from the
+--          server's TIME, or "" for no check.
+-- ARGV[3 + 5(i−1) ..] layer i: algorithm, cost, p1, p2, p3
+--            1 token bucket    p = capacity, refill, period_us
+--            2 GCRA            p = burst, interval_us, 0
+--            3 fixed window    p = limit, window_us, 0
+--            4 sliding window  p = limit, window_us, 0
+--            5 sliding log     p = limit, window_us, 0
+--
+-- Reply: 5 integers per layer, in KEYS order: allowed (1/0), limit,
+--   remaining, reset_after µs, retry_after µs (−1 when the layer admits).
+-- Errors: "TOLLGATE_SKEW <caller µs> <server µs> <max skew µs>" when the
+--   caller's time is too far from the server's; "TOLLGATE_ARGS <why>" for
+--   arguments this script does not understand.
+--
+-- Every layer is judged against its current state first. Only if every layer
+-- admits is every layer written, each with its TTL (SET PX / PEXPIRE, so no
+-- key ever lacks one). The TTL set is the algorithm's (milliseconds, rounded
+-- up, at least 1) plus one millisecond: Redis counts a relative TTL from its
+-- clock truncated to the millisecond, so "PX n" lives between n − 1 and n ms
+-- (and "PX 1" can expire at once); the extra millisecond keeps every state
+-- until the algorithm says it is as good as new, never shorter. Otherwise nothing is written, and the layers that
+-- admitted report remaining + cost (capped at the limit): the request was not
+-- charged (Rust: Verdict::uncharged).
+
+local LOG = 5
+local ALGORITHMS = { token_bucket, gcra, fixed_window, sliding_window, sliding_log }
+
+-- Lists up to this length are read whole; longer ones by binary search
+-- with LINDEX, so a large log costs O(log n) reads.
+local READ_WHOLE = 64
+-- RPUSH at most this many entries per call (Lua's unpack has a stack limit).
+local PUSH_CHUNK = 1000
+-- Added to every TTL: Redis's millisecond truncation (see above).
+local TTL_MARGIN_MS = 1
+
+local function server_time()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- A counter state, or nil when the key is missing or holds something else
+-- (another algorithm's state under a reused policy name: counts as none,
+-- like the Rust reference).
+local function read_cells(key)
+  local v = redis.pcall('GET', key)
+  if type(v) ~= 'string' then
+    return nil
+  end
+  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+  if not a then
+    return nil
+  end
+  return { tonumber(a), tonumber(b), tonumber(c) }
+end
+
+-- A sliding log as { n, at(i) }, and whether the key holds something else
+-- (another type, or a list whose ends are not timestamps): that counts as
+-- no state and is replaced on admission.
+local function read_log(key)
+  local n = redis.pcall('LLEN', key)
+  if type(n) ~= 'number' then
+    return { n = 0 }, true
+  end
+  local log
+  if n <= READ_WHOLE then
+    local items = {}
+    if n > 0 then
+      items = redis.call('LRANGE', key, 0, -1)
+    end
+    log = { n = n, at = function(i) return tonumber(items[i]) end }
+  else
+    local seen = {}
+    log = {
+      n = n,
+      at = function(i)
+        local v = seen[i]
+        if not v then
+          v = tonumber(redis.call('LINDEX', key, i - 1))
+          seen[i] = v
+        end
+        return v
+      end,
+    }
+  end
+  if n > 0 and not (log.at(1) and log.at(n)) then
+    return { n = 0 }, true
+  end
+  return log, false
+end
+
+local function write_log(key, next, cost, ttl, wrongtype)
+  if wrongtype then
+    redis.call('DEL', key)
+  elseif next.drop > 0 then
+    redis.call('LTRIM', key, next.drop, -1)
+  end
+  local stamp = int(next.t)
+  local left = cost
+  while left > 0 do
+    local chunk = math.min(left, PUSH_CHUNK)
+    local args = {}
+    for j = 1, chunk do
+      args[j] = stamp
+    end
+    redis.call('RPUSH', key, unpack(args))
+    left = left - chunk
+  end
+  redis.call('PEXPIRE', key, ttl + TTL_MARGIN_MS)
+end
+
+if #ARGV ~= 2 + 5 * #KEYS then
+  return redis.error_reply('TOLLGATE_ARGS expected 2 arguments and 5 per key')
+end
+
+local now
+if ARGV[1] == '' then
+  now = server_time()
+else
+  now = tonumber(ARGV[1])
+  if not now then
+    return redis.error_reply('TOLLGATE_ARGS the time must be an integer number of microseconds')
+  end
+  if ARGV[2] ~= '' then
+    local server = server_time()
+    local max_skew = tonumber(ARGV[2])
+    if math.abs(now - server) > max_skew then
+      return redis.error_reply('TOLLGATE_SKEW ' .. int(now) .. ' ' .. int(server) .. ' ' .. ARGV[2])
+    end
+  end
+end
+
+local reply = {}
+local writes = {}
+local all_allowed = true
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local base = 2 + 5 * (i - 1)
+  local code = tonumber(ARGV[base + 1])
+  local run = ALGORITHMS[code]
+  if not run then
+    return redis.error_reply('TOLLGATE_ARGS unknown algorithm ' .. tostring(ARGV[base + 1]))
+  end
+  local cost = tonumber(ARGV[base + 2])
+  local p1, p2, p3 = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
+  local state, wrongtype
+  if code == LOG then
+    state, wrongtype = read_log(key)
+  else
+    state = read_cells(key)
+  end
+  local allowed, limit, remaining, reset_after, retry_after, next, ttl =
+    run(p1, p2, p3, state, now, cost)
+  if allowed then
+    writes[i] = { key = key, log = code == LOG, next = next, ttl = ttl,
+                  cost = cost, wrongtype = wrongtype }
+  else
+    all_allowed = false
+  end
+  local r = 5 * (i - 1)
+  reply[r + 1] = allowed and 1 or 0
+  reply[r + 2] = limit
+  reply[r + 3] = remaining
+  reply[r + 4] = reset_after
+  reply[r + 5] = retry_after
+end
+
+if all_allowed then
+  for i = 1, #KEYS do
+    local w = writes[i]
+    if w.log then
+      write_log(w.key, w.next, w.cost, w.ttl, w.wrongtype)
+    else
+      local c = w.next
+      redis.call('SET', w.key, int(c[1]) .. ' ' .. int(c[2]) .. ' ' .. int(c[3]), 'PX', w.ttl + TTL_MARGIN_MS)
+    end
+  end
+else
+  -- Nothing was charged: admitting layers give the cost back.
+  for i = 1, #KEYS do
+    local r = 5 * (i - 1)
+    if reply[r + 1] == 1 then
+      local cost = tonumber(ARGV[2 + 5 * (i - 1) + 2])
+      reply[r + 3] = math.min(reply[r + 3] + cost, reply[r + 2])
+    end
+  end
+end
+
+return reply

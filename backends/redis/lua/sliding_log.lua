@@ -1,0 +1,51 @@
+-- Tollgate: sliding log (Rust reference: algorithms/src/sliding_log.rs).
+--
+-- This file defines one function; the store runs it through layered.lua,
+-- which holds the KEYS/ARGV layout (one layer = one call of this function).
+--
+--   sliding_log(limit, window_us, _, log, now, cost)
+--
+-- Layer ARGV: algorithm 5, cost, limit, window_us, 0.
+-- State: a Redis LIST of timestamps (µs, one per admitted unit), oldest
+--   first. They never decrease (each write appends at t = max(now, newest)),
+--   so the list stays sorted and aged-out entries are trimmed from the left.
+--   The function sees it through log.n (length) and log.at(i) (1-based).
+-- An entry counts while it lies in (t − W, t].
+-- Returns: allowed (boolean), limit, remaining, reset_after µs,
+--   retry_after µs (-1 when admitted), and when admitted the next state as
+--   { drop = entries to trim from the left, t = timestamp to append cost
+--   times } and the TTL in milliseconds.
+local function sliding_log(limit, w, _, log, now, cost)
+  local n = log.n
+  local t = now
+  if n > 0 then
+    t = math.max(now, log.at(n))
+  end
+  -- Entries at or before t − W have aged out: binary search for the first
+  -- live one (Rust: partition_point).
+  local lo, hi = 0, n
+  while lo < hi do
+    local mid = fdiv(lo + hi, 2)
+    if log.at(mid + 1) + w <= t then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  local first_live = lo
+  local live = n - first_live
+  if live + cost <= limit then
+    local reset_at = t + w
+    return true, limit, limit - (live + cost), after(reset_at, now), -1,
+      { drop = first_live, t = t }, ttl_ms(reset_at, now)
+  end
+  -- The k-th oldest live entry must age out, k = live + cost − limit.
+  local k = live + cost - limit
+  local retry_at = log.at(first_live + k) + w
+  local reset_at = t
+  if n > 0 then
+    reset_at = log.at(n) + w
+  end
+  -- max() only guards a log written under a larger limit.
+  return false, limit, math.max(limit - live, 0), after(reset_at, now), after(retry_at, now)
+end

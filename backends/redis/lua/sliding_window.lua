@@ -1,0 +1,83 @@
+-- Tollgate: sliding window counter (Rust reference: algorithms/src/sliding_window.rs).
+--
+-- This file defines one function; the store runs it through layered.lua,
+-- which holds the KEYS/ARGV layout (one layer = one call of this function).
+--
+--   sliding_window(limit, window_us, _, cells, now, cost)
+--
+-- Layer ARGV: algorithm 4, cost, limit, window_us, 0.
+-- State: cells {current count, previous count, last µs}, stored as the
+--   string "a b c"; nil: none.
+-- A request passes when prev × (W − e) + (cur + cost) × W ≤ limit × W, with e
+-- the elapsed part of the current window.
+-- Returns: allowed (boolean), limit, remaining, reset_after µs,
+--   retry_after µs (-1 when admitted), and when admitted the next cells and
+--   the TTL in milliseconds.
+
+-- The earliest instant a denied request of cost passes.
+local function sliding_window_retry_at(limit, w, prev, cur, cost, start)
+  -- Later in this window, as the previous window's weight fades:
+  -- prev × (W − e') ≤ (limit − cur − cost) × W.
+  if limit >= cur + cost and prev > 0 then
+    local spare = (limit - cur - cost) * w
+    local e_min = w - math.min(fdiv(spare, prev), w)
+    if e_min < w then
+      return start + e_min
+    end
+  end
+  -- In the next window, where this window's count becomes the weighted one:
+  -- cur × (W − e') ≤ (limit − cost) × W.
+  local e_next = 0
+  if cur ~= 0 then
+    e_next = w - math.min(fdiv((limit - cost) * w, cur), w)
+  end
+  return start + w + e_next
+end
+
+local function sliding_window(limit, w, _, cells, now, cost)
+  local stored_cur, stored_prev, last
+  if cells then
+    stored_cur, stored_prev, last = cells[1], cells[2], cells[3]
+  else
+    stored_cur, stored_prev, last = 0, 0, now
+  end
+  local t = math.max(now, last)
+  local start = t - mod(t, w)
+  local last_start = last - mod(last, w)
+  local prev, cur
+  if last_start == start then
+    prev, cur = stored_prev, stored_cur
+  elseif last_start + w == start then
+    prev, cur = stored_cur, 0
+  else
+    prev, cur = 0, 0
+  end
+  local e = t - start
+  local budget = limit * w
+  local used = prev * (w - e) + cur * w
+  -- Rust compares used + cost × W ≤ budget; that sum can pass 2^53 (where
+  -- doubles round), while used and budget − cost × W cannot for any state
+  -- this policy wrote, so the comparison is moved to stay exact.
+  local allowed = used <= budget - cost * w
+  local cur_after = cur
+  if allowed then
+    cur_after = cur + cost
+  end
+  local used_after = prev * (w - e) + cur_after * w
+  local reset_at = t
+  if cur_after > 0 then
+    reset_at = start + 2 * w
+  elseif prev > 0 then
+    reset_at = start + w
+  end
+  local remaining = 0
+  if budget > used_after then
+    remaining = fdiv(budget - used_after, w)
+  end
+  if allowed then
+    return true, limit, remaining, after(reset_at, now), -1,
+      { cur_after, prev, t }, ttl_ms(reset_at, now)
+  end
+  local retry_at = sliding_window_retry_at(limit, w, prev, cur, cost, start)
+  return false, limit, remaining, after(reset_at, now), after(retry_at, now)
+end

@@ -1,0 +1,130 @@
+//! Failures specific to the Redis store, carried inside
+//! [`StoreError::Backend`](tollgate_core::StoreError::Backend).
+
+use std::time::Duration;
+
+use tollgate_core::{StoreError, Timestamp};
+
+/// Earliest caller-supplied time accepted: 2020-01-01T00:00:00Z.
+pub const EARLIEST_TIME: Timestamp = Timestamp::from_micros(1_577_836_800_000_000);
+/// Latest caller-supplied time accepted: 2100-01-01T00:00:00Z.
+pub const LATEST_TIME: Timestamp = Timestamp::from_micros(4_102_444_800_000_000);
+
+/// What the Redis store rejects on its own account.
+///
+/// Store calls return these boxed in
+/// [`StoreError::Backend`]; use [`RedisStoreError::of`] to look inside.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisStoreError {
+    /// The connection URL does not parse (the URL itself is not repeated:
+    /// it may hold a password).
+    #[error("invalid Redis URL: {0}")]
+    InvalidUrl(String),
+    /// The key prefix would change key layout or the Cluster hash tag.
+    #[error("invalid key prefix {0:?}: use 1-64 characters of A-Z a-z 0-9 _ - . : (no braces, which would change the Redis Cluster hash tag)")]
+    InvalidPrefix(String),
+    /// The caller-supplied clock reads a time Tollgate will not decide with.
+    #[error("the caller-supplied clock reads {0}, which is not between 2020-01-01 and 2100-01-01; refusing to decide with it (check the clock passed to RedisStoreBuilder::clock)")]
+    ImplausibleTime(Timestamp),
+    /// The caller-supplied time is further from the server's `TIME` than
+    /// the configured `max_skew`.
+    #[error("the caller-supplied time ({caller}µs) is {skew:?} away from the Redis server's TIME ({server}µs), more than max_skew {max_skew:?}; fix the clocks (NTP) or raise max_skew")]
+    ClockSkew {
+        /// The caller's time in µs since the Unix epoch.
+        caller: u64,
+        /// The server's time in µs since the Unix epoch.
+        server: u64,
+        /// The distance between them.
+        skew: Duration,
+        /// The configured bound.
+        max_skew: Duration,
+    },
+    /// A layer's cost is outside `1..=capacity` (the limiter checks this
+    /// before calling a store; other callers must too).
+    #[error("cost {cost} is outside 1..={capacity} for policy {policy:?}")]
+    InvalidCost {
+        /// The requested cost.
+        cost: u64,
+        /// The policy's capacity.
+        capacity: u64,
+        /// The policy's name.
+        policy: String,
+    },
+}
+
+impl RedisStoreError {
+    /// The Redis store's own error inside `error`, if that is what it holds.
+    pub fn of(error: &StoreError) -> Option<&RedisStoreError> {
+        match error {
+            StoreError::Backend(inner) => inner.downcast_ref::<RedisStoreError>(),
+            _ => None,
+        }
+    }
+}
+
+impl From<RedisStoreError> for StoreError {
+    fn from(e: RedisStoreError) -> Self {
+        StoreError::Backend(Box::new(e))
+    }
+}
+
+/// A caller-supplied time Tollgate accepts.
+pub(crate) fn check_plausible(now: Timestamp) -> Result<(), StoreError> {
+    if now < EARLIEST_TIME || now > LATEST_TIME {
+        return Err(RedisStoreError::ImplausibleTime(now).into());
+    }
+    Ok(())
+}
+
+/// A Redis client error as a store error. The text of a Redis error never
+/// holds key names or arguments here (the script reports its own errors
+/// with numbers only), so it is safe to log.
+pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
+    use redis::{ErrorKind, ServerErrorKind};
+    match e.kind() {
+        ErrorKind::Extension if e.code() == Some("TOLLGATE_SKEW") => skew_error(&e),
+        ErrorKind::Io
+        | ErrorKind::AuthenticationFailed
+        | ErrorKind::ClusterConnectionNotFound
+        | ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::NoPerm,
+        ) => StoreError::Unavailable(e.to_string()),
+        // A busy server (long script), out of memory, refused writes after
+        // a failed save, or missing authentication: the store cannot decide
+        // now, but it is not speaking another protocol.
+        ErrorKind::Extension
+            if matches!(
+                e.code(),
+                Some("BUSY" | "OOM" | "MISCONF" | "NOAUTH" | "WRONGPASS" | "LOADING")
+            ) =>
+        {
+            StoreError::Unavailable(e.to_string())
+        }
+        _ => StoreError::Protocol(e.to_string()),
+    }
+}
+
+fn skew_error(e: &redis::RedisError) -> StoreError {
+    let numbers: Vec<u64> = e
+        .detail()
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    match numbers[..] {
+        [caller, server, max] => RedisStoreError::ClockSkew {
+            caller,
+            server,
+            skew: Duration::from_micros(caller.abs_diff(server)),
+            max_skew: Duration::from_micros(max),
+        }
+        .into(),
+        _ => StoreError::Protocol(e.to_string()),
+    }
+}

@@ -1,0 +1,40 @@
+//! The store conformance suite on the Redis store (multiplexed connection and
+//! bb8 pool), against a real redis-server, time from the manual clock.
+
+mod common;
+
+use std::sync::Arc;
+
+use tollgate_core::{ManualClock, Store};
+use tollgate_redis::ConnectionMode;
+use tollgate_testkit::redis_server::RedisServer;
+
+mod multiplexed {
+    use super::*;
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        Arc::new(
+            common::store_at(
+                RedisServer::shared().url(),
+                clock,
+                ConnectionMode::Multiplexed,
+            )
+            .await,
+        ) as Arc<dyn Store>
+    });
+}
+
+mod pool {
+    use super::*;
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        Arc::new(
+            common::store_at(
+                RedisServer::shared().url(),
+                clock,
+                ConnectionMode::Pool { size: 8 },
+            )
+            .await,
+        ) as Arc<dyn Store>
+    });
+}

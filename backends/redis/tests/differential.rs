@@ -1,0 +1,538 @@
+//! The Lua scripts against the Rust reference, bit for bit.
+//!
+//! Random policies and long random sequences of operations (time steps of
+//! 0, sub-millisecond, fractions of the window, long idles, and backward
+//! steps; costs from 1 to the capacity) run through the script on a real
+//! redis-server and through `tollgate_algorithms::decide` on a Rust-side
+//! state. At every step the verdicts must be identical, the stored state
+//! must be the Rust state in its Redis encoding, and the TTL the script set
+//! must be the Rust TTL (to the millisecond the Redis clock allows).
+//!
+//! Each step runs in one round trip: `TIME`, then in `MULTI`/`EXEC` the
+//! script, `PEXPIRETIME` and `PERSIST` of every key, the state reads and
+//! `TIME` again. `PERSIST` removes the TTL right after reading it, so Redis
+//! never expires a key on its own wall clock while the manual clock of the
+//! test says it is still live: both sides keep state until the algorithm
+//! replaces it (the TTL itself is checked, not waited for). The two `TIME`s
+//! bracket the instant the script's `PEXPIRE` counted from.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use redis::aio::MultiplexedConnection;
+use redis::Value;
+use tollgate_core::{
+    duration_micros, LayerRequest, Limit, Policy, State, StoreKey, Timestamp, Verdict, MAX_EXACT,
+    MAX_RECOVERY,
+};
+use tollgate_redis::script::{layer_args, parse_reply, sha1};
+use tollgate_testkit::conformance::{unique, START};
+use tollgate_testkit::redis_server::RedisServer;
+
+/// Log entries compared one by one (longer logs: length, ends and this many
+/// oldest entries).
+const LOG_COMPARED: usize = 256;
+
+/// A time step, resolved against the policy's time scale.
+#[derive(Debug, Clone)]
+enum Step {
+    Same,
+    Micros(u64),
+    Millis(u64),
+    /// Thousandths of the scale.
+    Fraction(u64),
+    /// Past the scale by this many percent.
+    Idle(u64),
+    /// Back by thousandths of the scale, plus a few microseconds.
+    Back(u64, u64),
+}
+
+#[derive(Debug, Clone)]
+enum Cost {
+    One,
+    Full,
+    /// 1 + this modulo the capacity.
+    Any(u64),
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    step: Step,
+    cost: Cost,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let step = prop_oneof![
+        15 => Just(Step::Same),
+        25 => (1u64..1_000).prop_map(Step::Micros),
+        10 => (1u64..50).prop_map(Step::Millis),
+        35 => (1u64..=1_000).prop_map(Step::Fraction),
+        5 => (0u64..300).prop_map(Step::Idle),
+        10 => ((1u64..=1_500), (0u64..1_000)).prop_map(|(f, us)| Step::Back(f, us)),
+    ];
+    let cost = prop_oneof![
+        6 => Just(Cost::One),
+        1 => Just(Cost::Full),
+        3 => any::<u64>().prop_map(Cost::Any),
+    ];
+    (step, cost).prop_map(|(step, cost)| Op { step, cost })
+}
+
+fn ops(n: usize) -> impl Strategy<Value = Vec<Op>> {
+    proptest::collection::vec(op(), n)
+}
+
+/// A period or window: a millisecond, a second, or anything between 1 ms
+/// and 10 s (odd values stress the rounding).
+fn period() -> impl Strategy<Value = u64> {
+    prop_oneof![Just(1_000u64), Just(1_000_000u64), 1_000u64..=10_000_000,]
+}
+
+fn token_bucket() -> impl Strategy<Value = Limit> {
+    let small = (1u64..=50, 1u64..=100, period()).prop_map(|(capacity, refill, p)| {
+        Limit::token_bucket(capacity, refill, Duration::from_micros(p)).expect("valid")
+    });
+    // Near the 2^53 bound: the largest capacity the period allows, and a
+    // refill fast enough to stay within MAX_RECOVERY.
+    let big = (period(), any::<u64>(), any::<u64>()).prop_map(|(p, c, r)| {
+        let max_capacity = (MAX_EXACT / p).min(1_000_000_000);
+        let capacity = max_capacity - c % (max_capacity / 10 + 1);
+        let min_refill = (capacity * p)
+            .div_ceil(duration_micros(MAX_RECOVERY))
+            .max(1);
+        let refill = min_refill + r % (1_000_000_000 - min_refill + 1);
+        Limit::token_bucket(capacity, refill, Duration::from_micros(p)).expect("valid")
+    });
+    prop_oneof![3 => small, 1 => big]
+}
+
+fn gcra() -> impl Strategy<Value = Limit> {
+    let small = (1u64..=100, period(), 1u64..=50).prop_map(|(rate, p, burst)| {
+        Limit::gcra(rate.min(p), Duration::from_micros(p), burst).expect("valid")
+    });
+    let big =
+        (period(), 1u64..=1_000_000_000, 1u64..=1_000_000_000).prop_map(|(p, rate, burst)| {
+            let rate = rate.min(p);
+            let interval = p.div_ceil(rate);
+            let burst = burst.min(duration_micros(MAX_RECOVERY) / interval).max(1);
+            Limit::gcra(rate, Duration::from_micros(p), burst).expect("valid")
+        });
+    prop_oneof![3 => small, 1 => big]
+}
+
+fn fixed_window() -> impl Strategy<Value = Limit> {
+    prop_oneof![
+        3 => (1u64..=50, period()),
+        1 => (1u64..=1_000_000_000, period()),
+    ]
+    .prop_map(|(limit, w)| Limit::fixed_window(limit, Duration::from_micros(w)).expect("valid"))
+}
+
+fn sliding_window() -> impl Strategy<Value = Limit> {
+    let small = (1u64..=50, period()).prop_map(|(limit, w)| {
+        Limit::sliding_window(limit, Duration::from_micros(w)).expect("valid")
+    });
+    // limit × window close to 2^53, where a sum of two such products no
+    // longer fits a double exactly.
+    let big = (period(), any::<u64>()).prop_map(|(w, l)| {
+        let max_limit = (MAX_EXACT / w).min(1_000_000_000);
+        let limit = max_limit - l % (max_limit / 10 + 1);
+        Limit::sliding_window(limit, Duration::from_micros(w)).expect("valid")
+    });
+    prop_oneof![3 => small, 1 => big]
+}
+
+fn sliding_log() -> impl Strategy<Value = Limit> {
+    prop_oneof![
+        3 => (1u64..=50, period()),
+        // Longer than the script reads whole (binary search with LINDEX),
+        // and costs above its RPUSH chunk.
+        1 => (65u64..=3_000, period()),
+    ]
+    .prop_map(|(limit, w)| Limit::sliding_log(limit, Duration::from_micros(w)).expect("valid"))
+}
+
+/// The time scale of a policy: its period, window, or burst × interval.
+fn scale(limit: &Limit) -> u64 {
+    match limit {
+        Limit::TokenBucket(p) => p.period_us(),
+        Limit::Gcra(p) => p.interval_us() * p.burst(),
+        Limit::FixedWindow(p) | Limit::SlidingWindow(p) | Limit::SlidingLog(p) => p.window_us(),
+        _ => unreachable!("built-in algorithms only"),
+    }
+}
+
+/// What the differential run compares after a step, for one key.
+struct Observed {
+    expire_ms: i64,
+    state: ObservedState,
+}
+
+enum ObservedState {
+    Cells(Option<String>),
+    Log {
+        len: usize,
+        first: Option<u64>,
+        last: Option<u64>,
+        head: Vec<u64>,
+    },
+}
+
+struct Harness {
+    con: MultiplexedConnection,
+    keys: Vec<String>,
+    policies: Vec<Policy>,
+}
+
+impl Harness {
+    async fn new(limits: Vec<Limit>) -> Harness {
+        let mut con = common::raw(RedisServer::shared().url()).await;
+        let loaded: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(tollgate_redis::SCRIPT)
+            .query_async(&mut con)
+            .await
+            .expect("SCRIPT LOAD");
+        assert_eq!(loaded, sha1());
+        let prefix = unique("diff");
+        let policies: Vec<Policy> = limits
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| Policy::new(format!("p{i}"), l).expect("valid"))
+            .collect();
+        let keys = policies
+            .iter()
+            .map(|p| format!("{prefix}:{}", StoreKey::new("diff", p, "subject", "s")))
+            .collect();
+        Harness {
+            con,
+            keys,
+            policies,
+        }
+    }
+
+    /// Run the script for `costs` at `now`; return its verdicts, what each
+    /// key looks like afterwards, and the server's time before and after (µs).
+    async fn step(&mut self, now: u64, costs: &[u64]) -> (Vec<Verdict>, Vec<Observed>, u64, u64) {
+        let mut eval = redis::cmd("EVALSHA");
+        eval.arg(sha1()).arg(self.keys.len());
+        for key in &self.keys {
+            eval.arg(key);
+        }
+        eval.arg(now).arg("");
+        for (policy, &cost) in self.policies.iter().zip(costs) {
+            let key = StoreKey::new("diff", policy, "subject", "s");
+            let layer = LayerRequest { key, policy, cost };
+            for a in layer_args(&layer).expect("built-in algorithm") {
+                eval.arg(a);
+            }
+        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME").cmd("MULTI").add_command(eval);
+        for key in &self.keys {
+            pipe.cmd("PEXPIRETIME").arg(key);
+        }
+        for key in &self.keys {
+            pipe.cmd("PERSIST").arg(key);
+        }
+        for (key, policy) in self.keys.iter().zip(&self.policies) {
+            if matches!(policy.limit(), Limit::SlidingLog(_)) {
+                pipe.cmd("LLEN").arg(key);
+                pipe.cmd("LINDEX").arg(key).arg(0);
+                pipe.cmd("LINDEX").arg(key).arg(-1);
+                pipe.cmd("LRANGE").arg(key).arg(0).arg(LOG_COMPARED - 1);
+            } else {
+                pipe.cmd("GET").arg(key);
+            }
+        }
+        pipe.cmd("TIME").cmd("EXEC");
+        let replies: Vec<Value> = pipe.query_async(&mut self.con).await.expect("pipeline");
+        let before = server_time(&replies[0]);
+        let Some(Value::Array(results)) = replies.last() else {
+            panic!("EXEC answered {:?}", replies.last());
+        };
+        let mut results = results.iter();
+        let reply: Vec<i64> = redis::from_redis_value_ref(results.next().expect("script reply"))
+            .unwrap_or_else(|e| panic!("script reply: {e}"));
+        let verdicts = parse_reply(&reply, self.keys.len()).expect("well-formed reply");
+        let n = self.keys.len();
+        let expires: Vec<i64> = (0..n).map(|_| int(results.next())).collect();
+        for _ in 0..n {
+            results.next(); // PERSIST
+        }
+        let mut observed = Vec::with_capacity(n);
+        for (policy, expire_ms) in self.policies.iter().zip(expires) {
+            let state = if matches!(policy.limit(), Limit::SlidingLog(_)) {
+                let len = int(results.next()) as usize;
+                let first = stamp(results.next());
+                let last = stamp(results.next());
+                let head: Vec<String> =
+                    redis::from_redis_value_ref(results.next().expect("LRANGE")).expect("LRANGE");
+                ObservedState::Log {
+                    len,
+                    first,
+                    last,
+                    head: head.iter().map(|s| s.parse().expect("µs")).collect(),
+                }
+            } else {
+                let v: Option<String> =
+                    redis::from_redis_value_ref(results.next().expect("GET")).expect("GET");
+                ObservedState::Cells(v)
+            };
+            observed.push(Observed { expire_ms, state });
+        }
+        let after = server_time(results.next().expect("TIME"));
+        (verdicts, observed, before, after)
+    }
+}
+
+fn int(v: Option<&Value>) -> i64 {
+    redis::from_redis_value_ref(v.expect("a reply")).expect("an integer")
+}
+
+fn stamp(v: Option<&Value>) -> Option<u64> {
+    let s: Option<String> = redis::from_redis_value_ref(v.expect("a reply")).expect("LINDEX");
+    s.map(|s| s.parse().expect("µs"))
+}
+
+fn server_time(v: &Value) -> u64 {
+    let (sec, usec): (u64, u64) = redis::from_redis_value_ref(v).expect("TIME");
+    sec * 1_000_000 + usec
+}
+
+/// The Rust reference for a layered decision: every layer decided, all
+/// charged only if all admit, admitting layers uncharged otherwise.
+struct Model {
+    states: Vec<Option<State>>,
+}
+
+/// Run `ops` through the script and the reference; panic at the first
+/// difference, naming the step.
+async fn differential(limits: Vec<Limit>, ops: &[Op]) {
+    let mut harness = Harness::new(limits.clone()).await;
+    let mut model = Model {
+        states: vec![None; limits.len()],
+    };
+    let scale = limits.iter().map(scale).max().expect("one layer at least");
+    let mut now = START.as_micros();
+    for (i, op) in ops.iter().enumerate() {
+        now = match op.step {
+            Step::Same => now,
+            Step::Micros(us) => now + us,
+            Step::Millis(ms) => now + ms * 1_000,
+            Step::Fraction(f) => now + (scale * f / 1_000).max(1),
+            Step::Idle(pct) => now + scale + scale * pct / 100,
+            Step::Back(f, us) => now.saturating_sub(scale * f / 1_000 + us),
+        };
+        let costs: Vec<u64> = limits
+            .iter()
+            .map(|l| match op.cost {
+                Cost::One => 1,
+                Cost::Full => l.capacity(),
+                Cost::Any(r) => 1 + r % l.capacity(),
+            })
+            .collect();
+        let transitions: Vec<_> = limits
+            .iter()
+            .zip(&model.states)
+            .zip(&costs)
+            .map(|((l, s), &c)| {
+                tollgate_algorithms::decide(l, s.as_ref(), Timestamp::from_micros(now), c)
+            })
+            .collect();
+        let all = transitions.iter().all(|t| t.verdict.allowed);
+        let expected: Vec<Verdict> = transitions
+            .iter()
+            .zip(&costs)
+            .map(|(t, &c)| {
+                if all {
+                    t.verdict
+                } else {
+                    t.verdict.uncharged(c)
+                }
+            })
+            .collect();
+
+        let (verdicts, observed, before, after) = harness.step(now, &costs).await;
+        let context = || {
+            format!(
+                "step {i} of {}: now {now}, op {op:?}, costs {costs:?}, limits {limits:?}, states before {:?}",
+                ops.len(),
+                model.states
+            )
+        };
+        assert_eq!(verdicts, expected, "verdicts differ at {}", context());
+
+        for (layer, (t, seen)) in transitions.iter().zip(&observed).enumerate() {
+            let expected_state = if all {
+                let next = t.next.as_ref().expect("an admitted layer has a next state");
+                // The script adds a millisecond to the reference TTL (Redis
+                // counts from its clock truncated to the millisecond), and
+                // its PEXPIRE counted from a millisecond between the two
+                // TIME readings.
+                let ttl_ms = next.ttl.as_millis() as i64 + 1;
+                let lo = (before / 1_000) as i64 + ttl_ms;
+                let hi = (after / 1_000) as i64 + ttl_ms;
+                assert!(
+                    (lo..=hi).contains(&seen.expire_ms),
+                    "layer {layer}: expiry at {} ms, Rust says {ttl_ms} ms (+1) from the server clock {before}..{after} µs, at {}",
+                    seen.expire_ms,
+                    context()
+                );
+                Some(&next.state)
+            } else {
+                // Nothing written: the TTL stays removed (or the key absent).
+                let expect = if model.states[layer].is_some() {
+                    -1
+                } else {
+                    -2
+                };
+                assert_eq!(
+                    seen.expire_ms,
+                    expect,
+                    "layer {layer}: a denied request wrote a TTL at {}",
+                    context()
+                );
+                model.states[layer].as_ref()
+            };
+            compare_state(expected_state, &seen.state, layer, &context);
+        }
+        if all {
+            for (state, t) in model.states.iter_mut().zip(transitions) {
+                *state = t.next.map(|n| n.state);
+            }
+        }
+    }
+}
+
+fn compare_state(
+    expected: Option<&State>,
+    seen: &ObservedState,
+    layer: usize,
+    context: &dyn Fn() -> String,
+) {
+    match (expected, seen) {
+        (None, ObservedState::Cells(v)) => {
+            assert_eq!(v, &None, "layer {layer}: state at {}", context())
+        }
+        (Some(State::Cells([a, b, c])), ObservedState::Cells(v)) => assert_eq!(
+            v.as_deref(),
+            Some(format!("{a} {b} {c}").as_str()),
+            "layer {layer}: state at {}",
+            context()
+        ),
+        (None, ObservedState::Log { len, .. }) => {
+            assert_eq!(*len, 0, "layer {layer}: log at {}", context())
+        }
+        (
+            Some(State::Log(entries)),
+            ObservedState::Log {
+                len,
+                first,
+                last,
+                head,
+            },
+        ) => {
+            let entries: &VecDeque<u64> = entries;
+            assert_eq!(
+                *len,
+                entries.len(),
+                "layer {layer}: log length at {}",
+                context()
+            );
+            assert_eq!(
+                first.as_ref(),
+                entries.front(),
+                "layer {layer}: oldest at {}",
+                context()
+            );
+            assert_eq!(
+                last.as_ref(),
+                entries.back(),
+                "layer {layer}: newest at {}",
+                context()
+            );
+            let want: Vec<u64> = entries.iter().take(LOG_COMPARED).copied().collect();
+            assert_eq!(head, &want, "layer {layer}: log entries at {}", context());
+        }
+        (expected, _) => panic!(
+            "layer {layer}: unexpected state shape {expected:?} at {}",
+            context()
+        ),
+    }
+}
+
+fn run(limits: Vec<Limit>, ops: &[Op]) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(differential(limits, ops));
+}
+
+/// Sequences of 10,000 operations: few cases, each long.
+fn long_runs() -> ProptestConfig {
+    ProptestConfig {
+        cases: 3,
+        // A failing case names its step; shrinking 10,000-step runs against
+        // Redis would take long for little gain.
+        max_shrink_iters: 16,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(long_runs())]
+
+    #[test]
+    fn token_bucket_matches_rust(limit in token_bucket(), ops in ops(10_000)) {
+        run(vec![limit], &ops);
+    }
+
+    #[test]
+    fn gcra_matches_rust(limit in gcra(), ops in ops(10_000)) {
+        run(vec![limit], &ops);
+    }
+
+    #[test]
+    fn fixed_window_matches_rust(limit in fixed_window(), ops in ops(10_000)) {
+        run(vec![limit], &ops);
+    }
+
+    #[test]
+    fn sliding_window_matches_rust(limit in sliding_window(), ops in ops(10_000)) {
+        run(vec![limit], &ops);
+    }
+
+    #[test]
+    fn sliding_log_matches_rust(limit in sliding_log(), ops in ops(10_000)) {
+        run(vec![limit], &ops);
+    }
+}
+
+fn any_limit() -> impl Strategy<Value = Limit> {
+    prop_oneof![
+        token_bucket(),
+        gcra(),
+        fixed_window(),
+        sliding_window(),
+        sliding_log()
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, max_shrink_iters: 64, ..ProptestConfig::default() })]
+
+    /// Two or three layers of any algorithms: all-or-nothing, and admitting
+    /// layers of a denied request report their cost back.
+    #[test]
+    fn layered_decisions_match_rust(
+        limits in proptest::collection::vec(any_limit(), 2..=3),
+        ops in ops(1_500),
+    ) {
+        run(limits, &ops);
+    }
+}

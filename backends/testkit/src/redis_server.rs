@@ -1,0 +1,346 @@
+//! Real `redis-server` processes for tests.
+//!
+//! [`RedisServer::start`] runs a fresh server on a free loopback port, in its
+//! own temporary directory, without persistence (`--save ""`,
+//! `--appendonly no`); the process is stopped when the value is dropped.
+//! [`RedisServer::shared`] is one process-wide server for tests that only
+//! need isolation by key prefix.
+//!
+//! Tests never mock Redis and are never skipped: when `redis-server` is not
+//! installed, starting a server panics at once with the command that
+//! installs it.
+//!
+//! Every server runs under a small `sh` watchdog that holds the read end of
+//! a pipe whose write end only this process has. When the test process exits
+//! for any reason (even a `SIGKILL`, and for [`shared`](RedisServer::shared),
+//! which is never dropped), the pipe closes and the watchdog stops the
+//! server, so no `redis-server` outlives its tests.
+//!
+//! ```no_run
+//! use tollgate_testkit::redis_server::RedisServer;
+//!
+//! let server = RedisServer::start();
+//! let url = server.url(); // "redis://127.0.0.1:<port>/"
+//! # let _ = url;
+//! ```
+
+use std::fmt;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The environment variable naming the `redis-server` binary to run
+/// (default: `redis-server` from `PATH`).
+pub const SERVER_ENV: &str = "TOLLGATE_REDIS_SERVER";
+
+/// The command that installs `redis-server` (Debian and Ubuntu).
+pub const INSTALL_HINT: &str = "sudo apt-get install -y redis-server";
+
+/// How long a server may take to answer its first PING.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Attempts before giving up when the chosen port is taken by someone else
+/// between choosing it and the server binding it.
+const START_ATTEMPTS: usize = 5;
+
+/// Starts `redis-server` (`$1`) with the arguments after its working
+/// directory (`$2`), prints its pid, and when standard input closes (this
+/// process exited or dropped the handle) stops it and removes the directory.
+/// Redis runs in the background of a non-interactive shell, so its own
+/// standard input is `/dev/null`: only the watchdog holds the pipe.
+const WATCHDOG: &str = r#"server="$1"; dir="$2"; shift 2
+"$server" "$@" </dev/null >/dev/null 2>&1 &
+pid=$!
+echo "$pid"
+while read -r _; do :; done
+kill "$pid" 2>/dev/null
+wait "$pid"
+rm -rf "$dir"
+"#;
+
+/// A running `redis-server`, stopped on drop.
+pub struct RedisServer {
+    watchdog: Child,
+    stdin: Option<ChildStdin>,
+    pid: u32,
+    port: u16,
+    dir: PathBuf,
+    url: String,
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("url", &self.url)
+            .field("pid", &self.pid)
+            .finish()
+    }
+}
+
+impl RedisServer {
+    /// Start a standalone server on a free loopback port.
+    ///
+    /// # Panics
+    ///
+    /// When `redis-server` is not installed (the message gives the install
+    /// command), or the server does not answer PING within 20 seconds.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with_args(&[])
+    }
+
+    /// Start a server with extra `redis-server` arguments (for example
+    /// `["--maxmemory", "10mb"]`, or cluster options), after the defaults:
+    /// `--bind 127.0.0.1 --port <free port> --save "" --appendonly no` and
+    /// its own temporary working directory.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](RedisServer::start).
+    pub fn start_with_args(extra: &[&str]) -> RedisServer {
+        let binary = server_binary();
+        let mut last_error = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let port = free_port();
+            match RedisServer::try_start(&binary, port, extra) {
+                Ok(server) => return server,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("could not start {binary} after {START_ATTEMPTS} attempts: {last_error}");
+    }
+
+    /// The process-wide server shared by every test of this process that
+    /// only needs isolation by key prefix. Started on first use; stopped
+    /// when the process exits.
+    ///
+    /// Tests that change server state (`SCRIPT FLUSH`, `CONFIG SET`, killing
+    /// or pausing it) or read server-wide statistics must
+    /// [`start`](RedisServer::start) their own.
+    pub fn shared() -> &'static RedisServer {
+        static SHARED: OnceLock<RedisServer> = OnceLock::new();
+        SHARED.get_or_init(RedisServer::start)
+    }
+
+    fn try_start(binary: &str, port: u16, extra: &[&str]) -> Result<RedisServer, String> {
+        let dir = temp_dir(port)?;
+        let port_text = port.to_string();
+        let dir_text = dir.to_string_lossy().into_owned();
+        let log = dir.join("redis.log");
+        let log_text = log.to_string_lossy().into_owned();
+        let mut args: Vec<&str> = vec![
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port_text,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            &dir_text,
+            "--logfile",
+            &log_text,
+        ];
+        args.extend_from_slice(extra);
+        let mut watchdog = Command::new("sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("tollgate-redis-watchdog")
+            .arg(binary)
+            .arg(&dir)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run sh to start {binary}: {e}"))?;
+        let stdin = watchdog.stdin.take();
+        let mut line = String::new();
+        if let Some(stdout) = watchdog.stdout.take() {
+            let _ = BufReader::new(stdout).read_line(&mut line);
+        }
+        let pid = line
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| format!("the watchdog did not report the server's pid (got {line:?})"))?;
+        let mut server = RedisServer {
+            watchdog,
+            stdin,
+            pid,
+            port,
+            url: format!("redis://127.0.0.1:{port}/"),
+            dir,
+        };
+        match server.wait_ready() {
+            Ok(()) => Ok(server),
+            Err(e) => {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                server.stop();
+                Err(format!(
+                    "{e}; server log (last lines, newest first):\n{}",
+                    tail.join("\n")
+                ))
+            }
+        }
+    }
+
+    /// Poll with `PING` until the server answers `+PONG`.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if ping(self.addr()).is_ok() {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.watchdog.try_wait() {
+                return Err(format!(
+                    "redis-server on port {} exited ({status})",
+                    self.port
+                ));
+            }
+            if !process_alive(self.pid) {
+                return Err(format!("redis-server on port {} exited", self.port));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "redis-server on port {} did not answer PING within {START_TIMEOUT:?}",
+                    self.port
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The URL to connect to, `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The server's loopback address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The server's TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The `redis-server` process id (for fault tests: `kill -STOP`, …).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The server's working directory (its log is `redis.log` in it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether the server answers `PING` now.
+    pub fn is_up(&self) -> bool {
+        ping(self.addr()).is_ok()
+    }
+
+    fn stop(&mut self) {
+        // Closing the pipe makes the watchdog kill the server and wait for it.
+        drop(self.stdin.take());
+        let _ = self.watchdog.wait();
+        // The watchdog removes the directory; this covers a watchdog that
+        // could not run to its end.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The binary to run, checked once: panics with the install command when
+/// it is missing.
+fn server_binary() -> String {
+    static CHECKED: OnceLock<String> = OnceLock::new();
+    CHECKED
+        .get_or_init(|| {
+            let binary = std::env::var(SERVER_ENV).unwrap_or_else(|_| "redis-server".to_string());
+            match Command::new(&binary)
+                .arg("--version")
+                .stdin(Stdio::null())
+                .output()
+            {
+                Ok(out) if out.status.success() => binary,
+                Ok(out) => panic!(
+                    "`{binary} --version` failed ({}); the Redis tests need a working redis-server. \
+                     Install it with: {INSTALL_HINT}",
+                    out.status
+                ),
+                Err(e) => panic!(
+                    "redis-server was not found ({binary}: {e}); the Redis tests start real \
+                     redis-server processes and are never skipped. Install it with: {INSTALL_HINT} \
+                     (or set {SERVER_ENV} to its path)"
+                ),
+            }
+        })
+        .clone()
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> u16 {
+    let listener =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind an ephemeral loopback port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A fresh directory for one server's files.
+fn temp_dir(port: u16) -> Result<PathBuf, String> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tollgate-redis-{}-{port}-{}-{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// One `PING` over plain TCP (inline command syntax).
+fn ping(addr: SocketAddr) -> std::io::Result<()> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
+    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+    stream.write_all(b"PING\r\n")?;
+    let mut reply = [0u8; 7];
+    stream.read_exact(&mut reply)?;
+    if &reply == b"+PONG\r\n" {
+        Ok(())
+    } else {
+        Err(std::io::Error::other("unexpected reply to PING"))
+    }
+}
+
+/// Whether a process is running. On Linux, from `/proc/<pid>/stat` (an
+/// exited server stays a zombie until the watchdog reaps it, so the state
+/// letter matters); elsewhere assume yes and rely on the PING deadline.
+fn process_alive(pid: u32) -> bool {
+    if !Path::new("/proc/self").exists() {
+        return true;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesized command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
