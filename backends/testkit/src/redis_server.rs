@@ -70,6 +70,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     url: String,
+    /// The extra arguments it was started with, for [`restart`](RedisServer::restart).
+    extra: Vec<String>,
 }
 
 impl fmt::Debug for RedisServer {
@@ -176,6 +178,7 @@ impl RedisServer {
             port,
             url: format!("redis://127.0.0.1:{port}/"),
             dir,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
         };
         match server.wait_ready() {
             Ok(()) => Ok(server),
@@ -245,6 +248,72 @@ impl RedisServer {
     /// Whether the server answers `PING` now.
     pub fn is_up(&self) -> bool {
         ping(self.addr()).is_ok()
+    }
+
+    /// Send `signal` (`"KILL"`, `"STOP"`, `"CONT"`, …) to the server process.
+    ///
+    /// # Panics
+    ///
+    /// When `kill` cannot be run or refuses.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(
+            status.success(),
+            "kill -{signal} {} failed: {status}",
+            self.pid
+        );
+    }
+
+    /// Kill the server at once (`SIGKILL`): connections drop, the port closes.
+    pub fn kill(&self) {
+        self.signal("KILL");
+    }
+
+    /// Freeze the server (`SIGSTOP`): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Thaw a paused server (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    /// Kill the server and start a fresh, empty one on the same port with
+    /// the same arguments (what an operator's restart without persistence
+    /// looks like to clients).
+    ///
+    /// # Panics
+    ///
+    /// When the new server does not come up.
+    pub fn restart(&mut self) {
+        self.signal("KILL");
+        self.stop();
+        let binary = server_binary();
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        let mut last_error = String::new();
+        for _ in 0..START_ATTEMPTS {
+            match RedisServer::try_start(&binary, self.port, &extra) {
+                Ok(fresh) => {
+                    // The old watchdog has finished, so dropping the old
+                    // value (stopping it again) does nothing more.
+                    drop(std::mem::replace(self, fresh));
+                    return;
+                }
+                Err(e) => {
+                    last_error = e;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+        panic!(
+            "could not restart redis-server on port {}: {last_error}",
+            self.port
+        );
     }
 
     fn stop(&mut self) {
