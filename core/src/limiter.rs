@@ -254,6 +254,22 @@ impl Limiter {
     /// store failure is `Ok` too, decided by each layer's failure mode (see
     /// [`Decision::failed_closed`] and [`LayerDecision::source`]).
     pub async fn check(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
+        #[cfg(feature = "tracing")]
+        {
+            use tracing::Instrument;
+            let span = tracing::debug_span!(
+                "tollgate.check",
+                store = self.store.kind(),
+                layers = self.layers.len(),
+                cost
+            );
+            self.decide(ctx, cost).instrument(span).await
+        }
+        #[cfg(not(feature = "tracing"))]
+        self.decide(ctx, cost).await
+    }
+
+    async fn decide(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
         let mut requests = Vec::with_capacity(self.layers.len());
         for layer in self.layers.iter() {
             layer.policy.check_cost(cost)?;

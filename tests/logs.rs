@@ -1,0 +1,120 @@
+//! Degraded decisions are logged with the policy and the error class, never
+//! with the raw key or subject.
+#![cfg(all(feature = "tracing", feature = "memory"))]
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll, Waker};
+use std::time::Duration;
+
+use tollgate::{
+    async_trait, Context, LayerRequest, Limit, Limiter, Policy, Scope, Store, StoreError, Subject,
+    Verdict,
+};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+/// Keeps every event and span as `message field=value …` lines.
+#[derive(Default)]
+struct Lines(Mutex<Vec<String>>);
+
+struct Line(String);
+
+impl Visit for Line {
+    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
+        self.0.push_str(&format!(" {}={:?}", field.name(), value));
+    }
+}
+
+impl Subscriber for Lines {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attrs: &Attributes<'_>) -> Id {
+        let mut line = Line(format!("span {}", attrs.metadata().name()));
+        attrs.record(&mut line);
+        self.0.lock().unwrap().push(line.0);
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut line = Line(format!("{}", event.metadata().level()));
+        event.record(&mut line);
+        self.0.lock().unwrap().push(line.0);
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+#[derive(Debug)]
+struct Down;
+
+#[async_trait]
+impl Store for Down {
+    fn kind(&self) -> &'static str {
+        "down"
+    }
+    async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+        Err(StoreError::Unavailable("connection refused".into()))
+    }
+}
+
+fn ready<F: Future>(fut: F) -> F::Output {
+    match pin!(fut).poll(&mut TaskContext::from_waker(Waker::noop())) {
+        Poll::Ready(out) => out,
+        Poll::Pending => panic!("never suspends"),
+    }
+}
+
+#[test]
+fn store_failures_are_logged_with_policy_and_class_but_no_key() {
+    let lines = Arc::new(Lines::default());
+    let limiter = Limiter::builder(Arc::new(Down))
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new(
+                "login",
+                Limit::sliding_log(5, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let subject = "sk_live_do_not_log_me";
+    let ctx = Context::subject(Subject::new(subject).unwrap());
+    tracing::subscriber::with_default(lines.clone(), || {
+        for _ in 0..10 {
+            assert!(ready(limiter.check(&ctx, 1)).unwrap().failed_closed());
+        }
+    });
+    let lines = lines.0.lock().unwrap().clone();
+    assert!(
+        lines.iter().any(|l| l.starts_with("span tollgate.check")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("WARN") && l.contains("error_class=\"unavailable\"")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("state=\"open\"")),
+        "the breaker opening is logged: {lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("policy=\"login\"") && l.contains("source=\"fail_closed\"")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.iter().all(|l| !l.contains(subject)),
+        "a subject reached the logs: {lines:#?}"
+    );
+}
