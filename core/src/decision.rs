@@ -40,8 +40,8 @@ impl Source {
 pub struct LayerDecision {
     /// The layer's name.
     pub layer: Arc<str>,
-    /// The layer's policy.
-    pub policy: Policy,
+    /// The layer's policy (shared with the limiter).
+    pub policy: Arc<Policy>,
     /// Whether this layer admits the request.
     pub allowed: bool,
     /// The policy's capacity or window limit.

@@ -8,7 +8,7 @@
 //! # use tollgate_core::*;
 //! let policy = Policy::new("search", Limit::fixed_window(100, Duration::from_secs(60))?)?;
 //! let decision = Decision::new(vec![LayerDecision {
-//!     layer: "key".into(), policy, allowed: true, limit: 100, remaining: 42,
+//!     layer: "key".into(), policy: policy.into(), allowed: true, limit: 100, remaining: 42,
 //!     reset_after: Duration::from_millis(12_300), retry_after: None, source: Source::Store,
 //! }]);
 //! assert_eq!(headers::rate_limit_policy(&decision), r#""search";q=100;w=60"#);

@@ -46,7 +46,9 @@ impl Scope {
 pub struct Layer {
     name: Arc<str>,
     scope: Scope,
-    policy: Policy,
+    /// Shared with every decision it makes: a decision clones a pointer,
+    /// not the policy.
+    policy: Arc<Policy>,
     fallback: Option<Policy>,
 }
 
@@ -57,7 +59,7 @@ impl Layer {
         Layer {
             name: name.into(),
             scope,
-            policy,
+            policy: Arc::new(policy),
             fallback,
         }
     }

@@ -84,7 +84,7 @@ pub type Headers = Vec<(&'static str, String)>;
 /// use tollgate_http::{decision_headers, HeaderStyle};
 /// let policy = Policy::new("search", Limit::fixed_window(10, Duration::from_secs(60))?)?;
 /// let decision = Decision::new(vec![LayerDecision {
-///     layer: "key".into(), policy, allowed: false, limit: 10, remaining: 0,
+///     layer: "key".into(), policy: policy.into(), allowed: false, limit: 10, remaining: 0,
 ///     reset_after: Duration::from_secs(30), retry_after: Some(Duration::from_millis(29_200)),
 ///     source: Source::Store,
 /// }]);
@@ -353,7 +353,7 @@ mod tests {
         .unwrap();
         LayerDecision {
             layer: name.into(),
-            policy,
+            policy: policy.into(),
             allowed,
             limit: 5,
             remaining,
