@@ -3,16 +3,14 @@
 #![cfg(all(feature = "tracing", feature = "memory"))]
 
 use std::fmt::Debug;
-use std::future::Future;
-use std::pin::pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Duration;
 
 use tollgate::{
     async_trait, Context, LayerRequest, Limit, Limiter, Policy, Scope, Store, StoreError, Subject,
     Verdict,
 };
+use tollgate_testkit::ready;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
@@ -60,13 +58,6 @@ impl Store for Down {
     }
     async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
         Err(StoreError::Unavailable("connection refused".into()))
-    }
-}
-
-fn ready<F: Future>(fut: F) -> F::Output {
-    match pin!(fut).poll(&mut TaskContext::from_waker(Waker::noop())) {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("never suspends"),
     }
 }
 

@@ -2,14 +2,12 @@
 //! never a key, user or IP.
 #![cfg(all(feature = "metrics", feature = "memory"))]
 
-use std::future::Future;
-use std::pin::pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use tollgate::{Context, Limit, Limiter, MemoryStore, Policy, Scope, Subject};
+use tollgate_testkit::ready;
 
 /// Remembers every metric registration (each macro call registers) as
 /// `name{label=value,…}`.
@@ -44,13 +42,6 @@ impl Recorder for Registrations {
     fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
         self.note(key);
         Histogram::noop()
-    }
-}
-
-fn ready<F: Future>(fut: F) -> F::Output {
-    match pin!(fut).poll(&mut TaskContext::from_waker(Waker::noop())) {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("the in-process store never suspends"),
     }
 }
 

@@ -11,29 +11,19 @@
 //! - `map_10k`: the bare map update under tollgate's store (a sharded mutex
 //!   map) vs moka's `and_compute_with`, the design card's first choice.
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use governor::{Quota, RateLimiter};
 use tollgate_core::{Context, Limit, Limiter, Policy, Scope, Subject};
 use tollgate_memory::MemoryStore;
+use tollgate_testkit::ready;
 
 const KEYS: usize = 10_000;
 const OPS: u64 = 10_000;
-
-/// The in-process store never suspends: poll once.
-fn ready<F: Future>(fut: F) -> F::Output {
-    match pin!(fut).poll(&mut TaskContext::from_waker(Waker::noop())) {
-        Poll::Ready(out) => out,
-        Poll::Pending => unreachable!("the in-process store never suspends"),
-    }
-}
 
 /// Run `iters` calls of `op(i)` split over `threads` threads; the wall time.
 fn timed(threads: usize, iters: u64, op: &(dyn Fn(u64) + Sync)) -> Duration {

@@ -1,9 +1,6 @@
 //! In-process store specifics: threads, bounded memory, expiry.
 
-use std::future::Future;
-use std::pin::pin;
 use std::sync::{Arc, Barrier};
-use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::Duration;
 
 use tollgate_core::{
@@ -12,18 +9,7 @@ use tollgate_core::{
 };
 use tollgate_memory::MemoryStore;
 use tollgate_testkit::conformance::{every_algorithm, START};
-
-/// The in-process store never suspends, so its futures finish on first poll.
-fn ready<F: Future>(fut: F) -> F::Output {
-    let mut fut = pin!(fut);
-    match fut
-        .as_mut()
-        .poll(&mut TaskContext::from_waker(Waker::noop()))
-    {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("the in-process store suspended"),
-    }
-}
+use tollgate_testkit::ready;
 
 fn store(clock: &ManualClock, max_keys: usize) -> Arc<MemoryStore> {
     Arc::new(

@@ -23,6 +23,9 @@
 //! ```
 
 pub mod conformance;
+mod ready;
+pub use ready::ready;
 #[doc(hidden)]
 pub mod doc_support;
+pub mod redis_cluster;
 pub mod redis_server;

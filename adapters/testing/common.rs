@@ -1,7 +1,8 @@
 //! Test helpers: limiters on a manual clock, a store that is down, a real
 //! HTTP client, and the structured-field checks.
 //!
-//! The actix-web adapter's tests have the same helpers; keep them in step.
+//! One file shared by the tower and actix-web adapters' tests (each includes
+//! it with `#[path]`), so both adapters are held to the same checks.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
