@@ -1,11 +1,15 @@
 //! Tollgate's demo: an axum server on the in-process store, with a route per
-//! algorithm and a layered route.
+//! algorithm and a layered route. Its limits come from a configuration file,
+//! `examples/demo.toml` (see `docs/configuration.md`).
 //!
 //! ```sh
 //! cargo run --example demo --features axum                  # serves 127.0.0.1:3000
 //! cargo run --example demo --features axum -- --port 8080   # or PORT=8080
+//! cargo run --example demo --features axum -- --config my.toml   # other limits
 //! cargo run --example demo --features axum -- --selftest    # bursts over real HTTP, then exits
 //! ```
+//!
+//! With `examples/demo.toml` as shipped:
 //!
 //! | route | algorithm | counted per |
 //! |---|---|---|
@@ -33,10 +37,8 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tollgate::tower::{ClientIp, Identity, RateLimitLayer};
-use tollgate::{
-    Clock, Context, HashKey, Limit, Limiter, ManualClock, MemoryStore, Policy, Scope, Store,
-    Subject, SystemClock, Timestamp,
-};
+use tollgate::{Clock, Context, HashKey, ManualClock, Subject, SystemClock, Timestamp};
+use tollgate_config::{Config, Limiters};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -98,68 +100,38 @@ async fn authenticate(State(keys): State<Keys>, mut request: Request, next: Next
     }
 }
 
-fn policy(name: &str, limit: Limit) -> Result<Policy, Error> {
-    Ok(Policy::new(name, limit)?)
+/// The route `name` of the configuration, as a tower layer with its cost.
+fn limit(limiters: &Limiters, name: &str) -> Result<RateLimitLayer, Error> {
+    let route = limiters
+        .route(name)
+        .ok_or_else(|| format!("the configuration has no [routes.{name}]; the demo needs routes search, login and export"))?;
+    Ok(RateLimitLayer::new(route.limiter().clone()).cost(route.cost()))
 }
 
-/// The demo application over `store`.
-fn app(store: Arc<dyn Store>) -> Result<Router, Error> {
+/// The demo application, rate limited by `limiters`.
+fn app(limiters: &Limiters) -> Result<Router, Error> {
     let keys = Keys::new();
-    let second = Duration::from_secs(1);
-    let minute = Duration::from_secs(60);
-
-    let search = Limiter::builder(store.clone())
-        .layer(
-            "key",
-            Scope::Subject,
-            policy("search", Limit::token_bucket(5, 1, second)?)?,
-        )
-        .build()?;
-    let login = Limiter::builder(store.clone())
-        .layer(
-            "ip",
-            Scope::Subject,
-            policy("login", Limit::sliding_log(3, minute)?)?,
-        )
-        .build()?;
-    let export = Limiter::builder(store)
-        .layer(
-            "key",
-            Scope::Subject,
-            policy("export-key", Limit::gcra(6, minute, 3)?)?,
-        )
-        .layer(
-            "tenant",
-            Scope::Tenant,
-            policy("export-tenant", Limit::fixed_window(5, minute)?)?,
-        )
-        .layer(
-            "global",
-            Scope::Global,
-            policy("export-global", Limit::sliding_window(20, minute)?)?,
-        )
-        .build()?;
+    let search = limit(limiters, "search")?;
+    let login = limit(limiters, "login")?;
+    let export = limit(limiters, "export")?;
 
     let authenticated = Router::new()
         .route("/search", get(|| async { "search results\n" }))
         .route_layer(
             // The API key itself, hashed (authentication already vetted it).
-            RateLimitLayer::new(search)
-                .identity(Identity::new().api_key("x-api-key", keys.hash_key.clone())),
+            search.identity(Identity::new().api_key("x-api-key", keys.hash_key.clone())),
         )
         .merge(
             Router::new()
                 .route("/export", get(|| async { "export ready\n" }))
                 // Key and tenant as authentication recorded them.
-                .route_layer(RateLimitLayer::new(export).identity(Identity::new().extension())),
+                .route_layer(export.identity(Identity::new().extension())),
         )
         .route_layer(middleware::from_fn_with_state(keys, authenticate));
     let public = Router::new()
         .route("/login", post(|| async { "welcome\n" }))
         // The socket peer: this demo trusts no proxy.
-        .route_layer(
-            RateLimitLayer::new(login).identity(Identity::new().client_ip(ClientIp::direct())),
-        );
+        .route_layer(login.identity(Identity::new().client_ip(ClientIp::direct())));
     Ok(Router::new()
         .route(
             "/",
@@ -169,13 +141,23 @@ fn app(store: Arc<dyn Store>) -> Result<Router, Error> {
         .merge(public))
 }
 
-/// The store. Hook: `TOLLGATE_REDIS_URL` will select the Redis store once
-/// the demo gains its Redis mode; until then it is refused, not ignored.
-fn store(clock: Arc<dyn Clock>) -> Result<Arc<dyn Store>, Error> {
+/// The configuration file: `--config PATH`, or `examples/demo.toml`.
+fn config(args: &[String]) -> Result<Config, Error> {
+    let path = match args.iter().position(|a| a == "--config") {
+        Some(i) => args.get(i + 1).ok_or("--config needs a file")?.into(),
+        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/demo.toml"),
+    };
+    Ok(Config::from_file(path)?)
+}
+
+/// Every route's limiter, over the configured store. Hook:
+/// `TOLLGATE_REDIS_URL` is refused, not ignored: choose Redis in the file
+/// (`[store] kind = "redis"`) instead.
+async fn limiters(config: &Config, clock: Arc<dyn Clock>) -> Result<Limiters, Error> {
     if std::env::var_os("TOLLGATE_REDIS_URL").is_some() {
-        return Err("TOLLGATE_REDIS_URL is set, but this demo only runs on the in-process store for now; unset it".into());
+        return Err("TOLLGATE_REDIS_URL is set, but this demo takes its store from the configuration file ([store] kind = \"redis\", url = ...); unset it".into());
     }
-    Ok(Arc::new(MemoryStore::builder().clock(clock).build()))
+    Ok(config.build(clock).await?)
 }
 
 async fn listen(addr: SocketAddr, app: Router) -> Result<SocketAddr, Error> {
@@ -191,10 +173,21 @@ async fn listen(addr: SocketAddr, app: Router) -> Result<SocketAddr, Error> {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), Error> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("demo: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let config = config(&args)?;
     if args.iter().any(|a| a == "--selftest") {
-        return selftest().await;
+        return selftest(&config).await;
     }
     let port = match args.iter().position(|a| a == "--port") {
         Some(i) => args.get(i + 1).ok_or("--port needs a number")?.parse()?,
@@ -205,11 +198,14 @@ async fn main() -> Result<(), Error> {
     };
     let addr = listen(
         SocketAddr::from(([127, 0, 0, 1], port)),
-        app(store(Arc::new(SystemClock))?)?,
+        app(&limiters(&config, Arc::new(SystemClock)).await?)?,
     )
     .await?;
     let base = format!("http://{addr}");
-    println!("Tollgate demo on {base} (in-process store). Try:\n");
+    println!(
+        "Tollgate demo on {base} ({} store, limits from the configuration file). Try:\n",
+        config.store().kind()
+    );
     let tries = [
         ("token bucket per API key: 5, then 1 per second", format!("curl -i -H 'x-api-key: demo-key-alice' {base}/search")),
         ("a burst of 8: five 200s, then 429s", format!("for i in $(seq 8); do curl -s -o /dev/null -w '%{{http_code}} ' -H 'x-api-key: demo-key-alice' {base}/search; done; echo")),
@@ -326,11 +322,11 @@ impl Tester {
 }
 
 /// The server on a free port with a manual clock, bursts at every route.
-async fn selftest() -> Result<(), Error> {
+async fn selftest(config: &Config) -> Result<(), Error> {
     let clock = ManualClock::new(Timestamp::from_micros(1_779_999_960_000_000));
     let addr = listen(
         SocketAddr::from(([127, 0, 0, 1], 0)),
-        app(store(Arc::new(clock.clone()))?)?,
+        app(&limiters(config, Arc::new(clock.clone())).await?)?,
     )
     .await?;
     let mut t = Tester {

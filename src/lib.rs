@@ -44,6 +44,7 @@
 //! | `tower` | [`tower::RateLimitLayer`], for axum, tonic and hyper (guide: `docs/http.md`) |
 //! | `axum` | `tower`, plus the client address from axum's `ConnectInfo` |
 //! | `actix` | [`actix::RateLimit`], the actix-web middleware |
+//! | `config` | [`config::Config`]: store, policies and routes from a TOML file (guide: `docs/configuration.md`) |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use tollgate_core::*;
@@ -76,6 +77,13 @@ pub mod tower {
 #[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
 pub mod actix {
     pub use tollgate_actix::*;
+}
+
+/// The configuration file (TOML): see `tollgate-config` and `docs/configuration.md`.
+#[cfg(feature = "config")]
+#[cfg_attr(docsrs, doc(cfg(feature = "config")))]
+pub mod config {
+    pub use tollgate_config::*;
 }
 
 /// The HTTP guide's examples, compiled as doc-tests.

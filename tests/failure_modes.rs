@@ -1,7 +1,7 @@
-#![cfg(feature = "memory")]
 //! Failure modes and the circuit breaker, with a store that can be switched
 //! off (the in-process store behind a switch) and a manual clock. The same
 //! modes against real redis-server faults are in the Redis store's tests.
+#![cfg(feature = "memory")]
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

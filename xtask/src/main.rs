@@ -6,8 +6,12 @@
 //!   stops at once with the exact command to run.
 //! - `cargo xtask features`: builds (and checks the tests of) every cargo
 //!   feature of the `tollgate` crate on its own.
-//! - `cargo xtask ci`: what `.ci/run` runs, each step timed.
 //! - `cargo xtask bench`: every criterion bench, then the summary report.
+//! - `cargo xtask custom-store`: the example PostgreSQL store's conformance
+//!   tests (`examples/postgres-store`). Uses `DATABASE_URL` when set;
+//!   otherwise finds the local PostgreSQL (starting its cluster when it is
+//!   installed but stopped), creates a database for the tests, and exports
+//!   `DATABASE_URL` for them.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -24,6 +28,7 @@ const FEATURES: &[&str] = &[
     "tower",
     "axum",
     "actix",
+    "config",
 ];
 
 fn main() {
@@ -32,11 +37,11 @@ fn main() {
     let result = match task {
         "test" => test(&args[1..]),
         "features" => features(),
-        "ci" => ci(),
         "bench" => bench(&args[1..]),
         "redis-check" => ensure_redis_server(),
+        "custom-store" => custom_store(),
         _ => {
-            eprintln!("usage: cargo xtask <test|features|ci|bench|redis-check>");
+            eprintln!("usage: cargo xtask <test|features|bench|redis-check|custom-store>");
             exit(2);
         }
     };
@@ -132,12 +137,20 @@ fn ensure_redis_server() -> Result {
 }
 
 /// The whole test suite: every crate, every feature, doc-tests included.
+/// The PostgreSQL example store is the one exception: it needs a PostgreSQL
+/// server, so it runs in `cargo xtask custom-store` (a CI step of its own).
 fn test(extra: &[String]) -> Result {
     ensure_redis_server()?;
     run(
-        "cargo test --workspace --all-features",
+        "cargo test --workspace --all-features --exclude tollgate-postgres-store",
         cargo()
-            .args(["test", "--workspace", "--all-features"])
+            .args([
+                "test",
+                "--workspace",
+                "--all-features",
+                "--exclude",
+                "tollgate-postgres-store",
+            ])
             .args(extra),
     )
 }
@@ -170,55 +183,153 @@ fn features() -> Result {
     Ok(())
 }
 
-fn ci() -> Result {
-    let start = Instant::now();
-    run(
-        "cargo fmt --check",
-        cargo().args(["fmt", "--all", "--check"]),
-    )?;
-    run(
-        "cargo clippy (all targets, all features)",
-        cargo().args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--all-features",
-            "--",
-            "-D",
-            "warnings",
-        ]),
-    )?;
-    test(&[])?;
-    features()?;
-    run(
-        "cargo doc (warnings denied)",
-        cargo()
-            .args(["doc", "--workspace", "--all-features", "--no-deps"])
-            .env("RUSTDOCFLAGS", "-D warnings"),
-    )?;
-    run(
-        "demo self-test (the README's first command, over real HTTP)",
-        cargo().args([
-            "run",
-            "--quiet",
-            "--example",
-            "demo",
-            "--features",
-            "axum",
-            "--",
-            "--selftest",
-        ]),
-    )?;
-    eprintln!(
-        "xtask ci: all steps passed in {:.1}s",
-        start.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
 fn bench(extra: &[String]) -> Result {
     run(
         "cargo bench --workspace",
         cargo().args(["bench", "--workspace"]).args(extra),
     )
+}
+
+/// The database the example store's tests run in.
+const EXAMPLE_DB: &str = "tollgate_example";
+
+/// Whether something accepts TCP connections on the local PostgreSQL port.
+fn postgres_listening() -> bool {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 5432));
+    std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)).is_ok()
+}
+
+/// `psql -tAc sql` against `target` (a connection string), as `as_user`
+/// when given (through `runuser`, over the local socket).
+fn psql(target: &str, as_user: Option<&str>, sql: &str) -> std::result::Result<String, String> {
+    let mut cmd = match as_user {
+        Some(user) => {
+            let mut c = Command::new("runuser");
+            c.args(["-u", user, "--", "psql"]);
+            c
+        }
+        None => Command::new("psql"),
+    };
+    let out = cmd
+        .args([target, "-v", "ON_ERROR_STOP=1", "-tAc", sql])
+        .output()
+        .map_err(|e| format!("could not run psql: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Find (or start) PostgreSQL, make sure the tests' database exists, and
+/// return the `DATABASE_URL` to reach it.
+fn find_postgres() -> std::result::Result<String, String> {
+    const HINT: &str =
+        "Install and start PostgreSQL (Debian: `apt-get install -y postgresql`, then \
+        `pg_ctlcluster <version> main start`), or point DATABASE_URL at a server you can create \
+        tables in, e.g. DATABASE_URL=postgres://USER:PASSWORD@HOST:5432/DBNAME";
+    if !postgres_listening() && on_path("pg_lsclusters") {
+        eprintln!(
+            "PostgreSQL is not listening on 127.0.0.1:5432; starting the installed clusters…"
+        );
+        let list = Command::new("pg_lsclusters")
+            .arg("--no-header")
+            .output()
+            .map_err(|e| format!("pg_lsclusters: {e}"))?;
+        for line in String::from_utf8_lossy(&list.stdout).lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if let [version, cluster, ..] = fields[..] {
+                let _ = run(
+                    &format!("pg_ctlcluster {version} {cluster} start"),
+                    Command::new("pg_ctlcluster").args([
+                        "--skip-systemctl-redirect",
+                        version,
+                        cluster,
+                        "start",
+                    ]),
+                );
+            }
+        }
+    }
+    if !postgres_listening() {
+        return Err(format!("no PostgreSQL server on 127.0.0.1:5432.\n{HINT}"));
+    }
+    if !on_path("psql") {
+        return Err(format!(
+            "psql is not installed (it creates the tests' database).\n{HINT}"
+        ));
+    }
+    let create = format!("CREATE DATABASE {EXAMPLE_DB}");
+    let exists = format!("SELECT 1 FROM pg_database WHERE datname = '{EXAMPLE_DB}'");
+    // 1. The postgres role over TCP (trust authentication on development machines).
+    let tcp_admin = "postgres://postgres@127.0.0.1:5432/postgres";
+    if let Ok(found) = psql(tcp_admin, None, &exists) {
+        if found != "1" {
+            psql(tcp_admin, None, &create)?;
+        }
+        return Ok(format!("postgres://postgres@127.0.0.1:5432/{EXAMPLE_DB}"));
+    }
+    // 2. As the postgres OS user over the socket: a role for the current
+    //    user, owning the database; the tests then connect over the socket.
+    let user = env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .or_else(|| {
+            Command::new("id")
+                .arg("-un")
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        })
+        .ok_or("cannot tell the current user's name")?;
+    let socket_admin = "dbname=postgres";
+    let role = format!(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{user}') \
+         THEN CREATE ROLE \"{user}\" LOGIN; END IF; END $$"
+    );
+    psql(socket_admin, Some("postgres"), &role).map_err(|e| {
+        format!("could not reach PostgreSQL as the postgres role over TCP or the local socket: {e}\n{HINT}")
+    })?;
+    if psql(socket_admin, Some("postgres"), &exists)? != "1" {
+        psql(
+            socket_admin,
+            Some("postgres"),
+            &format!("{create} OWNER \"{user}\""),
+        )?;
+    }
+    Ok(format!("host=/var/run/postgresql dbname={EXAMPLE_DB}"))
+}
+
+/// The example custom store's conformance tests against a real PostgreSQL.
+fn custom_store() -> Result {
+    let url = match env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => find_postgres()?,
+    };
+    eprintln!("DATABASE_URL for the tests: {}", redact(&url));
+    run(
+        "example PostgreSQL store: the conformance suite",
+        cargo()
+            .args(["test", "-p", "tollgate-postgres-store"])
+            .env("DATABASE_URL", url),
+    )
+}
+
+/// A connection string with any password replaced by `***`.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &creds[..colon],
+                    &url[at..]
+                ),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
 }

@@ -1,0 +1,102 @@
+//! What can go wrong reading a configuration and building from it.
+
+use std::fmt;
+use std::path::Path;
+
+use tollgate_core::{PolicyError, StoreError};
+
+/// A configuration that cannot be used. Its message lists what to fix.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("could not read the configuration file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text is not valid TOML (the message gives line and column).
+    #[error("the configuration is not valid TOML: {0}")]
+    Syntax(String),
+    /// The TOML is valid but some values are not: every one of them, each
+    /// as `field.path: reason`.
+    #[error("{}", Invalid(.0))]
+    Invalid(Vec<PolicyError>),
+    /// An error in the file at `path`.
+    #[error("{path}: {error}")]
+    InFile {
+        /// The file.
+        path: String,
+        /// The error in it.
+        #[source]
+        error: Box<ConfigError>,
+    },
+}
+
+impl ConfigError {
+    /// Every invalid field, each with its path and reason (empty for a
+    /// syntax or read error).
+    pub fn errors(&self) -> &[PolicyError] {
+        match self {
+            ConfigError::Invalid(errors) => errors,
+            ConfigError::InFile { error, .. } => error.errors(),
+            _ => &[],
+        }
+    }
+
+    pub(crate) fn in_file(self, path: &Path) -> ConfigError {
+        ConfigError::InFile {
+            path: path.display().to_string(),
+            error: Box::new(self),
+        }
+    }
+}
+
+/// Shows a list of field errors, one per line.
+struct Invalid<'a>(&'a [PolicyError]);
+
+impl fmt::Display for Invalid<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0.len();
+        write!(
+            f,
+            "{n} error{} in the configuration:",
+            if n == 1 { "" } else { "s" }
+        )?;
+        for e in self.0 {
+            write!(f, "\n  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A valid configuration that could not be turned into limiters.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// `store.kind = "redis"` but this build has no Redis store.
+    #[error("store.kind: \"redis\" needs the Redis store; enable the `redis` feature of `tollgate` (or `tollgate-config`)")]
+    RedisNotEnabled,
+    /// The store could not be opened (for Redis: not reachable within the
+    /// connect timeout, or a bad URL or prefix).
+    #[error("store: could not open the {kind} store: {source}")]
+    Store {
+        /// `memory` or `redis`.
+        kind: &'static str,
+        /// Why.
+        #[source]
+        source: StoreError,
+    },
+    /// A route's layers do not make a valid limiter.
+    #[error("routes.{route}: {source}")]
+    Route {
+        /// The route's name.
+        route: String,
+        /// Why.
+        #[source]
+        source: tollgate_core::Error,
+    },
+}

@@ -1,0 +1,223 @@
+//! Tollgate's configuration file: the store, its failure handling, named
+//! policies, and routes (endpoint groups) mapped to layers of those policies,
+//! in TOML.
+//!
+//! ```toml
+//! [store]
+//! kind = "memory"          # or "redis" (tollgate's `redis` feature)
+//! max_keys = 100_000
+//!
+//! [policies.search]
+//! algorithm = "token_bucket"   # swap the algorithm: change this block only
+//! capacity = 5
+//! refill = 1
+//! period = "1s"
+//!
+//! [routes.search]
+//! layers = [{ scope = "subject", policy = "search" }]
+//! ```
+//!
+//! [`Config::from_toml_str`] (or [`Config::from_file`]) parses and validates
+//! the whole file at once and reports **every** error with its field path,
+//! for example `policies.search.window: 0 must be between 1ms and 604800s`.
+//! Unknown fields are errors, and so are routes naming an undefined policy.
+//! [`Config::build`] then opens the store and returns one [`Limiter`](tollgate_core::Limiter) per
+//! route, with the route's cost, in [`Limiters`].
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tollgate_config::Config;
+//! use tollgate_core::{Context, Subject, SystemClock};
+//!
+//! let config = Config::from_toml_str(r#"
+//!     [store]
+//!     kind = "memory"
+//!
+//!     [policies.search]
+//!     algorithm = "fixed_window"
+//!     limit = 2
+//!     window = "1m"
+//!
+//!     [routes.search]
+//!     layers = [{ scope = "subject", policy = "search" }]
+//! "#)?;
+//! let limiters = config.build(Arc::new(SystemClock)).await?;
+//! let search = limiters.route("search").expect("configured");
+//! let ctx = Context::subject(Subject::new("key-7")?);
+//! assert!(search.limiter().check(&ctx, search.cost()).await?.is_allowed());
+//!
+//! // Every error at once, each with its path:
+//! let err = Config::from_toml_str(r#"
+//!     [policies.search]
+//!     algorithm = "fixed_window"
+//!     limit = 0
+//!     window = "1m"
+//!     colour = "red"
+//!
+//!     [routes.search]
+//!     layers = [{ scope = "subject", policy = "serach" }]
+//! "#).unwrap_err();
+//! let text = err.to_string();
+//! assert!(text.contains("policies.search.limit: 0 must be between 1 and"), "{text}");
+//! assert!(text.contains("policies.search.colour: unknown field `colour`"), "{text}");
+//! assert!(text.contains("routes.search.layers[0].policy: no policy named \"serach\""), "{text}");
+//! # Ok(()) }
+//! ```
+//!
+//! The configuration guide (`docs/configuration.md`) documents every field.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod build;
+mod error;
+mod spec;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use tollgate_core::{BreakerConfig, Policy, PolicyError, Scope};
+
+pub use build::{Limiters, Route};
+pub use error::{BuildError, ConfigError};
+pub use spec::{MemorySpec, RedisSpec, StoreSpec};
+
+/// A validated configuration file; build the limiters with [`Config::build`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    store: StoreSpec,
+    fallback_max_keys: usize,
+    breaker: BreakerConfig,
+    policies: BTreeMap<String, Policy>,
+    routes: BTreeMap<String, RouteDef>,
+}
+
+/// One route (endpoint group) as configured: its cost and its layers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteDef {
+    cost: u64,
+    layers: Vec<LayerDef>,
+}
+
+impl RouteDef {
+    /// Units one request on this route costs (default 1).
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// The layers, in order.
+    pub fn layers(&self) -> &[LayerDef] {
+        &self.layers
+    }
+}
+
+/// One layer of a route: its name, what it counts by, and its policy's name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerDef {
+    name: String,
+    scope: Scope,
+    policy: String,
+}
+
+impl LayerDef {
+    /// The layer's name (defaults to its scope: `subject`, `tenant`, …).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What the layer counts by.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The name of the layer's policy, a key of `[policies]`.
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+}
+
+/// Default size of the in-process emergency store (`[fallback] max_keys`).
+pub const DEFAULT_FALLBACK_MAX_KEYS: usize = 10_000;
+
+impl Config {
+    /// Parse and validate a configuration. Fails with every error found,
+    /// each naming its field path ([`ConfigError::Invalid`]), or with the
+    /// TOML syntax error and its line ([`ConfigError::Syntax`]).
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+        spec::parse(table)
+    }
+
+    /// Read, parse and validate the file at `path`.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_toml_str(&text).map_err(|e| e.in_file(path))
+    }
+
+    /// The store section.
+    pub fn store(&self) -> &StoreSpec {
+        &self.store
+    }
+
+    /// Most keys the in-process emergency store holds (used only when some
+    /// policy falls back).
+    pub fn fallback_max_keys(&self) -> usize {
+        self.fallback_max_keys
+    }
+
+    /// The circuit breaker every limiter uses.
+    pub fn breaker(&self) -> BreakerConfig {
+        self.breaker
+    }
+
+    /// The policy named `name`.
+    pub fn policy(&self, name: &str) -> Option<&Policy> {
+        self.policies.get(name)
+    }
+
+    /// Every policy, by name.
+    pub fn policies(&self) -> &BTreeMap<String, Policy> {
+        &self.policies
+    }
+
+    /// The route named `name`.
+    pub fn route(&self, name: &str) -> Option<&RouteDef> {
+        self.routes.get(name)
+    }
+
+    /// Every route, by name.
+    pub fn routes(&self) -> &BTreeMap<String, RouteDef> {
+        &self.routes
+    }
+
+    fn any_fallback(&self) -> bool {
+        self.policies.values().any(|p| p.fallback_limit().is_some())
+    }
+}
+
+/// `prefix.field: reason`, as every configuration error reads.
+pub(crate) fn field_error(path: &str, reason: impl Into<String>) -> PolicyError {
+    PolicyError::new(path, reason)
+}
+
+/// A duration that must be positive and at most `max`.
+pub(crate) fn check_duration(
+    errors: &mut Vec<PolicyError>,
+    path: &str,
+    value: Duration,
+    max: Duration,
+) {
+    if value.is_zero() {
+        errors.push(field_error(path, "must be > 0"));
+    } else if value > max {
+        errors.push(field_error(
+            path,
+            format!("{value:?} is over the maximum {max:?}"),
+        ));
+    }
+}

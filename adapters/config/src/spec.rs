@@ -1,0 +1,539 @@
+//! The file's sections, and their validation: every error is collected with
+//! its field path, none stops the others from being found.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use tollgate_core::{
+    BreakerConfig, DurationSpec, LimitSpec, OnFailureSpec, Policy, PolicyError, Scope,
+};
+use toml::{Table, Value};
+
+use crate::{
+    check_duration, field_error, Config, ConfigError, LayerDef, RouteDef, DEFAULT_FALLBACK_MAX_KEYS,
+};
+
+/// The `[store]` section: where the counters live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreSpec {
+    /// `kind = "memory"`: the in-process store.
+    Memory(MemorySpec),
+    /// `kind = "redis"`: a standalone Redis server.
+    Redis(RedisSpec),
+}
+
+impl StoreSpec {
+    /// `memory` or `redis`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreSpec::Memory(_) => "memory",
+            StoreSpec::Redis(_) => "redis",
+        }
+    }
+}
+
+/// `[store] kind = "memory"`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct MemorySpec {
+    /// Most live keys (default 1,000,000).
+    pub max_keys: Option<usize>,
+    /// Shards of the map (default 64).
+    pub shards: Option<usize>,
+}
+
+/// `[store] kind = "redis"`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RedisSpec {
+    /// `redis://[user:password@]host:port/db` (never logged: it may hold a password).
+    pub url: String,
+    /// Text before every key (default `tollgate`).
+    pub prefix: Option<String>,
+    /// Longest a decision may take, for example `"50ms"` (the default).
+    pub deadline: Option<DurationSpec>,
+    /// Longest connecting may take (default `"1s"`).
+    pub connect_timeout: Option<DurationSpec>,
+    /// A pool of this many connections instead of one multiplexed connection.
+    pub pool_size: Option<u32>,
+    /// Start without Redis and connect on first use (default `false`: the
+    /// build fails when Redis cannot be reached).
+    #[serde(default)]
+    pub lazy: bool,
+}
+
+impl fmt::Debug for RedisSpec {
+    // The URL is left out on purpose: it may hold a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSpec")
+            .field("prefix", &self.prefix)
+            .field("deadline", &self.deadline)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("pool_size", &self.pool_size)
+            .field("lazy", &self.lazy)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FallbackSpec {
+    max_keys: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BreakerSpec {
+    failure_threshold: Option<u32>,
+    open_for: Option<DurationSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteSpec {
+    cost: Option<u64>,
+    layers: Vec<LayerSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LayerSpec {
+    name: Option<String>,
+    scope: ScopeSpec,
+    policy: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum ScopeSpec {
+    #[serde(alias = "key")]
+    Subject,
+    Tenant,
+    Global,
+    Attribute(String),
+}
+
+const SECTIONS: &str = "store, fallback, breaker, policies, routes";
+const MAX_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Validate a parsed document.
+pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
+    let mut errors = Vec::new();
+    let store = match doc.remove("store") {
+        Some(value) => store(&mut errors, value),
+        None => Some(StoreSpec::Memory(MemorySpec::default())),
+    };
+    let fallback_max_keys = match doc.remove("fallback") {
+        Some(value) => de::<FallbackSpec>(&mut errors, "fallback", value).and_then(|f| {
+            if f.max_keys == 0 {
+                errors.push(field_error("fallback.max_keys", "must be > 0"));
+                None
+            } else {
+                Some(f.max_keys)
+            }
+        }),
+        None => Some(DEFAULT_FALLBACK_MAX_KEYS),
+    };
+    let breaker = match doc.remove("breaker") {
+        Some(value) => de::<BreakerSpec>(&mut errors, "breaker", value).map(|b| {
+            let mut config = BreakerConfig::default();
+            if let Some(n) = b.failure_threshold {
+                if n == 0 {
+                    errors.push(field_error("breaker.failure_threshold", "must be > 0"));
+                }
+                config.failure_threshold = n;
+            }
+            if let Some(d) = b.open_for {
+                check_duration(
+                    &mut errors,
+                    "breaker.open_for",
+                    d.0,
+                    Duration::from_secs(3600),
+                );
+                config.open_for = d.0;
+            }
+            config
+        }),
+        None => Some(BreakerConfig::default()),
+    };
+    let policies = match doc.remove("policies") {
+        Some(Value::Table(table)) => {
+            let mut policies = BTreeMap::new();
+            for (name, value) in table {
+                let policy = policy(&mut errors, &name, value);
+                policies.insert(name, policy);
+            }
+            policies
+        }
+        Some(other) => {
+            errors.push(field_error(
+                "policies",
+                format!(
+                    "must be a table of named policies ([policies.<name>]), not a {}",
+                    other.type_str()
+                ),
+            ));
+            BTreeMap::new()
+        }
+        None => BTreeMap::new(),
+    };
+    // Invalid policies stay in the map as `None`: routes naming them are not
+    // reported again as naming an undefined policy.
+    let mut routes = BTreeMap::new();
+    match doc.remove("routes") {
+        Some(Value::Table(table)) => {
+            for (name, value) in table {
+                if let Some(route) = route(&mut errors, &name, value, &policies) {
+                    routes.insert(name, route);
+                }
+            }
+        }
+        Some(other) => errors.push(field_error(
+            "routes",
+            format!(
+                "must be a table of named routes ([routes.<name>]), not a {}",
+                other.type_str()
+            ),
+        )),
+        None => {}
+    }
+    for key in doc.keys() {
+        errors.push(field_error(
+            key,
+            format!("unknown section; the sections are {SECTIONS}"),
+        ));
+    }
+    match (store, fallback_max_keys, breaker) {
+        (Some(store), Some(fallback_max_keys), Some(breaker)) if errors.is_empty() => Ok(Config {
+            store,
+            fallback_max_keys,
+            breaker,
+            policies: policies
+                .into_iter()
+                .filter_map(|(name, p)| p.map(|p| (name, p)))
+                .collect(),
+            routes,
+        }),
+        _ => Err(ConfigError::Invalid(errors)),
+    }
+}
+
+/// Deserialize `value` as `T`, recording an error at `path` (plus the path
+/// inside `value`) when it does not fit.
+fn de<T: DeserializeOwned>(errors: &mut Vec<PolicyError>, path: &str, value: Value) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(value) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let inner = e.path().to_string();
+            let full = if inner == "." {
+                path.to_string()
+            } else if inner.starts_with('[') {
+                format!("{path}{inner}")
+            } else {
+                format!("{path}.{inner}")
+            };
+            // toml appends "\nin `key`" to some messages: the path says it already.
+            let message = e.into_inner().to_string();
+            let message = message
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+            errors.push(field_error(&full, message));
+            None
+        }
+    }
+}
+
+fn store(errors: &mut Vec<PolicyError>, value: Value) -> Option<StoreSpec> {
+    let Value::Table(mut table) = value else {
+        errors.push(field_error("store", "must be a table ([store])"));
+        return None;
+    };
+    let kind = table.remove("kind");
+    let rest = Value::Table(table);
+    match kind.as_ref().and_then(Value::as_str) {
+        Some("memory") => {
+            let spec = de::<MemorySpec>(errors, "store", rest)?;
+            if spec.max_keys == Some(0) {
+                errors.push(field_error("store.max_keys", "must be > 0"));
+            }
+            if spec.shards == Some(0) {
+                errors.push(field_error("store.shards", "must be > 0"));
+            }
+            Some(StoreSpec::Memory(spec))
+        }
+        Some("redis") => {
+            let spec = de::<RedisSpec>(errors, "store", rest)?;
+            let scheme_ok = ["redis://", "rediss://", "unix://", "redis+unix://"]
+                .iter()
+                .any(|s| spec.url.starts_with(s));
+            if !scheme_ok {
+                errors.push(field_error(
+                    "store.url",
+                    "must start with redis://, rediss:// or unix:// (for example \"redis://127.0.0.1:6379/\")",
+                ));
+            }
+            if let Some(prefix) = &spec.prefix {
+                let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
+                if prefix.is_empty() || prefix.len() > 64 || !prefix.chars().all(ok) {
+                    errors.push(field_error(
+                        "store.prefix",
+                        format!("{prefix:?} must be 1-64 characters of A-Z a-z 0-9 _ - . :"),
+                    ));
+                }
+            }
+            if let Some(d) = spec.deadline {
+                check_duration(errors, "store.deadline", d.0, MAX_DEADLINE);
+            }
+            if let Some(d) = spec.connect_timeout {
+                check_duration(errors, "store.connect_timeout", d.0, MAX_DEADLINE);
+            }
+            if let Some(n) = spec.pool_size {
+                if n == 0 || n > 1024 {
+                    errors.push(field_error(
+                        "store.pool_size",
+                        format!("{n} must be between 1 and 1024"),
+                    ));
+                }
+            }
+            Some(StoreSpec::Redis(spec))
+        }
+        Some(other) => {
+            errors.push(field_error(
+                "store.kind",
+                format!("{other:?} is not a store; write \"memory\" or \"redis\""),
+            ));
+            None
+        }
+        None => {
+            errors.push(field_error(
+                "store.kind",
+                "missing or not a string; write kind = \"memory\" or kind = \"redis\"",
+            ));
+            None
+        }
+    }
+}
+
+/// Fields of the limit that hold whole numbers, and durations.
+const COUNT_FIELDS: &[&str] = &["capacity", "refill", "rate", "burst", "limit"];
+const DURATION_FIELDS: &[&str] = &["period", "window"];
+
+/// One `[policies.<name>]` table; `None` when invalid (the errors are recorded).
+fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Policy> {
+    let path = format!("policies.{name}");
+    let Value::Table(mut table) = value else {
+        errors.push(field_error(
+            &path,
+            "must be a table with an algorithm and its parameters",
+        ));
+        return None;
+    };
+    let before = errors.len();
+    let version = match table.remove("version") {
+        None => Some(1),
+        Some(Value::Integer(v)) if v >= 1 && v <= i64::from(u32::MAX) => Some(v as u32),
+        Some(v) => {
+            errors.push(field_error(
+                &format!("{path}.version"),
+                format!(
+                    "{} must be a whole number between 1 and {}",
+                    show(&v),
+                    u32::MAX
+                ),
+            ));
+            None
+        }
+    };
+    let on_failure = table
+        .remove("on_failure")
+        .map(|v| de::<OnFailureSpec>(errors, &format!("{path}.on_failure"), v));
+    // Check the parameters' types here, where the field path is known
+    // (the tagged LimitSpec reports them without it).
+    for (key, value) in table.iter_mut() {
+        if COUNT_FIELDS.contains(&key.as_str()) && !matches!(value, Value::Integer(n) if *n >= 0) {
+            errors.push(field_error(
+                &format!("{path}.{key}"),
+                format!("{} must be a whole number > 0", show(value)),
+            ));
+            *value = Value::Integer(1);
+        } else if DURATION_FIELDS.contains(&key.as_str()) {
+            let parsed = match value.as_str() {
+                Some(text) => text.parse::<DurationSpec>(),
+                None => Err(format!(
+                    "{} must be a duration string such as \"500ms\", \"1s\", \"5m\", \"2h\" or \"1d\"",
+                    show(value)
+                )),
+            };
+            if let Err(reason) = parsed {
+                errors.push(field_error(&format!("{path}.{key}"), reason));
+                *value = Value::String("1s".into());
+            }
+        }
+    }
+    // Unknown fields are reported (and dropped) here, so the limit's
+    // values are still checked in the same pass.
+    let fields = match table.get("algorithm").and_then(Value::as_str) {
+        Some("token_bucket") => Some(&["capacity", "refill", "period"][..]),
+        Some("gcra") => Some(&["rate", "period", "burst"][..]),
+        Some("fixed_window" | "sliding_window" | "sliding_log") => Some(&["limit", "window"][..]),
+        _ => None,
+    };
+    let before_unknown = errors.len();
+    if let Some(fields) = fields {
+        table.retain(|key, _| {
+            let known = key == "algorithm" || fields.contains(&key);
+            if !known {
+                errors.push(field_error(
+                    &format!("{path}.{key}"),
+                    format!(
+                        "unknown field `{key}`; this algorithm takes {}, plus version and on_failure",
+                        fields.join(", ")
+                    ),
+                ));
+            }
+            known
+        });
+    }
+    let unknown_fields = errors.len() - before_unknown;
+    let spec = de::<LimitSpec>(errors, &path, Value::Table(table));
+    if errors.len() > before + unknown_fields {
+        return None;
+    }
+    let (Some(spec), Some(version)) = (spec, version) else {
+        return None;
+    };
+    let built = (|| {
+        let limit = spec.build().map_err(|e| e.within(&path))?;
+        let policy = Policy::new(name, limit)
+            .map_err(|e| field_error(&path, format!("the policy name {}", e.reason())))?
+            .with_version(version);
+        match on_failure.flatten() {
+            Some(spec) => {
+                let on_failure = spec
+                    .build()
+                    .map_err(|e| e.within(&format!("{path}.on_failure")))?;
+                policy
+                    .with_on_failure(on_failure)
+                    .map_err(|e| e.within(&format!("{path}.on_failure")))
+            }
+            None => Ok(policy),
+        }
+    })();
+    match built {
+        Ok(_) if unknown_fields > 0 => None,
+        Ok(policy) => Some(policy),
+        Err(e) => {
+            errors.push(e);
+            None
+        }
+    }
+}
+
+fn route(
+    errors: &mut Vec<PolicyError>,
+    name: &str,
+    value: Value,
+    policies: &BTreeMap<String, Option<Policy>>,
+) -> Option<RouteDef> {
+    let path = format!("routes.{name}");
+    let spec = de::<RouteSpec>(errors, &path, value)?;
+    let before = errors.len();
+    let cost = spec.cost.unwrap_or(1);
+    if cost == 0 {
+        errors.push(field_error(&format!("{path}.cost"), "must be > 0"));
+    }
+    if spec.layers.is_empty() {
+        errors.push(field_error(
+            &format!("{path}.layers"),
+            "must list at least one layer, like [{ scope = \"subject\", policy = \"<name>\" }]",
+        ));
+    }
+    let mut names = HashSet::new();
+    let mut counters = HashSet::new();
+    let mut layers = Vec::with_capacity(spec.layers.len());
+    for (i, layer) in spec.layers.into_iter().enumerate() {
+        let at = format!("{path}.layers[{i}]");
+        let scope = match layer.scope {
+            ScopeSpec::Subject => Scope::Subject,
+            ScopeSpec::Tenant => Scope::Tenant,
+            ScopeSpec::Global => Scope::Global,
+            ScopeSpec::Attribute(attr) => {
+                let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+                if attr.is_empty() || attr.len() > 64 || !attr.chars().all(ok) {
+                    errors.push(field_error(
+                        &format!("{at}.scope.attribute"),
+                        format!("{attr:?} must be 1-64 characters of A-Z a-z 0-9 _ - ."),
+                    ));
+                }
+                Scope::Attribute(Arc::from(attr))
+            }
+        };
+        let layer_name = layer.name.unwrap_or_else(|| match &scope {
+            Scope::Attribute(attr) => attr.to_string(),
+            Scope::Tenant => "tenant".into(),
+            Scope::Global => "global".into(),
+            _ => "subject".into(),
+        });
+        if !names.insert(layer_name.clone()) {
+            errors.push(field_error(
+                &format!("{at}.name"),
+                format!("{layer_name:?} is used by an earlier layer of this route; give each layer its own name"),
+            ));
+        }
+        if !counters.insert((layer.policy.clone(), scope.clone())) {
+            errors.push(field_error(
+                &at,
+                format!("an earlier layer already counts policy {:?} with the same scope; they would share one counter", layer.policy),
+            ));
+        }
+        match policies.get(&layer.policy) {
+            None => {
+                let defined: Vec<&str> = policies.keys().map(String::as_str).collect();
+                errors.push(field_error(
+                    &format!("{at}.policy"),
+                    format!(
+                        "no policy named {:?} is defined under [policies] (defined: {})",
+                        layer.policy,
+                        if defined.is_empty() { "none".to_string() } else { defined.join(", ") }
+                    ),
+                ));
+            }
+            Some(Some(policy)) if cost > policy.capacity() => errors.push(field_error(
+                &format!("{path}.cost"),
+                format!(
+                    "{cost} is more than the capacity {} of policy {:?} (layers[{i}]): no request could ever pass",
+                    policy.capacity(),
+                    layer.policy
+                ),
+            )),
+            Some(_) => {}
+        }
+        layers.push(LayerDef {
+            name: layer_name,
+            scope,
+            policy: layer.policy,
+        });
+    }
+    (errors.len() == before).then_some(RouteDef { cost, layers })
+}
+
+/// A value as the user wrote it, for messages (scalars), or its type.
+fn show(value: &Value) -> String {
+    match value {
+        Value::String(s) => format!("{s:?}"),
+        Value::Integer(n) => n.to_string(),
+        Value::Float(x) => x.to_string(),
+        Value::Boolean(b) => b.to_string(),
+        other => format!("a {}", other.type_str()),
+    }
+}

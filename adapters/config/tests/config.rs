@@ -1,0 +1,382 @@
+//! The configuration file: every error found at once with its path, and
+//! limiters built from a valid file that behave as configured.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_config::{BuildError, Config, ConfigError, StoreSpec};
+use tollgate_core::{Context, ManualClock, Scope, Subject, Timestamp};
+
+fn errors(text: &str) -> Vec<String> {
+    match Config::from_toml_str(text) {
+        Ok(_) => panic!("expected errors for:\n{text}"),
+        Err(e) => {
+            let list: Vec<String> = e.errors().iter().map(ToString::to_string).collect();
+            assert!(!list.is_empty(), "not a field error: {e}");
+            list
+        }
+    }
+}
+
+fn has(list: &[String], wanted: &str) {
+    assert!(
+        list.iter()
+            .any(|e| e.starts_with(wanted) || e.contains(wanted)),
+        "no error like {wanted:?} in {list:#?}"
+    );
+}
+
+const VALID: &str = r#"
+[store]
+kind = "memory"
+max_keys = 1000
+
+[fallback]
+max_keys = 100
+
+[breaker]
+failure_threshold = 3
+open_for = "500ms"
+
+[policies.search]
+algorithm = "token_bucket"
+capacity = 5
+refill = 1
+period = "1s"
+
+[policies.tenant]
+algorithm = "fixed_window"
+limit = 3
+window = "1m"
+version = 2
+on_failure = { fallback_share = 2 }
+
+[routes.search]
+cost = 1
+layers = [
+    { scope = "subject", policy = "search" },
+    { name = "per-tenant", scope = "tenant", policy = "tenant" },
+]
+
+[routes.bulk]
+cost = 2
+layers = [{ scope = { attribute = "region" }, policy = "search" }]
+"#;
+
+#[test]
+fn a_valid_file_parses() {
+    let config = Config::from_toml_str(VALID).expect("valid");
+    assert!(matches!(config.store(), StoreSpec::Memory(m) if m.max_keys == Some(1000)));
+    assert_eq!(config.fallback_max_keys(), 100);
+    assert_eq!(config.breaker().failure_threshold, 3);
+    assert_eq!(config.breaker().open_for, Duration::from_millis(500));
+    assert_eq!(config.policy("tenant").unwrap().version(), 2);
+    assert_eq!(
+        config
+            .policy("tenant")
+            .unwrap()
+            .fallback_limit()
+            .unwrap()
+            .capacity(),
+        1
+    );
+    let search = config.route("search").unwrap();
+    assert_eq!(search.layers()[0].name(), "subject");
+    assert_eq!(search.layers()[1].name(), "per-tenant");
+    assert_eq!(search.layers()[1].scope(), &Scope::Tenant);
+    let bulk = config.route("bulk").unwrap();
+    assert_eq!(bulk.cost(), 2);
+    assert_eq!(bulk.layers()[0].scope(), &Scope::Attribute("region".into()));
+}
+
+#[test]
+fn swapping_an_algorithm_is_one_line() {
+    let swapped = VALID.replace(
+        "algorithm = \"token_bucket\"\ncapacity = 5\nrefill = 1\nperiod = \"1s\"",
+        "algorithm = \"sliding_log\"\nlimit = 5\nwindow = \"1s\"",
+    );
+    assert_ne!(swapped, VALID);
+    let config = Config::from_toml_str(&swapped).expect("valid");
+    assert_eq!(
+        config.policy("search").unwrap().limit().algorithm_name(),
+        "sliding_log"
+    );
+}
+
+#[test]
+fn every_error_is_reported_with_its_path() {
+    let list = errors(
+        r#"
+[store]
+kind = "memory"
+max_keys = 0
+colour = "blue"
+
+[policies.search]
+algorithm = "token_bucket"
+capacity = 0
+refill = 1
+period = "1s"
+
+[policies.login]
+algorithm = "sliding_log"
+limit = 3
+window = "0s"
+
+[policies.typo]
+algorithm = "fixed_window"
+limt = 3
+window = "1m"
+
+[policies.bad-duration]
+algorithm = "gcra"
+rate = 10
+period = "ten seconds"
+burst = "5"
+
+[policies.badalgo]
+algorithm = "leaky"
+
+[routes.search]
+cost = 9
+layers = [{ scope = "subject", policy = "search" }, { scope = "tenant", policy = "nope" }]
+
+[routes.login]
+layers = [{ scope = "everyone", policy = "login" }]
+
+[extra]
+x = 1
+"#,
+    );
+    has(&list, "store.colour: unknown field `colour`");
+    has(&list, "policies.search.capacity: 0 must be between 1 and");
+    has(&list, "policies.login.window: 0ns must be between 1ms");
+    has(
+        &list,
+        "policies.typo.limt: unknown field `limt`; this algorithm takes limit, window",
+    );
+    has(
+        &list,
+        "policies.bad-duration.period: \"ten seconds\" is not a duration",
+    );
+    has(
+        &list,
+        "policies.bad-duration.burst: \"5\" must be a whole number",
+    );
+    has(&list, "policies.badalgo.algorithm: unknown variant `leaky`");
+    has(
+        &list,
+        "routes.search.layers[1].policy: no policy named \"nope\"",
+    );
+    has(
+        &list,
+        "routes.login.layers[0].scope: unknown variant `everyone`",
+    );
+    has(&list, "extra: unknown section");
+    // `max_keys = 0` is only found after the unknown field is fixed: the
+    // store section is one value. Everything else is reported at once.
+    has(&list, "policies.typo: missing field `limit`");
+    assert_eq!(list.len(), 11, "{list:#?}");
+}
+
+#[test]
+fn values_are_checked_beyond_their_types() {
+    let list = errors(
+        r#"
+[store]
+kind = "redis"
+url = "localhost:6379"
+deadline = "0ms"
+pool_size = 0
+prefix = "has space"
+
+[fallback]
+max_keys = 0
+
+[breaker]
+open_for = "0s"
+
+[policies.p]
+algorithm = "fixed_window"
+limit = 2
+window = "1s"
+version = 0
+on_failure = { fallback = { algorithm = "fixed_window", limit = 0, window = "1s" } }
+
+[routes.r]
+cost = 3
+layers = [{ scope = "subject", policy = "p" }, { name = "subject", scope = "tenant", policy = "p" }]
+
+[routes.empty]
+layers = []
+"#,
+    );
+    has(&list, "store.url: must start with redis://");
+    has(&list, "store.deadline: must be > 0");
+    has(&list, "store.pool_size: 0 must be between 1 and 1024");
+    has(&list, "store.prefix: \"has space\"");
+    has(&list, "fallback.max_keys: must be > 0");
+    has(&list, "breaker.open_for: must be > 0");
+    has(
+        &list,
+        "policies.p.version: 0 must be a whole number between 1",
+    );
+    has(
+        &list,
+        "routes.r.layers[1].name: \"subject\" is used by an earlier layer",
+    );
+    has(&list, "routes.empty.layers: must list at least one layer");
+    // The invalid policy is not reported again as undefined.
+    assert!(
+        !list.iter().any(|e| e.contains("no policy named")),
+        "{list:#?}"
+    );
+}
+
+#[test]
+fn on_failure_errors_have_their_path() {
+    let list = errors(
+        r#"
+[policies.p]
+algorithm = "fixed_window"
+limit = 2
+window = "1s"
+on_failure = { fallback = { algorithm = "fixed_window", limit = 0, window = "1s" } }
+
+[policies.q]
+algorithm = "fixed_window"
+limit = 2
+window = "1s"
+on_failure = "fail_sometimes"
+
+[routes.r]
+cost = 3
+layers = [{ scope = "subject", policy = "p" }]
+"#,
+    );
+    has(
+        &list,
+        "policies.p.on_failure.fallback.limit: 0 must be between 1 and",
+    );
+    has(
+        &list,
+        "policies.q.on_failure: unknown variant `fail_sometimes`",
+    );
+    assert!(
+        list.iter().all(|e| !e.contains('\n')),
+        "one line each: {list:#?}"
+    );
+}
+
+#[test]
+fn the_cost_must_fit_every_layer() {
+    let list = errors(
+        r#"
+[policies.p]
+algorithm = "fixed_window"
+limit = 2
+window = "1s"
+
+[routes.r]
+cost = 3
+layers = [{ scope = "subject", policy = "p" }]
+"#,
+    );
+    has(
+        &list,
+        "routes.r.cost: 3 is more than the capacity 2 of policy \"p\"",
+    );
+}
+
+#[test]
+fn syntax_errors_give_the_line() {
+    let err = Config::from_toml_str("[policies.p]\nalgorithm = \n").unwrap_err();
+    assert!(matches!(err, ConfigError::Syntax(_)), "{err}");
+    assert!(err.to_string().contains("line 2"), "{err}");
+}
+
+#[test]
+fn files_are_named_in_errors() {
+    let path = std::env::temp_dir().join(format!("tollgate-config-{}.toml", std::process::id()));
+    std::fs::write(&path, "[policies.p]\nalgorithm = \"nope\"\n").unwrap();
+    let err = Config::from_file(&path).unwrap_err();
+    std::fs::remove_file(&path).unwrap();
+    let text = err.to_string();
+    assert!(text.starts_with(&path.display().to_string()), "{text}");
+    assert!(
+        text.contains("policies.p.algorithm: unknown variant `nope`"),
+        "{text}"
+    );
+    let missing = Config::from_file(path.with_extension("missing")).unwrap_err();
+    assert!(matches!(missing, ConfigError::Read { .. }), "{missing}");
+}
+
+#[tokio::test]
+async fn limiters_decide_as_configured() {
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let limiters = Config::from_toml_str(VALID)
+        .unwrap()
+        .build(Arc::new(clock.clone()))
+        .await
+        .expect("builds");
+    let search = limiters.route("search").unwrap();
+    let ctx = |who: &str| {
+        Context::subject(Subject::new(who).unwrap()).with_tenant(Subject::new("acme").unwrap())
+    };
+    // Per subject 5, per tenant 3: the tenant layer stops the fourth request.
+    let mut admitted = 0;
+    for who in ["a", "a", "b", "b", "c"] {
+        if search
+            .limiter()
+            .check(&ctx(who), search.cost())
+            .await
+            .unwrap()
+            .is_allowed()
+        {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 3);
+    clock.advance(Duration::from_secs(60));
+    assert!(search
+        .limiter()
+        .check(&ctx("a"), 1)
+        .await
+        .unwrap()
+        .is_allowed());
+
+    let bulk = limiters.route("bulk").unwrap();
+    let region = Context::new().with_attribute("region", Subject::new("eu").unwrap());
+    let first = bulk.limiter().check(&region, bulk.cost()).await.unwrap();
+    assert!(first.is_allowed());
+    assert_eq!(first.layers()[0].remaining, 3, "cost 2 of 5");
+}
+
+#[tokio::test]
+async fn redis_without_the_feature_or_server_is_a_clear_build_error() {
+    let config = Config::from_toml_str(
+        r#"
+[store]
+kind = "redis"
+url = "redis://127.0.0.1:1/"
+connect_timeout = "200ms"
+"#,
+    )
+    .expect("valid");
+    let err = config
+        .build(Arc::new(tollgate_core::SystemClock))
+        .await
+        .unwrap_err();
+    if cfg!(feature = "redis") {
+        assert!(
+            matches!(err, BuildError::Store { kind: "redis", .. }),
+            "{err}"
+        );
+    } else {
+        assert!(matches!(err, BuildError::RedisNotEnabled), "{err}");
+        assert!(
+            err.to_string().contains("enable the `redis` feature"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,413 @@
+//! An example custom store for Tollgate, on PostgreSQL — the code the guide
+//! `docs/writing-a-store.md` walks through.
+//!
+//! It uses only Tollgate's public API: the [`Store`] trait, the reference
+//! algorithms ([`tollgate::algorithms::decide`]) and a [`Clock`]. Every
+//! decision is one transaction:
+//!
+//! 1. `INSERT … ON CONFLICT DO NOTHING` a placeholder row for every layer's
+//!    key (expired at 0), so that every key has a row to lock;
+//! 2. `SELECT … ORDER BY key FOR UPDATE`: lock them all, always in the same
+//!    order, so two decisions never deadlock over each other's keys;
+//! 3. read `now` from the clock, treat expired rows as absent, and run the
+//!    algorithm of every layer;
+//! 4. only if every layer admits, write every layer's new state and its
+//!    expiry (all-or-nothing); otherwise write nothing and delete the rows
+//!    that are expired (lazily reclaiming placeholders and dead state);
+//! 5. commit.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::{sync::Arc, time::Duration};
+//! use tollgate::{Context, Limit, Limiter, Policy, Scope, Subject};
+//! use tollgate_postgres_store::PgStore;
+//!
+//! let store = PgStore::builder("postgres://postgres@localhost:5432/postgres")
+//!     .pool_size(4)
+//!     .connect()
+//!     .await?;
+//! let limiter = Limiter::builder(Arc::new(store))
+//!     .layer("key", Scope::Subject, Policy::new("api", Limit::gcra(10, Duration::from_secs(1), 20)?)?)
+//!     .build()?;
+//! let decision = limiter.check(&Context::subject(Subject::new("key-7")?), 1).await?;
+//! # let _ = decision; Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls};
+use tollgate::{
+    async_trait, duration_micros, Clock, LayerRequest, State, Store, StoreError, SystemClock,
+    Verdict,
+};
+
+/// How often one decision is retried after a deadlock or a row deleted
+/// under it by another decision's lazy cleanup.
+const ATTEMPTS: usize = 5;
+
+/// A Tollgate store keeping every key's state in one PostgreSQL table.
+pub struct PgStore {
+    config: tokio_postgres::Config,
+    table: String,
+    clock: Arc<dyn Clock>,
+    deadline: Duration,
+    /// Idle connections, and a permit per connection.
+    idle: Mutex<Vec<Client>>,
+    permits: Semaphore,
+}
+
+impl fmt::Debug for PgStore {
+    // The connection settings are left out: they may hold a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("table", &self.table)
+            .field("deadline", &self.deadline)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`PgStore`]; see [`PgStore::builder`].
+#[derive(Debug, Clone)]
+pub struct PgStoreBuilder {
+    url: String,
+    table: String,
+    pool_size: usize,
+    deadline: Duration,
+    connect_timeout: Duration,
+    clock: Arc<dyn Clock>,
+}
+
+impl PgStoreBuilder {
+    /// The table holding the state (default `tollgate_state`); created if
+    /// missing. Letters, digits and `_` only.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Connections opened (default 4). Each decision holds one for its
+    /// transaction; more decisions wait for a free one, within the deadline.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// The longest one decision may take, waiting for a connection included
+    /// (default 1 s).
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The longest connecting may take (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The clock decisions read (default: the system clock). The
+    /// conformance suite passes its manual clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Connect every pool connection and create the table if it is missing.
+    /// Must run inside a Tokio runtime (the connections' tasks are spawned
+    /// on it).
+    pub async fn connect(self) -> Result<PgStore, StoreError> {
+        if self.table.is_empty()
+            || self.table.len() > 63
+            || !self
+                .table
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(StoreError::Backend(
+                format!(
+                    "table name {:?}: use 1-63 letters, digits and _",
+                    self.table
+                )
+                .into(),
+            ));
+        }
+        let mut config: tokio_postgres::Config = self.url.parse().map_err(|e| {
+            StoreError::Backend(format!("DATABASE_URL is not a PostgreSQL URL: {e}").into())
+        })?;
+        config.connect_timeout(self.connect_timeout);
+        let mut clients = Vec::with_capacity(self.pool_size);
+        for _ in 0..self.pool_size {
+            clients.push(open(&config).await?);
+        }
+        create_table(&mut clients[0], &self.table).await?;
+        Ok(PgStore {
+            config,
+            table: self.table,
+            clock: self.clock,
+            deadline: self.deadline,
+            permits: Semaphore::new(clients.len()),
+            idle: Mutex::new(clients),
+        })
+    }
+}
+
+/// Open one connection and drive it on a spawned task.
+async fn open(config: &tokio_postgres::Config) -> Result<Client, StoreError> {
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("cannot connect to PostgreSQL: {e}")))?;
+    tokio::spawn(async move {
+        // Ends when the client is dropped or the server goes away; the
+        // client then reports itself closed and is replaced.
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// `CREATE TABLE IF NOT EXISTS` races with itself; an advisory lock makes
+/// concurrent creators take turns.
+async fn create_table(client: &mut Client, table: &str) -> Result<(), StoreError> {
+    let tx = client.transaction().await.map_err(backend)?;
+    tx.execute("SELECT pg_advisory_xact_lock(7105573)", &[])
+        .await
+        .map_err(backend)?;
+    tx.batch_execute(&format!(
+        "CREATE UNLOGGED TABLE IF NOT EXISTS {table} (
+             key        TEXT PRIMARY KEY,
+             is_log     BOOLEAN NOT NULL,
+             state      BIGINT[] NOT NULL,
+             expires_at BIGINT NOT NULL
+         )"
+    ))
+    .await
+    .map_err(backend)?;
+    tx.commit().await.map_err(backend)
+}
+
+fn backend(e: tokio_postgres::Error) -> StoreError {
+    if e.is_closed() {
+        StoreError::Unavailable(format!("PostgreSQL connection lost: {e}"))
+    } else {
+        StoreError::Backend(Box::new(e))
+    }
+}
+
+impl PgStore {
+    /// A builder for a store at `url`, for example
+    /// `postgres://user:password@localhost:5432/dbname` or
+    /// `host=/var/run/postgresql user=postgres dbname=postgres`.
+    pub fn builder(url: impl Into<String>) -> PgStoreBuilder {
+        PgStoreBuilder {
+            url: url.into(),
+            table: "tollgate_state".into(),
+            pool_size: 4,
+            deadline: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(5),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The table holding the state.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Rows in the table, expired ones not yet deleted included.
+    pub async fn rows(&self) -> Result<i64, StoreError> {
+        let _permit = self.permits.acquire().await.map_err(closed)?;
+        let client = self.checkout().await?;
+        let row = client
+            .query_one(&format!("SELECT count(*) FROM {}", self.table), &[])
+            .await;
+        self.checkin(client);
+        row.map(|r| r.get(0)).map_err(backend)
+    }
+
+    /// An idle connection (the caller holds a permit), or a new one.
+    async fn checkout(&self) -> Result<Client, StoreError> {
+        let client = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match client {
+            Some(client) if !client.is_closed() => Ok(client),
+            // Closed by the server, or dropped when a decision ran past its
+            // deadline: open a new one.
+            _ => open(&self.config).await,
+        }
+    }
+
+    fn checkin(&self, client: Client) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(client);
+    }
+
+    async fn decide_on(
+        &self,
+        client: &mut Client,
+        layers: &[LayerRequest<'_>],
+    ) -> Result<Option<Vec<Verdict>>, tokio_postgres::Error> {
+        let keys: Vec<String> = layers.iter().map(|l| l.key.render()).collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        let tx = client.transaction().await?;
+        // 1. A row for every key, so that every key can be locked.
+        tx.execute(
+            &format!(
+                "INSERT INTO {} (key, is_log, state, expires_at)
+                 SELECT k, false, '{{}}', 0 FROM unnest($1::text[]) AS k
+                 ON CONFLICT (key) DO NOTHING",
+                self.table
+            ),
+            &[&sorted],
+        )
+        .await?;
+        // 2. Lock them, in key order.
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT key, is_log, state, expires_at FROM {}
+                     WHERE key = ANY($1) ORDER BY key FOR UPDATE",
+                    self.table
+                ),
+                &[&sorted],
+            )
+            .await?;
+        if rows.len() != sorted.len() {
+            // Another decision's cleanup deleted a row between our insert
+            // and our lock: start again.
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        // 3. Time is read under the locks; expired rows count as absent.
+        let now = self.clock.now();
+        let now_us = now.as_micros();
+        let mut states: Vec<Option<State>> = vec![None; layers.len()];
+        let mut expired = Vec::new();
+        for row in &rows {
+            let key: String = row.get(0);
+            let expires_at = u64::try_from(row.get::<_, i64>(3)).unwrap_or(0);
+            if expires_at <= now_us {
+                expired.push(key);
+                continue;
+            }
+            let is_log: bool = row.get(1);
+            let cells: Vec<i64> = row.get(2);
+            let values = cells.into_iter().map(|v| u64::try_from(v).unwrap_or(0));
+            let state = if is_log {
+                State::Log(values.collect::<VecDeque<u64>>())
+            } else {
+                let mut c = [0u64; 3];
+                for (slot, v) in c.iter_mut().zip(values) {
+                    *slot = v;
+                }
+                State::Cells(c)
+            };
+            for (i, k) in keys.iter().enumerate() {
+                if *k == key {
+                    states[i] = Some(state.clone());
+                }
+            }
+        }
+        let transitions: Vec<_> = layers
+            .iter()
+            .zip(&states)
+            .map(|(l, s)| tollgate::algorithms::decide(l.policy.limit(), s.as_ref(), now, l.cost))
+            .collect();
+        // 4. All or nothing.
+        if !transitions.iter().all(|t| t.verdict.allowed) {
+            if !expired.is_empty() {
+                tx.execute(
+                    &format!("DELETE FROM {} WHERE key = ANY($1)", self.table),
+                    &[&expired],
+                )
+                .await?;
+            }
+            tx.commit().await?;
+            return Ok(Some(
+                layers
+                    .iter()
+                    .zip(transitions)
+                    .map(|(l, t)| t.verdict.uncharged(l.cost))
+                    .collect(),
+            ));
+        }
+        let update = format!(
+            "UPDATE {} SET is_log = $2, state = $3, expires_at = $4 WHERE key = $1",
+            self.table
+        );
+        let mut verdicts = Vec::with_capacity(layers.len());
+        for (key, t) in keys.iter().zip(transitions) {
+            if let Some(next) = t.next {
+                let (is_log, values): (bool, Vec<i64>) = match &next.state {
+                    State::Log(entries) => (true, entries.iter().map(|&v| v as i64).collect()),
+                    State::Cells(c) => (false, c.iter().map(|&v| v as i64).collect()),
+                    _ => (false, Vec::new()),
+                };
+                let expires_at = now_us.saturating_add(duration_micros(next.ttl)) as i64;
+                tx.execute(&update, &[key, &is_log, &values, &expires_at])
+                    .await?;
+            }
+            verdicts.push(t.verdict);
+        }
+        // 5.
+        tx.commit().await?;
+        Ok(Some(verdicts))
+    }
+}
+
+fn closed(_: tokio::sync::AcquireError) -> StoreError {
+    StoreError::Unavailable("the store's connection pool is closed".into())
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+        let work = async {
+            let _permit = self.permits.acquire().await.map_err(closed)?;
+            let mut client = self.checkout().await?;
+            let mut result = Err(StoreError::Protocol(format!(
+                "no decision after {ATTEMPTS} attempts (rows deleted under us, or deadlocks)"
+            )));
+            for _ in 0..ATTEMPTS {
+                match self.decide_on(&mut client, layers).await {
+                    Ok(Some(verdicts)) => {
+                        result = Ok(verdicts);
+                        break;
+                    }
+                    Ok(None) => continue,
+                    Err(e)
+                        if matches!(
+                            e.code(),
+                            Some(&SqlState::T_R_DEADLOCK_DETECTED)
+                                | Some(&SqlState::T_R_SERIALIZATION_FAILURE)
+                        ) =>
+                    {
+                        continue
+                    }
+                    Err(e) => {
+                        result = Err(backend(e));
+                        break;
+                    }
+                }
+            }
+            self.checkin(client);
+            result
+        };
+        tokio::time::timeout(self.deadline, work)
+            .await
+            .unwrap_or(Err(StoreError::Timeout(self.deadline)))
+    }
+}

@@ -1,0 +1,133 @@
+//! The Tollgate store conformance suite, run against [`PgStore`] on a real
+//! PostgreSQL server.
+//!
+//! The server is `DATABASE_URL` (for example
+//! `postgres://postgres@localhost:5432/postgres`), or that default when the
+//! variable is unset. No server reachable is a loud failure with the command
+//! to start one, never a silent skip. `cargo xtask custom-store` finds or
+//! starts PostgreSQL, creates a database for these tests and runs them.
+
+use std::sync::Arc;
+
+use tokio::sync::OnceCell;
+use tollgate::{ManualClock, Store};
+use tollgate_postgres_store::PgStore;
+
+const DEFAULT_URL: &str = "postgres://postgres@localhost:5432/postgres";
+
+fn url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_string())
+}
+
+/// Where the tests connect, for messages (the URL itself may hold a password).
+fn where_() -> String {
+    match std::env::var("DATABASE_URL") {
+        Ok(_) => "DATABASE_URL".to_string(),
+        Err(_) => format!("{DEFAULT_URL} (DATABASE_URL is unset)"),
+    }
+}
+
+/// This run's own table, emptied once before the first case.
+fn table() -> String {
+    format!("tollgate_conformance_{}", std::process::id())
+}
+
+static FRESH_TABLE: OnceCell<()> = OnceCell::const_new();
+
+async fn store(clock: ManualClock) -> Arc<dyn Store> {
+    FRESH_TABLE
+        .get_or_init(|| async {
+            let (client, connection) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "\n\nCannot reach PostgreSQL at {}: {e}\n\
+                         These tests need a running server. Either:\n  \
+                         - run `cargo xtask custom-store` (finds or starts PostgreSQL and sets DATABASE_URL), or\n  \
+                         - install and start one (Debian: `apt-get install -y postgresql && pg_ctlcluster <version> main start`)\n    \
+                         and set DATABASE_URL=postgres://USER[:PASSWORD]@HOST:PORT/DBNAME\n",
+                        where_()
+                    )
+                });
+            let task = tokio::spawn(connection);
+            // This run's table, and those of earlier runs whose process is
+            // gone (they would otherwise pile up), start from nothing.
+            let tables = client
+                .query(
+                    "SELECT tablename FROM pg_tables WHERE tablename LIKE 'tollgate_conformance_%'",
+                    &[],
+                )
+                .await
+                .expect("list earlier runs' tables");
+            let proc_fs = std::path::Path::new("/proc/self").exists();
+            for row in tables {
+                let name: String = row.get(0);
+                let pid = name.trim_start_matches("tollgate_conformance_");
+                let gone = proc_fs && !std::path::Path::new("/proc").join(pid).exists();
+                if name == table() || gone {
+                    client
+                        .batch_execute(&format!("DROP TABLE IF EXISTS {name}"))
+                        .await
+                        .expect("drop an earlier run's table");
+                }
+            }
+            drop(client);
+            let _ = task.await;
+        })
+        .await;
+    let store = PgStore::builder(url())
+        .table(table())
+        .pool_size(4)
+        .clock(Arc::new(clock))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("PgStore at {}: {e}", where_()));
+    Arc::new(store)
+}
+
+tollgate_testkit::conformance_tests!(store);
+
+/// Expired rows count as absent (and the denial that meets one deletes it):
+/// the request sees a fresh window, and a denied request charges nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_rows_count_as_absent() {
+    use std::time::Duration;
+    use tollgate::{Context, Limit, Limiter, Policy, Scope, Subject, Timestamp};
+
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let store = store(clock.clone()).await;
+    let policy = Policy::new(
+        tollgate_testkit::conformance::unique("lazy"),
+        Limit::fixed_window(1, Duration::from_secs(1)).unwrap(),
+    )
+    .unwrap();
+    let narrow = Policy::new(
+        tollgate_testkit::conformance::unique("narrow"),
+        Limit::fixed_window(1, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let limiter = Limiter::builder(store.clone())
+        .layer("a", Scope::Subject, policy)
+        .layer("b", Scope::Tenant, narrow)
+        .build()
+        .unwrap();
+    let ctx = Context::subject(Subject::new(tollgate_testkit::conformance::unique("s")).unwrap())
+        .with_tenant(Subject::new(tollgate_testkit::conformance::unique("t")).unwrap());
+    assert!(limiter.check(&ctx, 1).await.unwrap().is_allowed());
+    assert!(!limiter.check(&ctx, 1).await.unwrap().is_allowed());
+    // After a second the subject's window has expired (its row is dead);
+    // the tenant's minute has not, so the request is denied and the
+    // subject's expired row is deleted on the way.
+    clock.advance(Duration::from_secs(1));
+    let denied = limiter.check(&ctx, 1).await.unwrap();
+    assert!(!denied.is_allowed());
+    assert!(
+        denied.layers()[0].allowed,
+        "the expired row counts as absent"
+    );
+    assert_eq!(
+        denied.layers()[0].remaining,
+        1,
+        "a fresh window, not charged"
+    );
+}
