@@ -187,7 +187,92 @@ fn bench(extra: &[String]) -> Result {
     run(
         "cargo bench --workspace",
         cargo().args(["bench", "--workspace"]).args(extra),
-    )
+    )?;
+    let report = bench_report()?;
+    let path = root().join("target").join("bench-report.md");
+    std::fs::write(&path, &report).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    println!("{report}\n(written to target/bench-report.md)");
+    Ok(())
+}
+
+/// One measured case of criterion's latest run.
+struct Case {
+    group: String,
+    function: String,
+    parameter: String,
+    per_second: f64,
+}
+
+/// A markdown table of every criterion result under `target/criterion`:
+/// throughput per case, and each case's ratio to the best of its group and
+/// parameter (cases measured side by side in one run).
+fn bench_report() -> std::result::Result<String, String> {
+    let mut cases = Vec::new();
+    collect_cases(&root().join("target").join("criterion"), &mut cases)?;
+    cases.sort_by(|a, b| {
+        (&a.group, &a.parameter, &a.function).cmp(&(&b.group, &b.parameter, &b.function))
+    });
+    let mut out = String::from(
+        "| group | parameter | case | per second | ratio to best |\n|---|---|---|---|---|\n",
+    );
+    for case in &cases {
+        let best = cases
+            .iter()
+            .filter(|c| c.group == case.group && c.parameter == case.parameter)
+            .map(|c| c.per_second)
+            .fold(0.0, f64::max);
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {:.2} |\n",
+            case.group,
+            case.parameter,
+            case.function,
+            case.per_second,
+            case.per_second / best
+        ));
+    }
+    Ok(out)
+}
+
+/// Finds every `new/benchmark.json` below `dir` (criterion's latest run).
+fn collect_cases(dir: &Path, cases: &mut Vec<Case>) -> Result {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            collect_cases(&path, cases)?;
+        } else if path.file_name().is_some_and(|n| n == "benchmark.json")
+            && path.parent().is_some_and(|p| p.ends_with("new"))
+        {
+            let read = |name: &str| -> std::result::Result<serde_json::Value, String> {
+                let file = path.with_file_name(name);
+                let text = std::fs::read_to_string(&file)
+                    .map_err(|e| format!("{}: {e}", file.display()))?;
+                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))
+            };
+            let info = read("benchmark.json")?;
+            let estimates = read("estimates.json")?;
+            let nanos = estimates["mean"]["point_estimate"]
+                .as_f64()
+                .unwrap_or(f64::NAN);
+            let elements = info["throughput"]["Elements"].as_f64().unwrap_or(1.0);
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+            let (mut function, mut parameter) =
+                (text(&info["function_id"]), text(&info["value_str"]));
+            if function.is_empty() {
+                // `BenchmarkId::from_parameter`: the parameter names the case.
+                std::mem::swap(&mut function, &mut parameter);
+            }
+            cases.push(Case {
+                group: text(&info["group_id"]),
+                function,
+                parameter,
+                per_second: elements / (nanos / 1e9),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The database the example store's tests run in.
