@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::algorithm::Verdict;
 use crate::decision::{Decision, LayerDecision, Source};
 use crate::error::{Error, StoreError};
@@ -272,7 +274,8 @@ impl Limiter {
     }
 
     async fn decide(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
-        let mut requests = Vec::with_capacity(self.layers.len());
+        // Up to four layers live on the stack: no allocation per decision.
+        let mut requests: SmallVec<[LayerRequest<'_>; 4]> = SmallVec::new();
         for layer in self.layers.iter() {
             layer.policy.check_cost(cost)?;
             let key = ctx.key_for(layer).ok_or_else(|| Error::MissingSubject {
@@ -302,7 +305,7 @@ impl Limiter {
             Admission::Skip(wait) => Err(StoreError::CircuitOpen(wait)),
             Admission::Call | Admission::Probe => {
                 let started = observe::start();
-                let answer = self.store.decide(&requests).await.and_then(|verdicts| {
+                let answer = ask(&*self.store, &requests).await.and_then(|verdicts| {
                     if verdicts.len() == requests.len() {
                         Ok(verdicts)
                     } else {
@@ -396,7 +399,7 @@ impl Limiter {
         let mut fallback_verdicts = None;
         if let (false, Some(store)) = (fallback.is_empty(), &self.fallback) {
             let batch: Vec<LayerRequest<'_>> = fallback.iter().map(|(_, r)| *r).collect();
-            match store.decide(&batch).await {
+            match ask(&**store, &batch).await {
                 Ok(verdicts) if verdicts.len() == batch.len() => fallback_verdicts = Some(verdicts),
                 Ok(_) | Err(_) => observe::fallback_failed(store.kind()),
             }
@@ -429,6 +432,14 @@ impl Limiter {
             })
             .collect();
         Decision::degraded(layers, error.class())
+    }
+}
+
+/// `store`'s answer: without a boxed future when it can decide at once.
+async fn ask(store: &dyn Store, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    match store.decide_now(layers) {
+        Some(answer) => answer,
+        None => store.decide(layers).await,
     }
 }
 

@@ -153,4 +153,12 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Decide all `layers` of one request at once.
     async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError>;
+
+    /// The same decision, for stores that never wait (in-process ones):
+    /// `Some` answer without going through a boxed future, which the
+    /// limiter tries first. The default, `None`, means "use `decide`".
+    fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Option<Result<Vec<Verdict>, StoreError>> {
+        let _ = layers;
+        None
+    }
 }

@@ -191,7 +191,7 @@ impl MemoryStore {
     }
 
     /// Decide all layers under the locks of their shards.
-    fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    fn decide_locked(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
         let now = self.clock.now();
         let now_us = now.as_micros();
         if let [layer] = layers {
@@ -281,6 +281,10 @@ impl Store for MemoryStore {
     }
 
     async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
-        self.decide_now(layers)
+        self.decide_locked(layers)
+    }
+
+    fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Option<Result<Vec<Verdict>, StoreError>> {
+        Some(self.decide_locked(layers))
     }
 }
