@@ -7,6 +7,7 @@
 //! cargo run --example demo --features axum -- --port 8080   # or PORT=8080
 //! cargo run --example demo --features axum -- --config my.toml   # other limits
 //! cargo run --example demo --features axum -- --selftest    # bursts over real HTTP, then exits
+//! TOLLGATE_REDIS_URL=redis://127.0.0.1:6379/ cargo run --example demo --features axum,redis   # on Redis
 //! ```
 //!
 //! With `examples/demo.toml` as shipped:
@@ -150,14 +151,30 @@ fn config(args: &[String]) -> Result<Config, Error> {
     Ok(Config::from_file(path)?)
 }
 
-/// Every route's limiter, over the configured store. Hook:
-/// `TOLLGATE_REDIS_URL` is refused, not ignored: choose Redis in the file
-/// (`[store] kind = "redis"`) instead.
+/// Every route's limiter, over the configured store — or over Redis when
+/// `TOLLGATE_REDIS_URL` is set (which needs the `redis` feature:
+/// `cargo run --example demo --features axum,redis`).
 async fn limiters(config: &Config, clock: Arc<dyn Clock>) -> Result<Limiters, Error> {
-    if std::env::var_os("TOLLGATE_REDIS_URL").is_some() {
-        return Err("TOLLGATE_REDIS_URL is set, but this demo takes its store from the configuration file ([store] kind = \"redis\", url = ...); unset it".into());
+    let Some(url) = std::env::var_os("TOLLGATE_REDIS_URL") else {
+        return Ok(config.build(clock).await?);
+    };
+    #[cfg(feature = "redis")]
+    {
+        let url = url
+            .into_string()
+            .map_err(|_| "TOLLGATE_REDIS_URL is not UTF-8")?;
+        let store = tollgate::redis::RedisStore::builder(url)
+            .prefix("tollgate-demo")
+            .connect()
+            .await
+            .map_err(|e| format!("TOLLGATE_REDIS_URL: cannot use that Redis: {e}"))?;
+        Ok(config.build_on(Arc::new(store), clock)?)
     }
-    Ok(config.build(clock).await?)
+    #[cfg(not(feature = "redis"))]
+    {
+        let _ = url;
+        Err("TOLLGATE_REDIS_URL is set, but this build has no Redis store: run `cargo run --example demo --features axum,redis`".into())
+    }
 }
 
 async fn listen(addr: SocketAddr, app: Router) -> Result<SocketAddr, Error> {
@@ -196,15 +213,12 @@ async fn run() -> Result<(), Error> {
             Err(_) => 3000,
         },
     };
-    let addr = listen(
-        SocketAddr::from(([127, 0, 0, 1], port)),
-        app(&limiters(&config, Arc::new(SystemClock)).await?)?,
-    )
-    .await?;
+    let limiters = limiters(&config, Arc::new(SystemClock)).await?;
+    let addr = listen(SocketAddr::from(([127, 0, 0, 1], port)), app(&limiters)?).await?;
     let base = format!("http://{addr}");
     println!(
         "Tollgate demo on {base} ({} store, limits from the configuration file). Try:\n",
-        config.store().kind()
+        limiters.store().kind()
     );
     let tries = [
         ("token bucket per API key: 5, then 1 per second", format!("curl -i -H 'x-api-key: demo-key-alice' {base}/search")),
@@ -326,7 +340,8 @@ async fn selftest(config: &Config) -> Result<(), Error> {
     let clock = ManualClock::new(Timestamp::from_micros(1_779_999_960_000_000));
     let addr = listen(
         SocketAddr::from(([127, 0, 0, 1], 0)),
-        app(&limiters(config, Arc::new(clock.clone())).await?)?,
+        // Always the in-process store: the checks below move its clock.
+        app(&config.build(Arc::new(clock.clone())).await?)?,
     )
     .await?;
     let mut t = Tester {

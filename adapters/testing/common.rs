@@ -157,3 +157,20 @@ impl Http {
         }
     }
 }
+
+/// The Redis store's deadline in the stopped-Redis tests.
+pub const REDIS_DEADLINE: Duration = Duration::from_millis(50);
+
+/// A Redis store whose server was running when the store connected and has
+/// since been killed (SIGKILL). Keep the server value alive for the test.
+pub async fn stopped_redis() -> (tollgate_testkit::redis_server::RedisServer, Arc<dyn Store>) {
+    let server = tollgate_testkit::redis_server::RedisServer::start();
+    let store = tollgate_redis::RedisStore::builder(server.url())
+        .deadline(REDIS_DEADLINE)
+        .connect_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .expect("connect to the test redis-server");
+    server.kill();
+    (server, Arc::new(store))
+}
