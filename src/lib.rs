@@ -40,6 +40,7 @@
 //! | `metrics` | counters and histograms through the `metrics` facade ([`observe`]) |
 //! | `tracing` | log events (policy and error class, never keys) through `tracing` |
 //! | `redis` | [`redis::RedisStore`], standalone Redis: one script call per decision |
+//! | `redis-cluster` | `redis::RedisClusterStore`: slot-aware layered decisions on Redis Cluster (guide: `docs/cluster.md`) |
 //! | `blocked-cache` | long denials answered in-process without a store call |
 //! | `tower` | [`tower::RateLimitLayer`], for axum, tonic and hyper (guide: `docs/http.md`) |
 //! | `axum` | `tower`, plus the client address from axum's `ConnectInfo` |
@@ -110,3 +111,8 @@ pub struct AlgorithmsGuideDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/operations.md")]
 pub struct OperationsGuideDoctests;
+
+/// The Redis Cluster guide's examples, compiled as doc-tests.
+#[cfg(all(doctest, feature = "redis-cluster"))]
+#[doc = include_str!("../docs/cluster.md")]
+pub struct ClusterGuideDoctests;

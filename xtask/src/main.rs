@@ -22,6 +22,7 @@ use std::time::Instant;
 const FEATURES: &[&str] = &[
     "memory",
     "redis",
+    "redis-cluster",
     "metrics",
     "tracing",
     "blocked-cache",

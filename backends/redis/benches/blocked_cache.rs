@@ -23,12 +23,19 @@ fn bench(c: &mut Criterion) {
     let server = RedisServer::start();
     let rt = Runtime::new().expect("tokio runtime");
     let store = rt.block_on(async {
-        RedisStore::builder(server.url()).deadline(Duration::from_secs(2)).connect().await.expect("connect")
+        RedisStore::builder(server.url())
+            .deadline(Duration::from_secs(2))
+            .connect()
+            .await
+            .expect("connect")
     });
     let store = Arc::new(store);
     let week = Duration::from_secs(7 * 24 * 3600);
     let policy = Policy::new("login", Limit::gcra(1, week, 1).expect("valid")).expect("valid");
-    let plain = Limiter::builder(store.clone()).layer("ip", Scope::Subject, policy.clone()).build().expect("valid");
+    let plain = Limiter::builder(store.clone())
+        .layer("ip", Scope::Subject, policy.clone())
+        .build()
+        .expect("valid");
     let cached = Limiter::builder(store)
         .layer("ip", Scope::Subject, policy)
         .blocked_cache(BlockedCacheConfig::default())
@@ -38,7 +45,11 @@ fn bench(c: &mut Criterion) {
     rt.block_on(async {
         // Spend the week's single request; both limiters share the key.
         assert!(plain.check(&abuser, 1).await.expect("decides").is_allowed());
-        assert!(!cached.check(&abuser, 1).await.expect("decides").is_allowed());
+        assert!(!cached
+            .check(&abuser, 1)
+            .await
+            .expect("decides")
+            .is_allowed());
     });
 
     let mut group = c.benchmark_group("abusive_hot_key");

@@ -19,6 +19,21 @@
 --
 -- Reply: 5 integers per layer, in KEYS order: allowed (1/0), limit,
 --   remaining, reset_after µs, retry_after µs (−1 when the layer admits).
+--
+-- Modes, for the Redis Cluster store (src/cluster.rs), which decides the
+-- keys of each hash slot in one call: a last ARGV after the layers selects
+-- one. Without it the script decides as above (the standalone store).
+--   'reserve'  decide as above; the reply has 7 integers per layer: the 5,
+--              then what the charge needs to be refunded: the effective
+--              time it charged at (µs) and a mark (token bucket: the scaled
+--              level left; GCRA: the TAT written; otherwise 0); 0 0 when
+--              nothing was charged.
+--   'peek'     judge every layer, write nothing; the reply is the one a
+--              denial gives (admitting layers report remaining + cost).
+--   'refund'   give back reservations (refund.lua). KEYS: the layers'
+--              keys; ARGV after the time: per layer algorithm, cost, p1, p2,
+--              p3, at, mark; then 'refund'. Reply: per layer what was given
+--              back. Not idempotent: the store sends a refund at most once.
 -- Errors: "TOLLGATE_SKEW <caller µs> <server µs> <max skew µs>" when the
 --   caller's time is too far from the server's; "TOLLGATE_ARGS <why>" for
 --   arguments this script does not understand.
@@ -35,6 +50,8 @@
 
 local LOG = 5
 local ALGORITHMS = { token_bucket, gcra, fixed_window, sliding_window, sliding_log }
+-- Refunds of counter states, by algorithm code (the log's is refund_sliding_log).
+local REFUNDS = { refund_token_bucket, refund_gcra, refund_fixed_window, refund_sliding_window }
 
 -- Lists up to this length are read whole; longer ones by binary search
 -- with LINDEX, so a large log costs O(log n) reads.
@@ -119,7 +136,15 @@ local function write_log(key, next, cost, ttl, wrongtype)
   redis.call('PEXPIRE', key, ttl + TTL_MARGIN_MS)
 end
 
-if #ARGV ~= 2 + 5 * #KEYS then
+local mode = 'decide'
+local layers = #KEYS
+if #ARGV == 2 + 5 * layers then
+  mode = 'decide'
+elseif #ARGV == 3 + 5 * layers and (ARGV[#ARGV] == 'reserve' or ARGV[#ARGV] == 'peek') then
+  mode = ARGV[#ARGV]
+elseif #ARGV == 3 + 7 * layers and ARGV[#ARGV] == 'refund' then
+  mode = 'refund'
+else
   return redis.error_reply('TOLLGATE_ARGS expected 2 arguments and 5 per key')
 end
 
@@ -138,6 +163,37 @@ else
       return redis.error_reply('TOLLGATE_SKEW ' .. int(now) .. ' ' .. int(server) .. ' ' .. ARGV[2])
     end
   end
+end
+
+if mode == 'refund' then
+  local reply = {}
+  for i = 1, layers do
+    local key = KEYS[i]
+    local base = 2 + 7 * (i - 1)
+    local code = tonumber(ARGV[base + 1])
+    local cost = tonumber(ARGV[base + 2])
+    local p1, p2, p3 = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
+    local at, mark = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
+    if code == LOG then
+      reply[i] = refund_sliding_log(key, cost, at)
+    else
+      local run = REFUNDS[code]
+      if not run then
+        return redis.error_reply('TOLLGATE_ARGS unknown algorithm ' .. tostring(ARGV[base + 1]))
+      end
+      local given, cells = run(p1, p2, p3, read_cells(key), now, cost, at, mark)
+      -- The state keeps its expiry: a refund only brings it closer to new.
+      -- A key without one is left alone (nothing is stored without a TTL).
+      local ttl = redis.call('PTTL', key)
+      if cells and ttl > 0 then
+        redis.call('SET', key, int(cells[1]) .. ' ' .. int(cells[2]) .. ' ' .. int(cells[3]), 'PX', ttl)
+        reply[i] = given
+      else
+        reply[i] = 0
+      end
+    end
+  end
+  return reply
 end
 
 local reply = {}
@@ -163,7 +219,7 @@ for i = 1, #KEYS do
     run(p1, p2, p3, state, now, cost)
   if allowed then
     writes[i] = { key = key, log = code == LOG, next = next, ttl = ttl,
-                  cost = cost, wrongtype = wrongtype }
+                  cost = cost, wrongtype = wrongtype, code = code }
   else
     all_allowed = false
   end
@@ -173,6 +229,11 @@ for i = 1, #KEYS do
   reply[r + 3] = remaining
   reply[r + 4] = reset_after
   reply[r + 5] = retry_after
+end
+
+-- Peeking writes nothing: report as a denial does.
+if mode == 'peek' then
+  all_allowed = false
 end
 
 if all_allowed then
@@ -194,6 +255,35 @@ else
       reply[r + 3] = math.min(reply[r + 3] + cost, reply[r + 2])
     end
   end
+end
+
+if mode == 'reserve' then
+  -- Append each layer's charge (at, mark), as refund_* expect them.
+  local out = {}
+  for i = 1, #KEYS do
+    local r = 5 * (i - 1)
+    for j = 1, 5 do
+      out[7 * (i - 1) + j] = reply[r + j]
+    end
+    local at, mark = 0, 0
+    local w = writes[i]
+    if all_allowed and w then
+      local c = w.next
+      if w.log then
+        at = c.t
+      elseif w.code == 4 then
+        at = c[3]
+      else
+        at = c[2]
+        if w.code <= 2 then
+          mark = c[1]
+        end
+      end
+    end
+    out[7 * (i - 1) + 6] = at
+    out[7 * (i - 1) + 7] = mark
+  end
+  return out
 end
 
 return reply

@@ -1,4 +1,7 @@
-//! Tollgate's Redis store (standalone Redis).
+//! Tollgate's Redis stores: standalone Redis ([`RedisStore`]) and, with the
+//! `cluster` feature, Redis Cluster (`cluster::RedisClusterStore`: the same
+//! script per hash slot, reserve-and-refund across slots; see the `cluster`
+//! module and `docs/cluster.md`).
 //!
 //! Every decision is **one** `EVALSHA` of one Lua script, whatever the number
 //! of layers: the script reads every layer's state, decides each one, and
@@ -66,10 +69,19 @@
 //! [`StoreError::Unsupported`]: tollgate_core::StoreError::Unsupported
 //! [`StoreError::Unavailable`]: tollgate_core::StoreError::Unavailable
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(feature = "cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+pub mod cluster;
 mod error;
+pub mod refund;
 pub mod script;
 mod store;
 
+#[cfg(feature = "cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use error::{RedisStoreError, EARLIEST_TIME, LATEST_TIME};
 pub use script::SCRIPT;
 pub use store::{

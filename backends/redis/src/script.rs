@@ -3,9 +3,10 @@
 //! Each algorithm lives in one file under `lua/` (a Lua function, the single
 //! source of truth for that algorithm); `layered.lua` is the dispatcher that
 //! decides every layer of a request in one call, all-or-nothing. The store
-//! runs one script, [`SCRIPT`]: the helpers, the five algorithm functions and
-//! the dispatcher, concatenated. A single-policy decision is the same script
-//! with one layer. The files' opening comments give the KEYS/ARGV layout.
+//! runs one script, [`SCRIPT`]: the helpers, the five algorithm functions,
+//! their refunds (used by the Cluster store) and the dispatcher,
+//! concatenated. A single-policy decision is the same script with one
+//! layer. The files' opening comments give the KEYS/ARGV layout.
 
 use std::time::Duration;
 
@@ -26,11 +27,14 @@ pub const FIXED_WINDOW: &str = include_str!("../lua/fixed_window.lua");
 pub const SLIDING_WINDOW: &str = include_str!("../lua/sliding_window.lua");
 /// The sliding log function.
 pub const SLIDING_LOG: &str = include_str!("../lua/sliding_log.lua");
+/// The refunds of reservations (Redis Cluster: layers on several slots).
+pub const REFUND: &str = include_str!("../lua/refund.lua");
 /// The dispatcher: reads every layer, decides, writes all or nothing.
 pub const LAYERED: &str = include_str!("../lua/layered.lua");
 
-/// The script the store runs: [`COMMON`], the five algorithms and
-/// [`LAYERED`], in that order.
+/// The script the store runs: [`COMMON`], the five algorithms, [`REFUND`]
+/// and [`LAYERED`], in that order. Standalone and Cluster stores run the
+/// same script.
 pub const SCRIPT: &str = concat!(
     include_str!("../lua/common.lua"),
     "\n",
@@ -43,6 +47,8 @@ pub const SCRIPT: &str = concat!(
     include_str!("../lua/sliding_window.lua"),
     "\n",
     include_str!("../lua/sliding_log.lua"),
+    "\n",
+    include_str!("../lua/refund.lua"),
     "\n",
     include_str!("../lua/layered.lua"),
 );
@@ -140,6 +146,7 @@ mod tests {
             FIXED_WINDOW,
             SLIDING_WINDOW,
             SLIDING_LOG,
+            REFUND,
             LAYERED,
         ] {
             assert!(SCRIPT.contains(part));

@@ -149,10 +149,7 @@ impl RedisStoreBuilder {
     }
 
     fn validate(&self) -> Result<Client, StoreError> {
-        let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
-        if self.prefix.is_empty() || self.prefix.len() > 64 || !self.prefix.chars().all(ok) {
-            return Err(RedisStoreError::InvalidPrefix(self.prefix.clone()).into());
-        }
+        check_prefix(&self.prefix)?;
         // The parser's message does not repeat the URL (it may hold a password).
         Client::open(self.url.as_str())
             .map_err(|e| RedisStoreError::InvalidUrl(e.to_string()).into())
@@ -390,6 +387,16 @@ async fn load<C: ConnectionLike + Send>(con: &mut C) -> RedisResult<()> {
             "SCRIPT LOAD answered another digest than the script's SHA-1",
             sha,
         )));
+    }
+    Ok(())
+}
+
+/// A key prefix keeps the key layout and the Cluster hash tag: 1–64
+/// characters of `A-Z a-z 0-9 _ - . :` (no braces).
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), StoreError> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
+    if prefix.is_empty() || prefix.len() > 64 || !prefix.chars().all(ok) {
+        return Err(RedisStoreError::InvalidPrefix(prefix.to_string()).into());
     }
     Ok(())
 }

@@ -1,0 +1,671 @@
+//! The Redis Cluster store on a real 3-master, 3-replica cluster: the
+//! conformance suite, layers across slots under concurrency (never
+//! over-admitting, never leaking a charge), one script call per slot group,
+//! a slot migrated under traffic (`ASK`, `MOVED`, `TRYAGAIN`), and, on a
+//! cluster of its own, `NOSCRIPT` from any node and a master killed under
+//! load (automatic failover, with the failure mode applying during the gap,
+//! which is printed).
+#![cfg(feature = "cluster")]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tollgate_core::{
+    BreakerConfig, Clock, Context, Limit, Limiter, ManualClock, OnStoreFailure, Policy, Scope,
+    Source, Store, Subject,
+};
+use tollgate_redis::cluster::{hash_slot, RedisClusterStore};
+use tollgate_testkit::conformance::{every_algorithm, unique, START};
+use tollgate_testkit::redis_cluster::{RedisCluster, Reply, MASTERS};
+
+/// The deadline of stores in tests that do not measure it: long enough that
+/// a loaded two-core machine (six servers and the tests) never times out.
+const PATIENT: Duration = Duration::from_secs(2);
+
+async fn store_on(cluster: &RedisCluster, clock: Option<ManualClock>) -> RedisClusterStore {
+    let mut builder = RedisClusterStore::builder(cluster.urls())
+        .prefix(unique("c"))
+        .deadline(PATIENT);
+    if let Some(clock) = clock {
+        builder = builder.clock(Arc::new(clock) as Arc<dyn Clock>);
+    }
+    builder
+        .connect()
+        .await
+        .expect("connect to the test cluster")
+}
+
+/// A store on `cluster` reading `clock`, as a trait object, and its prefix.
+async fn shared_store(cluster: &RedisCluster, clock: ManualClock) -> (Arc<dyn Store>, String) {
+    let store = store_on(cluster, Some(clock)).await;
+    let prefix = store.prefix().to_string();
+    (Arc::new(store), prefix)
+}
+
+mod conformance {
+    use super::*;
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        Arc::new(store_on(RedisCluster::shared(), Some(clock)).await) as Arc<dyn Store>
+    });
+}
+
+/// A subject (without tenant, so its own tag) whose slot is served by
+/// another master than `other`'s, and whose slot is below (`below`) or above
+/// `other`'s: which group is reserved first.
+fn subject_away_from(cluster: &RedisCluster, other: &str, below: bool) -> String {
+    let other_slot = cluster.keyslot(other);
+    let other_master = cluster.master_for_slot(other_slot);
+    find_tag("s", |slot| {
+        (slot < other_slot) == below && cluster.master_for_slot(slot) != other_master
+    })
+}
+
+/// A fresh tag (prefixed `what`) whose slot satisfies `wanted`.
+fn find_tag(what: &str, mut wanted: impl FnMut(u16) -> bool) -> String {
+    (0..100_000)
+        .map(|i| unique(&format!("{what}{i}")))
+        .find(|t| wanted(hash_slot(format!("{{{t}}}").as_bytes())))
+        .unwrap_or_else(|| panic!("no {what} tag with the wanted slot"))
+}
+
+/// What a layer has left, read by a one-layer decision of cost 1 (which
+/// charges it, so only at the end of a test).
+async fn left(store: &Arc<dyn Store>, scope: Scope, policy: &Policy, ctx: &Context) -> u64 {
+    let limiter = Limiter::builder(store.clone())
+        .layer("probe", scope, policy.clone())
+        .build()
+        .expect("valid");
+    let d = limiter.check(ctx, 1).await.expect("store answers");
+    assert!(d.store_error().is_none(), "{d:?}");
+    let l = &d.layers()[0];
+    if l.allowed {
+        l.remaining + 1
+    } else {
+        l.remaining
+    }
+}
+
+/// Three subjects, each on its own slot, share a global layer on another
+/// slot: 300 concurrent requests. Denials come from both sides, so
+/// reservations are refunded all the time. No layer admits more than its
+/// capacity, and afterwards every layer's remaining is exactly its capacity
+/// minus what it admitted: no charge leaked, no refund given twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cross_slot_layers_under_concurrency_never_over_admit_nor_leak_charges() {
+    let cluster = RedisCluster::shared();
+    let clock = ManualClock::new(START);
+    let (store, prefix) = shared_store(cluster, clock.clone()).await;
+    for limit in every_algorithm(20) {
+        let name = limit.algorithm_name();
+        let per_subject = Policy::new(unique("per-subject"), limit.clone()).unwrap();
+        let global_limit = match &limit {
+            Limit::TokenBucket(_) => Limit::token_bucket(30, 30, Duration::from_secs(1)),
+            Limit::Gcra(_) => Limit::gcra(30, Duration::from_secs(1), 30),
+            Limit::FixedWindow(_) => Limit::fixed_window(30, Duration::from_secs(1)),
+            Limit::SlidingWindow(_) => Limit::sliding_window(30, Duration::from_secs(1)),
+            _ => Limit::sliding_log(30, Duration::from_secs(1)),
+        }
+        .unwrap();
+        let global = Policy::new(unique("global"), global_limit).unwrap();
+        let limiter = Limiter::builder(store.clone())
+            .layer("subject", Scope::Subject, per_subject.clone())
+            .layer("global", Scope::Global, global.clone())
+            .build()
+            .unwrap();
+        // One subject reserved before the global layer, two after it.
+        let global_key = format!("{prefix}:{{global}}");
+        let subjects: Vec<Context> = [true, false, false]
+            .iter()
+            .map(|&below| {
+                let s = subject_away_from(cluster, &global_key, below);
+                Context::subject(Subject::new(s).unwrap())
+            })
+            .collect();
+        let barrier = Arc::new(tokio::sync::Barrier::new(300));
+        let tasks: Vec<_> = (0..300)
+            .map(|i| {
+                let (limiter, ctx, barrier) =
+                    (limiter.clone(), subjects[i % 3].clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let d = limiter.check(&ctx, 1).await.expect("valid request");
+                    assert!(d.store_error().is_none(), "{d:?}");
+                    (i % 3, d.is_allowed())
+                })
+            })
+            .collect();
+        let mut admitted = [0u64; 3];
+        for task in tasks {
+            let (subject, allowed) = task.await.unwrap();
+            admitted[subject] += u64::from(allowed);
+        }
+        let total: u64 = admitted.iter().sum();
+        println!("{name}: admitted {admitted:?} (global capacity 30, per subject 20)");
+        assert!(
+            total <= 30,
+            "{name}: the global layer admitted {total} > 30"
+        );
+        assert!(total > 0, "{name}: nothing admitted");
+        for (ctx, &n) in subjects.iter().zip(&admitted) {
+            assert!(n <= 20, "{name}: a subject admitted {n} > 20");
+            assert_eq!(
+                left(&store, Scope::Subject, &per_subject, ctx).await,
+                20 - n,
+                "{name}: a subject layer leaked a charge (or got one back twice)"
+            );
+        }
+        assert_eq!(
+            left(&store, Scope::Global, &global, &subjects[0]).await,
+            30 - total,
+            "{name}: the global layer leaked a charge (or got one back twice)"
+        );
+    }
+}
+
+/// A `MONITOR` on one node: the script calls clients send for keys under
+/// `prefix` (a script's own commands are tagged `lua` and left out).
+struct Monitor(BufReader<TcpStream>);
+
+impl Monitor {
+    fn start(addr: SocketAddr) -> Monitor {
+        let mut stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        stream.write_all(b"MONITOR\r\n").unwrap();
+        let mut reader = BufReader::new(stream);
+        let mut ok = String::new();
+        reader.read_line(&mut ok).unwrap();
+        assert_eq!(ok.trim_end(), "+OK");
+        Monitor(reader)
+    }
+
+    /// Script calls (`evalsha reserve`, `eval peek`, …) since the last call,
+    /// up to a marker sent by `send`.
+    fn calls(&mut self, prefix: &str, send: impl FnOnce(&str)) -> Vec<String> {
+        let marker = unique("marker");
+        send(&marker);
+        let mut calls = Vec::new();
+        // A replica's REPLCONF ACK arrives every second, so the socket's
+        // read timeout alone would never end a wait for a lost marker.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "no marker on the MONITOR stream; calls so far: {calls:?}"
+            );
+            let mut line = String::new();
+            self.0.read_line(&mut line).expect("a MONITOR line");
+            if line.contains(&marker) {
+                return calls;
+            }
+            let Some((source, command)) = line
+                .split_once('[')
+                .and_then(|(_, rest)| rest.split_once("] "))
+            else {
+                continue;
+            };
+            if source.ends_with(" lua") || !command.contains(prefix) {
+                continue;
+            }
+            let words: Vec<&str> = command.split('"').skip(1).step_by(2).collect();
+            let name = words.first().copied().unwrap_or_default().to_lowercase();
+            let mode = words
+                .last()
+                .copied()
+                .filter(|m| matches!(*m, "reserve" | "peek" | "refund"))
+                .unwrap_or("decide");
+            calls.push(format!("{name} {mode}"));
+        }
+    }
+}
+
+/// Layers sharing a tag are one script call; layers on two slots are one
+/// call per slot when admitted, and when the second slot denies: its call
+/// and one refund of the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_is_one_script_call_per_slot_group() {
+    let cluster = RedisCluster::shared();
+    let (store, prefix) = shared_store(cluster, ManualClock::new(START)).await;
+    let second = Duration::from_secs(1);
+    // A tenant on the master of slot 0 (low slots) and a region tag on a
+    // higher slot of another master: the tenant's group is reserved first.
+    let low = cluster.master_for_slot(0);
+    let tenant = find_tag("tenant", |slot| cluster.master_for_slot(slot) == low);
+    let tenant_slot = hash_slot(format!("{prefix}:{{{tenant}}}").as_bytes());
+    let global_tag = find_tag("g", |slot| {
+        slot > tenant_slot && cluster.master_for_slot(slot) != low
+    });
+    let shared_tag = Limiter::builder(store.clone())
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new(unique("k"), Limit::fixed_window(10, second).unwrap()).unwrap(),
+        )
+        .layer(
+            "tenant",
+            Scope::Tenant,
+            Policy::new(unique("t"), Limit::gcra(10, second, 10).unwrap()).unwrap(),
+        )
+        .build()
+        .unwrap();
+    let narrow = Policy::new(unique("narrow"), Limit::fixed_window(1, second).unwrap()).unwrap();
+    let across = Limiter::builder(store.clone())
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new(unique("k2"), Limit::token_bucket(10, 10, second).unwrap()).unwrap(),
+        )
+        .layer("global", Scope::Attribute("region".into()), narrow)
+        .build()
+        .unwrap();
+    let ctx = Context::subject(Subject::new("k-1").unwrap())
+        .with_tenant(Subject::new(tenant.clone()).unwrap())
+        .with_attribute("region", Subject::new(global_tag).unwrap());
+
+    // The shared cluster never loses a master: its masters are nodes 0-2.
+    let mut monitors: Vec<(usize, Monitor)> = (0..MASTERS)
+        .map(|m| (m, Monitor::start(cluster.nodes()[m].addr())))
+        .collect();
+    let calls = |monitors: &mut Vec<(usize, Monitor)>| -> Vec<String> {
+        let mut all = Vec::new();
+        for (node, monitor) in monitors.iter_mut() {
+            all.extend(monitor.calls(&prefix, |marker| {
+                let echo = cluster.command(*node, &["ECHO", marker]);
+                assert!(matches!(echo, Ok(Reply::Bulk(_))), "ECHO answered {echo:?}");
+            }));
+        }
+        all.sort();
+        all
+    };
+    calls(&mut monitors);
+
+    assert!(shared_tag.check(&ctx, 1).await.unwrap().is_allowed());
+    assert_eq!(
+        calls(&mut monitors),
+        ["evalsha decide"],
+        "two layers, one tag"
+    );
+
+    assert!(across.check(&ctx, 1).await.unwrap().is_allowed());
+    assert_eq!(
+        calls(&mut monitors),
+        ["evalsha reserve", "evalsha reserve"],
+        "two slots, admitted"
+    );
+
+    let denied = across.check(&ctx, 1).await.unwrap();
+    assert!(!denied.is_allowed() && denied.store_error().is_none());
+    assert_eq!(
+        denied.layers()[0].remaining,
+        9,
+        "the refunded layer reports uncharged"
+    );
+    assert_eq!(
+        calls(&mut monitors),
+        ["evalsha refund", "evalsha reserve", "evalsha reserve"],
+        "two slots, the second denies: the first is refunded"
+    );
+}
+
+/// `INFO errorstats` of a node as error code → count.
+fn error_counts(cluster: &RedisCluster, node: usize) -> HashMap<String, u64> {
+    let text = cluster
+        .command(node, &["INFO", "errorstats"])
+        .ok()
+        .and_then(|r| r.text())
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("errorstat_")?.split_once(':')?;
+            Some((
+                name.to_string(),
+                rest.strip_prefix("count=")?.trim().parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Wait until `done` moved `by` past `from`, or `limit` passed (a stage of
+/// traffic; the wait never replaces a condition the test asserts).
+async fn traffic(done: &AtomicU64, by: u64, limit: Duration) {
+    let from = done.load(Ordering::Relaxed);
+    let until = Instant::now() + limit;
+    while done.load(Ordering::Relaxed) < from + by && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A slot moves between masters while 8 clients decide on it: keys served
+/// by the source, `TRYAGAIN` while a group's keys are split, `ASK` to the
+/// target once they moved, `MOVED` after the handover. No decision surfaces
+/// an error, no layer admits more than its capacity, and no charge leaks
+/// (refunds in the moving slot included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_migrating_under_traffic_surfaces_no_error_and_admits_nothing_extra() {
+    let cluster = RedisCluster::shared();
+    let clock = ManualClock::new(START);
+    let (store, prefix) = shared_store(cluster, clock).await;
+    let second = Duration::from_secs(60);
+    // The tenant's slot (the one that moves) is reserved before the global
+    // layer's, and the global layer denies first: refunds land in the
+    // moving slot.
+    let global_slot = hash_slot(format!("{prefix}:{{global}}").as_bytes());
+    let global_master = cluster.master_for_slot(global_slot);
+    let tenant = find_tag("tenant", |slot| {
+        slot < global_slot && cluster.master_for_slot(slot) != global_master
+    });
+    let slot = hash_slot(format!("{prefix}:{{{tenant}}}").as_bytes());
+    let per_subject = Policy::new(unique("sub"), Limit::fixed_window(5, second).unwrap()).unwrap();
+    let per_tenant =
+        Policy::new(unique("ten"), Limit::token_bucket(60, 1, second).unwrap()).unwrap();
+    let global = Policy::new(unique("glo"), Limit::sliding_log(40, second).unwrap()).unwrap();
+    let limiter = Limiter::builder(store.clone())
+        .layer("subject", Scope::Subject, per_subject.clone())
+        .layer("tenant", Scope::Tenant, per_tenant.clone())
+        .layer("global", Scope::Global, global.clone())
+        .build()
+        .unwrap();
+    let contexts: Vec<Context> = (0..20)
+        .map(|i| {
+            Context::subject(Subject::new(format!("u{i}")).unwrap())
+                .with_tenant(Subject::new(tenant.clone()).unwrap())
+        })
+        .collect();
+    // Every subject's key exists before the move starts.
+    for ctx in &contexts {
+        assert!(limiter.check(ctx, 1).await.unwrap().is_allowed());
+    }
+
+    let from = cluster.master_for_slot(slot);
+    let to = (0..MASTERS)
+        .map(|m| cluster.master_for_slot(cluster.slot_of_master(m)))
+        .find(|&m| m != from && m != cluster.master_for_slot(global_slot))
+        .unwrap();
+    let before_from = error_counts(cluster, from);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let outcomes = Arc::new(Mutex::new(vec![0u64; contexts.len()]));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let (limiter, contexts, stop, done, outcomes, errors) = (
+                limiter.clone(),
+                contexts.clone(),
+                stop.clone(),
+                done.clone(),
+                outcomes.clone(),
+                errors.clone(),
+            );
+            tokio::spawn(async move {
+                let mut i = c;
+                while !stop.load(Ordering::Relaxed) {
+                    let s = i % contexts.len();
+                    let d = limiter.check(&contexts[s], 1).await.expect("valid request");
+                    if let Some(class) = d.store_error() {
+                        errors.lock().unwrap().push(class);
+                    }
+                    if d.is_allowed() {
+                        outcomes.lock().unwrap()[s] += 1;
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                    i += 7;
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+
+    let stage = Duration::from_millis(300);
+    traffic(&done, 100, stage).await;
+    let migration = cluster.begin_migration(slot, to);
+    traffic(&done, 100, stage).await;
+    // Half the keys move: groups whose keys are split answer TRYAGAIN,
+    // groups fully moved are redirected with ASK.
+    assert!(migration.move_keys(10) > 0);
+    traffic(&done, 100, stage).await;
+    while migration.move_keys(5) > 0 {
+        traffic(&done, 20, stage).await;
+    }
+    traffic(&done, 100, stage).await;
+    migration.finish();
+    traffic(&done, 200, Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    assert_eq!(cluster.master_for_slot(slot), to);
+
+    let errors = errors.lock().unwrap().clone();
+    let mut by_class: HashMap<&str, usize> = HashMap::new();
+    for class in &errors {
+        *by_class.entry(class).or_default() += 1;
+    }
+    assert!(
+        errors.is_empty(),
+        "decisions failed during the move: {by_class:?}"
+    );
+    let after_from = error_counts(cluster, from);
+    let grew = |code: &str| {
+        after_from.get(code).copied().unwrap_or(0) > before_from.get(code).copied().unwrap_or(0)
+    };
+    println!(
+        "slot {slot} moved from node {from} to {to} under {} decisions; source errorstats before {before_from:?} after {after_from:?}",
+        done.load(Ordering::Relaxed)
+    );
+    assert!(grew("ASK"), "no ASK redirection was exercised");
+    assert!(grew("MOVED"), "no MOVED redirection was exercised");
+
+    let outcomes = outcomes.lock().unwrap().clone();
+    // The first decision of each subject (before the move) was admitted too.
+    let admitted: Vec<u64> = outcomes.iter().map(|n| n + 1).collect();
+    let total: u64 = admitted.iter().sum();
+    assert!(total <= 40, "the global layer admitted {total} > 40");
+    for (ctx, &n) in contexts.iter().zip(&admitted) {
+        assert!(n <= 5, "a subject admitted {n} > 5");
+        assert_eq!(left(&store, Scope::Subject, &per_subject, ctx).await, 5 - n);
+    }
+    assert_eq!(
+        left(&store, Scope::Tenant, &per_tenant, &contexts[0]).await,
+        60 - total
+    );
+    assert_eq!(
+        left(&store, Scope::Global, &global, &contexts[0]).await,
+        40 - total
+    );
+}
+
+/// The decisions of a run: when, whether the store decided, allowed.
+type Log = Arc<Mutex<Vec<(Duration, bool, bool)>>>;
+
+/// On the test's own cluster: `SCRIPT FLUSH` on every node, then decisions
+/// across slots load the script where it is missing (`NOSCRIPT` from any
+/// node). Then a master is killed (`SIGKILL`) under load. Its replica is
+/// promoted by automatic failover; meanwhile every decision on its keys
+/// fails closed (503, never an admission), and afterwards decisions resume —
+/// on a node that never loaded the script (it is flushed there first), so
+/// through `NOSCRIPT` and `EVAL`. Prints the gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_killed_under_load_is_survived_by_failover() {
+    let mut cluster = RedisCluster::start();
+    let store = RedisClusterStore::builder(cluster.urls())
+        .prefix(unique("failover"))
+        .deadline(Duration::from_millis(200))
+        .connect_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect");
+    let prefix = store.prefix().to_string();
+    // A subject on master 0, a region (own slot) on master 1.
+    let tagged = |master: usize| find_tag("x", |slot| cluster.master_for_slot(slot) == master);
+    let (subject, region) = (tagged(0), tagged(1));
+    let victim_slot = hash_slot(format!("{prefix}:{{{subject}}}").as_bytes());
+    let victim = cluster.master_for_slot(victim_slot);
+    let replica = cluster.replica_of(victim).expect("a replica");
+    let store: Arc<dyn Store> = Arc::new(store);
+    // The subject's layer lives on the victim, the region's on another master.
+    let ctx = Context::subject(Subject::new(subject).unwrap())
+        .with_attribute("region", Subject::new(region).unwrap());
+
+    // First, `NOSCRIPT` from every node: the script is flushed everywhere
+    // (this cluster is the test's own), and decisions across the two slots
+    // surface no error and admit exactly the capacity.
+    let minute = Duration::from_secs(60);
+    let exact = Limiter::builder(store.clone())
+        .layer(
+            "subject",
+            Scope::Subject,
+            Policy::new("log", Limit::sliding_log(3, minute).unwrap()).unwrap(),
+        )
+        .layer(
+            "region",
+            Scope::Attribute("region".into()),
+            Policy::new("bucket", Limit::token_bucket(100, 1, minute).unwrap()).unwrap(),
+        )
+        .build()
+        .unwrap();
+    assert!(exact.check(&ctx, 1).await.unwrap().is_allowed());
+    for node in 0..cluster.nodes().len() {
+        assert_eq!(
+            cluster.command(node, &["SCRIPT", "FLUSH"]).unwrap(),
+            Reply::Status("OK".into())
+        );
+    }
+    let mut admitted = 1;
+    for _ in 0..5 {
+        let d = exact.check(&ctx, 1).await.unwrap();
+        assert!(d.store_error().is_none(), "after SCRIPT FLUSH: {d:?}");
+        admitted += usize::from(d.is_allowed());
+    }
+    assert_eq!(admitted, 3, "exactly the capacity, across the flush");
+    // The masters have the script again; the replica that takes over must
+    // not (so decisions resume through NOSCRIPT and EVAL).
+    assert_eq!(
+        cluster.command(replica, &["SCRIPT", "FLUSH"]).unwrap(),
+        Reply::Status("OK".into())
+    );
+
+    let big = Limit::token_bucket(1_000_000, 1_000_000, Duration::from_secs(1)).unwrap();
+    let closed = |name: &str| {
+        Policy::new(name, big.clone())
+            .unwrap()
+            .with_on_failure(OnStoreFailure::FailClosed)
+            .unwrap()
+    };
+    let limiter = Limiter::builder(store)
+        .layer("subject", Scope::Subject, closed("per-subject"))
+        .layer(
+            "region",
+            Scope::Attribute("region".into()),
+            closed("per-region"),
+        )
+        .breaker(BreakerConfig {
+            failure_threshold: 3,
+            open_for: Duration::from_millis(50),
+        })
+        .build()
+        .unwrap();
+
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    // Every decision: when (from the start), whether the store decided, allowed.
+    let seen: Log = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (limiter, ctx, stop, seen) =
+                (limiter.clone(), ctx.clone(), stop.clone(), seen.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let d = limiter.check(&ctx, 1).await.expect("valid request");
+                    let from_store = d.layers().iter().all(|l| l.source == Source::Store);
+                    assert!(
+                        from_store || (d.failed_closed() && !d.is_allowed()),
+                        "a store failure must fail closed: {d:?}"
+                    );
+                    seen.lock()
+                        .unwrap()
+                        .push((start.elapsed(), from_store, d.is_allowed()));
+                    if !from_store {
+                        // An open breaker answers at once, without awaiting
+                        // anything: pace the client like a real one (and let
+                        // the test's own task run).
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+
+    let progress = |seen: &Log| seen.lock().unwrap().len();
+    let warm = Instant::now() + Duration::from_secs(5);
+    while progress(&seen) < 200 && Instant::now() < warm {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(progress(&seen) >= 200, "no traffic before the kill");
+    let killed_at = start.elapsed();
+    let (promoted, took) = tokio::task::block_in_place(|| {
+        cluster.kill(victim);
+        cluster.wait_for_failover(victim, victim_slot)
+    });
+    assert_eq!(promoted, replica);
+    // Decisions resume: wait for a run of store decisions after the failover.
+    let resumed = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tail_ok = {
+            let seen = seen.lock().unwrap();
+            seen.len() > 100
+                && seen
+                    .iter()
+                    .rev()
+                    .take(100)
+                    .all(|&(at, ok, _)| ok && at > killed_at)
+        };
+        if tail_ok {
+            break;
+        }
+        assert!(
+            Instant::now() < resumed,
+            "decisions did not resume after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    let failed: Vec<Duration> = seen.iter().filter(|s| !s.1).map(|s| s.0).collect();
+    let first_ok_after = seen
+        .iter()
+        .filter(|s| s.1 && s.0 > killed_at && failed.last().is_some_and(|&f| s.0 > f))
+        .map(|s| s.0)
+        .min()
+        .expect("a store decision after the gap");
+    println!(
+        "failover: {} decisions failed closed; gap from the kill to decisions resuming {:?} \
+         (last failed-closed decision {:?} after the kill; the cluster reported the new master \
+         after {took:?}); {} decisions in all",
+        failed.len(),
+        first_ok_after - killed_at,
+        failed.last().map(|&f| f - killed_at),
+        seen.len()
+    );
+    assert!(
+        !failed.is_empty(),
+        "the gap was not seen: no decision failed closed"
+    );
+    assert!(
+        failed.iter().all(|&f| f >= killed_at),
+        "failures before the kill"
+    );
+    assert!(
+        seen.iter().filter(|s| s.1).all(|s| s.2),
+        "the store denied (capacity is huge)"
+    );
+}
