@@ -138,14 +138,18 @@ impl Harness {
             cmd.arg(*a);
         }
         cmd.arg(mode);
-        let reply = cmd.query_async(&mut self.con).await.expect("script");
-        // Keep the key past the test (see the module docs).
-        let _: () = redis::cmd("PEXPIRE")
+        // Keep the key past the test (see the module docs). In the same
+        // MULTI as the script: a separate call could come after Redis already
+        // expired a short TTL on its own wall clock (a loaded CI machine).
+        let (reply, _): (Vec<i64>, i64) = redis::pipe()
+            .atomic()
+            .add_command(cmd)
+            .cmd("PEXPIRE")
             .arg(&self.key)
             .arg(3_600_000)
             .query_async(&mut self.con)
             .await
-            .expect("PEXPIRE");
+            .expect("script and PEXPIRE");
         reply
     }
 
