@@ -12,6 +12,8 @@
 //!   conformance suite in `tollgate-testkit`.
 //!
 //! ```
+//! # #[cfg(not(feature = "memory"))] fn main() {} // the example needs the default `memory` feature
+//! # #[cfg(feature = "memory")]
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::{sync::Arc, time::Duration};
 //! use tollgate::{Context, Limit, Limiter, MemoryStore, Policy, Scope, Subject};
@@ -98,17 +100,17 @@ pub struct HttpGuideDoctests;
 pub struct ClientsGuideDoctests;
 
 /// The README's examples, compiled as doc-tests so they cannot rot.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "memory"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
 /// The algorithms guide's examples, compiled and run as doc-tests.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "memory"))]
 #[doc = include_str!("../docs/algorithms.md")]
 pub struct AlgorithmsGuideDoctests;
 
 /// The operations guide's examples, compiled and run as doc-tests.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "memory"))]
 #[doc = include_str!("../docs/operations.md")]
 pub struct OperationsGuideDoctests;
 

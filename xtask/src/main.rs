@@ -4,8 +4,8 @@
 //!   installed first (the tests start their own servers on free ports): when
 //!   it is missing it installs it with apt-get when it can, saying so, or
 //!   stops at once with the exact command to run.
-//! - `cargo xtask features`: builds (and checks the tests of) every cargo
-//!   feature of the `tollgate` crate on its own.
+//! - `cargo xtask features`: builds and tests the `tollgate` crate with
+//!   each cargo feature on its own.
 //! - `cargo xtask bench`: every criterion bench, then the summary report.
 //! - `cargo xtask custom-store`: the example PostgreSQL store's conformance
 //!   tests (`examples/postgres-store`). Uses `DATABASE_URL` when set;
@@ -167,17 +167,31 @@ fn features() -> Result {
             "--all-targets",
         ]),
     )?;
+    // Each feature alone: its code, examples and benches build, and the
+    // facade's tests and doc-tests pass with nothing else switched on.
     for feature in FEATURES {
         run(
-            &format!("tollgate with only `{feature}`"),
+            &format!("tollgate with only `{feature}`: build and test"),
             cargo().args([
-                "check",
+                "test",
                 "-p",
                 "tollgate",
                 "--no-default-features",
                 "--features",
                 feature,
                 "--all-targets",
+            ]),
+        )?;
+        run(
+            &format!("tollgate with only `{feature}`: doc-tests"),
+            cargo().args([
+                "test",
+                "-p",
+                "tollgate",
+                "--no-default-features",
+                "--features",
+                feature,
+                "--doc",
             ]),
         )?;
     }
