@@ -1,4 +1,4 @@
-//! Core model of [Tollgate](https://docs.rs/tollgate): policies, subjects,
+//! Core model of Tollgate (the `tollgate` crate): policies, subjects,
 //! decisions, clocks, and the [`Algorithm`] and [`Store`] traits that every
 //! algorithm and store implements.
 //!
