@@ -174,3 +174,23 @@ pub async fn stopped_redis() -> (tollgate_testkit::redis_server::RedisServer, Ar
     server.kill();
     (server, Arc::new(store))
 }
+
+/// The answer to a request whose store failed (fail-closed, the default):
+/// 503 problem+json naming the policy, with a Retry-After of at least 1 s.
+pub fn assert_store_failure_503(reply: &Reply, policy: &str) {
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    let problem = reply.json();
+    assert_eq!(problem["status"], 503);
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+    );
+    assert_eq!(problem["violated-policies"], serde_json::json!([policy]));
+    // Retry-After is never below 1 s.
+    let retry: u64 = reply.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry >= 1);
+}
