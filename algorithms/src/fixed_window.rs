@@ -10,6 +10,7 @@ use crate::{after, ttl_until};
 /// stored count belongs to the window holding `last`. A clock stepping back
 /// into an earlier window keeps the later window and its count.
 pub fn fixed_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transition {
+    let now = crate::bounded(now);
     let w = p.window_us();
     let (stored, last) = match state {
         Some([count, last, _]) => (count, last),
@@ -18,9 +19,9 @@ pub fn fixed_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) ->
     let t = now.max(last);
     let start = t - t % w;
     let count = if last >= start { stored } else { 0 };
-    let end = start + w;
-    let allowed = count + cost <= p.limit();
-    let count_after = if allowed { count + cost } else { count };
+    let end = start.saturating_add(w);
+    let allowed = count.saturating_add(cost) <= p.limit();
+    let count_after = if allowed { count.saturating_add(cost) } else { count };
     Transition {
         verdict: Verdict {
             allowed,

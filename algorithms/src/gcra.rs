@@ -12,6 +12,7 @@ use crate::{after, ttl_until};
 /// keeps the effective time monotonic, so a backward clock cannot make the
 /// bucket look emptier.
 pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transition {
+    let now = crate::bounded(now);
     let interval = p.interval_us();
     let tolerance = p.burst() * interval;
     let (tat, last) = match state {
@@ -20,7 +21,7 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
     };
     let t = now.max(last);
     let base = tat.max(t);
-    let new_tat = base + cost * interval;
+    let new_tat = base.saturating_add(cost * interval);
     if new_tat - t <= tolerance {
         Transition {
             verdict: Verdict {

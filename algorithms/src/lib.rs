@@ -76,6 +76,14 @@ fn log(state: Option<&State>) -> Option<&std::collections::VecDeque<u64>> {
     }
 }
 
+/// `now`, held at [`Timestamp::LATEST`] (2100): stores refuse later times,
+/// and below it no sum of a time and a window or interval comes near
+/// `u64::MAX`, so a wrong clock cannot wrap a state into a fresh one. Every
+/// other sum saturates.
+fn bounded(now: u64) -> u64 {
+    now.min(Timestamp::LATEST.as_micros())
+}
+
 /// `at - now` as a duration (0 when `at` is not after `now`).
 fn after(at: u64, now: u64) -> Duration {
     Duration::from_micros(at.saturating_sub(now))

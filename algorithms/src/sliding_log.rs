@@ -13,18 +13,19 @@ use crate::{after, ttl_until};
 /// entries at `t`. Because `t` never decreases, the list stays sorted and a
 /// store can keep it as a plain list.
 pub fn sliding_log(p: &Window, state: Option<&VecDeque<u64>>, now: u64, cost: u64) -> Transition {
+    let now = crate::bounded(now);
     let (w, limit) = (p.window_us(), p.limit());
     let empty = VecDeque::new();
     let entries = state.unwrap_or(&empty);
     let t = entries.back().map_or(now, |&newest| now.max(newest));
     // Entries at or before t - W have aged out.
-    let live = entries.len() - entries.partition_point(|&ts| ts + w <= t);
+    let live = entries.len() - entries.partition_point(|&ts| ts.saturating_add(w) <= t);
     let first_live = entries.len() - live;
     let allowed = live as u64 + cost <= limit;
     if allowed {
         let mut next: VecDeque<u64> = entries.range(first_live..).copied().collect();
         next.extend(std::iter::repeat_n(t, cost as usize));
-        let reset_at = t + w;
+        let reset_at = t.saturating_add(w);
         Transition {
             verdict: Verdict {
                 allowed,
@@ -41,8 +42,8 @@ pub fn sliding_log(p: &Window, state: Option<&VecDeque<u64>>, now: u64, cost: u6
     } else {
         // The k-th oldest live entry must age out, k = live + cost - limit.
         let k = live as u64 + cost - limit;
-        let retry_at = entries[first_live + k as usize - 1] + w;
-        let reset_at = entries.back().map_or(t, |&newest| newest + w);
+        let retry_at = entries[first_live + k as usize - 1].saturating_add(w);
+        let reset_at = entries.back().map_or(t, |&newest| newest.saturating_add(w));
         Transition {
             verdict: Verdict {
                 allowed,

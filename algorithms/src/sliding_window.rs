@@ -10,6 +10,7 @@ use crate::{after, ttl_until};
 /// passes when `prev × (W − e) + (cur + cost) × W ≤ limit × W` — the usual
 /// `prev × (1 − e/W) + cur + cost ≤ limit`, multiplied out so it stays exact.
 pub fn sliding_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transition {
+    let now = crate::bounded(now);
     let (w, limit) = (p.window_us(), p.limit());
     let (stored_cur, stored_prev, last) = match state {
         Some([cur, prev, last]) => (cur, prev, last),
@@ -20,7 +21,7 @@ pub fn sliding_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) 
     let last_start = last - last % w;
     let (prev, cur) = if last_start == start {
         (stored_prev, stored_cur)
-    } else if last_start + w == start {
+    } else if last_start.saturating_add(w) == start {
         (stored_cur, 0)
     } else {
         (0, 0)
@@ -32,9 +33,9 @@ pub fn sliding_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) 
     let cur_after = if allowed { cur + cost } else { cur };
     let used_after = prev * (w - e) + cur_after * w;
     let reset_at = if cur_after > 0 {
-        start + 2 * w
+        start.saturating_add(2 * w)
     } else if prev > 0 {
-        start + w
+        start.saturating_add(w)
     } else {
         t
     };
@@ -63,7 +64,7 @@ fn retry_at(limit: u64, w: u64, prev: u64, cur: u64, cost: u64, start: u64, e: u
         let e_min = w - (spare / prev).min(w);
         if e_min < w {
             debug_assert!(e_min > e);
-            return start + e_min;
+            return start.saturating_add(e_min);
         }
     }
     // In the next window, where this window's count becomes the weighted one:
@@ -72,5 +73,5 @@ fn retry_at(limit: u64, w: u64, prev: u64, cur: u64, cost: u64, start: u64, e: u
     let e_next = ((limit - cost) * w)
         .checked_div(cur)
         .map_or(0, |spare| w - spare.min(w));
-    start + w + e_next
+    start.saturating_add(w).saturating_add(e_next)
 }

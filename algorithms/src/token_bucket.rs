@@ -10,6 +10,7 @@ use crate::{after, ttl_until};
 /// refill of `R` per period adds exactly `R` scaled tokens per microsecond
 /// and any partial interval refills the exact fraction.
 pub fn token_bucket(p: &TokenBucket, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transition {
+    let now = crate::bounded(now);
     let (period, refill) = (p.period_us(), p.refill());
     let full = p.capacity() * period;
     let (stored, last) = match state {
@@ -29,7 +30,7 @@ pub fn token_bucket(p: &TokenBucket, state: Option<[u64; 3]>, now: u64, cost: u6
     let need = cost * period;
     if level >= need {
         let left = level - need;
-        let reset_at = t + (full - left).div_ceil(refill);
+        let reset_at = t.saturating_add((full - left).div_ceil(refill));
         Transition {
             verdict: Verdict {
                 allowed: true,
@@ -44,8 +45,8 @@ pub fn token_bucket(p: &TokenBucket, state: Option<[u64; 3]>, now: u64, cost: u6
             }),
         }
     } else {
-        let retry_at = t + (need - level).div_ceil(refill);
-        let reset_at = t + (full - level).div_ceil(refill);
+        let retry_at = t.saturating_add((need - level).div_ceil(refill));
+        let reset_at = t.saturating_add((full - level).div_ceil(refill));
         Transition {
             verdict: Verdict {
                 allowed: false,

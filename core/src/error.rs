@@ -72,9 +72,34 @@ pub enum StoreError {
     /// asked again until the open period ends.
     #[error("the store failed repeatedly and is skipped for {0:?} more (circuit breaker open)")]
     CircuitOpen(std::time::Duration),
-    /// The in-process store holds its maximum number of live keys.
-    #[error("the in-process store is full ({0} live keys); raise max_keys, since evicting a live counter would hand out free requests")]
-    Full(usize),
+    /// A key budget of the in-process store is full of live keys: the
+    /// store's own `max_keys`, or a policy's
+    /// ([`Policy::with_key_budget`](crate::Policy::with_key_budget)), whose
+    /// [`WhenFull`](crate::WhenFull) is to refuse.
+    #[error("the in-process store's key budget {budget} is full ({max_keys} live keys); room frees up in {retry_after:?} — raise max_keys, or give busy policies a budget of their own")]
+    Full {
+        /// Which budget: `store`, or `policy <name>`.
+        budget: String,
+        /// The budget's size.
+        max_keys: usize,
+        /// When the first of its keys expires, freeing room.
+        retry_after: std::time::Duration,
+    },
+    /// A key of this policy holds a value Tollgate did not write (another
+    /// application sharing the database and the prefix, a hand-made key).
+    /// The value is left exactly as it was; the policy's failure mode
+    /// decides the request.
+    #[error("a key of policy {policy:?} holds data Tollgate did not write ({found}); it was left untouched: give Tollgate a key prefix of its own, or remove that value")]
+    Conflict {
+        /// The policy whose key it is (never the key: it holds a subject).
+        policy: String,
+        /// What was found there (a type or a shape, never the value).
+        found: String,
+    },
+    /// The store's clock reads an instant it will not decide with (before
+    /// 2020 or after 2100, see [`Timestamp::is_plausible`](crate::Timestamp::is_plausible)).
+    #[error("the store's clock reads {0}, which is not between 2020-01-01 and 2100-01-01; refusing to decide with it (check the clock given to the store)")]
+    ImplausibleTime(crate::Timestamp),
     /// The store cannot run this policy's algorithm.
     #[error("this store cannot run the {0} algorithm; use a built-in algorithm or a store with a generic path")]
     Unsupported(&'static str),
@@ -89,7 +114,8 @@ pub enum StoreError {
 impl StoreError {
     /// Whether the error says the store is down or unreachable (and so
     /// counts towards opening the circuit breaker). A full in-process store
-    /// or an unsupported algorithm is not an outage.
+    /// or an unsupported algorithm is not an outage, nor is foreign data at
+    /// one key or a wrong clock.
     pub fn is_outage(&self) -> bool {
         matches!(
             self,
@@ -106,7 +132,9 @@ impl StoreError {
             StoreError::Timeout(_) => "timeout",
             StoreError::Unavailable(_) => "unavailable",
             StoreError::CircuitOpen(_) => "circuit_open",
-            StoreError::Full(_) => "full",
+            StoreError::Full { .. } => "full",
+            StoreError::Conflict { .. } => "conflict",
+            StoreError::ImplausibleTime(_) => "implausible_time",
             StoreError::Unsupported(_) => "unsupported",
             StoreError::Protocol(_) => "protocol",
             StoreError::Backend(_) => "backend",

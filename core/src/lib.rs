@@ -10,6 +10,7 @@
 mod algorithm;
 #[cfg(feature = "blocked-cache")]
 mod blocked;
+mod budget;
 mod decision;
 mod error;
 mod failure;
@@ -25,6 +26,7 @@ pub use algorithm::{Algorithm, State, Stored, Transition, Verdict};
 #[cfg(feature = "blocked-cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "blocked-cache")))]
 pub use blocked::BlockedCacheConfig;
+pub use budget::{KeyBudget, WhenFull};
 pub use decision::{Decision, LayerDecision, Source};
 pub use error::{Error, PolicyError, StoreError, SubjectError};
 pub use failure::{
@@ -33,7 +35,7 @@ pub use failure::{
 pub use limiter::{Context, Layer, Limiter, LimiterBuilder, Scope};
 pub use policy::{
     CustomAlgorithm, DurationSpec, Gcra, Limit, LimitSpec, OnFailureSpec, Policy, TokenBucket,
-    Window, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY, MAX_WINDOW, MIN_WINDOW,
+    Window, WhenFullSpec, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY, MAX_WINDOW, MIN_WINDOW,
 };
 pub use store::{LayerRequest, Store, StoreKey};
 pub use subject::{HashKey, Subject};

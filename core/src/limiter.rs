@@ -354,8 +354,11 @@ impl Limiter {
     /// Decide without the store, which failed with `error`: every layer by
     /// its policy's failure mode.
     async fn degraded(&self, requests: &[LayerRequest<'_>], error: &StoreError) -> Decision {
+        // The wait announced is the store's own when it knows one (a full
+        // budget frees up when its first key expires), else the breaker's.
         let wait = match error {
             StoreError::CircuitOpen(wait) => *wait,
+            StoreError::Full { retry_after, .. } => *retry_after,
             _ => self.breaker.config().open_for,
         };
         let closed = |layer: &Layer| {

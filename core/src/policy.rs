@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::algorithm::Algorithm;
+use crate::budget::KeyBudget;
 use crate::error::PolicyError;
 use crate::failure::{Fallback, OnStoreFailure};
 use crate::time::duration_micros;
@@ -49,6 +50,8 @@ pub struct Policy {
     on_failure: OnStoreFailure,
     /// The emergency limit, resolved when `on_failure` is a fallback.
     fallback: Option<Limit>,
+    /// Its own share of a bounded (in-process) store, if any.
+    key_budget: Option<KeyBudget>,
 }
 
 impl Policy {
@@ -68,7 +71,31 @@ impl Policy {
             limit,
             on_failure: OnStoreFailure::FailClosed,
             fallback: None,
+            key_budget: None,
         })
+    }
+
+    /// The same policy with a key budget of its own in bounded stores (the
+    /// in-process store): at most `budget.max_keys()` live keys, so this
+    /// policy's traffic cannot take the room of other policies. Stores
+    /// without a bound (Redis) ignore it.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tollgate_core::{KeyBudget, Limit, Policy, WhenFull};
+    /// let login = Policy::new("login", Limit::sliding_log(5, Duration::from_secs(60))?)?
+    ///     .with_key_budget(KeyBudget::new(10_000, WhenFull::EvictNearestExpiry)?);
+    /// assert_eq!(login.key_budget().unwrap().max_keys(), 10_000);
+    /// # Ok::<(), tollgate_core::PolicyError>(())
+    /// ```
+    pub fn with_key_budget(mut self, budget: KeyBudget) -> Self {
+        self.key_budget = Some(budget);
+        self
+    }
+
+    /// The policy's own key budget, if it has one.
+    pub fn key_budget(&self) -> Option<&KeyBudget> {
+        self.key_budget.as_ref()
     }
 
     /// The same policy with another answer for store failures (the default
@@ -112,6 +139,7 @@ impl Policy {
             limit,
             on_failure: OnStoreFailure::FailClosed,
             fallback: None,
+            key_budget: None,
             ..self.clone()
         })
     }
@@ -225,6 +253,20 @@ impl Limit {
             Limit::FixedWindow(_) => "fixed_window",
             Limit::SlidingWindow(_) => "sliding_window",
             Limit::SlidingLog(_) => "sliding_log",
+            Limit::Custom(c) => c.0.name(),
+        }
+    }
+
+    /// The algorithm's code in store keys (see [`StoreKey`](crate::StoreKey)):
+    /// `tb`, `gcra`, `fw`, `sw`, `log`, or a custom algorithm's name (keys
+    /// render it as `x-<name>`, so it never collides with a built-in one).
+    pub fn key_code(&self) -> &'static str {
+        match self {
+            Limit::TokenBucket(_) => "tb",
+            Limit::Gcra(_) => "gcra",
+            Limit::FixedWindow(_) => "fw",
+            Limit::SlidingWindow(_) => "sw",
+            Limit::SlidingLog(_) => "log",
             Limit::Custom(c) => c.0.name(),
         }
     }
@@ -515,8 +557,23 @@ impl LimitSpec {
     }
 }
 
-/// A duration written as an integer and a unit: `"250ms"`, `"1s"`, `"5m"`,
-/// `"2h"`, `"1d"` (also `"us"`).
+/// A duration as people write it: a number and a unit, or several
+/// (`"250ms"`, `"1s"`, `"1.5s"`, `"1m30s"`, `"1min"`, `"2h"`, `"1d"`).
+///
+/// Units: `us`/`µs`, `ms`, `s`/`sec`/`secs`/`second`/`seconds`,
+/// `m`/`min`/`mins`/`minute`/`minutes`, `h`/`hr`/`hour`/`hours`,
+/// `d`/`day`/`days`. A fraction must come to whole microseconds.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_core::DurationSpec;
+/// let d: DurationSpec = "1m30s".parse()?;
+/// assert_eq!(d.0, Duration::from_secs(90));
+/// assert_eq!("1.5s".parse::<DurationSpec>()?.0, Duration::from_millis(1500));
+/// assert_eq!("1min".parse::<DurationSpec>()?.0, Duration::from_secs(60));
+/// assert!("1.5".parse::<DurationSpec>().is_err());
+/// # Ok::<(), String>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
 pub struct DurationSpec(pub Duration);
@@ -532,26 +589,66 @@ impl std::str::FromStr for DurationSpec {
     type Err = String;
     fn from_str(text: &str) -> Result<Self, String> {
         let text = text.trim();
-        let split = text
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len());
-        let (number, unit) = text.split_at(split);
-        let bad = || {
-            format!("{text:?} is not a duration: write an integer and a unit, like \"500ms\", \"1s\", \"5m\", \"2h\" or \"1d\"")
+        let bad = |why: &str| {
+            format!("{text:?} is not a duration ({why}): write numbers with units, like \"500ms\", \"1.5s\", \"1m30s\", \"2h\" or \"1d\"")
         };
-        let n: u64 = number.parse().map_err(|_| bad())?;
-        let micros_per = match unit.trim() {
-            "us" => 1,
-            "ms" => 1_000,
-            "s" => 1_000_000,
-            "m" => 60_000_000,
-            "h" => 3_600_000_000,
-            "d" => 86_400_000_000,
-            _ => return Err(bad()),
-        };
-        n.checked_mul(micros_per)
-            .map(|us| DurationSpec(Duration::from_micros(us)))
-            .ok_or_else(bad)
+        if text.is_empty() {
+            return Err(bad("it is empty"));
+        }
+        let mut rest = text;
+        let mut total: u64 = 0;
+        while !rest.is_empty() {
+            let digits = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .unwrap_or(rest.len());
+            let (number, tail) = rest.split_at(digits);
+            let unit_len = tail
+                .find(|c: char| c.is_ascii_digit() || c == '.')
+                .unwrap_or(tail.len());
+            let (unit, tail) = tail.split_at(unit_len);
+            if number.is_empty() {
+                return Err(bad("a unit without a number"));
+            }
+            let per: u64 = match unit.trim() {
+                "us" | "µs" => 1,
+                "ms" => 1_000,
+                "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000,
+                "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000,
+                "h" | "hr" | "hour" | "hours" => 3_600_000_000,
+                "d" | "day" | "days" => 86_400_000_000,
+                "" => return Err(bad("a number without a unit")),
+                _ => return Err(bad("unknown unit")),
+            };
+            let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+            if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+                return Err(bad("a malformed number"));
+            }
+            let whole: u64 = if whole.is_empty() {
+                0
+            } else {
+                whole.parse().map_err(|_| bad("a number too large"))?
+            };
+            let mut micros = whole
+                .checked_mul(per)
+                .ok_or_else(|| bad("too long"))?;
+            if !fraction.is_empty() {
+                if fraction.len() > 12 {
+                    return Err(bad("too many decimals"));
+                }
+                let digits: u128 = fraction.parse().map_err(|_| bad("a malformed number"))?;
+                let scale = 10u128.pow(fraction.len() as u32);
+                let part = digits * u128::from(per);
+                if part % scale != 0 {
+                    return Err(bad("not a whole number of microseconds"));
+                }
+                micros = micros
+                    .checked_add(u64::try_from(part / scale).map_err(|_| bad("too long"))?)
+                    .ok_or_else(|| bad("too long"))?;
+            }
+            total = total.checked_add(micros).ok_or_else(|| bad("too long"))?;
+            rest = tail;
+        }
+        Ok(DurationSpec(Duration::from_micros(total)))
     }
 }
 
@@ -564,6 +661,30 @@ struct PolicyDef {
     limit: LimitSpec,
     #[serde(default)]
     on_failure: Option<OnFailureSpec>,
+    #[serde(default)]
+    max_keys: Option<usize>,
+    #[serde(default)]
+    when_full: Option<WhenFullSpec>,
+}
+
+/// What a full key budget does, as written in a configuration file:
+/// `"evict"` or `"refuse"` (see [`WhenFull`](crate::WhenFull)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenFullSpec {
+    /// [`WhenFull::EvictNearestExpiry`](crate::WhenFull::EvictNearestExpiry).
+    Evict,
+    /// [`WhenFull::Refuse`](crate::WhenFull::Refuse).
+    Refuse,
+}
+
+impl From<WhenFullSpec> for crate::WhenFull {
+    fn from(spec: WhenFullSpec) -> Self {
+        match spec {
+            WhenFullSpec::Evict => crate::WhenFull::EvictNearestExpiry,
+            WhenFullSpec::Refuse => crate::WhenFull::Refuse,
+        }
+    }
 }
 
 /// A store-failure mode as written in a configuration file:
@@ -606,8 +727,21 @@ fn first_version() -> u32 {
 impl TryFrom<PolicyDef> for Policy {
     type Error = PolicyError;
     fn try_from(def: PolicyDef) -> Result<Self, PolicyError> {
-        let policy = Policy::new(def.name, def.limit.build().map_err(|e| e.within("limit"))?)?
+        let mut policy = Policy::new(def.name, def.limit.build().map_err(|e| e.within("limit"))?)?
             .with_version(def.version);
+        match (def.max_keys, def.when_full) {
+            (Some(max_keys), when_full) => {
+                let when_full = when_full.map(Into::into).unwrap_or_default();
+                policy = policy.with_key_budget(KeyBudget::new(max_keys, when_full)?);
+            }
+            (None, Some(_)) => {
+                return Err(PolicyError::new(
+                    "when_full",
+                    "applies to a key budget: set max_keys too",
+                ))
+            }
+            (None, None) => {}
+        }
         match def.on_failure {
             Some(spec) => policy.with_on_failure(spec.build().map_err(|e| e.within("on_failure"))?),
             None => Ok(policy),

@@ -6,10 +6,17 @@ use async_trait::async_trait;
 
 use crate::algorithm::Verdict;
 use crate::error::StoreError;
-use crate::policy::Policy;
+use crate::policy::{Limit, Policy};
 
 /// Where one layer's state lives, without the store's prefix. Rendered
-/// ([`StoreKey::render`], or `Display`) it reads `{tag}:<policy>:v<version>:<scope>:<subject>`.
+/// ([`StoreKey::render`], or `Display`) it reads
+/// `{tag}:<policy>:v<version>:<algorithm>:<scope>:<subject>`.
+///
+/// The algorithm is part of the key, so a state is only ever read by the
+/// algorithm that wrote it: swapping a policy's algorithm starts every
+/// subject from no state, while changing its parameters (capacity, window)
+/// keeps sharing the state. The codes are short ([`Limit::key_code`]:
+/// `tb`, `gcra`, `fw`, `sw`, `log`; `x-<name>` for a custom algorithm).
 ///
 /// The `{tag}` is a Redis Cluster hash tag: keys with the same tag share a
 /// slot, so layers keyed on one tenant are decided by a single script call.
@@ -22,8 +29,8 @@ use crate::policy::Policy;
 /// # use tollgate_core::{Limit, Policy, StoreKey};
 /// let policy = Policy::new("search", Limit::fixed_window(5, Duration::from_secs(1))?)?;
 /// let key = StoreKey::new("acme", &policy, "subject", "key-7");
-/// assert_eq!(key.to_string(), "{acme}:search:v1:subject:key-7");
-/// assert!(key.matches("{acme}:search:v1:subject:key-7"));
+/// assert_eq!(key.to_string(), "{acme}:search:v1:fw:subject:key-7");
+/// assert!(key.matches("{acme}:search:v1:fw:subject:key-7"));
 /// assert_eq!(key.tag(), "acme");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -32,6 +39,8 @@ pub struct StoreKey<'a> {
     tag: &'a str,
     policy: &'a str,
     version: u32,
+    algorithm: &'a str,
+    custom: bool,
     scope: &'a str,
     subject: &'a str,
 }
@@ -44,6 +53,8 @@ impl<'a> StoreKey<'a> {
             tag,
             policy: policy.name(),
             version: policy.version(),
+            algorithm: policy.limit().key_code(),
+            custom: matches!(policy.limit(), Limit::Custom(_)),
             scope,
             subject,
         }
@@ -70,7 +81,7 @@ impl<'a> StoreKey<'a> {
     }
 
     /// Every piece of the rendered key before the subject.
-    fn parts<'s>(&'s self, version: &'s str) -> [&'s str; 9] {
+    fn parts<'s>(&'s self, version: &'s str) -> [&'s str; 12] {
         [
             "{",
             self.tag,
@@ -78,6 +89,9 @@ impl<'a> StoreKey<'a> {
             self.policy,
             ":v",
             version,
+            ":",
+            if self.custom { "x-" } else { "" },
+            self.algorithm,
             ":",
             self.scope,
             ":",

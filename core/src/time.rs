@@ -42,6 +42,29 @@ impl fmt::Display for Timestamp {
     }
 }
 
+impl Timestamp {
+    /// The earliest instant a store decides with: 2020-01-01T00:00:00Z.
+    pub const EARLIEST: Timestamp = Timestamp(1_577_836_800_000_000);
+    /// The latest instant a store decides with: 2100-01-01T00:00:00Z.
+    pub const LATEST: Timestamp = Timestamp(4_102_444_800_000_000);
+
+    /// Whether a store should decide at this instant: between
+    /// [`EARLIEST`](Self::EARLIEST) and [`LATEST`](Self::LATEST). Outside
+    /// that range a clock is wrong (unset, or a test's mistake), and stores
+    /// refuse it with [`StoreError::ImplausibleTime`](crate::StoreError::ImplausibleTime)
+    /// rather than deciding with it.
+    ///
+    /// ```
+    /// use tollgate_core::Timestamp;
+    /// assert!(!Timestamp::from_micros(0).is_plausible());
+    /// assert!(Timestamp::from_micros(1_800_000_000_000_000).is_plausible());
+    /// assert!(!Timestamp::from_micros(u64::MAX).is_plausible());
+    /// ```
+    pub const fn is_plausible(self) -> bool {
+        self.0 >= Self::EARLIEST.0 && self.0 <= Self::LATEST.0
+    }
+}
+
 /// Whole microseconds in `d`, saturating at `u64::MAX`.
 pub fn duration_micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
@@ -90,9 +113,15 @@ impl ManualClock {
         ManualClock(Arc::new(AtomicU64::new(start.0)))
     }
 
-    /// Move the clock forward by `by`.
+    /// Move the clock forward by `by` (saturating: it stops at `u64::MAX`
+    /// µs rather than wrapping back to the epoch).
     pub fn advance(&self, by: Duration) {
-        self.0.fetch_add(duration_micros(by), Ordering::SeqCst);
+        let by = duration_micros(by);
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
+                Some(t.saturating_add(by))
+            });
     }
 
     /// Move the clock back by `by`, as a stepped system clock would.

@@ -5,12 +5,21 @@
 //! order, so two decisions never deadlock), judges every layer, and writes
 //! only if all admit: layered decisions are atomic and all-or-nothing.
 //!
-//! Memory is bounded: at most `max_keys` live keys. Expired entries are
-//! reclaimed as the map grows (a sweep whenever a shard has doubled since its
-//! last sweep, and whenever it is full), so no cleanup task is needed. When a
-//! shard is full of live keys, the store answers [`StoreError::Full`] rather
-//! than evict a live counter, because evicting one would hand its subject a
-//! fresh allowance.
+//! Memory is bounded, exactly: at most `max_keys` keys (expired ones not yet
+//! reclaimed included). Expired entries are reclaimed as the map grows (a
+//! sweep whenever a shard has doubled since its last sweep) and whenever a
+//! budget is full, so no cleanup task is needed and a full store refuses
+//! only when it is full of live keys.
+//!
+//! Policies can have key budgets of their own
+//! ([`Policy::with_key_budget`](tollgate_core::Policy::with_key_budget), or
+//! `max_keys` in a configuration file), so anonymous traffic on one route
+//! cannot take the room of another. What a full budget does is its
+//! [`WhenFull`](tollgate_core::WhenFull): evict the key nearest to expiry
+//! (the default; each eviction admits at most what that key's state still
+//! withheld, never more than its policy's capacity), or refuse with
+//! [`StoreError::Full`], which announces when the budget's first key
+//! expires and leaves the request to the policy's failure mode.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {

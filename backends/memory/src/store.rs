@@ -1,18 +1,71 @@
 //! The sharded map and the all-or-nothing decision over it.
 
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use foldhash::fast::RandomState;
+use std::collections::HashMap;
+
 use hashbrown::HashTable;
 use tollgate_core::{
-    duration_micros, Clock, LayerRequest, State, Store, StoreError, StoreKey, SystemClock,
-    Transition, Verdict,
+    duration_micros, Clock, LayerRequest, Policy, State, Store, StoreError, StoreKey, SystemClock,
+    Transition, Verdict, WhenFull,
 };
 
 /// Sweep a shard once it holds this many entries, at the least.
 const MIN_SWEEP: usize = 64;
+
+/// A bound on live keys: the store's own, or a policy's. Counts are exact:
+/// an entry takes one unit when it is inserted and gives it back when it is
+/// removed, so `max_keys(N)` holds at most N entries, expired ones included.
+struct Budget {
+    /// `store`, or `policy <name>`, for errors.
+    label: Box<str>,
+    max: AtomicUsize,
+    held: AtomicUsize,
+    /// `WhenFull` as a number (policies can change it on reload).
+    when_full: AtomicUsize,
+    /// When the budget was last seen full: no key of it expires before this
+    /// instant (µs), so a refusal until then needs no scan.
+    free_at: AtomicU64,
+}
+
+impl Budget {
+    fn new(label: String, max: usize, when_full: WhenFull) -> Self {
+        Budget {
+            label: label.into_boxed_str(),
+            max: AtomicUsize::new(max),
+            held: AtomicUsize::new(0),
+            when_full: AtomicUsize::new(when_full as usize),
+            free_at: AtomicU64::new(0),
+        }
+    }
+
+    fn when_full(&self) -> WhenFull {
+        if self.when_full.load(Ordering::Relaxed) == WhenFull::Refuse as usize {
+            WhenFull::Refuse
+        } else {
+            WhenFull::EvictNearestExpiry
+        }
+    }
+
+    /// Take one unit, unless the budget is full.
+    fn take(&self) -> bool {
+        let max = self.max.load(Ordering::Relaxed);
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held < max).then_some(held + 1)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self) {
+        self.held.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 struct Entry {
     /// The rendered key; compared against a borrowed [`StoreKey`] on lookup.
@@ -22,40 +75,102 @@ struct Entry {
     state: State,
     /// Microseconds; the entry is gone from this instant on.
     expires_at: u64,
+    /// The policy's own budget, when it has one (the store's always counts).
+    budget: Option<Arc<Budget>>,
+}
+
+impl Entry {
+    fn in_budget(&self, budget: Option<&Arc<Budget>>) -> bool {
+        match budget {
+            None => true,
+            Some(b) => self
+                .budget
+                .as_ref()
+                .is_some_and(|mine| Arc::ptr_eq(mine, b)),
+        }
+    }
 }
 
 struct Shard {
     entries: HashTable<Entry>,
     /// Sweep expired entries when an insert finds at least this many.
     sweep_at: usize,
+    /// No entry expires before this instant (a lower bound, µs).
+    next_expiry: u64,
 }
 
 impl Shard {
-    fn live(&self, hash: u64, key: &StoreKey<'_>, now: u64) -> Option<&State> {
-        self.entries
-            .find(hash, |e| key.matches(&e.key))
-            .filter(|e| e.expires_at > now)
-            .map(|e| &e.state)
+    fn find(&self, hash: u64, key: &StoreKey<'_>) -> Option<&Entry> {
+        self.entries.find(hash, |e| key.matches(&e.key))
     }
 
-    /// Drop expired entries and set the next sweep point.
-    fn sweep(&mut self, now: u64) {
-        self.entries.retain(|e| e.expires_at > now);
+    /// Drop expired entries (except those of the decision in progress,
+    /// `keep`), giving their units back, and set the next sweep point.
+    fn sweep(&mut self, now: u64, total: &Budget, keep: &[u64]) {
+        if self.next_expiry <= now {
+            let mut next = u64::MAX;
+            self.entries.retain(|e| {
+                if e.expires_at > now || keep.contains(&e.hash) {
+                    next = next.min(e.expires_at);
+                    true
+                } else {
+                    release(e, total);
+                    false
+                }
+            });
+            self.next_expiry = next;
+        }
         self.sweep_at = (self.entries.len() * 2).max(MIN_SWEEP);
     }
 
-    /// Make room for `new_keys` more keys, sweeping when due. False when the
-    /// shard is full of live keys.
-    fn reserve(&mut self, new_keys: usize, now: u64, capacity: usize) -> bool {
-        let wanted = self.entries.len() + new_keys;
-        if wanted > capacity || wanted > self.sweep_at {
-            self.sweep(now);
+    /// Drop the entry of `budget` (any entry, for the store's) closest to
+    /// expiry, except those of the decision in progress. False when there
+    /// is none here.
+    fn evict_nearest(
+        &mut self,
+        budget: Option<&Arc<Budget>>,
+        total: &Budget,
+        keep: &[u64],
+    ) -> bool {
+        let nearest = self
+            .entries
+            .iter()
+            .filter(|e| e.in_budget(budget) && !keep.contains(&e.hash))
+            .min_by_key(|e| e.expires_at)
+            .map(|e| (e.hash, e.expires_at));
+        let Some((hash, expires_at)) = nearest else {
+            return false;
+        };
+        if let Ok(found) = self.entries.find_entry(hash, |e| {
+            e.hash == hash && e.expires_at == expires_at && e.in_budget(budget)
+        }) {
+            let (entry, _) = found.remove();
+            release(&entry, total);
+            return true;
         }
-        self.entries.len() + new_keys <= capacity
+        false
     }
 
-    /// Store `state` under `key` (room was reserved for a new key).
-    fn write(&mut self, hash: u64, key: &StoreKey<'_>, state: State, expires_at: u64) {
+    /// The first expiry among the entries of `budget`.
+    fn nearest_expiry(&self, budget: Option<&Arc<Budget>>) -> Option<u64> {
+        self.entries
+            .iter()
+            .filter(|e| e.in_budget(budget))
+            .map(|e| e.expires_at)
+            .min()
+    }
+
+    /// Store `state` under `key`: the entry exists (a unit was taken when it
+    /// was inserted), or a unit of every budget was taken for it.
+    fn write(
+        &mut self,
+        hash: u64,
+        key: &StoreKey<'_>,
+        state: State,
+        expires_at: u64,
+        budget: Option<&Arc<Budget>>,
+    ) {
+        self.next_expiry = self.next_expiry.min(expires_at);
         match self.entries.find_mut(hash, |e| key.matches(&e.key)) {
             Some(entry) => {
                 entry.state = state;
@@ -67,10 +182,19 @@ impl Shard {
                     hash,
                     state,
                     expires_at,
+                    budget: budget.cloned(),
                 };
                 self.entries.insert_unique(hash, entry, |e| e.hash);
             }
         }
+    }
+}
+
+/// Give back the units of a removed entry.
+fn release(entry: &Entry, total: &Budget) {
+    total.give_back();
+    if let Some(b) = &entry.budget {
+        b.give_back();
     }
 }
 
@@ -85,7 +209,10 @@ pub struct MemoryStore {
     shards: Box<[Padded]>,
     hasher: RandomState,
     clock: Arc<dyn Clock>,
-    shard_capacity: usize,
+    /// The store-wide bound.
+    total: Budget,
+    /// Policies' own budgets, by policy name.
+    budgets: Mutex<HashMap<Box<str>, Arc<Budget>>>,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -93,6 +220,7 @@ impl std::fmt::Debug for MemoryStore {
         f.debug_struct("MemoryStore")
             .field("shards", &self.shards.len())
             .field("max_keys", &self.max_keys())
+            .field("when_full", &self.total.when_full())
             .field("clock", &self.clock)
             .finish()
     }
@@ -108,16 +236,27 @@ impl Default for MemoryStore {
 #[derive(Debug, Clone)]
 pub struct MemoryStoreBuilder {
     max_keys: usize,
+    when_full: WhenFull,
     shards: usize,
     clock: Arc<dyn Clock>,
 }
 
 impl MemoryStoreBuilder {
-    /// Most live keys held at once (default 1,000,000), split evenly across
-    /// shards. A decision needing a new key in a full shard fails with
-    /// [`StoreError::Full`].
+    /// Most keys held at once, exactly (default 1,000,000). A decision that
+    /// needs a new key in a full store first reclaims expired keys, then
+    /// does what [`when_full`](Self::when_full) says. Policies can also
+    /// have budgets of their own
+    /// ([`Policy::with_key_budget`](tollgate_core::Policy::with_key_budget)),
+    /// so one route's traffic cannot take another's room.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// What a full store does (default: evict the key nearest to expiry;
+    /// see [`WhenFull`] for the bound on what that can admit).
+    pub fn when_full(mut self, when_full: WhenFull) -> Self {
+        self.when_full = when_full;
         self
     }
 
@@ -136,37 +275,41 @@ impl MemoryStoreBuilder {
 
     /// Build the store.
     pub fn build(self) -> MemoryStore {
-        let shards = self.shards.min(self.max_keys.next_power_of_two());
-        let shard_capacity = self.max_keys.div_ceil(shards);
         MemoryStore {
-            shards: (0..shards)
+            shards: (0..self.shards)
                 .map(|_| {
                     Padded(Mutex::new(Shard {
                         entries: HashTable::new(),
                         sweep_at: MIN_SWEEP,
+                        next_expiry: u64::MAX,
                     }))
                 })
                 .collect(),
             hasher: RandomState::default(),
             clock: self.clock,
-            shard_capacity,
+            total: Budget::new("store".into(), self.max_keys, self.when_full),
+            budgets: Mutex::new(HashMap::new()),
         }
     }
 }
+
+/// Why a decision could not write: a budget it needs is full.
+struct NeedRoom(Option<Arc<Budget>>);
 
 impl MemoryStore {
     /// A builder with the defaults.
     pub fn builder() -> MemoryStoreBuilder {
         MemoryStoreBuilder {
             max_keys: 1_000_000,
+            when_full: WhenFull::default(),
             shards: 64,
             clock: Arc::new(SystemClock),
         }
     }
 
-    /// Most live keys this store holds.
+    /// Most keys this store holds.
     pub fn max_keys(&self) -> usize {
-        self.shard_capacity * self.shards.len()
+        self.total.max.load(Ordering::Relaxed)
     }
 
     /// Entries currently held, expired ones not yet reclaimed included.
@@ -179,12 +322,13 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Reclaim every expired entry now. Never required (growth triggers
-    /// sweeps); useful to return memory after a burst of one-off keys.
+    /// Reclaim every expired entry now. Never required (a full budget and
+    /// growth trigger sweeps); useful to return memory after a burst of
+    /// one-off keys.
     pub fn purge_expired(&self) {
         let now = self.clock.now().as_micros();
         for shard in self.shards.iter() {
-            lock(shard).sweep(now);
+            lock(shard).sweep(now, &self.total, &[]);
         }
     }
 
@@ -196,31 +340,186 @@ impl MemoryStore {
         (hash, shard)
     }
 
-    /// Decide all layers under the locks of their shards.
-    fn decide_locked(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    /// The policy's own budget, if it has one (created on first use; a
+    /// changed size or `WhenFull` applies from now on).
+    fn budget_of(&self, policy: &Policy) -> Option<Arc<Budget>> {
+        let spec = policy.key_budget()?;
+        let mut budgets = self
+            .budgets
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let budget = match budgets.get(policy.name()) {
+            Some(b) => b.clone(),
+            None => {
+                let b = Arc::new(Budget::new(
+                    format!("policy {:?}", policy.name()),
+                    spec.max_keys(),
+                    spec.when_full(),
+                ));
+                budgets.insert(policy.name().into(), b.clone());
+                b
+            }
+        };
+        budget.max.store(spec.max_keys(), Ordering::Relaxed);
+        budget
+            .when_full
+            .store(spec.when_full() as usize, Ordering::Relaxed);
+        Some(budget)
+    }
+
+    /// Take a unit of the store's budget and of `budget` for a new key in
+    /// `shard`, making room in that shard when a budget is full: expired
+    /// entries first, then (when the budget says so) its entry nearest to
+    /// expiry. `keep`: hashes of the decision's own keys, never removed.
+    fn take_units(
+        &self,
+        shard: &mut Shard,
+        policy: &Policy,
+        now: u64,
+        keep: &[u64],
+    ) -> Result<Option<Arc<Budget>>, NeedRoom> {
+        // Growth reclaims expired entries: no cleanup task is needed.
+        if shard.entries.len() >= shard.sweep_at {
+            shard.sweep(now, &self.total, keep);
+        }
+        let budget = self.budget_of(policy);
+        let mut swept = false;
+        loop {
+            if self.total.take() {
+                match &budget {
+                    None => return Ok(None),
+                    Some(b) if b.take() => return Ok(budget),
+                    Some(b) => {
+                        self.total.give_back();
+                        if !swept {
+                            shard.sweep(now, &self.total, keep);
+                            swept = true;
+                        } else if b.when_full() == WhenFull::Refuse
+                            || !shard.evict_nearest(Some(b), &self.total, keep)
+                        {
+                            return Err(NeedRoom(Some(b.clone())));
+                        }
+                    }
+                }
+            } else if !swept {
+                shard.sweep(now, &self.total, keep);
+                swept = true;
+            } else if self.total.when_full() == WhenFull::Refuse
+                || !shard.evict_nearest(None, &self.total, keep)
+            {
+                return Err(NeedRoom(None));
+            }
+        }
+    }
+
+    /// Make room in `budget` (the store's when `None`) across every shard,
+    /// one lock at a time: reclaim expired entries where a shard may hold
+    /// some; then, when the budget evicts, drop its entry nearest to
+    /// expiry. False when the budget refuses and is still full.
+    fn make_room(&self, budget: Option<&Arc<Budget>>, now: u64) -> bool {
+        for shard in self.shards.iter() {
+            lock(shard).sweep(now, &self.total, &[]);
+        }
+        let b = budget.map_or(&self.total, |b| &**b);
+        if b.held.load(Ordering::Acquire) < b.max.load(Ordering::Relaxed) {
+            return true;
+        }
+        match b.when_full() {
+            WhenFull::Refuse => false,
+            WhenFull::EvictNearestExpiry => {
+                let nearest = self
+                    .shards
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| lock(s).nearest_expiry(budget).map(|at| (at, i)))
+                    .min();
+                match nearest {
+                    Some((_, i)) => {
+                        lock(&self.shards[i]).evict_nearest(budget, &self.total, &[]);
+                        true
+                    }
+                    None => false,
+                }
+            }
+        }
+    }
+
+    /// The refusal of a full budget, with the wait until its first key
+    /// expires (scanned at most once per such wait).
+    fn full(&self, budget: Option<&Arc<Budget>>, now: u64) -> StoreError {
+        let b = budget.map_or(&self.total, |b| &**b);
+        let mut free_at = b.free_at.load(Ordering::Acquire);
+        if free_at <= now {
+            free_at = self
+                .shards
+                .iter()
+                .filter_map(|s| lock(s).nearest_expiry(budget))
+                .min()
+                .unwrap_or(now + 1);
+            b.free_at.store(free_at, Ordering::Release);
+        }
+        StoreError::Full {
+            budget: b.label.to_string(),
+            max_keys: b.max.load(Ordering::Relaxed),
+            retry_after: Duration::from_micros(free_at.saturating_sub(now)),
+        }
+    }
+
+    /// Decide all layers, making room across the store when a budget is
+    /// full (then deciding again: the first answer was not written).
+    fn decide_all(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
         let now = self.clock.now();
+        if !now.is_plausible() {
+            return Err(StoreError::ImplausibleTime(now));
+        }
+        let now_us = now.as_micros();
+        let mut attempt = 0;
+        loop {
+            match self.decide_locked(layers, now) {
+                Ok(verdicts) => return Ok(verdicts),
+                Err(NeedRoom(full)) => {
+                    attempt += 1;
+                    if attempt > 2 || !self.make_room(full.as_ref(), now_us) {
+                        return Err(self.full(full.as_ref(), now_us));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decide all layers under the locks of their shards.
+    fn decide_locked(
+        &self,
+        layers: &[LayerRequest<'_>],
+        now: tollgate_core::Timestamp,
+    ) -> Result<Vec<Verdict>, NeedRoom> {
         let now_us = now.as_micros();
         if let [layer] = layers {
             // One layer, one lock: the common case, without the bookkeeping.
             let (hash, id) = self.locate(&layer.key);
             let mut shard = lock(&self.shards[id]);
-            let state = shard.live(hash, &layer.key, now_us);
-            let is_new = state.is_none();
+            let found = shard.find(hash, &layer.key);
+            let present = found.is_some();
+            let state = found.filter(|e| e.expires_at > now_us).map(|e| &e.state);
             let t = tollgate_algorithms::decide(layer.policy.limit(), state, now, layer.cost);
             if let Some(next) = t.next {
-                if is_new && !shard.reserve(1, now_us, self.shard_capacity) {
-                    return Err(StoreError::Full(self.max_keys()));
-                }
+                let budget = if present {
+                    None
+                } else {
+                    self.take_units(&mut shard, layer.policy, now_us, &[hash])?
+                };
                 shard.write(
                     hash,
                     &layer.key,
                     next.state,
-                    now_us + duration_micros(next.ttl),
+                    now_us.saturating_add(duration_micros(next.ttl)),
+                    budget.as_ref(),
                 );
             }
             return Ok(vec![t.verdict]);
         }
         let located: Vec<(u64, usize)> = layers.iter().map(|l| self.locate(&l.key)).collect();
+        let keep: Vec<u64> = located.iter().map(|&(hash, _)| hash).collect();
         let mut order: Vec<usize> = located.iter().map(|&(_, id)| id).collect();
         order.sort_unstable();
         order.dedup();
@@ -228,11 +527,14 @@ impl MemoryStore {
         let mut guards: Vec<MutexGuard<'_, Shard>> =
             order.iter().map(|&i| lock(&self.shards[i])).collect();
         let slot = |id: usize| order.binary_search(&id).expect("locked shard");
+        let mut present = Vec::with_capacity(layers.len());
         let transitions: Vec<Transition> = layers
             .iter()
             .zip(&located)
             .map(|(l, &(hash, id))| {
-                let state = guards[slot(id)].live(hash, &l.key, now_us);
+                let found = guards[slot(id)].find(hash, &l.key);
+                present.push(found.is_some());
+                let state = found.filter(|e| e.expires_at > now_us).map(|e| &e.state);
                 tollgate_algorithms::decide(l.policy.limit(), state, now, l.cost)
             })
             .collect();
@@ -243,27 +545,39 @@ impl MemoryStore {
                 .map(|(l, t)| t.verdict.uncharged(l.cost))
                 .collect());
         }
-        // Room for new keys is checked in every shard before anything is written.
-        for (pos, guard) in guards.iter_mut().enumerate() {
-            let new_keys = layers
-                .iter()
-                .zip(&located)
-                .filter(|(l, &(hash, id))| {
-                    slot(id) == pos && guard.live(hash, &l.key, now_us).is_none()
-                })
-                .count();
-            if new_keys > 0 && !guard.reserve(new_keys, now_us, self.shard_capacity) {
-                return Err(StoreError::Full(self.max_keys()));
+        // Units for new keys are taken before anything is written, and given
+        // back if any budget is full.
+        let mut taken: Vec<(usize, Option<Arc<Budget>>)> = Vec::new();
+        for i in 0..layers.len() {
+            if present[i] || transitions[i].next.is_none() {
+                continue;
+            }
+            let shard = &mut guards[slot(located[i].1)];
+            match self.take_units(shard, layers[i].policy, now_us, &keep) {
+                Ok(budget) => taken.push((i, budget)),
+                Err(room) => {
+                    for (_, budget) in taken {
+                        self.total.give_back();
+                        if let Some(b) = budget {
+                            b.give_back();
+                        }
+                    }
+                    return Err(room);
+                }
             }
         }
         let mut verdicts = Vec::with_capacity(layers.len());
-        for ((l, &(hash, id)), t) in layers.iter().zip(&located).zip(transitions) {
+        for (i, ((l, &(hash, id)), t)) in layers.iter().zip(&located).zip(transitions).enumerate() {
             if let Some(next) = t.next {
                 guards[slot(id)].write(
                     hash,
                     &l.key,
                     next.state,
-                    now_us + duration_micros(next.ttl),
+                    now_us.saturating_add(duration_micros(next.ttl)),
+                    taken
+                        .iter()
+                        .find(|(j, _)| *j == i)
+                        .and_then(|(_, b)| b.as_ref()),
                 );
             }
             verdicts.push(t.verdict);
@@ -288,10 +602,10 @@ impl Store for MemoryStore {
     }
 
     async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
-        self.decide_locked(layers)
+        self.decide_all(layers)
     }
 
     fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Option<Result<Vec<Verdict>, StoreError>> {
-        Some(self.decide_locked(layers))
+        Some(self.decide_all(layers))
     }
 }

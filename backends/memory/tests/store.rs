@@ -4,8 +4,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use tollgate_core::{
-    Context, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope, Store, StoreError, StoreKey,
-    Subject,
+    Clock, Context, KeyBudget, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope, Store,
+    StoreError, StoreKey, Subject, Timestamp, WhenFull,
 };
 use tollgate_memory::MemoryStore;
 use tollgate_testkit::conformance::{every_algorithm, START};
@@ -119,6 +119,7 @@ fn memory_is_bounded_and_a_full_store_refuses_rather_than_evicts() {
     let store = MemoryStore::builder()
         .max_keys(64)
         .shards(1)
+        .when_full(WhenFull::Refuse)
         .clock(Arc::new(clock.clone()))
         .build();
     let store = Arc::new(store);
@@ -146,7 +147,10 @@ fn memory_is_bounded_and_a_full_store_refuses_rather_than_evicts() {
         cost: 1,
     }]))
     .unwrap_err();
-    assert!(matches!(err, StoreError::Full(64)), "{err}");
+    assert!(
+        matches!(err, StoreError::Full { max_keys: 64, .. }),
+        "{err}"
+    );
     // Existing keys still decide (and stay denied: nothing was evicted).
     assert!(!ready(limiter.check(&subject("u0"), 1))
         .unwrap()
@@ -251,4 +255,92 @@ fn invalid_input_fails_before_the_store_is_touched() {
         Err(tollgate_core::Error::MissingSubject { .. })
     ));
     assert!(store.is_empty());
+}
+
+/// `max_keys(N)` holds exactly N keys, however unevenly the shards fill:
+/// no refusal before N, a refusal at N + 1.
+#[test]
+fn max_keys_is_an_exact_bound() {
+    let clock = ManualClock::new(START);
+    let store = Arc::new(
+        MemoryStore::builder()
+            .max_keys(10_000)
+            .when_full(WhenFull::Refuse)
+            .clock(Arc::new(clock.clone()))
+            .build(),
+    );
+    let limiter = limiter(
+        store.clone(),
+        Limit::fixed_window(1, Duration::from_secs(10)).unwrap(),
+    );
+    for i in 0..10_000 {
+        let d = ready(limiter.check(&subject(&format!("u{i}")), 1)).unwrap();
+        assert!(d.is_allowed(), "key {i}: {d:?}");
+    }
+    let d = ready(limiter.check(&subject("u10000"), 1)).unwrap();
+    assert_eq!(d.store_error(), Some("full"), "{d:?}");
+    assert_eq!(store.len(), 10_000);
+    assert_eq!(store.max_keys(), 10_000);
+}
+
+/// The demo's outage: one `max_keys` for every route, anonymous traffic on
+/// `/login` filled it and new customers' `/search` requests failed. With a
+/// budget of its own, `/login` cannot take `/search`'s room.
+#[test]
+fn one_policy_cannot_take_another_policys_room() {
+    let clock = ManualClock::new(START);
+    let store: Arc<dyn Store> = Arc::new(
+        MemoryStore::builder()
+            .max_keys(1_000)
+            .when_full(WhenFull::Refuse)
+            .clock(Arc::new(clock.clone()))
+            .build(),
+    );
+    let login = Policy::new("login", Limit::sliding_log(5, Duration::from_secs(60)).unwrap())
+        .unwrap()
+        .with_key_budget(KeyBudget::new(800, WhenFull::EvictNearestExpiry).unwrap());
+    let login = Limiter::builder(store.clone())
+        .layer("ip", Scope::Subject, login)
+        .build()
+        .unwrap();
+    let search = Limiter::builder(store.clone())
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new("search", Limit::gcra(10, Duration::from_secs(1), 20).unwrap()).unwrap(),
+        )
+        .build()
+        .unwrap();
+    for i in 0..1_250 {
+        let d = ready(login.check(&subject(&format!("10.0.{}.{}", i / 250, i % 250)), 1)).unwrap();
+        assert!(d.is_allowed(), "login {i}: the evicting budget keeps admitting");
+    }
+    for i in 0..200 {
+        let d = ready(search.check(&subject(&format!("customer-{i}")), 1)).unwrap();
+        assert!(d.is_allowed(), "search {i}: {d:?}");
+    }
+}
+
+/// Clocks at the extremes: the store refuses to decide before 2020 or after
+/// 2100 (never over-admits, never panics), for every algorithm, and a
+/// manual clock saturates instead of wrapping.
+#[test]
+fn implausible_times_are_refused() {
+    let clock = ManualClock::new(START);
+    clock.advance(Duration::MAX);
+    assert_eq!(clock.now().as_micros(), u64::MAX, "advance saturates");
+    for at in [0, 1_577_836_799_999_999, 4_102_444_800_000_001, u64::MAX - 1, u64::MAX] {
+        clock.set(Timestamp::from_micros(at));
+        let store = Arc::new(MemoryStore::builder().clock(Arc::new(clock.clone())).build());
+        for limit in every_algorithm(5) {
+            let name = limit.algorithm_name();
+            let limiter = limiter(store.clone(), limit);
+            for _ in 0..20 {
+                let d = ready(limiter.check(&subject("s"), 1)).unwrap();
+                assert!(!d.is_allowed(), "{name} at {at}: {d:?}");
+                assert_eq!(d.store_error(), Some("implausible_time"), "{name} at {at}");
+            }
+        }
+        assert!(store.is_empty(), "nothing written at {at}");
+    }
 }

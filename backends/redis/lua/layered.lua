@@ -34,7 +34,10 @@
 --              keys; ARGV after the time: per layer algorithm, cost, p1, p2,
 --              p3, at, mark; then 'refund'. Reply: per layer what was given
 --              back. Not idempotent: the store sends a refund at most once.
--- Errors: "TOLLGATE_SKEW <caller µs> <server µs> <max skew µs>" when the
+-- Errors: "TOLLGATE_CONFLICT <i> <wrong_type|not_a_state>" when the i-th
+--   key holds data Tollgate did not write (nothing is written, that key is
+--   left as it was; a refund gives nothing back from such a key);
+--   "TOLLGATE_SKEW <caller µs> <server µs> <max skew µs>" when the
 --   caller's time is too far from the server's; "TOLLGATE_ARGS <why>" for
 --   arguments this script does not understand.
 --
@@ -66,28 +69,32 @@ local function server_time()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- A counter state, or nil when the key is missing or holds something else
--- (another algorithm's state under a reused policy name: counts as none,
--- like the Rust reference).
+-- A counter state, or nil when the key is missing. A key holding anything
+-- else (another type, or a string that is not three integers) was not
+-- written by Tollgate: nil and what was found ('wrong_type', 'not_a_state'),
+-- and the caller answers TOLLGATE_CONFLICT without touching the key.
 local function read_cells(key)
   local v = redis.pcall('GET', key)
-  if type(v) ~= 'string' then
+  if not v then
     return nil
+  end
+  if type(v) ~= 'string' then
+    return nil, 'wrong_type'
   end
   local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
   if not a then
-    return nil
+    return nil, 'not_a_state'
   end
   return { tonumber(a), tonumber(b), tonumber(c) }
 end
 
--- A sliding log as { n, at(i) }, and whether the key holds something else
--- (another type, or a list whose ends are not timestamps): that counts as
--- no state and is replaced on admission.
+-- A sliding log as { n, at(i) } (n = 0 when the key is missing), or nil
+-- and what was found when the key holds something Tollgate did not write
+-- (another type, or a list whose ends are not timestamps).
 local function read_log(key)
   local n = redis.pcall('LLEN', key)
   if type(n) ~= 'number' then
-    return { n = 0 }, true
+    return nil, 'wrong_type'
   end
   local log
   if n <= READ_WHOLE then
@@ -111,15 +118,13 @@ local function read_log(key)
     }
   end
   if n > 0 and not (log.at(1) and log.at(n)) then
-    return { n = 0 }, true
+    return nil, 'not_a_state'
   end
-  return log, false
+  return log
 end
 
-local function write_log(key, next, cost, ttl, wrongtype)
-  if wrongtype then
-    redis.call('DEL', key)
-  elseif next.drop > 0 then
+local function write_log(key, next, cost, ttl)
+  if next.drop > 0 then
     redis.call('LTRIM', key, next.drop, -1)
   end
   local stamp = int(next.t)
@@ -209,17 +214,21 @@ for i = 1, #KEYS do
   end
   local cost = tonumber(ARGV[base + 2])
   local p1, p2, p3 = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
-  local state, wrongtype
+  local state, foreign
   if code == LOG then
-    state, wrongtype = read_log(key)
+    state, foreign = read_log(key)
   else
-    state = read_cells(key)
+    state, foreign = read_cells(key)
+  end
+  if foreign then
+    -- Nothing has been written yet: the whole call changes nothing.
+    return redis.error_reply('TOLLGATE_CONFLICT ' .. i .. ' ' .. foreign)
   end
   local allowed, limit, remaining, reset_after, retry_after, next, ttl =
     run(p1, p2, p3, state, now, cost)
   if allowed then
     writes[i] = { key = key, log = code == LOG, next = next, ttl = ttl,
-                  cost = cost, wrongtype = wrongtype, code = code }
+                  cost = cost, code = code }
   else
     all_allowed = false
   end
@@ -240,7 +249,7 @@ if all_allowed then
   for i = 1, #KEYS do
     local w = writes[i]
     if w.log then
-      write_log(w.key, w.next, w.cost, w.ttl, w.wrongtype)
+      write_log(w.key, w.next, w.cost, w.ttl)
     else
       local c = w.next
       redis.call('SET', w.key, int(c[1]) .. ' ' .. int(c[2]) .. ' ' .. int(c[3]), 'PX', w.ttl + TTL_MARGIN_MS)

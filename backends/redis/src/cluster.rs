@@ -63,7 +63,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tollgate_core::{duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdict};
 
-use crate::error::{check_plausible, from_redis, RedisStoreError};
+use crate::error::{check_plausible, from_redis, name_conflict, RedisStoreError};
 use crate::script::{self, layer_args, parse_reply, LAYER_ARGS, REPLY_FIELDS, SCRIPT};
 use crate::store::{check_prefix, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_PREFIX};
 
@@ -371,7 +371,10 @@ impl RedisClusterStore {
         for (g, group) in groups.iter().enumerate() {
             let cmd = script_call(&keys, &args, group, &time, Mode::Reserve);
             // On an error, `reserved` is dropped and refunds what it holds.
-            let reply = self.until(deadline, call(self.conn.clone(), cmd)).await??;
+            let reply = self
+                .until(deadline, call(self.conn.clone(), cmd))
+                .await?
+                .map_err(|e| in_group(e, layers, group))?;
             let (group_verdicts, charges) = parse_reserve(&reply, group.len())?;
             let admitted = group_verdicts.iter().all(|v| v.allowed);
             for (&i, v) in group.iter().zip(group_verdicts) {
@@ -402,7 +405,10 @@ impl RedisClusterStore {
         let refunds = reserved.refund();
         for group in &groups[denied + 1..] {
             let cmd = script_call(&keys, &args, group, &time, Mode::Peek);
-            let reply = self.until(deadline, call(self.conn.clone(), cmd)).await??;
+            let reply = self
+                .until(deadline, call(self.conn.clone(), cmd))
+                .await?
+                .map_err(|e| in_group(e, layers, group))?;
             for (&i, v) in group.iter().zip(parse_reply(&reply, group.len())?) {
                 verdicts[i] = Some(v);
             }
@@ -443,12 +449,26 @@ impl Store for RedisClusterStore {
         if let [group] = &groups[..] {
             // One slot: one call, exactly as the standalone store decides.
             let cmd = script_call(&keys, &args, group, &time, Mode::Decide);
-            let reply = self.until(deadline, call(self.conn.clone(), cmd)).await??;
+            let reply = self
+                .until(deadline, call(self.conn.clone(), cmd))
+                .await?
+                .map_err(|e| in_group(e, layers, group))?;
             return parse_reply(&reply, layers.len());
         }
         self.decide_across_slots(layers, keys, args, groups, time, deadline)
             .await
     }
+}
+
+/// A conflict in a call over `group` names the policy of the layer at
+/// that position of the group.
+fn in_group(e: StoreError, layers: &[LayerRequest<'_>], group: &[usize]) -> StoreError {
+    name_conflict(e, |i| {
+        group
+            .get(i)
+            .and_then(|&layer| layers.get(layer))
+            .map(|l| l.policy.name())
+    })
 }
 
 /// The layers' indices grouped by the slot of their keys, in slot order

@@ -5,10 +5,6 @@ use std::time::Duration;
 
 use tollgate_core::{StoreError, Timestamp};
 
-/// Earliest caller-supplied time accepted: 2020-01-01T00:00:00Z.
-pub const EARLIEST_TIME: Timestamp = Timestamp::from_micros(1_577_836_800_000_000);
-/// Latest caller-supplied time accepted: 2100-01-01T00:00:00Z.
-pub const LATEST_TIME: Timestamp = Timestamp::from_micros(4_102_444_800_000_000);
 
 /// What the Redis store rejects on its own account.
 ///
@@ -24,9 +20,6 @@ pub enum RedisStoreError {
     /// The key prefix would change key layout or the Cluster hash tag.
     #[error("invalid key prefix {0:?}: use 1-64 characters of A-Z a-z 0-9 _ - . : (no braces, which would change the Redis Cluster hash tag)")]
     InvalidPrefix(String),
-    /// The caller-supplied clock reads a time Tollgate will not decide with.
-    #[error("the caller-supplied clock reads {0}, which is not between 2020-01-01 and 2100-01-01; refusing to decide with it (check the clock passed to RedisStoreBuilder::clock)")]
-    ImplausibleTime(Timestamp),
     /// The caller-supplied time is further from the server's `TIME` than
     /// the configured `max_skew`.
     #[error("the caller-supplied time ({caller}µs) is {skew:?} away from the Redis server's TIME ({server}µs), more than max_skew {max_skew:?}; fix the clocks (NTP) or raise max_skew")]
@@ -71,8 +64,8 @@ impl From<RedisStoreError> for StoreError {
 
 /// A caller-supplied time Tollgate accepts.
 pub(crate) fn check_plausible(now: Timestamp) -> Result<(), StoreError> {
-    if now < EARLIEST_TIME || now > LATEST_TIME {
-        return Err(RedisStoreError::ImplausibleTime(now).into());
+    if !now.is_plausible() {
+        return Err(StoreError::ImplausibleTime(now));
     }
     Ok(())
 }
@@ -84,6 +77,7 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
     use redis::{ErrorKind, ServerErrorKind};
     match e.kind() {
         ErrorKind::Extension if e.code() == Some("TOLLGATE_SKEW") => skew_error(&e),
+        ErrorKind::Extension if e.code() == Some("TOLLGATE_CONFLICT") => conflict_error(&e),
         ErrorKind::Io
         | ErrorKind::AuthenticationFailed
         | ErrorKind::ClusterConnectionNotFound
@@ -107,6 +101,44 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
             StoreError::Unavailable(e.to_string())
         }
         _ => StoreError::Protocol(e.to_string()),
+    }
+}
+
+/// `TOLLGATE_CONFLICT <i> <found>`: the script's i-th key (1-based) holds
+/// data Tollgate did not write. The script knows keys, not policies: the
+/// conflict carries the key's position until [`name_conflict`] names it.
+fn conflict_error(e: &redis::RedisError) -> StoreError {
+    let mut words = e.detail().unwrap_or_default().split_whitespace();
+    match (words.next(), words.next()) {
+        (Some(i), Some(found)) if i.parse::<usize>().is_ok() => StoreError::Conflict {
+            policy: i.to_string(),
+            found: found.replace('_', " "),
+        },
+        _ => StoreError::Protocol(e.to_string()),
+    }
+}
+
+/// A conflict from a script call names the policy of its key: `policy_of`
+/// maps the call's key position (0-based) to the policy's name.
+pub(crate) fn name_conflict<'a>(
+    error: StoreError,
+    policy_of: impl Fn(usize) -> Option<&'a str>,
+) -> StoreError {
+    match error {
+        StoreError::Conflict { policy, found } => {
+            let named = policy
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| policy_of(i.checked_sub(1)?));
+            match named {
+                Some(name) => StoreError::Conflict {
+                    policy: name.to_string(),
+                    found,
+                },
+                None => StoreError::Protocol(format!("a conflict at key {policy} of the call")),
+            }
+        }
+        other => other,
     }
 }
 

@@ -82,7 +82,7 @@ mod store;
 #[cfg(feature = "cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
-pub use error::{RedisStoreError, EARLIEST_TIME, LATEST_TIME};
+pub use error::RedisStoreError;
 pub use script::SCRIPT;
 pub use store::{
     ConnectionMode, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE,

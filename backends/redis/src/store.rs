@@ -13,7 +13,7 @@ use redis::{
 };
 use tollgate_core::{duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdict};
 
-use crate::error::{check_plausible, from_redis, RedisStoreError};
+use crate::error::{check_plausible, from_redis, name_conflict, RedisStoreError};
 use crate::script::{self, layer_args, parse_reply, LAYER_ARGS, SCRIPT};
 
 /// The key prefix when none is configured.
@@ -133,7 +133,7 @@ impl RedisStoreBuilder {
     /// [`ManualClock`](tollgate_core::ManualClock).
     ///
     /// A time before 2020 or after 2100 fails the decision with
-    /// [`RedisStoreError::ImplausibleTime`]; see also
+    /// [`StoreError::ImplausibleTime`](tollgate_core::StoreError::ImplausibleTime); see also
     /// [`max_skew`](RedisStoreBuilder::max_skew).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
@@ -419,7 +419,9 @@ impl Store for RedisStore {
             return Ok(Vec::new());
         }
         let cmd = self.command(layers)?;
-        let reply = within(self.deadline, self.evalsha(&cmd)).await??;
+        let reply = within(self.deadline, self.evalsha(&cmd))
+            .await?
+            .map_err(|e| name_conflict(e, |i| layers.get(i).map(|l| l.policy.name())))?;
         parse_reply(&reply, layers.len())
     }
 }

@@ -7,6 +7,8 @@
 //! which is printed).
 #![cfg(feature = "cluster")]
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -52,6 +54,21 @@ mod conformance {
     tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
         Arc::new(store_on(RedisCluster::shared(), Some(clock)).await) as Arc<dyn Store>
     });
+
+    /// Data Tollgate did not write is a conflict on the Cluster too, left
+    /// exactly as it was.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn foreign_values_are_conflicts() {
+        let cluster = RedisCluster::shared();
+        let (store, prefix) = shared_store(cluster, ManualClock::new(START)).await;
+        let con = redis::cluster::ClusterClient::new(cluster.urls())
+            .expect("cluster urls")
+            .get_async_connection()
+            .await
+            .expect("connect to the test cluster");
+        let foreign = common::RedisForeign { con, prefix };
+        tollgate_testkit::conformance::foreign_values_are_conflicts(store, &foreign).await;
+    }
 }
 
 /// A subject (without tenant, so its own tag) whose slot is served by

@@ -38,3 +38,15 @@ mod pool {
         ) as Arc<dyn Store>
     });
 }
+
+/// Data Tollgate did not write (another application sharing the Redis and
+/// the prefix) is a conflict, left exactly as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_values_are_conflicts() {
+    let store = common::store(ManualClock::new(tollgate_testkit::conformance::START)).await;
+    let foreign = common::RedisForeign {
+        con: common::raw(RedisServer::shared().url()).await,
+        prefix: store.prefix().to_string(),
+    };
+    tollgate_testkit::conformance::foreign_values_are_conflicts(Arc::new(store), &foreign).await;
+}

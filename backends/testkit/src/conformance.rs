@@ -10,7 +10,13 @@
 //! the capacity passes in sequence and under concurrency; a denial consumes
 //! nothing; retry-after is exact to the microsecond; a clock stepping back
 //! neither refills nor drains; layered decisions are all-or-nothing; and
-//! subjects never share counters.
+//! subjects never share counters; a state is only read by the algorithm
+//! that wrote it (an algorithm swap starts from no state).
+//!
+//! Two more cases need a hook into the store, so they are called by hand:
+//! [`foreign_values_are_conflicts`] (stores that share a database with other
+//! applications, given a [`ForeignWriter`]) and [`key_budgets`] (bounded
+//! stores).
 //!
 //! [`conformance_tests!`]: crate::conformance_tests
 
@@ -20,7 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_core::{
-    Context, Limit, Limiter, ManualClock, Policy, Scope, Store, Subject, Timestamp,
+    async_trait, Context, KeyBudget, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope,
+    Store, StoreError, StoreKey, Subject, Timestamp, WhenFull,
 };
 
 /// Builds a store whose time comes from the given manual clock.
@@ -327,6 +334,245 @@ pub async fn state_resets_after_reset_after(factory: impl StoreFactory) {
     }
 }
 
+/// Swapping a policy's algorithm under the same name starts every subject
+/// from no state (the old state is never read as the new algorithm's);
+/// changing only its parameters keeps the state. Every ordered pair of the
+/// five built-in algorithms.
+pub async fn algorithm_swaps_start_from_no_state(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    for (a, old) in every_algorithm(5).into_iter().enumerate() {
+        for (b, new) in every_algorithm(5).into_iter().enumerate() {
+            let (from, to) = (old.algorithm_name(), new.algorithm_name());
+            let name = unique("swap");
+            let limiter = |limit: Limit| {
+                Limiter::builder(store.clone())
+                    .layer(
+                        "l",
+                        Scope::Subject,
+                        Policy::new(&name, limit).expect("valid"),
+                    )
+                    .build()
+                    .expect("valid")
+            };
+            let ctx = fresh_subject();
+            assert_eq!(
+                admitted(&limiter(old.clone()), &ctx, 3, 1).await,
+                3,
+                "{from}"
+            );
+            let after = limiter(new.clone());
+            let first = after.check(&ctx, 1).await.expect("store answers");
+            let rest = admitted(&after, &ctx, 10, 1).await;
+            if a == b {
+                // Same algorithm: the state is shared (2 of 5 left).
+                assert!(first.is_allowed(), "{from} kept: first");
+                assert_eq!(rest, 1, "{from} kept: shares the state");
+            } else {
+                assert!(first.is_allowed(), "{from} -> {to}: first");
+                assert_eq!(
+                    first.layers()[0].remaining,
+                    4,
+                    "{from} -> {to}: judged from no state"
+                );
+                assert_eq!(rest, 4, "{from} -> {to}: exactly the new capacity");
+            }
+        }
+    }
+}
+
+/// Puts data Tollgate did not write at a store's key, as another
+/// application sharing the database would, and checks it is still there.
+#[async_trait]
+pub trait ForeignWriter: Send + Sync {
+    /// The kinds of foreign value to try (for Redis: `"string"`, `"list"`,
+    /// `"hash"`, …).
+    fn kinds(&self) -> Vec<&'static str>;
+    /// Put a value of `kind` where the store keeps `key`.
+    async fn plant(&self, key: &StoreKey<'_>, kind: &str);
+    /// Whether that value is still there, unchanged.
+    async fn intact(&self, key: &StoreKey<'_>, kind: &str) -> bool;
+}
+
+/// A key holding data Tollgate did not write is a
+/// [`StoreError::Conflict`] naming the policy: never a fresh budget, and the
+/// value is left exactly as it was. In a layered decision nothing is
+/// charged. `store` must keep its keys where `foreign` writes.
+pub async fn foreign_values_are_conflicts(store: Arc<dyn Store>, foreign: &dyn ForeignWriter) {
+    for limit in every_algorithm(5) {
+        let algorithm = limit.algorithm_name();
+        for kind in foreign.kinds() {
+            let policy = Policy::new(unique("foreign"), limit.clone()).expect("valid");
+            let fine = Policy::new(unique("fine"), limit.clone()).expect("valid");
+            let subject = unique("subject");
+            let key = StoreKey::new(&subject, &policy, "subject", &subject);
+            foreign.plant(&key, kind).await;
+            let request = LayerRequest {
+                key,
+                policy: &policy,
+                cost: 1,
+            };
+            match store.decide(&[request]).await {
+                Err(StoreError::Conflict { policy: named, .. }) => {
+                    assert_eq!(named, policy.name(), "{algorithm}, {kind}: names the policy")
+                }
+                other => panic!("{algorithm}, {kind}: expected a conflict, got {other:?}"),
+            }
+            // Layered: the conflict fails the whole decision, the other
+            // layer is not charged.
+            let fine_key = StoreKey::new(&subject, &fine, "subject", &subject);
+            let layered = [
+                LayerRequest {
+                    key: fine_key,
+                    policy: &fine,
+                    cost: 1,
+                },
+                request,
+            ];
+            assert!(
+                matches!(
+                    store.decide(&layered).await,
+                    Err(StoreError::Conflict { .. })
+                ),
+                "{algorithm}, {kind}: layered"
+            );
+            let verdicts = store
+                .decide(&layered[..1])
+                .await
+                .expect("the other layer decides");
+            assert_eq!(
+                verdicts[0].remaining, 4,
+                "{algorithm}, {kind}: the other layer was not charged"
+            );
+            assert!(
+                foreign.intact(&key, kind).await,
+                "{algorithm}, {kind}: the foreign value is untouched"
+            );
+            // Through a limiter, the policy's failure mode decides (closed).
+            let limiter = Limiter::builder(store.clone())
+                .layer("l", Scope::Subject, policy.clone())
+                .build()
+                .expect("valid");
+            let ctx = Context::subject(Subject::new(subject.clone()).expect("valid"));
+            let d = limiter.check(&ctx, 1).await.expect("decided");
+            assert!(
+                d.failed_closed() && d.store_error() == Some("conflict"),
+                "{algorithm}, {kind}: {d:?}"
+            );
+        }
+    }
+}
+
+/// Builds a bounded store: time from the clock, at most `max_keys` keys,
+/// `when_full` when full.
+pub trait BoundedStoreFactory: Send + Sync {
+    /// The store.
+    fn make(&self, clock: ManualClock, max_keys: usize, when_full: WhenFull) -> Arc<dyn Store>;
+}
+
+impl<F> BoundedStoreFactory for F
+where
+    F: Fn(ManualClock, usize, WhenFull) -> Arc<dyn Store> + Send + Sync,
+{
+    fn make(&self, clock: ManualClock, max_keys: usize, when_full: WhenFull) -> Arc<dyn Store> {
+        self(clock, max_keys, when_full)
+    }
+}
+
+/// Key budgets of a bounded store: `max_keys(N)` holds exactly N keys; a
+/// full budget that refuses announces when its first key expires; a
+/// policy's own budget keeps its traffic out of other policies' room; an
+/// evicting budget drops the keys nearest to expiry, so it keeps admitting
+/// new subjects and still limits the recent ones.
+pub async fn key_budgets(factory: impl BoundedStoreFactory) {
+    let one_per_10s = || Limit::gcra(1, Duration::from_secs(10), 1).expect("valid");
+    let limiter = |store: &Arc<dyn Store>, policy: Policy| {
+        Limiter::builder(store.clone())
+            .layer("l", Scope::Subject, policy)
+            .build()
+            .expect("valid")
+    };
+    let new_subject_admitted = |limiter: Limiter| async move {
+        let d = limiter.check(&fresh_subject(), 1).await.expect("decided");
+        (d.is_allowed(), d)
+    };
+
+    // The store's own bound, exact, refusing.
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone(), 100, WhenFull::Refuse);
+    let all = limiter(&store, Policy::new(unique("all"), one_per_10s()).expect("valid"));
+    for i in 0..100 {
+        assert!(
+            new_subject_admitted(all.clone()).await.0,
+            "key {i} of 100 fits"
+        );
+        clock.advance(Duration::from_millis(10));
+    }
+    let (allowed, d) = new_subject_admitted(all.clone()).await;
+    assert!(!allowed && d.store_error() == Some("full"), "{d:?}");
+    // The first key (written 1 s ago, 10 s to live) frees room in 9 s.
+    let wait = d.retry_after().expect("a wait");
+    assert!(
+        wait > Duration::from_secs(8) && wait <= Duration::from_secs(9),
+        "the wait is the first key's expiry: {wait:?}"
+    );
+    clock.advance(wait);
+    assert!(
+        new_subject_admitted(all.clone()).await.0,
+        "room once the first key expired"
+    );
+
+    // A policy's own budget: its traffic cannot take another's room.
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone(), 1_000, WhenFull::Refuse);
+    let busy = Policy::new(unique("busy"), one_per_10s())
+        .expect("valid")
+        .with_key_budget(KeyBudget::new(10, WhenFull::Refuse).expect("valid"));
+    let busy = limiter(&store, busy);
+    let other = limiter(
+        &store,
+        Policy::new(unique("other"), one_per_10s()).expect("valid"),
+    );
+    for _ in 0..10 {
+        assert!(new_subject_admitted(busy.clone()).await.0);
+    }
+    for _ in 0..5 {
+        let (allowed, d) = new_subject_admitted(busy.clone()).await;
+        assert!(!allowed && d.store_error() == Some("full"), "{d:?}");
+    }
+    for _ in 0..20 {
+        assert!(
+            new_subject_admitted(other.clone()).await.0,
+            "another policy keeps its room"
+        );
+    }
+
+    // An evicting budget keeps admitting new subjects; the keys evicted
+    // are the oldest (nearest to expiry), so recent subjects stay limited.
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone(), 1_000, WhenFull::Refuse);
+    let evicting = Policy::new(unique("evicting"), one_per_10s())
+        .expect("valid")
+        .with_key_budget(KeyBudget::new(10, WhenFull::EvictNearestExpiry).expect("valid"));
+    let evicting = limiter(&store, evicting);
+    let mut subjects = Vec::new();
+    for i in 0..30 {
+        let ctx = fresh_subject();
+        assert!(
+            evicting.check(&ctx, 1).await.expect("decided").is_allowed(),
+            "new subject {i}"
+        );
+        subjects.push(ctx);
+        clock.advance(Duration::from_millis(10));
+    }
+    for ctx in &subjects[20..] {
+        assert!(
+            !evicting.check(ctx, 1).await.expect("decided").is_allowed(),
+            "the 10 most recent keys are kept, and still limit"
+        );
+    }
+}
+
 /// Turns every conformance case into a `#[tokio::test]` (multi-threaded).
 ///
 /// The argument is a closure `|clock: ManualClock| async move { … }` returning
@@ -343,6 +589,7 @@ macro_rules! conformance_tests {
             layers_are_all_or_nothing,
             subjects_and_versions_are_isolated,
             state_resets_after_reset_after,
+            algorithm_swaps_start_from_no_state,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {

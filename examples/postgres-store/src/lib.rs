@@ -44,7 +44,7 @@ use tokio::sync::Semaphore;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 use tollgate::{
-    async_trait, duration_micros, Clock, LayerRequest, State, Store, StoreError, SystemClock,
+    async_trait, duration_micros, Clock, LayerRequest, Limit, State, Store, StoreError, SystemClock,
     Verdict,
 };
 
@@ -254,7 +254,7 @@ impl PgStore {
         &self,
         client: &mut Client,
         layers: &[LayerRequest<'_>],
-    ) -> Result<Option<Vec<Verdict>>, tokio_postgres::Error> {
+    ) -> Result<Option<Result<Vec<Verdict>, StoreError>>, tokio_postgres::Error> {
         let keys: Vec<String> = layers.iter().map(|l| l.key.render()).collect();
         let mut sorted = keys.clone();
         sorted.sort();
@@ -294,14 +294,32 @@ impl PgStore {
         let mut expired = Vec::new();
         for row in &rows {
             let key: String = row.get(0);
+            let is_log: bool = row.get(1);
+            let cells: Vec<i64> = row.get(2);
             let expires_at = u64::try_from(row.get::<_, i64>(3)).unwrap_or(0);
+            // The row step 1 inserts: no state yet.
+            if !is_log && cells.is_empty() && expires_at == 0 {
+                continue;
+            }
+            for (i, k) in keys.iter().enumerate() {
+                if *k != key {
+                    continue;
+                }
+                // A row this store did not write is never read, overwritten
+                // or deleted: the whole decision is a conflict.
+                if let Some(found) = foreign(layers[i].policy.limit(), is_log, &cells) {
+                    tx.rollback().await?;
+                    return Ok(Some(Err(StoreError::Conflict {
+                        policy: layers[i].policy.name().to_string(),
+                        found: found.to_string(),
+                    })));
+                }
+            }
             if expires_at <= now_us {
                 expired.push(key);
                 continue;
             }
-            let is_log: bool = row.get(1);
-            let cells: Vec<i64> = row.get(2);
-            let values = cells.into_iter().map(|v| u64::try_from(v).unwrap_or(0));
+            let values = cells.into_iter().map(|v| v as u64);
             let state = if is_log {
                 State::Log(values.collect::<VecDeque<u64>>())
             } else {
@@ -332,13 +350,11 @@ impl PgStore {
                 .await?;
             }
             tx.commit().await?;
-            return Ok(Some(
-                layers
-                    .iter()
-                    .zip(transitions)
-                    .map(|(l, t)| t.verdict.uncharged(l.cost))
-                    .collect(),
-            ));
+            return Ok(Some(Ok(layers
+                .iter()
+                .zip(transitions)
+                .map(|(l, t)| t.verdict.uncharged(l.cost))
+                .collect())));
         }
         let update = format!(
             "UPDATE {} SET is_log = $2, state = $3, expires_at = $4 WHERE key = $1",
@@ -360,7 +376,25 @@ impl PgStore {
         }
         // 5.
         tx.commit().await?;
-        Ok(Some(verdicts))
+        Ok(Some(Ok(verdicts)))
+    }
+}
+
+/// What a row holds when this store did not write it for `limit`: a log
+/// where a counter belongs (or the reverse), a counter that is not three
+/// numbers, a negative number. `None` for a state of the right shape.
+fn foreign(limit: &Limit, is_log: bool, cells: &[i64]) -> Option<&'static str> {
+    let wants_log = match limit {
+        Limit::SlidingLog(_) => true,
+        Limit::Custom(_) => is_log,
+        _ => false,
+    };
+    if is_log != wants_log {
+        Some("wrong type")
+    } else if (!is_log && cells.len() != 3) || cells.iter().any(|&v| v < 0) {
+        Some("not a state")
+    } else {
+        None
     }
 }
 
@@ -383,8 +417,8 @@ impl Store for PgStore {
             )));
             for _ in 0..ATTEMPTS {
                 match self.decide_on(&mut client, layers).await {
-                    Ok(Some(verdicts)) => {
-                        result = Ok(verdicts);
+                    Ok(Some(answer)) => {
+                        result = answer;
                         break;
                     }
                     Ok(None) => continue,

@@ -131,3 +131,70 @@ async fn expired_rows_count_as_absent() {
         "a fresh window, not charged"
     );
 }
+
+/// Rows another program put in the table (a state of another shape, a
+/// counter that is not three numbers, negative numbers).
+struct PgForeign {
+    client: tokio_postgres::Client,
+}
+
+#[tollgate::async_trait]
+impl tollgate_testkit::conformance::ForeignWriter for PgForeign {
+    fn kinds(&self) -> Vec<&'static str> {
+        vec!["other shape", "two numbers", "negative"]
+    }
+
+    async fn plant(&self, key: &tollgate::StoreKey<'_>, kind: &str) {
+        let (is_log, state) = planted(key, kind);
+        self.client
+            .execute(
+                &format!(
+                    "INSERT INTO {} (key, is_log, state, expires_at) VALUES ($1, $2, $3, $4)",
+                    table()
+                ),
+                &[&key.render(), &is_log, &state, &i64::MAX],
+            )
+            .await
+            .expect("plant a foreign row");
+    }
+
+    async fn intact(&self, key: &tollgate::StoreKey<'_>, kind: &str) -> bool {
+        let row = self
+            .client
+            .query_one(
+                &format!(
+                    "SELECT is_log, state, expires_at FROM {} WHERE key = $1",
+                    table()
+                ),
+                &[&key.render()],
+            )
+            .await
+            .expect("the foreign row");
+        let (is_log, state) = planted(key, kind);
+        row.get::<_, bool>(0) == is_log
+            && row.get::<_, Vec<i64>>(1) == state
+            && row.get::<_, i64>(2) == i64::MAX
+    }
+}
+
+/// The row planted for `kind` at a key of `key`'s algorithm.
+fn planted(key: &tollgate::StoreKey<'_>, kind: &str) -> (bool, Vec<i64>) {
+    let log = key.to_string().contains(":log:");
+    match kind {
+        "other shape" => (!log, vec![1, 2, 3]),
+        "two numbers" => (false, vec![1, 2]),
+        _ => (log, vec![-1, -2, -3]),
+    }
+}
+
+/// Rows this store did not write are conflicts, left exactly as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_values_are_conflicts() {
+    let store = store(ManualClock::new(tollgate_testkit::conformance::START)).await;
+    let (client, connection) = tokio_postgres::connect(&url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect to PostgreSQL");
+    tokio::spawn(connection);
+    tollgate_testkit::conformance::foreign_values_are_conflicts(store, &PgForeign { client })
+        .await;
+}

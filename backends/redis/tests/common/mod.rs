@@ -60,3 +60,91 @@ pub async fn keys_under(con: &mut MultiplexedConnection, prefix: &str) -> Vec<St
         cursor = next;
     }
 }
+
+/// Writes values Tollgate did not write at a store's keys, as another
+/// application sharing the Redis and the prefix would (standalone or
+/// Cluster: any connection).
+pub struct RedisForeign<C> {
+    pub con: C,
+    pub prefix: String,
+}
+
+impl<C> RedisForeign<C> {
+    fn key(&self, key: &tollgate_core::StoreKey<'_>) -> String {
+        format!("{}:{key}", self.prefix)
+    }
+}
+
+#[tollgate_core::async_trait]
+impl<C> tollgate_testkit::conformance::ForeignWriter for RedisForeign<C>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync,
+{
+    fn kinds(&self) -> Vec<&'static str> {
+        vec!["string", "numbers", "list", "hash", "set"]
+    }
+
+    async fn plant(&self, key: &tollgate_core::StoreKey<'_>, kind: &str) {
+        let mut con = self.con.clone();
+        let key = self.key(key);
+        let mut cmd = match kind {
+            "string" => redis::cmd("SET"),
+            "numbers" => redis::cmd("SET"),
+            "list" => redis::cmd("RPUSH"),
+            "hash" => redis::cmd("HSET"),
+            _ => redis::cmd("SADD"),
+        };
+        cmd.arg(&key);
+        match kind {
+            "string" => cmd.arg("garbage"),
+            // Two numbers: close to a counter state, but not one.
+            "numbers" => cmd.arg("12 34"),
+            "list" => cmd.arg("x").arg("y"),
+            "hash" => cmd.arg("field").arg("value"),
+            _ => cmd.arg("member"),
+        };
+        cmd.query_async::<()>(&mut con).await.expect("plant");
+    }
+
+    async fn intact(&self, key: &tollgate_core::StoreKey<'_>, kind: &str) -> bool {
+        let mut con = self.con.clone();
+        let key = self.key(key);
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .expect("PTTL");
+        let value: Vec<String> = match kind {
+            "string" | "numbers" => vec![redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut con)
+                .await
+                .expect("GET")],
+            "list" => redis::cmd("LRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut con)
+                .await
+                .expect("LRANGE"),
+            "hash" => redis::cmd("HGETALL")
+                .arg(&key)
+                .query_async(&mut con)
+                .await
+                .expect("HGETALL"),
+            _ => redis::cmd("SMEMBERS")
+                .arg(&key)
+                .query_async(&mut con)
+                .await
+                .expect("SMEMBERS"),
+        };
+        let expected: &[&str] = match kind {
+            "string" => &["garbage"],
+            "numbers" => &["12 34"],
+            "list" => &["x", "y"],
+            "hash" => &["field", "value"],
+            _ => &["member"],
+        };
+        ttl == -1 && value == expected
+    }
+}
