@@ -139,7 +139,13 @@ impl Http {
     }
 
     pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
-        let mut request = Request::get(format!("{}{path}", self.base));
+        self.send("GET", path, headers).await
+    }
+
+    pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
         for (n, v) in headers {
             request = request.header(*n, *v);
         }
@@ -193,4 +199,19 @@ pub fn assert_store_failure_503(reply: &Reply, policy: &str) {
     // Retry-After is never below 1 s.
     let retry: u64 = reply.header("retry-after").unwrap().parse().unwrap();
     assert!(retry >= 1);
+    // The store counted nothing: no `RateLimit` item a client could read
+    // as a spent quota (r=0), only when to try again.
+    assert_eq!(reply.header("ratelimit"), None, "an outage is not a quota");
+    assert!(reply.header("ratelimit-policy").is_some());
+}
+
+/// Every 401 of Tollgate: problem+json with a `WWW-Authenticate` challenge.
+pub fn assert_401(reply: &Reply, challenge: &str) {
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{}", reply.body);
+    assert_eq!(reply.header("www-authenticate"), Some(challenge));
+    assert_eq!(
+        reply.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(reply.json()["status"], 401);
 }

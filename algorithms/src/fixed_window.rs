@@ -21,7 +21,11 @@ pub fn fixed_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) ->
     let count = if last >= start { stored } else { 0 };
     let end = start.saturating_add(w);
     let allowed = count.saturating_add(cost) <= p.limit();
-    let count_after = if allowed { count.saturating_add(cost) } else { count };
+    let count_after = if allowed {
+        count.saturating_add(cost)
+    } else {
+        count
+    };
     Transition {
         verdict: Verdict {
             allowed,

@@ -56,6 +56,11 @@ pub enum SubjectError {
     BadCharacter(char),
 }
 
+/// A hashing key too short to keep subjects unguessable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the hash key is {0} bytes long; use at least 16 bytes of a server-side secret (load it from your secret store, never from the request)")]
+pub struct HashKeyError(pub usize);
+
 /// Why a store could not decide.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

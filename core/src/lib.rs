@@ -14,7 +14,6 @@ mod budget;
 mod decision;
 mod error;
 mod failure;
-pub mod headers;
 mod limiter;
 pub mod observe;
 mod policy;
@@ -28,14 +27,15 @@ pub use algorithm::{Algorithm, State, Stored, Transition, Verdict};
 pub use blocked::BlockedCacheConfig;
 pub use budget::{KeyBudget, WhenFull};
 pub use decision::{Decision, LayerDecision, Source};
-pub use error::{Error, PolicyError, StoreError, SubjectError};
+pub use error::{Error, HashKeyError, PolicyError, StoreError, SubjectError};
 pub use failure::{
     Admission, BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure,
 };
 pub use limiter::{Context, Layer, Limiter, LimiterBuilder, Scope};
 pub use policy::{
     CustomAlgorithm, DurationSpec, Gcra, Limit, LimitSpec, OnFailureSpec, Policy, TokenBucket,
-    Window, WhenFullSpec, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY, MAX_WINDOW, MIN_WINDOW,
+    WhenFullSpec, Window, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY, MAX_WINDOW,
+    MIN_WINDOW,
 };
 pub use store::{LayerRequest, Store, StoreKey};
 pub use subject::{HashKey, Subject};

@@ -302,7 +302,10 @@ impl Limiter {
         };
         let admission = self.breaker.admit();
         let answer = match admission {
-            Admission::Skip(wait) => Err(StoreError::CircuitOpen(wait)),
+            Admission::Skip(wait) => {
+                observe::store_skipped(self.store.kind());
+                Err(StoreError::CircuitOpen(wait))
+            }
             Admission::Call | Admission::Probe => {
                 let started = observe::start();
                 let answer = ask(&*self.store, &requests).await.and_then(|verdicts| {
@@ -531,6 +534,8 @@ impl LimiterBuilder {
                 return Err(Error::NoFallbackStore(layer.name.to_string()));
             }
         }
+        let policies: Vec<&str> = self.layers.iter().map(|l| l.policy.name()).collect();
+        observe::register(self.store.kind(), &policies);
         Ok(Limiter {
             layers: self.layers.into(),
             store: self.store,

@@ -11,6 +11,12 @@
 //! | `tollgate_store_latency_seconds` | histogram | `store` |
 //! | `tollgate_breaker_open` | gauge (1 open, 0 closed) | `store` |
 //! | `tollgate_fallback_failures_total` | counter | `store` |
+//! | `tollgate_unidentified_requests_total` | counter | `reason` |
+//!
+//! Every metric is described (`# HELP` in Prometheus) and a limiter's
+//! decision series are registered at zero when it is built, so dashboards
+//! and alerts see them before the first event. Decisions skipped by an open
+//! circuit breaker count as store errors of class `circuit_open`.
 //!
 //! With the `tracing` feature, log events carry the store kind, policy and
 //! error class, never a raw key or secret: a warning per store error while
@@ -31,6 +37,92 @@ pub(crate) fn start() -> Started {
     } else {
         None
     }
+}
+
+/// Describe every metric once (units and help text); called when a
+/// limiter is built, and harmless to call again.
+pub fn describe() {
+    #[cfg(feature = "metrics")]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            metrics::describe_counter!(
+                "tollgate_decisions_total",
+                "Rate-limit decisions per layer, by policy, outcome and what decided them."
+            );
+            metrics::describe_counter!(
+                "tollgate_store_errors_total",
+                "Store calls that failed or were skipped (class circuit_open), by store kind and error class."
+            );
+            metrics::describe_histogram!(
+                "tollgate_store_latency_seconds",
+                metrics::Unit::Seconds,
+                "Duration of rate-limit store calls."
+            );
+            metrics::describe_gauge!(
+                "tollgate_breaker_open",
+                "1 while the circuit breaker in front of the store is open, else 0."
+            );
+            metrics::describe_counter!(
+                "tollgate_fallback_failures_total",
+                "Decisions the emergency store could not make either (failed closed)."
+            );
+            metrics::describe_counter!(
+                "tollgate_unidentified_requests_total",
+                "HTTP requests without the identity a layer needs (answered 401), by reason."
+            );
+        });
+    }
+}
+
+/// Register the series a limiter will report, at zero, so they exist
+/// before their first event.
+pub(crate) fn register(store: &'static str, policies: &[&str]) {
+    describe();
+    #[cfg(feature = "metrics")]
+    {
+        for &policy in policies {
+            for outcome in ["allowed", "denied"] {
+                metrics::counter!(
+                    "tollgate_decisions_total",
+                    "policy" => policy.to_string(),
+                    "outcome" => outcome,
+                    "source" => "store"
+                )
+                .increment(0);
+            }
+        }
+        metrics::gauge!("tollgate_breaker_open", "store" => store).increment(0.0);
+    }
+    let _ = (store, policies);
+}
+
+/// A decision that skipped the store because the breaker is open.
+pub(crate) fn store_skipped(store: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_store_errors_total", "store" => store, "class" => "circuit_open")
+        .increment(1);
+    let _ = store;
+}
+
+/// A request an HTTP adapter could not identify (answered 401). `reason`
+/// is a short label (`no_client_address`, `no_identity`); `warning`, when
+/// given, is logged the first time this reason is seen, since it points at
+/// a misconfiguration rather than a client.
+pub fn unidentified(reason: &'static str, warning: Option<&'static str>) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_unidentified_requests_total", "reason" => reason).increment(1);
+    #[cfg(feature = "tracing")]
+    if let Some(warning) = warning {
+        use std::sync::Mutex;
+        static SEEN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+        let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+        if !seen.contains(&reason) {
+            seen.push(reason);
+            tracing::warn!(reason, "{warning}");
+        }
+    }
+    let _ = (reason, warning);
 }
 
 pub(crate) fn store_call(store: &'static str, started: Started, error: Option<&StoreError>) {

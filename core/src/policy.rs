@@ -628,9 +628,7 @@ impl std::str::FromStr for DurationSpec {
             } else {
                 whole.parse().map_err(|_| bad("a number too large"))?
             };
-            let mut micros = whole
-                .checked_mul(per)
-                .ok_or_else(|| bad("too long"))?;
+            let mut micros = whole.checked_mul(per).ok_or_else(|| bad("too long"))?;
             if !fraction.is_empty() {
                 if fraction.len() > 12 {
                     return Err(bad("too many decimals"));

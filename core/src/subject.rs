@@ -98,9 +98,13 @@ impl fmt::Display for Subject {
 pub struct HashKey(Arc<[u8]>);
 
 impl HashKey {
-    /// `None` when `bytes` is shorter than 16 bytes.
-    pub fn new(bytes: &[u8]) -> Option<Self> {
-        (bytes.len() >= 16).then(|| HashKey(bytes.into()))
+    /// A key of at least 16 bytes (a shorter one is
+    /// [`HashKeyError`](crate::HashKeyError): too easy to guess).
+    pub fn new(bytes: &[u8]) -> Result<Self, crate::HashKeyError> {
+        if bytes.len() < 16 {
+            return Err(crate::HashKeyError(bytes.len()));
+        }
+        Ok(HashKey(bytes.into()))
     }
 }
 

@@ -23,11 +23,14 @@
 //!     .layer("ip", Scope::Subject, policy)
 //!     .build()
 //!     .unwrap();
-//! let rate_limit = RateLimit::new(limiter).identity(Identity::new().client_ip(ClientIp::direct()));
+//! let rate_limit = RateLimit::builder(limiter)
+//!     .identity(Identity::new().client_ip(ClientIp::direct()))
+//!     .build()
+//!     .expect("an identity for the per-ip layer");
 //! HttpServer::new(move || {
-//!     App::new()
-//!         .wrap(rate_limit.clone())
-//!         .route("/", web::get().to(|| async { "hello" }))
+//!     // On the route (method) itself: requests answered 404 or 405 by the
+//!     // router never reach the limiter, so they are not charged.
+//!     App::new().route("/", web::get().to(|| async { "hello" }).wrap(rate_limit.clone()))
 //! })
 //! .bind(("127.0.0.1", 3000))?
 //! .run()
@@ -52,12 +55,12 @@ use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpResponse};
 
-use tollgate_core::{Context, Error, Limiter, Subject};
+use tollgate_core::{Context, Limiter, Subject};
 use tollgate_http::{is_list_field, RequestView};
 
 pub use tollgate_http::{
-    decision_headers, names, Cidr, ClientIp, ConfigError, Gate, HeaderStyle, Outcome, PeerAddr,
-    Problem, Reply, TrustedProxies,
+    decision_headers, names, single_header_value, Cidr, CidrError, ClientIp, Gate, GateBuilder,
+    GateError, HeaderStyle, Outcome, PeerAddr, Prepared, Problem, Reply, TrustedProxies,
 };
 
 /// How requests are identified; see [`tollgate_http::Identity`]. Custom
@@ -74,65 +77,29 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
-    /// Middleware over `limiter`. Requests are identified by the request
-    /// extensions only (what an authentication middleware inserted: a
-    /// [`Context`] or a [`Subject`]) until [`identity`](Self::identity) says
-    /// otherwise; each costs 1.
-    pub fn new(limiter: Limiter) -> Self {
-        RateLimit::from_gate(Gate::new(limiter))
+    /// Configure middleware over `limiter`; [`build`](GateBuilder::build)
+    /// checks the configuration (an identity for every layer that needs
+    /// one, a cost every layer can admit).
+    pub fn builder(limiter: Limiter) -> GateBuilder<ServiceRequest, RateLimit> {
+        GateBuilder::new(limiter)
     }
 
-    /// Middleware over a fully configured [`Gate`].
-    pub fn from_gate(gate: Gate<ServiceRequest>) -> Self {
+    /// Middleware over a built [`Gate`].
+    pub fn new(gate: Gate<ServiceRequest>) -> Self {
         RateLimit {
             gate: Arc::new(gate),
         }
     }
 
-    fn map(mut self, f: impl FnOnce(Gate<ServiceRequest>) -> Gate<ServiceRequest>) -> Self {
-        let gate = Arc::unwrap_or_clone(self.gate);
-        self.gate = Arc::new(f(gate));
-        self
-    }
-
-    /// How requests are identified.
-    pub fn identity(self, identity: Identity) -> Self {
-        self.map(|g| g.identity(identity))
-    }
-
-    /// Every request costs `cost` units (default 1).
-    pub fn cost(self, cost: u64) -> Self {
-        self.map(|g| g.cost(cost))
-    }
-
-    /// The cost is `f(&request)`, for example by method.
-    pub fn cost_with(self, f: impl Fn(&ServiceRequest) -> u64 + Send + Sync + 'static) -> Self {
-        self.map(|g| g.cost_with(f))
-    }
-
-    /// Also send `RateLimit-Limit`, `-Remaining`, `-Reset`.
-    pub fn legacy_headers(self, on: bool) -> Self {
-        self.map(|g| g.legacy_headers(on))
-    }
-
-    /// Also send `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
-    pub fn x_ratelimit_headers(self, on: bool) -> Self {
-        self.map(|g| g.x_ratelimit_headers(on))
-    }
-
-    /// The `WWW-Authenticate` value sent with 401.
-    pub fn unauthorized_challenge(self, challenge: &str) -> Self {
-        self.map(|g| g.unauthorized_challenge(challenge))
-    }
-
-    /// Called with every limiter error before it becomes a 401, 500 or 503.
-    pub fn on_error(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Self {
-        self.map(|g| g.on_error(f))
-    }
-
     /// The configuration.
     pub fn gate(&self) -> &Gate<ServiceRequest> {
         &self.gate
+    }
+}
+
+impl From<Gate<ServiceRequest>> for RateLimit {
+    fn from(gate: Gate<ServiceRequest>) -> Self {
+        RateLimit::new(gate)
     }
 }
 
@@ -166,6 +133,9 @@ pub struct RateLimitMiddleware<S> {
 struct View<'a>(&'a ServiceRequest);
 
 impl RequestView for View<'_> {
+    fn method(&self) -> &str {
+        self.0.method().as_str()
+    }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
         self.0
             .headers()
@@ -203,8 +173,12 @@ where
         let service = self.service.clone();
         let gate = self.gate.clone();
         Box::pin(async move {
-            let (ctx, cost) = gate.prepare(&request, &View(&request));
-            match gate.decide(&ctx, cost).await {
+            let Some(prepared) = gate.prepare(&request, &View(&request)) else {
+                // Not rate limited (a skip rule, a CORS preflight).
+                let response = service.call(request).await?;
+                return Ok(response.map_into_left_body());
+            };
+            match gate.decide(&prepared).await {
                 Outcome::Allow { decision, headers } => {
                     request.extensions_mut().insert(decision);
                     let mut response = service.call(request).await?;

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::dev::Service as _;
-use actix_web::{web, App, HttpMessage, HttpServer};
+use actix_web::dev::ServiceRequest;
+use actix_web::{guard, web, App, HttpMessage, HttpServer};
 use common::{memory_store, per_minute, DownStore, Http};
 use http::StatusCode;
-use tollgate_actix::{Cidr, ClientIp, Identity, RateLimit};
+use tollgate_actix::{Cidr, ClientIp, GateBuilder, Identity, RateLimit};
 use tollgate_core::{Decision, Limiter, Store, Subject};
 
 /// Serve one route wrapped in `rate_limit` on a free loopback port. The
@@ -50,7 +51,11 @@ fn serve(rate_limit: RateLimit) -> Http {
 }
 
 fn by_ip(limiter: Limiter, ip: ClientIp) -> RateLimit {
-    RateLimit::new(limiter).identity(Identity::new().client_ip(ip))
+    by_ip_builder(limiter, ip).build().unwrap()
+}
+
+fn by_ip_builder(limiter: Limiter, ip: ClientIp) -> GateBuilder<ServiceRequest, RateLimit> {
+    RateLimit::builder(limiter).identity(Identity::new().client_ip(ip))
 }
 
 #[actix_web::test]
@@ -141,16 +146,14 @@ async fn clients_behind_a_trusted_proxy_get_their_own_buckets() {
 #[actix_web::test]
 async fn missing_subject_is_401_and_an_auth_layer_identifies() {
     let (_clock, store) = memory_store();
-    let http =
-        serve(RateLimit::new(per_minute(store, "per-user", 3)).unauthorized_challenge("Bearer"));
-    let reply = http.get("/", &[]).await;
-    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(reply.header("www-authenticate"), Some("Bearer"));
-    assert_eq!(
-        reply.header("content-type"),
-        Some("application/problem+json")
+    let http = serve(
+        RateLimit::builder(per_minute(store, "per-user", 3))
+            .identity(Identity::new().extension())
+            .unauthorized_challenge("Bearer")
+            .build()
+            .unwrap(),
     );
-    assert_eq!(reply.json()["status"], 401);
+    common::assert_401(&http.get("/", &[]).await, "Bearer");
 
     let reply = http.get("/", &[("x-user", "alice")]).await;
     assert_eq!(reply.status, StatusCode::OK);
@@ -182,10 +185,12 @@ async fn a_stopped_redis_gives_503_within_the_deadline() {
 async fn cost_and_legacy_headers() {
     let (_clock, store) = memory_store();
     let http = serve(
-        by_ip(per_minute(store, "per-ip", 3), ClientIp::direct())
+        by_ip_builder(per_minute(store, "per-ip", 3), ClientIp::direct())
             .cost(2)
             .legacy_headers(true)
-            .x_ratelimit_headers(true),
+            .x_ratelimit_headers(true)
+            .build()
+            .unwrap(),
     );
     let reply = http.get("/", &[]).await;
     assert_eq!(reply.status, StatusCode::OK);
@@ -196,5 +201,122 @@ async fn cost_and_legacy_headers() {
     assert_eq!(
         http.get("/", &[]).await.status,
         StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+/// Serve what `routes` configures on a free loopback port.
+fn serve_with(routes: impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static) -> Http {
+    let server = HttpServer::new(move || App::new().configure(routes.clone()))
+        .workers(1)
+        .disable_signals()
+        .shutdown_timeout(0)
+        .bind(("127.0.0.1", 0))
+        .unwrap();
+    let addr = server.addrs()[0];
+    actix_web::rt::spawn(server.run());
+    Http::new(addr)
+}
+
+/// A browser's CORS preflight is not charged, even with the middleware
+/// around the whole app.
+#[actix_web::test]
+async fn cors_preflights_are_not_charged() {
+    let (_clock, store) = memory_store();
+    let rate_limit = by_ip(per_minute(store, "login", 2), ClientIp::direct());
+    let http = serve_with(move |cfg| {
+        cfg.service(
+            web::scope("")
+                .wrap(rate_limit.clone())
+                .route("/login", web::post().to(|| async { "welcome" })),
+        );
+    });
+    let preflight = [
+        ("origin", "https://app.example"),
+        ("access-control-request-method", "POST"),
+    ];
+    for _ in 0..3 {
+        let reply = http.send("OPTIONS", "/login", &preflight).await;
+        assert_ne!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(reply.header("ratelimit"), None, "not rate limited");
+    }
+    let reply = http.send("POST", "/login", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.remaining_and_reset().0,
+        1,
+        "only the POST was charged"
+    );
+}
+
+/// With the middleware on the route itself (`Route::wrap`), requests the
+/// router answers 404 or 405 never reach it: not charged. `HEAD` on a
+/// `GET` route is charged like `GET`.
+#[actix_web::test]
+async fn unrouted_requests_are_not_charged_and_head_is_like_get() {
+    let (_clock, store) = memory_store();
+    let rate_limit = by_ip(per_minute(store, "per-ip", 3), ClientIp::direct());
+    let http = serve_with(move |cfg| {
+        cfg.service(
+            web::resource("/login").route(
+                web::post()
+                    .to(|| async { "welcome" })
+                    .wrap(rate_limit.clone()),
+            ),
+        )
+        .service(
+            // actix-web's `web::get()` does not answer HEAD: a route that
+            // does is charged for it like GET.
+            web::resource("/search").route(
+                web::route()
+                    .guard(guard::Any(guard::Get()).or(guard::Head()))
+                    .to(|| async { "results" })
+                    .wrap(rate_limit.clone()),
+            ),
+        );
+    });
+    for _ in 0..3 {
+        let reply = http.get("/login", &[]).await;
+        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(reply.header("ratelimit"), None);
+        assert_eq!(
+            http.get("/nowhere", &[]).await.status,
+            StatusCode::NOT_FOUND
+        );
+    }
+    let reply = http.send("POST", "/login", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining_and_reset().0, 2, "404s and 405s were free");
+    let reply = http.send("HEAD", "/search", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining_and_reset().0, 1, "HEAD is charged like GET");
+}
+
+/// Every 401 has one shape: a missing API key and a duplicated one alike
+/// get problem+json with the `WWW-Authenticate` challenge of the identity.
+#[actix_web::test]
+async fn every_401_has_the_challenge() {
+    let (_clock, store) = memory_store();
+    let key = tollgate_core::HashKey::new(b"0123456789abcdef0123").unwrap();
+    let rate_limit = RateLimit::builder(per_minute(store, "per-key", 3))
+        .identity(Identity::new().api_key("x-api-key", key))
+        .build()
+        .unwrap();
+    let http = serve_with(move |cfg| {
+        cfg.route(
+            "/",
+            web::get().to(|| async { "ok" }).wrap(rate_limit.clone()),
+        );
+    });
+    let challenge = r#"ApiKey header="x-api-key""#;
+    common::assert_401(&http.get("/", &[]).await, challenge);
+    common::assert_401(
+        &http
+            .get("/", &[("x-api-key", "a"), ("x-api-key", "b")])
+            .await,
+        challenge,
+    );
+    assert_eq!(
+        http.get("/", &[("x-api-key", "a")]).await.status,
+        StatusCode::OK
     );
 }

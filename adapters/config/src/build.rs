@@ -118,6 +118,9 @@ impl Config {
                 if let Some(n) = spec.max_keys {
                     builder = builder.max_keys(n);
                 }
+                if let Some(when_full) = spec.when_full {
+                    builder = builder.when_full(when_full.into());
+                }
                 if let Some(n) = spec.shards {
                     builder = builder.shards(n);
                 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tollgate_core::{
-    BreakerConfig, DurationSpec, LimitSpec, OnFailureSpec, Policy, PolicyError, Scope,
+    BreakerConfig, DurationSpec, KeyBudget, LimitSpec, OnFailureSpec, Policy, PolicyError, Scope,
+    WhenFullSpec,
 };
 use toml::{Table, Value};
 
@@ -42,8 +43,10 @@ impl StoreSpec {
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct MemorySpec {
-    /// Most live keys (default 1,000,000).
+    /// Most keys, exactly (default 1,000,000).
     pub max_keys: Option<usize>,
+    /// What a full store does: `"evict"` (the default) or `"refuse"`.
+    pub when_full: Option<WhenFullSpec>,
     /// Shards of the map (default 64).
     pub shards: Option<usize>,
 }
@@ -357,6 +360,26 @@ fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Pol
     let on_failure = table
         .remove("on_failure")
         .map(|v| de::<OnFailureSpec>(errors, &format!("{path}.on_failure"), v));
+    let max_keys = match table.remove("max_keys") {
+        None => Some(None),
+        Some(Value::Integer(n)) if n >= 1 => Some(Some(n as usize)),
+        Some(v) => {
+            errors.push(field_error(
+                &format!("{path}.max_keys"),
+                format!("{} must be a whole number > 0", show(&v)),
+            ));
+            None
+        }
+    };
+    let when_full = table
+        .remove("when_full")
+        .map(|v| de::<WhenFullSpec>(errors, &format!("{path}.when_full"), v));
+    if let (Some(None), Some(Some(_))) = (&max_keys, &when_full) {
+        errors.push(field_error(
+            &format!("{path}.when_full"),
+            "applies to a key budget: set max_keys too",
+        ));
+    }
     // Check the parameters' types here, where the field path is known
     // (the tagged LimitSpec reports them without it).
     for (key, value) in table.iter_mut() {
@@ -396,7 +419,7 @@ fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Pol
                 errors.push(field_error(
                     &format!("{path}.{key}"),
                     format!(
-                        "unknown field `{key}`; this algorithm takes {}, plus version and on_failure",
+                        "unknown field `{key}`; this algorithm takes {}, plus version, on_failure, max_keys and when_full",
                         fields.join(", ")
                     ),
                 ));
@@ -409,14 +432,19 @@ fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Pol
     if errors.len() > before + unknown_fields {
         return None;
     }
-    let (Some(spec), Some(version)) = (spec, version) else {
+    let (Some(spec), Some(version), Some(max_keys)) = (spec, version, max_keys) else {
         return None;
     };
     let built = (|| {
         let limit = spec.build().map_err(|e| e.within(&path))?;
-        let policy = Policy::new(name, limit)
+        let mut policy = Policy::new(name, limit)
             .map_err(|e| field_error(&path, format!("the policy name {}", e.reason())))?
             .with_version(version);
+        if let Some(max_keys) = max_keys {
+            let when_full = when_full.flatten().map(Into::into).unwrap_or_default();
+            let budget = KeyBudget::new(max_keys, when_full).map_err(|e| e.within(&path))?;
+            policy = policy.with_key_budget(budget);
+        }
         match on_failure.flatten() {
             Some(spec) => {
                 let on_failure = spec

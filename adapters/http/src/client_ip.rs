@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use tollgate_core::Subject;
 
-use crate::ConfigError;
+use crate::CidrError;
 
 /// Which hops in front of this server are trusted to report the client's
 /// address in `X-Forwarded-For`.
@@ -93,18 +93,18 @@ impl ClientIp {
     }
 
     /// Group IPv4 clients by this prefix length (0–32, default 32).
-    pub fn ipv4_prefix(mut self, bits: u8) -> Result<Self, ConfigError> {
+    pub fn ipv4_prefix(mut self, bits: u8) -> Result<Self, CidrError> {
         if bits > 32 {
-            return Err(ConfigError::Prefix { bits, max: 32 });
+            return Err(CidrError::Prefix { bits, max: 32 });
         }
         self.v4_prefix = bits;
         Ok(self)
     }
 
     /// Group IPv6 clients by this prefix length (0–128, default 64).
-    pub fn ipv6_prefix(mut self, bits: u8) -> Result<Self, ConfigError> {
+    pub fn ipv6_prefix(mut self, bits: u8) -> Result<Self, CidrError> {
         if bits > 128 {
-            return Err(ConfigError::Prefix { bits, max: 128 });
+            return Err(CidrError::Prefix { bits, max: 128 });
         }
         self.v6_prefix = bits;
         Ok(self)
@@ -236,16 +236,16 @@ pub struct Cidr {
 
 impl Cidr {
     /// The network `network/bits`; its host bits must be zero.
-    pub fn new(network: IpAddr, bits: u8) -> Result<Self, ConfigError> {
+    pub fn new(network: IpAddr, bits: u8) -> Result<Self, CidrError> {
         let network = network.to_canonical();
         let max = if network.is_ipv4() { 32 } else { 128 };
         if bits > max {
-            return Err(ConfigError::Prefix { bits, max });
+            return Err(CidrError::Prefix { bits, max });
         }
         // A host address with a prefix is usually a typo for a network;
         // widening it silently would trust more hosts than written.
         if mask(network, bits) != network {
-            return Err(ConfigError::Cidr(format!(
+            return Err(CidrError::Cidr(format!(
                 "{network}/{bits} has host bits set; the network is {}/{bits}",
                 mask(network, bits)
             )));
@@ -261,10 +261,10 @@ impl Cidr {
 }
 
 impl FromStr for Cidr {
-    type Err = ConfigError;
-    fn from_str(text: &str) -> Result<Self, ConfigError> {
+    type Err = CidrError;
+    fn from_str(text: &str) -> Result<Self, CidrError> {
         let bad = || {
-            ConfigError::Cidr(format!(
+            CidrError::Cidr(format!(
                 "{text:?} is not an address or a network like 10.0.0.0/8 or 2001:db8::/32"
             ))
         };

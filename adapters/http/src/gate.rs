@@ -1,12 +1,14 @@
 //! The framework-independent middleware: identify, decide, answer.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
-use tollgate_core::{Context, Decision, Error, Limiter};
+use tollgate_core::{observe, Context, Decision, Error, Limiter, Scope};
 
-use crate::identity::{Identity, RequestView};
+use crate::identity::{Identity, RequestView, Supplies};
 use crate::response::{decision_headers, HeaderStyle, Headers, Reply};
+use crate::skip::Skip;
 
 /// What to do with a request.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,96 +43,110 @@ impl<R: ?Sized> Clone for Cost<R> {
     }
 }
 
+/// A configuration that cannot work: building the gate (or the tower layer,
+/// or the actix-web middleware) fails rather than answering 401 or 500 to
+/// every request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GateError {
+    /// A layer counts by subject and nothing identifies requests.
+    #[error("layer {layer:?} counts per subject but the identity has no source: give the builder .identity(Identity::new().client_ip(..) / .api_key(..) / .extension() / .custom(..)), or a fallback subject")]
+    NoIdentity {
+        /// The layer's name.
+        layer: String,
+    },
+    /// A layer counts by tenant and no identity source can supply one
+    /// (only [`Identity::extension`] and [`Identity::custom`] can).
+    #[error("layer {layer:?} counts per tenant but no identity source can supply a tenant: add Identity::extension() (an authentication layer inserting a Context) or Identity::custom(..)")]
+    NoTenantSource {
+        /// The layer's name.
+        layer: String,
+    },
+    /// A layer counts by a request attribute and no identity source can
+    /// supply attributes.
+    #[error("layer {layer:?} counts per attribute {attribute:?} but no identity source can supply attributes: add Identity::extension() or Identity::custom(..)")]
+    NoAttributeSource {
+        /// The layer's name.
+        layer: String,
+        /// The attribute's name.
+        attribute: String,
+    },
+    /// The fixed cost can never be admitted by some layer.
+    #[error("cost {cost} is outside 1..={capacity} for layer {layer:?}: every request would fail")]
+    Cost {
+        /// The cost configured.
+        cost: u64,
+        /// The layer's name.
+        layer: String,
+        /// That layer's capacity.
+        capacity: u64,
+    },
+}
+
 /// A [`Limiter`] with everything an HTTP adapter adds around it: how to
-/// identify a request, what it costs, which headers to send and how to
-/// answer errors. Both adapters are thin wrappers over this.
+/// identify a request, what it costs, which requests are not limited, which
+/// headers to send and how to answer errors. Both adapters are thin
+/// wrappers over this; build one with [`Gate::builder`].
 ///
 /// `R` is the framework's request type (`http::request::Parts` for tower,
-/// `ServiceRequest` for actix-web); it is what custom identity and cost
-/// functions receive.
+/// `ServiceRequest` for actix-web); it is what custom identity, cost and
+/// skip functions receive.
 ///
 /// | limiter answer | response |
 /// |---|---|
+/// | not limited (a [skip rule](GateBuilder::skip_if), a CORS preflight) | the service's response, no rate-limit headers |
 /// | admitted | the service's response, plus `RateLimit-Policy` and `RateLimit` |
 /// | denied by a limit | 429, `Retry-After`, `quota-exceeded` problem with `violated-policies` |
-/// | denied by a layer failing closed | 503, `temporary-reduced-capacity` problem |
-/// | store error (no failure mode applied) | 503 problem |
-/// | no identity for a layer | 401 problem (or the identity's fallback subject) |
+/// | denied by a layer failing closed | 503, `Retry-After`, `temporary-reduced-capacity` problem (no `RateLimit` item for layers the store did not decide) |
+/// | no identity for a layer | 401 problem with `WWW-Authenticate` |
 /// | any other error | 500 problem |
 pub struct Gate<R: ?Sized> {
     limiter: Limiter,
     identity: Identity<R>,
     cost: Cost<R>,
+    skip: Skip<R>,
     style: HeaderStyle,
-    challenge: Option<Arc<str>>,
+    challenge: Arc<str>,
     on_error: Option<ErrorHook>,
 }
 
-impl<R: ?Sized> Gate<R> {
-    /// A gate over `limiter`: identity from the request extensions only
-    /// ([`Identity::default`]), cost 1, standard headers only.
-    pub fn new(limiter: Limiter) -> Self {
-        Gate {
-            limiter,
-            identity: Identity::default(),
-            cost: Cost::Fixed(1),
-            style: HeaderStyle::default(),
-            challenge: None,
-            on_error: None,
+/// A request identified and costed, ready for [`Gate::decide`].
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// Who the request is (empty when no source identified it).
+    pub context: Context,
+    /// What it costs.
+    pub cost: u64,
+    /// Why it has no identity, when it has none (a metric label).
+    unidentified: Option<&'static str>,
+}
+
+impl Prepared {
+    /// A request of `cost` units for `context`.
+    pub fn new(context: Context, cost: u64) -> Self {
+        Prepared {
+            context,
+            cost,
+            unidentified: None,
         }
     }
+}
 
-    /// How requests are identified.
-    pub fn identity(mut self, identity: Identity<R>) -> Self {
-        self.identity = identity;
-        self
-    }
+/// Builds a [`Gate`] — or, through `Out`, the tower layer or the actix-web
+/// middleware around one (`RateLimitLayer::builder`, `RateLimit::builder`):
+/// one builder for every adapter. [`build`](Self::build) checks the
+/// configuration against the limiter's layers.
+pub struct GateBuilder<R: ?Sized, Out = Gate<R>> {
+    gate: Gate<R>,
+    out: PhantomData<fn() -> Out>,
+}
 
-    /// Every request costs `cost` units (default 1; must be between 1 and
-    /// every layer's capacity, or requests get a 500). Give one route its own
-    /// cost by wrapping it in its own layer.
-    pub fn cost(mut self, cost: u64) -> Self {
-        self.cost = Cost::Fixed(cost);
-        self
-    }
-
-    /// The cost is `f(request)`, for example by method or path.
-    pub fn cost_with(mut self, f: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self {
-        self.cost = Cost::With(Arc::new(f));
-        self
-    }
-
-    /// Which headers besides the standard ones to send.
-    pub fn headers(mut self, style: HeaderStyle) -> Self {
-        self.style = style;
-        self
-    }
-
-    /// Also send `RateLimit-Limit`, `-Remaining`, `-Reset`.
-    pub fn legacy_headers(mut self, on: bool) -> Self {
-        self.style = self.style.legacy(on);
-        self
-    }
-
-    /// Also send `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
-    pub fn x_ratelimit_headers(mut self, on: bool) -> Self {
-        self.style = self.style.x_ratelimit(on);
-        self
-    }
-
-    /// The `WWW-Authenticate` value sent with 401 (for example `Bearer`).
-    pub fn unauthorized_challenge(mut self, challenge: &str) -> Self {
-        self.challenge = Some(challenge.into());
-        self
-    }
-
-    /// Called with every error the limiter returns, before it becomes a
-    /// 401, 500 or 503 — the place to log or count them. Log
-    /// [`StoreError::class`](tollgate_core::StoreError::class) rather than the
-    /// message when the message may name hosts.
-    pub fn on_error(mut self, f: impl Fn(&Error) + Send + Sync + 'static) -> Self {
-        self.on_error = Some(Arc::new(f));
-        self
+impl<R: ?Sized> Gate<R> {
+    /// A builder over `limiter`: no identity source yet (building fails if a
+    /// layer needs one), cost 1, CORS preflights not charged, standard
+    /// headers only.
+    pub fn builder(limiter: Limiter) -> GateBuilder<R> {
+        GateBuilder::new(limiter)
     }
 
     /// The limiter.
@@ -138,22 +154,38 @@ impl<R: ?Sized> Gate<R> {
         &self.limiter
     }
 
-    /// The identity and cost of `request` (seen through `view`). Synchronous,
-    /// so adapters need not hold the request across an await.
-    pub fn prepare(&self, request: &R, view: &dyn RequestView) -> (Context, u64) {
-        // No identity is not an error yet: a limiter with only global layers
-        // needs none. The limiter reports a missing subject, which becomes 401.
-        let ctx = self.identity.identify(request, view).unwrap_or_default();
+    /// The identity and cost of `request` (seen through `view`), or `None`
+    /// when the request is not rate limited (a skip rule matched: it is
+    /// passed on without a decision and without headers). Synchronous, so
+    /// adapters need not hold the request across an await.
+    pub fn prepare(&self, request: &R, view: &dyn RequestView) -> Option<Prepared> {
+        if self.skip.matches(request, view) {
+            return None;
+        }
+        let identified = self.identity.identify(request, view);
+        let unidentified = match identified {
+            Some(_) => None,
+            None if self.identity.reads_client_ip() && view.peer_ip().is_none() => {
+                Some("no_client_address")
+            }
+            None => Some("no_identity"),
+        };
         let cost = match &self.cost {
             Cost::Fixed(n) => *n,
             Cost::With(f) => f(request),
         };
-        (ctx, cost)
+        Some(Prepared {
+            // No identity is not an error yet: a limiter with only global
+            // layers needs none. The limiter reports a missing subject.
+            context: identified.unwrap_or_default(),
+            cost,
+            unidentified,
+        })
     }
 
-    /// Decide a request and say how to answer it.
-    pub async fn decide(&self, ctx: &Context, cost: u64) -> Outcome {
-        match self.limiter.check(ctx, cost).await {
+    /// Decide a prepared request and say how to answer it.
+    pub async fn decide(&self, prepared: &Prepared) -> Outcome {
+        match self.limiter.check(&prepared.context, prepared.cost).await {
             Ok(decision) if decision.is_allowed() => Outcome::Allow {
                 headers: decision_headers(&decision, self.style),
                 decision,
@@ -167,12 +199,169 @@ impl<R: ?Sized> Gate<R> {
                     hook(&error);
                 }
                 Outcome::Reject(match error {
-                    Error::MissingSubject { .. } => Reply::unidentified(self.challenge.as_deref()),
-                    Error::Store(_) => Reply::store_unavailable(),
+                    Error::MissingSubject { .. } => {
+                        let reason = prepared.unidentified.unwrap_or("no_identity");
+                        observe::unidentified(
+                            reason,
+                            (reason == "no_client_address").then_some(NO_CLIENT_ADDRESS),
+                        );
+                        Reply::unidentified(&self.challenge)
+                    }
                     _ => Reply::internal_error(),
                 })
             }
         }
+    }
+}
+
+/// The warning logged once when requests arrive without a client address.
+const NO_CLIENT_ADDRESS: &str = "rate limiting by client address, but requests carry none: answering 401. \
+    With axum 0.8, serve with into_make_service_with_connect_info::<SocketAddr>() (axum 0.7's ConnectInfo is another type and is not seen); \
+    with hyper or tonic, insert a PeerAddr extension per connection (see the HTTP guide)";
+
+impl<R: ?Sized, Out> GateBuilder<R, Out> {
+    /// A builder over `limiter` whose [`build`](Self::build) yields `Out`
+    /// (a [`Gate`], or an adapter built from one); see [`Gate::builder`]
+    /// for the defaults.
+    pub fn new(limiter: Limiter) -> Self {
+        GateBuilder {
+            gate: Gate {
+                limiter,
+                identity: Identity::new(),
+                cost: Cost::Fixed(1),
+                skip: Skip::default(),
+                style: HeaderStyle::default(),
+                challenge: Arc::from(""),
+                on_error: None,
+            },
+            out: PhantomData,
+        }
+    }
+
+    /// How requests are identified (default: no source).
+    pub fn identity(mut self, identity: Identity<R>) -> Self {
+        self.gate.identity = identity;
+        self
+    }
+
+    /// Every request costs `cost` units (default 1; must be between 1 and
+    /// every layer's capacity). Give one route its own cost with its own
+    /// gate.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.gate.cost = Cost::Fixed(cost);
+        self
+    }
+
+    /// The cost is `f(request)`, for example by method or path (a cost
+    /// outside a layer's capacity answers 500).
+    pub fn cost_with(mut self, f: impl Fn(&R) -> u64 + Send + Sync + 'static) -> Self {
+        self.gate.cost = Cost::With(Arc::new(f));
+        self
+    }
+
+    /// Requests for which `f` is true are not rate limited: passed on
+    /// without a decision, nothing charged, no headers. Rules add up (any
+    /// match skips).
+    pub fn skip_if(
+        mut self,
+        f: impl Fn(&R, &dyn RequestView) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.gate.skip = self.gate.skip.with(Arc::new(f));
+        self
+    }
+
+    /// Whether CORS preflights (`OPTIONS` with `Access-Control-Request-Method`)
+    /// are charged (default false: a browser sends one before the real
+    /// request, which alone is charged).
+    pub fn charge_preflights(mut self, on: bool) -> Self {
+        self.gate.skip = self.gate.skip.preflights(!on);
+        self
+    }
+
+    /// Which headers besides the standard ones to send.
+    pub fn headers(mut self, style: HeaderStyle) -> Self {
+        self.gate.style = style;
+        self
+    }
+
+    /// Also send `RateLimit-Limit`, `-Remaining`, `-Reset`.
+    pub fn legacy_headers(mut self, on: bool) -> Self {
+        self.gate.style = self.gate.style.legacy(on);
+        self
+    }
+
+    /// Also send `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    pub fn x_ratelimit_headers(mut self, on: bool) -> Self {
+        self.gate.style = self.gate.style.x_ratelimit(on);
+        self
+    }
+
+    /// The `WWW-Authenticate` challenge sent with every 401 (RFC 9110
+    /// requires one). Default: from the identity — `Bearer` for bearer
+    /// tokens, `ApiKey header="<name>"` for an API-key header, else
+    /// `Bearer`.
+    pub fn unauthorized_challenge(mut self, challenge: &str) -> Self {
+        self.gate.challenge = challenge.into();
+        self
+    }
+
+    /// Called with every error the limiter returns, before it becomes a
+    /// 401 or 500 — the place to log or count them.
+    pub fn on_error(mut self, f: impl Fn(&Error) + Send + Sync + 'static) -> Self {
+        self.gate.on_error = Some(Arc::new(f));
+        self
+    }
+
+    /// Check the configuration against the limiter's layers and build.
+    ///
+    /// Fails where every request would fail: a layer counts per subject,
+    /// tenant or attribute and the identity cannot supply it, or the fixed
+    /// cost is outside a layer's capacity.
+    pub fn build(mut self) -> Result<Out, GateError>
+    where
+        Out: From<Gate<R>>,
+    {
+        let supplies = self.gate.identity.supplies();
+        for layer in self.gate.limiter.layers() {
+            let name = layer.name().to_string();
+            match layer.scope() {
+                Scope::Subject if supplies == Supplies::Nothing => {
+                    return Err(GateError::NoIdentity { layer: name })
+                }
+                Scope::Tenant if supplies != Supplies::Everything => {
+                    return Err(GateError::NoTenantSource { layer: name })
+                }
+                Scope::Attribute(attribute) if supplies != Supplies::Everything => {
+                    return Err(GateError::NoAttributeSource {
+                        layer: name,
+                        attribute: attribute.to_string(),
+                    })
+                }
+                _ => {}
+            }
+            if let Cost::Fixed(cost) = self.gate.cost {
+                let capacity = layer.policy().capacity();
+                if cost == 0 || cost > capacity {
+                    return Err(GateError::Cost {
+                        cost,
+                        layer: name,
+                        capacity,
+                    });
+                }
+            }
+        }
+        if self.gate.challenge.is_empty() {
+            self.gate.challenge = self.gate.identity.challenge().into();
+        }
+        Ok(Out::from(self.gate))
+    }
+}
+
+impl<R: ?Sized, Out> fmt::Debug for GateBuilder<R, Out> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GateBuilder")
+            .field("gate", &self.gate)
+            .finish()
     }
 }
 
@@ -182,6 +371,7 @@ impl<R: ?Sized> Clone for Gate<R> {
             limiter: self.limiter.clone(),
             identity: self.identity.clone(),
             cost: self.cost.clone(),
+            skip: self.skip.clone(),
             style: self.style,
             challenge: self.challenge.clone(),
             on_error: self.on_error.clone(),
@@ -194,7 +384,9 @@ impl<R: ?Sized> fmt::Debug for Gate<R> {
         f.debug_struct("Gate")
             .field("limiter", &self.limiter)
             .field("identity", &self.identity)
+            .field("skip", &self.skip)
             .field("style", &self.style)
+            .field("challenge", &self.challenge)
             .finish_non_exhaustive()
     }
 }
@@ -202,6 +394,7 @@ impl<R: ?Sized> fmt::Debug for Gate<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ClientIp;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
     use tollgate_core::{
@@ -243,54 +436,118 @@ mod tests {
         }
     }
 
+    fn extension_gate(limiter: Limiter) -> GateBuilder<()> {
+        Gate::builder(limiter).identity(Identity::new().extension())
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn every_answer_maps_to_its_status() {
         let errors = Arc::new(AtomicUsize::new(0));
         let seen = errors.clone();
         let store = Arc::new(tollgate_memory::MemoryStore::default());
-        let gate: Gate<()> =
-            Gate::new(limiter(store, OnStoreFailure::FailClosed)).on_error(move |_| {
+        let gate: Gate<()> = extension_gate(limiter(store, OnStoreFailure::FailClosed))
+            .on_error(move |_| {
                 seen.fetch_add(1, Ordering::SeqCst);
-            });
-        let ctx = Context::subject(Subject::new("k").unwrap());
-        assert_eq!(status(&gate.decide(&ctx, 1).await), 200);
-        assert_eq!(status(&gate.decide(&ctx, 1).await), 200);
-        assert_eq!(status(&gate.decide(&ctx, 1).await), 429);
-        // No subject: 401; a cost above the capacity: 500. Both reach the hook.
-        assert_eq!(status(&gate.decide(&Context::new(), 1).await), 401);
-        let other = Context::subject(Subject::new("other").unwrap());
-        assert_eq!(status(&gate.decide(&other, 3).await), 500);
+            })
+            .build()
+            .unwrap();
+        let ctx = Prepared::new(Context::subject(Subject::new("k").unwrap()), 1);
+        assert_eq!(status(&gate.decide(&ctx).await), 200);
+        assert_eq!(status(&gate.decide(&ctx).await), 200);
+        assert_eq!(status(&gate.decide(&ctx).await), 429);
+        // No subject: 401 with a challenge; a cost above the capacity: 500.
+        // Both reach the hook.
+        let Outcome::Reject(reply) = gate.decide(&Prepared::new(Context::new(), 1)).await else {
+            panic!("no identity")
+        };
+        assert_eq!(reply.status(), 401);
+        assert!(reply
+            .headers()
+            .iter()
+            .any(|(n, v)| *n == "www-authenticate" && v == "Bearer"));
+        let other = Prepared::new(Context::subject(Subject::new("other").unwrap()), 3);
+        assert_eq!(status(&gate.decide(&other).await), 500);
         assert_eq!(errors.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn store_failures_follow_the_policy() {
-        let ctx = Context::subject(Subject::new("k").unwrap());
-        let closed: Gate<()> = Gate::new(limiter(Arc::new(Down), OnStoreFailure::FailClosed));
-        let Outcome::Reject(reply) = closed.decide(&ctx, 1).await else {
+        let ctx = Prepared::new(Context::subject(Subject::new("k").unwrap()), 1);
+        let closed: Gate<()> = extension_gate(limiter(Arc::new(Down), OnStoreFailure::FailClosed))
+            .build()
+            .unwrap();
+        let Outcome::Reject(reply) = closed.decide(&ctx).await else {
             panic!("fail closed admits nothing")
         };
         assert_eq!(reply.status(), 503);
-        let open: Gate<()> = Gate::new(limiter(Arc::new(Down), OnStoreFailure::FailOpen));
-        let Outcome::Allow { decision, headers } = open.decide(&ctx, 1).await else {
+        let open: Gate<()> = extension_gate(limiter(Arc::new(Down), OnStoreFailure::FailOpen))
+            .build()
+            .unwrap();
+        let Outcome::Allow { decision, .. } = open.decide(&ctx).await else {
             panic!("fail open admits")
         };
         assert_eq!(decision.layers()[0].source, Source::FailOpen);
-        assert!(!headers.is_empty());
     }
 
     #[test]
-    fn prepare_uses_identity_and_cost() {
+    fn prepare_uses_identity_cost_and_skip_rules() {
         let store = Arc::new(tollgate_memory::MemoryStore::default());
         let gate: Gate<http::request::Parts> =
-            Gate::new(limiter(store, OnStoreFailure::FailClosed))
+            Gate::builder(limiter(store, OnStoreFailure::FailClosed))
                 .identity(Identity::new().fallback(Subject::new("anon").unwrap()))
                 .cost_with(
                     |p: &http::request::Parts| if p.method == http::Method::POST { 2 } else { 1 },
-                );
+                )
+                .skip_if(|p: &http::request::Parts, _| p.uri.path() == "/health")
+                .build()
+                .unwrap();
         let (parts, ()) = http::Request::post("/").body(()).unwrap().into_parts();
-        let (ctx, cost) = gate.prepare(&parts, &parts);
-        assert_eq!(ctx.get_subject().unwrap().as_str(), "anon");
-        assert_eq!(cost, 2);
+        let prepared = gate.prepare(&parts, &parts).unwrap();
+        assert_eq!(prepared.context.get_subject().unwrap().as_str(), "anon");
+        assert_eq!(prepared.cost, 2);
+        let (health, ()) = http::Request::get("/health").body(()).unwrap().into_parts();
+        assert!(gate.prepare(&health, &health).is_none(), "skipped");
+        let (preflight, ()) = http::Request::options("/")
+            .header("access-control-request-method", "POST")
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert!(
+            gate.prepare(&preflight, &preflight).is_none(),
+            "a CORS preflight is not charged"
+        );
+        let (plain_options, ()) = http::Request::options("/").body(()).unwrap().into_parts();
+        assert!(gate.prepare(&plain_options, &plain_options).is_some());
+    }
+
+    #[test]
+    fn configurations_that_cannot_work_do_not_build() {
+        let store: Arc<dyn Store> = Arc::new(tollgate_memory::MemoryStore::default());
+        let err = Gate::<()>::builder(limiter(store.clone(), OnStoreFailure::FailClosed))
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, GateError::NoIdentity { .. }), "{err}");
+        let tenant = Limiter::builder(store.clone())
+            .layer(
+                "t",
+                Scope::Tenant,
+                Policy::new("t", Limit::fixed_window(5, Duration::from_secs(1)).unwrap()).unwrap(),
+            )
+            .build()
+            .unwrap();
+        let err = Gate::<()>::builder(tenant.clone())
+            .identity(Identity::new().client_ip(ClientIp::direct()))
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, GateError::NoTenantSource { .. }), "{err}");
+        assert!(Gate::<()>::builder(tenant)
+            .identity(Identity::new().extension())
+            .build()
+            .is_ok());
+        let err = extension_gate(limiter(store, OnStoreFailure::FailClosed))
+            .cost(3)
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, GateError::Cost { cost: 3, .. }), "{err}");
     }
 }

@@ -21,6 +21,8 @@ pub struct PeerAddr(pub SocketAddr);
 /// (axum, hyper, tonic); the actix-web adapter implements it for its own
 /// request type.
 pub trait RequestView {
+    /// The request method, uppercase (`GET`, `OPTIONS`, …).
+    fn method(&self) -> &str;
     /// Every value of the header `name` (lowercase), in the order received.
     fn header_values(&self, name: &str) -> Vec<&[u8]>;
     /// The TCP peer's address, if the server recorded it.
@@ -39,6 +41,9 @@ pub fn context_from_extensions(extensions: &http::Extensions) -> Option<Context>
 }
 
 impl RequestView for http::request::Parts {
+    fn method(&self) -> &str {
+        self.method.as_str()
+    }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
         self.headers
             .get_all(name)
@@ -55,6 +60,9 @@ impl RequestView for http::request::Parts {
 }
 
 impl<B> RequestView for http::Request<B> {
+    fn method(&self) -> &str {
+        self.method().as_str()
+    }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
         self.headers()
             .get_all(name)
@@ -244,6 +252,67 @@ impl<R: ?Sized> Identity<R> {
             })
             .or_else(|| self.fallback.clone().map(Context::subject))
     }
+}
+
+/// What identity sources can supply, for checking layers at build time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Supplies {
+    /// No source, no fallback.
+    Nothing,
+    /// Subjects only (API keys, client addresses, a fallback).
+    Subjects,
+    /// Subjects, tenants and attributes (extensions, custom functions).
+    Everything,
+}
+
+impl<R: ?Sized> Identity<R> {
+    pub(crate) fn supplies(&self) -> Supplies {
+        if self
+            .sources
+            .iter()
+            .any(|s| matches!(s, Source::Extension | Source::Custom(_)))
+        {
+            Supplies::Everything
+        } else if self.sources.is_empty() && self.fallback.is_none() {
+            Supplies::Nothing
+        } else {
+            Supplies::Subjects
+        }
+    }
+
+    /// Whether a source reads the client's address.
+    pub(crate) fn reads_client_ip(&self) -> bool {
+        self.sources
+            .iter()
+            .any(|s| matches!(s, Source::ClientIp(_)))
+    }
+
+    /// The `WWW-Authenticate` challenge matching the first credential
+    /// source: `Bearer`, or `ApiKey header="<name>"`; `Bearer` otherwise.
+    pub(crate) fn challenge(&self) -> String {
+        self.sources
+            .iter()
+            .find_map(|s| match s {
+                Source::ApiKey { bearer: true, .. } => Some("Bearer".to_string()),
+                Source::ApiKey { header, .. } => Some(format!("ApiKey header=\"{header}\"")),
+                _ => None,
+            })
+            .unwrap_or_else(|| "Bearer".to_string())
+    }
+}
+
+/// The value of a credential header as the limiter reads it: exactly one
+/// field line, trimmed, non-empty. An authentication layer that reads the
+/// same header this way can never disagree with the limiter about which
+/// key a request carries (a request with two is refused by both).
+///
+/// ```
+/// let (parts, ()) = http::Request::get("/").header("x-api-key", "k1")
+///     .header("x-api-key", "k2").body(()).unwrap().into_parts();
+/// assert_eq!(tollgate_http::single_header_value(&parts, "x-api-key"), None);
+/// ```
+pub fn single_header_value<'a>(view: &'a dyn RequestView, header: &str) -> Option<&'a [u8]> {
+    api_key(view, header, false)
 }
 
 /// The secret in `header`: exactly one field line, non-empty after trimming,

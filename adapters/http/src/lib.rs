@@ -18,14 +18,15 @@
 //! let limiter = Limiter::builder(Arc::new(tollgate_memory::MemoryStore::default()))
 //!     .layer("ip", Scope::Subject, Policy::new("per-ip", Limit::fixed_window(1, Duration::from_secs(60))?)?)
 //!     .build()?;
-//! let gate: Gate<http::request::Parts> =
-//!     Gate::new(limiter).identity(Identity::new().client_ip(ClientIp::direct()));
+//! let gate: Gate<http::request::Parts> = Gate::builder(limiter)
+//!     .identity(Identity::new().client_ip(ClientIp::direct()))
+//!     .build()?;
 //!
 //! let (mut parts, ()) = http::Request::get("/").body(())?.into_parts();
 //! parts.extensions.insert(PeerAddr("192.0.2.1:40000".parse()?));
-//! let (ctx, cost) = gate.prepare(&parts, &parts);
-//! assert!(matches!(gate.decide(&ctx, cost).await, Outcome::Allow { .. }));
-//! let Outcome::Reject(reply) = gate.decide(&ctx, cost).await else { panic!("limit is 1") };
+//! let prepared = gate.prepare(&parts, &parts).expect("rate limited");
+//! assert!(matches!(gate.decide(&prepared).await, Outcome::Allow { .. }));
+//! let Outcome::Reject(reply) = gate.decide(&prepared).await else { panic!("limit is 1") };
 //! assert_eq!(reply.status(), 429);
 //! # Ok(()) }
 //! ```
@@ -33,21 +34,25 @@
 
 mod client_ip;
 mod gate;
+pub mod headers;
 mod identity;
 mod response;
+mod skip;
 
 pub use client_ip::{Cidr, ClientIp, TrustedProxies};
-pub use gate::{Gate, Outcome};
-pub use identity::{context_from_extensions, Identity, PeerAddr, RequestView};
+pub use gate::{Gate, GateBuilder, GateError, Outcome, Prepared};
+pub use identity::{context_from_extensions, single_header_value, Identity, PeerAddr, RequestView};
 pub use response::{
     apply_headers, decision_headers, is_list_field, names, HeaderStyle, Headers, Problem, Reply,
     PROBLEM_JSON, QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY,
 };
+pub use skip::is_cors_preflight;
 
-/// A configuration value the adapters cannot use.
+/// A network or prefix length that [`ClientIp`] and [`TrustedProxies`]
+/// cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum CidrError {
     /// A prefix length longer than the address.
     #[error("prefix length /{bits} is longer than the address (at most /{max})")]
     Prefix {

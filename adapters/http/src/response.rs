@@ -3,7 +3,9 @@
 
 use std::fmt::Write;
 
-use tollgate_core::{headers, Decision};
+use tollgate_core::Decision;
+
+use crate::headers;
 
 /// Header names, lowercase (HTTP/2 and HTTP/3 require it; HTTP/1.1 ignores case).
 pub mod names {
@@ -27,7 +29,7 @@ pub mod names {
     pub const X_RATELIMIT_RESET: &str = "x-ratelimit-reset";
     /// `Content-Type`.
     pub const CONTENT_TYPE: &str = "content-type";
-    /// `WWW-Authenticate`, on 401 when a challenge is configured.
+    /// `WWW-Authenticate`, on every 401.
     pub const WWW_AUTHENTICATE: &str = "www-authenticate";
 }
 
@@ -73,10 +75,13 @@ impl HeaderStyle {
 /// Header name and value pairs, in the order to send them.
 pub type Headers = Vec<(&'static str, String)>;
 
-/// The rate-limit headers for `decision`: `RateLimit-Policy` and `RateLimit`
-/// (one item per layer), the optional legacy ones, and `Retry-After` when it
-/// is denied (whole seconds, rounded up, at least 1, never before any
-/// denying layer's `t`).
+/// The rate-limit headers for `decision`: `RateLimit-Policy` (one item per
+/// layer) and `RateLimit` (one item per layer the store counted: a layer
+/// decided by its failure mode, its store being down, announces no `r` or
+/// `t`), the optional legacy ones (for the tightest counted layer), and
+/// `Retry-After` when it is denied (whole seconds, rounded up, at least 1,
+/// never before any denying layer's `t`; for a store outage, when to try
+/// again).
 ///
 /// ```
 /// # use std::time::Duration;
@@ -105,8 +110,16 @@ pub fn decision_headers(decision: &Decision, style: HeaderStyle) -> Headers {
         names::RATELIMIT_POLICY,
         headers::rate_limit_policy(decision),
     ));
-    out.push((names::RATELIMIT, headers::rate_limit(decision)));
-    if let Some(layer) = decision.tightest() {
+    let rate_limit = headers::rate_limit(decision);
+    if !rate_limit.is_empty() {
+        out.push((names::RATELIMIT, rate_limit));
+    }
+    let tightest = decision
+        .layers()
+        .iter()
+        .filter(|l| headers::is_counted(l))
+        .min_by_key(|l| (l.allowed, l.remaining));
+    if let Some(layer) = tightest {
         let t = headers::layer_t(layer).to_string();
         if style.legacy {
             out.push((names::RATELIMIT_LIMIT, layer.limit.to_string()));
@@ -256,10 +269,11 @@ impl Reply {
         Reply::problem(&problem, Vec::new())
     }
 
-    /// 401 when the request has no identity a layer needs. `challenge`, when
-    /// set, becomes the `WWW-Authenticate` header (RFC 9110 asks for one on
-    /// every 401; only the application knows its scheme).
-    pub fn unidentified(challenge: Option<&str>) -> Self {
+    /// 401 when the request has no identity a layer needs, with
+    /// `challenge` as its `WWW-Authenticate` header (RFC 9110 requires one
+    /// on every 401). Every 401 of Tollgate has this shape; an
+    /// authentication layer can send the same with this function.
+    pub fn unidentified(challenge: &str) -> Self {
         let problem = Problem {
             kind: "about:blank",
             title: "Unauthorized",
@@ -267,10 +281,10 @@ impl Reply {
             detail: "This endpoint is rate limited per client and the request carries no identity the server accepts".into(),
             violated_policies: Vec::new(),
         };
-        let headers = challenge
-            .map(|c| vec![(names::WWW_AUTHENTICATE, c.to_string())])
-            .unwrap_or_default();
-        Reply::problem(&problem, headers)
+        Reply::problem(
+            &problem,
+            vec![(names::WWW_AUTHENTICATE, challenge.to_string())],
+        )
     }
 
     /// 500 for any other limiter error (an invalid cost, a misconfigured
@@ -412,7 +426,7 @@ mod tests {
         let body: serde_json::Value = serde_json::from_str(r.body()).unwrap();
         assert_eq!(body["violated-policies"], serde_json::json!(["tenant"]));
         assert_eq!(body["type"], TEMPORARY_REDUCED_CAPACITY);
-        let r = Reply::unidentified(Some("Bearer"));
+        let r = Reply::unidentified("Bearer");
         assert_eq!(r.status(), 401);
         assert!(r
             .headers()

@@ -21,7 +21,11 @@
 //!     .build()?;
 //! let app = Router::new()
 //!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::new(limiter).identity(Identity::new().client_ip(ClientIp::direct())));
+//!     .route_layer(
+//!         RateLimitLayer::builder(limiter)
+//!             .identity(Identity::new().client_ip(ClientIp::direct()))
+//!             .build()?,
+//!     );
 //!
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! // `ConnectInfo` gives the layer the client's socket address.
@@ -48,13 +52,14 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use tollgate_core::{Context, Error, Limiter};
-use tollgate_http::{apply_headers, RequestView};
+use tollgate_core::{Context, Limiter};
+use tollgate_http::RequestView;
 
 pub use body::RateLimitBody;
 pub use tollgate_http::{
-    decision_headers, names, Cidr, ClientIp, ConfigError, Gate, HeaderStyle, Outcome, PeerAddr,
-    Problem, Reply, TrustedProxies,
+    apply_headers, decision_headers, names, single_header_value, Cidr, CidrError, ClientIp, Gate,
+    GateBuilder, GateError, HeaderStyle, Outcome, PeerAddr, Prepared, Problem, Reply,
+    TrustedProxies,
 };
 
 /// How requests are identified; see [`tollgate_http::Identity`]. Custom
@@ -72,65 +77,45 @@ pub struct RateLimitLayer {
 }
 
 impl RateLimitLayer {
-    /// A layer over `limiter`. Requests are identified by the request
-    /// extensions only (what an authentication layer inserted: a
-    /// [`Context`] or a [`Subject`](tollgate_core::Subject)) until
-    /// [`identity`](Self::identity) says otherwise; each costs 1.
-    pub fn new(limiter: Limiter) -> Self {
-        RateLimitLayer::from_gate(Gate::new(limiter))
+    /// Configure a layer over `limiter`; [`build`](GateBuilder::build)
+    /// checks the configuration (an identity for every layer that needs
+    /// one, a cost every layer can admit).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use tollgate_core::{Limit, Limiter, Policy, Scope};
+    /// use tollgate_tower::{ClientIp, GateError, Identity, RateLimitLayer};
+    /// # let limiter = Limiter::builder(Arc::new(tollgate_memory::MemoryStore::default()))
+    /// #     .layer("ip", Scope::Subject, Policy::new("per-ip", Limit::gcra(10, Duration::from_secs(1), 20)?)?)
+    /// #     .build()?;
+    /// let layer = RateLimitLayer::builder(limiter.clone())
+    ///     .identity(Identity::new().client_ip(ClientIp::direct()))
+    ///     .build()?;
+    /// // Nothing identifies requests, and a layer counts per subject:
+    /// let err = RateLimitLayer::builder(limiter).build().unwrap_err();
+    /// assert!(matches!(err, GateError::NoIdentity { .. }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn builder(limiter: Limiter) -> GateBuilder<Parts, RateLimitLayer> {
+        GateBuilder::new(limiter)
     }
 
-    /// A layer over a fully configured [`Gate`].
-    pub fn from_gate(gate: Gate<Parts>) -> Self {
+    /// A layer over a built [`Gate`].
+    pub fn new(gate: Gate<Parts>) -> Self {
         RateLimitLayer {
             gate: Arc::new(gate),
         }
     }
 
-    fn map(mut self, f: impl FnOnce(Gate<Parts>) -> Gate<Parts>) -> Self {
-        let gate = Arc::unwrap_or_clone(self.gate);
-        self.gate = Arc::new(f(gate));
-        self
-    }
-
-    /// How requests are identified.
-    pub fn identity(self, identity: Identity) -> Self {
-        self.map(|g| g.identity(identity))
-    }
-
-    /// Every request costs `cost` units (default 1).
-    pub fn cost(self, cost: u64) -> Self {
-        self.map(|g| g.cost(cost))
-    }
-
-    /// The cost is `f(&parts)`, for example by method.
-    pub fn cost_with(self, f: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
-        self.map(|g| g.cost_with(f))
-    }
-
-    /// Also send `RateLimit-Limit`, `-Remaining`, `-Reset`.
-    pub fn legacy_headers(self, on: bool) -> Self {
-        self.map(|g| g.legacy_headers(on))
-    }
-
-    /// Also send `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
-    pub fn x_ratelimit_headers(self, on: bool) -> Self {
-        self.map(|g| g.x_ratelimit_headers(on))
-    }
-
-    /// The `WWW-Authenticate` value sent with 401.
-    pub fn unauthorized_challenge(self, challenge: &str) -> Self {
-        self.map(|g| g.unauthorized_challenge(challenge))
-    }
-
-    /// Called with every limiter error before it becomes a 401, 500 or 503.
-    pub fn on_error(self, f: impl Fn(&Error) + Send + Sync + 'static) -> Self {
-        self.map(|g| g.on_error(f))
-    }
-
     /// The configuration.
     pub fn gate(&self) -> &Gate<Parts> {
         &self.gate
+    }
+}
+
+impl From<Gate<Parts>> for RateLimitLayer {
+    fn from(gate: Gate<Parts>) -> Self {
+        RateLimitLayer::new(gate)
     }
 }
 
@@ -156,6 +141,9 @@ pub struct RateLimit<S> {
 struct View<'a>(&'a Parts);
 
 impl RequestView for View<'_> {
+    fn method(&self) -> &str {
+        self.0.method.as_str()
+    }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
         self.0.header_values(name)
     }
@@ -202,9 +190,16 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let gate = self.gate.clone();
         let (mut parts, body) = request.into_parts();
-        let (ctx, cost) = gate.prepare(&parts, &View(&parts));
+        let Some(prepared) = gate.prepare(&parts, &View(&parts)) else {
+            // Not rate limited (a skip rule, a CORS preflight).
+            let request = Request::from_parts(parts, body);
+            return Box::pin(async move {
+                let response = inner.call(request).await?;
+                Ok(response.map(RateLimitBody::inner))
+            });
+        };
         Box::pin(async move {
-            match gate.decide(&ctx, cost).await {
+            match gate.decide(&prepared).await {
                 Outcome::Allow { decision, headers } => {
                     parts.extensions.insert(decision);
                     let response = inner.call(Request::from_parts(parts, body)).await?;

@@ -54,7 +54,10 @@ fn app(layer: RateLimitLayer) -> Router {
 }
 
 fn by_ip(limiter: Limiter, ip: ClientIp) -> RateLimitLayer {
-    RateLimitLayer::new(limiter).identity(Identity::new().client_ip(ip))
+    RateLimitLayer::builder(limiter)
+        .identity(Identity::new().client_ip(ip))
+        .build()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -171,19 +174,16 @@ async fn missing_subject_is_401_and_an_auth_layer_identifies() {
             }),
         )
         .layer(
-            RateLimitLayer::new(per_minute(store, "per-user", 3)).unauthorized_challenge("Bearer"),
+            RateLimitLayer::builder(per_minute(store, "per-user", 3))
+                .identity(Identity::new().extension())
+                .unauthorized_challenge("Bearer")
+                .build()
+                .unwrap(),
         )
         .layer(middleware::from_fn(auth));
     let http = serve(app).await;
 
-    let reply = http.get("/", &[]).await;
-    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(reply.header("www-authenticate"), Some("Bearer"));
-    assert_eq!(
-        reply.header("content-type"),
-        Some("application/problem+json")
-    );
-    assert_eq!(reply.json()["status"], 401);
+    common::assert_401(&http.get("/", &[]).await, "Bearer");
 
     let reply = http.get("/", &[("x-user", "alice")]).await;
     assert_eq!(reply.status, StatusCode::OK);
@@ -222,16 +222,23 @@ async fn per_route_cost_and_legacy_headers() {
     let ip = || Identity::new().client_ip(ClientIp::direct());
     let app = Router::new()
         .route("/cheap", get(|| async { "cheap" }))
-        .route_layer(RateLimitLayer::new(limiter.clone()).identity(ip()))
+        .route_layer(
+            RateLimitLayer::builder(limiter.clone())
+                .identity(ip())
+                .build()
+                .unwrap(),
+        )
         .merge(
             Router::new()
                 .route("/export", get(|| async { "export" }))
                 .route_layer(
-                    RateLimitLayer::new(limiter)
+                    RateLimitLayer::builder(limiter)
                         .identity(ip())
                         .cost(2)
                         .legacy_headers(true)
-                        .x_ratelimit_headers(true),
+                        .x_ratelimit_headers(true)
+                        .build()
+                        .unwrap(),
                 ),
         );
     let http = serve(app).await;
@@ -251,4 +258,97 @@ async fn per_route_cost_and_legacy_headers() {
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.header("ratelimit-remaining"), None);
     assert_eq!(reply.remaining_and_reset().0, 0);
+}
+
+/// A browser's CORS preflight is not charged, even with the limiter around
+/// the whole router: three preflights, then the real request still has its
+/// full budget.
+#[tokio::test]
+async fn cors_preflights_are_not_charged() {
+    let (_clock, store) = memory_store();
+    let app = Router::new()
+        .route("/login", axum::routing::post(|| async { "welcome" }))
+        .layer(by_ip(per_minute(store, "login", 2), ClientIp::direct()));
+    let http = serve(app).await;
+    let preflight = [
+        ("origin", "https://app.example"),
+        ("access-control-request-method", "POST"),
+    ];
+    for _ in 0..3 {
+        let reply = http.send("OPTIONS", "/login", &preflight).await;
+        assert_ne!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(reply.header("ratelimit"), None, "not rate limited");
+    }
+    let reply = http.send("POST", "/login", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.remaining_and_reset().0,
+        1,
+        "only the POST was charged"
+    );
+    // A plain OPTIONS (no preflight) is an ordinary request: charged.
+    let reply = http.send("OPTIONS", "/login", &[]).await;
+    assert_eq!(reply.remaining_and_reset().0, 0);
+}
+
+/// With the limiter on the method route (`MethodRouter::route_layer`),
+/// requests the router answers 404 or 405 never reach it: not charged.
+/// `HEAD` on a `GET` route is charged like `GET`.
+#[tokio::test]
+async fn unrouted_requests_are_not_charged_and_head_is_like_get() {
+    let (_clock, store) = memory_store();
+    let limiter = per_minute(store, "per-ip", 3);
+    let app = Router::new()
+        .route(
+            "/login",
+            axum::routing::post(|| async { "welcome" })
+                .route_layer(by_ip(limiter.clone(), ClientIp::direct())),
+        )
+        .route(
+            "/search",
+            get(|| async { "results" }).route_layer(by_ip(limiter, ClientIp::direct())),
+        );
+    let http = serve(app).await;
+    for _ in 0..3 {
+        let reply = http.get("/login", &[]).await;
+        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(reply.header("ratelimit"), None);
+        assert_eq!(
+            http.get("/nowhere", &[]).await.status,
+            StatusCode::NOT_FOUND
+        );
+    }
+    let reply = http.send("POST", "/login", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining_and_reset().0, 2, "404s and 405s were free");
+    let reply = http.send("HEAD", "/search", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining_and_reset().0, 1, "HEAD is charged like GET");
+}
+
+/// Every 401 has one shape: a missing API key and a duplicated one alike
+/// get problem+json with the `WWW-Authenticate` challenge of the identity.
+#[tokio::test]
+async fn every_401_has_the_challenge() {
+    let (_clock, store) = memory_store();
+    let key = tollgate_core::HashKey::new(b"0123456789abcdef0123").unwrap();
+    let app = Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::builder(per_minute(store, "per-key", 3))
+            .identity(Identity::new().api_key("x-api-key", key))
+            .build()
+            .unwrap(),
+    );
+    let http = serve(app).await;
+    let challenge = r#"ApiKey header="x-api-key""#;
+    common::assert_401(&http.get("/", &[]).await, challenge);
+    common::assert_401(
+        &http
+            .get("/", &[("x-api-key", "a"), ("x-api-key", "b")])
+            .await,
+        challenge,
+    );
+    assert_eq!(
+        http.get("/", &[("x-api-key", "a")]).await.status,
+        StatusCode::OK
+    );
 }

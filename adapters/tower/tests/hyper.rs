@@ -64,8 +64,10 @@ where
 #[tokio::test]
 async fn hyper_service_is_limited_per_peer() {
     let (_clock, store) = memory_store();
-    let layer = RateLimitLayer::new(per_minute(store, "per-ip", 2))
-        .identity(Identity::new().client_ip(ClientIp::direct()));
+    let layer = RateLimitLayer::builder(per_minute(store, "per-ip", 2))
+        .identity(Identity::new().client_ip(ClientIp::direct()))
+        .build()
+        .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

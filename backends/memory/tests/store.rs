@@ -296,9 +296,12 @@ fn one_policy_cannot_take_another_policys_room() {
             .clock(Arc::new(clock.clone()))
             .build(),
     );
-    let login = Policy::new("login", Limit::sliding_log(5, Duration::from_secs(60)).unwrap())
-        .unwrap()
-        .with_key_budget(KeyBudget::new(800, WhenFull::EvictNearestExpiry).unwrap());
+    let login = Policy::new(
+        "login",
+        Limit::sliding_log(5, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap()
+    .with_key_budget(KeyBudget::new(800, WhenFull::EvictNearestExpiry).unwrap());
     let login = Limiter::builder(store.clone())
         .layer("ip", Scope::Subject, login)
         .build()
@@ -307,13 +310,20 @@ fn one_policy_cannot_take_another_policys_room() {
         .layer(
             "key",
             Scope::Subject,
-            Policy::new("search", Limit::gcra(10, Duration::from_secs(1), 20).unwrap()).unwrap(),
+            Policy::new(
+                "search",
+                Limit::gcra(10, Duration::from_secs(1), 20).unwrap(),
+            )
+            .unwrap(),
         )
         .build()
         .unwrap();
     for i in 0..1_250 {
         let d = ready(login.check(&subject(&format!("10.0.{}.{}", i / 250, i % 250)), 1)).unwrap();
-        assert!(d.is_allowed(), "login {i}: the evicting budget keeps admitting");
+        assert!(
+            d.is_allowed(),
+            "login {i}: the evicting budget keeps admitting"
+        );
     }
     for i in 0..200 {
         let d = ready(search.check(&subject(&format!("customer-{i}")), 1)).unwrap();
@@ -329,9 +339,19 @@ fn implausible_times_are_refused() {
     let clock = ManualClock::new(START);
     clock.advance(Duration::MAX);
     assert_eq!(clock.now().as_micros(), u64::MAX, "advance saturates");
-    for at in [0, 1_577_836_799_999_999, 4_102_444_800_000_001, u64::MAX - 1, u64::MAX] {
+    for at in [
+        0,
+        1_577_836_799_999_999,
+        4_102_444_800_000_001,
+        u64::MAX - 1,
+        u64::MAX,
+    ] {
         clock.set(Timestamp::from_micros(at));
-        let store = Arc::new(MemoryStore::builder().clock(Arc::new(clock.clone())).build());
+        let store = Arc::new(
+            MemoryStore::builder()
+                .clock(Arc::new(clock.clone()))
+                .build(),
+        );
         for limit in every_algorithm(5) {
             let name = limit.algorithm_name();
             let limiter = limiter(store.clone(), limit);

@@ -64,8 +64,14 @@ use tokio::time::Instant;
 use tollgate_core::{duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdict};
 
 use crate::error::{check_plausible, from_redis, name_conflict, RedisStoreError};
+use crate::holds::{Held, Holds};
 use crate::script::{self, layer_args, parse_reply, LAYER_ARGS, REPLY_FIELDS, SCRIPT};
 use crate::store::{check_prefix, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_PREFIX};
+
+/// Passes of a cross-slot decision denied only where other decisions of
+/// this process hold reservations (each after those settle), within the
+/// deadline.
+const MAX_CONTENDED_ATTEMPTS: u32 = 3;
 
 /// Number of hash slots in a Redis Cluster.
 pub const SLOT_COUNT: u16 = 16_384;
@@ -134,6 +140,8 @@ fn crc16(data: &[u8]) -> u16 {
 #[derive(Clone)]
 pub struct RedisClusterStore {
     conn: ClusterConnection,
+    /// This process's reservations in flight, per key.
+    holds: Arc<Holds>,
     prefix: Arc<str>,
     clock: Option<Arc<dyn Clock>>,
     max_skew: Option<Duration>,
@@ -227,6 +235,7 @@ impl RedisClusterStoreBuilder {
             .map_err(from_redis)?;
         let store = RedisClusterStore {
             conn,
+            holds: Arc::default(),
             prefix: self.prefix.into(),
             clock: self.clock,
             max_skew: self.max_skew,
@@ -351,6 +360,11 @@ impl RedisClusterStore {
     }
 
     /// Layers on several slots: reserve group by group, refund on a denial.
+    ///
+    /// A request denied only where this process's other reservations in
+    /// flight hold units (they may be refunded in a moment) waits for them
+    /// to settle and is decided again (at most [`MAX_CONTENDED_ATTEMPTS`]
+    /// passes, within the deadline).
     async fn decide_across_slots(
         &self,
         layers: &[LayerRequest<'_>],
@@ -360,6 +374,35 @@ impl RedisClusterStore {
         time: TimeArgs,
         deadline: Instant,
     ) -> Result<Vec<Verdict>, StoreError> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let (verdicts, contended) = self
+                .reserve_across_slots(layers, &keys, &args, &groups, &time, deadline)
+                .await?;
+            match contended {
+                Some(seen) if attempts < MAX_CONTENDED_ATTEMPTS && Instant::now() < deadline => {
+                    self.holds.settled(&seen, deadline).await;
+                }
+                _ => return Ok(verdicts),
+            }
+        }
+    }
+
+    /// One pass of [`decide_across_slots`](Self::decide_across_slots): the
+    /// verdicts, and when the request was denied only on keys where other
+    /// decisions of this process hold units, those keys and their holds.
+    #[allow(clippy::type_complexity)]
+    async fn reserve_across_slots(
+        &self,
+        layers: &[LayerRequest<'_>],
+        keys: &[String],
+        args: &[[u64; LAYER_ARGS]],
+        groups: &[Vec<usize>],
+        time: &TimeArgs,
+        deadline: Instant,
+    ) -> Result<(Vec<Verdict>, Option<Vec<(String, u64)>>), StoreError> {
+        let mut held = Held::new(&self.holds);
         let mut verdicts: Vec<Option<Verdict>> = vec![None; layers.len()];
         let mut reserved = Reservations {
             conn: self.conn.clone(),
@@ -369,7 +412,7 @@ impl RedisClusterStore {
         };
         let mut denied = None;
         for (g, group) in groups.iter().enumerate() {
-            let cmd = script_call(&keys, &args, group, &time, Mode::Reserve);
+            let cmd = script_call(keys, args, group, time, Mode::Reserve);
             // On an error, `reserved` is dropped and refunds what it holds.
             let reply = self
                 .until(deadline, call(self.conn.clone(), cmd))
@@ -381,6 +424,12 @@ impl RedisClusterStore {
                 verdicts[i] = Some(v);
             }
             if admitted {
+                held.add(
+                    group
+                        .iter()
+                        .map(|&i| (keys[i].clone(), layers[i].cost))
+                        .collect(),
+                );
                 reserved.groups.push(ReservedGroup {
                     keys: group.iter().map(|&i| keys[i].clone()).collect(),
                     layers: group.iter().map(|&i| args[i]).zip(charges).collect(),
@@ -393,8 +442,24 @@ impl RedisClusterStore {
         }
         let Some(denied) = denied else {
             reserved.groups.clear();
-            return Ok(verdicts.into_iter().map(|v| v.expect("decided")).collect());
+            let verdicts = verdicts.into_iter().map(|v| v.expect("decided")).collect();
+            return Ok((verdicts, None));
         };
+        // Denied where other decisions of this process hold units?
+        let denying: Vec<(String, u64)> = groups[denied]
+            .iter()
+            .filter(|&&i| verdicts[i].is_some_and(|v| !v.allowed))
+            .map(|&i| {
+                (
+                    keys[i].clone(),
+                    self.holds.held(&keys[i]) - held.mine(&keys[i]),
+                )
+            })
+            .collect();
+        let contended = denying
+            .iter()
+            .all(|(_, others)| *others > 0)
+            .then_some(denying);
         // The request is denied: give back what was reserved, and meanwhile
         // judge the groups not reached (charging nothing).
         let charged: Vec<usize> = reserved
@@ -404,7 +469,7 @@ impl RedisClusterStore {
             .collect();
         let refunds = reserved.refund();
         for group in &groups[denied + 1..] {
-            let cmd = script_call(&keys, &args, group, &time, Mode::Peek);
+            let cmd = script_call(keys, args, group, time, Mode::Peek);
             let reply = self
                 .until(deadline, call(self.conn.clone(), cmd))
                 .await?
@@ -424,7 +489,8 @@ impl RedisClusterStore {
         for i in charged {
             verdicts[i] = verdicts[i].map(|v| v.uncharged(layers[i].cost));
         }
-        Ok(verdicts.into_iter().map(|v| v.expect("decided")).collect())
+        let verdicts = verdicts.into_iter().map(|v| v.expect("decided")).collect();
+        Ok((verdicts, contended))
     }
 }
 

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use tollgate_core::{StoreError, Timestamp};
 
-
 /// What the Redis store rejects on its own account.
 ///
 /// Store calls return these boxed in

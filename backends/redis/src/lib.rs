@@ -75,6 +75,8 @@
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub mod cluster;
 mod error;
+#[cfg(feature = "cluster")]
+mod holds;
 pub mod refund;
 pub mod script;
 mod store;

@@ -44,8 +44,8 @@ use tokio::sync::Semaphore;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 use tollgate::{
-    async_trait, duration_micros, Clock, LayerRequest, Limit, State, Store, StoreError, SystemClock,
-    Verdict,
+    async_trait, duration_micros, Clock, LayerRequest, Limit, State, Store, StoreError,
+    SystemClock, Verdict,
 };
 
 /// How often one decision is retried after a deadlock or a row deleted

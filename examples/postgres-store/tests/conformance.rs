@@ -195,6 +195,5 @@ async fn foreign_values_are_conflicts() {
         .await
         .expect("connect to PostgreSQL");
     tokio::spawn(connection);
-    tollgate_testkit::conformance::foreign_values_are_conflicts(store, &PgForeign { client })
-        .await;
+    tollgate_testkit::conformance::foreign_values_are_conflicts(store, &PgForeign { client }).await;
 }

@@ -1,16 +1,17 @@
 //! Tollgate's demo: an axum server on the in-process store, with a route per
 //! algorithm and a layered route. Its limits come from a configuration file,
-//! `examples/demo.toml` (see `docs/configuration.md`).
+//! `examples/demo/demo.toml` (see `docs/configuration.md`).
 //!
 //! ```sh
-//! cargo run --example demo --features axum                  # serves 127.0.0.1:3000
-//! cargo run --example demo --features axum -- --port 8080   # or PORT=8080
-//! cargo run --example demo --features axum -- --config my.toml   # other limits
-//! cargo run --example demo --features axum -- --selftest    # bursts over real HTTP, then exits
-//! TOLLGATE_REDIS_URL=redis://127.0.0.1:6379/ cargo run --example demo --features axum,redis   # on Redis
+//! cargo run -p tollgate-demo                        # serves 127.0.0.1:3000
+//! cargo run -p tollgate-demo -- --help              # usage
+//! cargo run -p tollgate-demo -- --port 8080         # or PORT=8080
+//! cargo run -p tollgate-demo -- --config my.toml    # other limits
+//! cargo run -p tollgate-demo -- --selftest          # bursts over real HTTP, then exits
+//! TOLLGATE_REDIS_URL=redis://127.0.0.1:6379/ cargo run -p tollgate-demo --features redis   # on Redis
 //! ```
 //!
-//! With `examples/demo.toml` as shipped:
+//! With `examples/demo/demo.toml` as shipped:
 //!
 //! | route | algorithm | counted per |
 //! |---|---|---|
@@ -28,18 +29,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use tollgate::tower::{ClientIp, Identity, RateLimitLayer};
+use tollgate::config::{Config, Limiters};
+use tollgate::tower::{single_header_value, ClientIp, Identity, RateLimitLayer, Reply};
 use tollgate::{Clock, Context, HashKey, ManualClock, Subject, SystemClock, Timestamp};
-use tollgate_config::{Config, Limiters};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -78,13 +78,18 @@ impl Keys {
     }
 }
 
+/// The `WWW-Authenticate` challenge of the demo's API keys.
+const CHALLENGE: &str = "ApiKey header=\"x-api-key\"";
+
 /// Authentication: reject unknown API keys (so made-up keys cannot mint
-/// fresh buckets), and record who the caller is for the rate limiter.
+/// fresh buckets), and record who the caller is for the rate limiter. The
+/// key is read exactly as the limiter reads it (one `x-api-key` field, so a
+/// duplicated header is refused by both), and a refusal is the same 401
+/// the limiter sends.
 async fn authenticate(State(keys): State<Keys>, mut request: Request, next: Next) -> Response {
-    let key = request
-        .headers()
-        .get("x-api-key")
-        .map(|v| Subject::hashed(v.as_bytes(), &keys.hash_key));
+    let (parts, body) = request.into_parts();
+    let key = single_header_value(&parts, "x-api-key").map(|v| Subject::hashed(v, &keys.hash_key));
+    request = Request::from_parts(parts, body);
     match key.and_then(|k| keys.known.get(&k).map(|tenant| (k, tenant.clone()))) {
         Some((key, tenant)) => {
             request
@@ -92,47 +97,61 @@ async fn authenticate(State(keys): State<Keys>, mut request: Request, next: Next
                 .insert(Context::subject(key).with_tenant(tenant));
             next.run(request).await
         }
-        None => (
-            StatusCode::UNAUTHORIZED,
-            [("www-authenticate", "ApiKey header=\"x-api-key\"")],
-            "send one of the demo keys in x-api-key\n",
-        )
-            .into_response(),
+        None => {
+            let (status, headers, body) = Reply::unidentified(CHALLENGE).into_parts();
+            let mut response = Response::new(axum::body::Body::from(body));
+            *response.status_mut() = axum::http::StatusCode::from_u16(status).expect("401");
+            tollgate::tower::apply_headers(&headers, response.headers_mut());
+            response
+        }
     }
 }
 
-/// The route `name` of the configuration, as a tower layer with its cost.
-fn limit(limiters: &Limiters, name: &str) -> Result<RateLimitLayer, Error> {
+/// The route `name` of the configuration, as a tower layer with its cost,
+/// identified by `identity`.
+fn limit(limiters: &Limiters, name: &str, identity: Identity) -> Result<RateLimitLayer, Error> {
     let route = limiters
         .route(name)
         .ok_or_else(|| format!("the configuration has no [routes.{name}]; the demo needs routes search, login and export"))?;
-    Ok(RateLimitLayer::new(route.limiter().clone()).cost(route.cost()))
+    Ok(RateLimitLayer::builder(route.limiter().clone())
+        .cost(route.cost())
+        .identity(identity)
+        .unauthorized_challenge(CHALLENGE)
+        .build()
+        .map_err(|e| format!("routes.{name}: {e}"))?)
 }
 
-/// The demo application, rate limited by `limiters`.
+/// The demo application, rate limited by `limiters`. Every limiter sits on
+/// its method route (`MethodRouter::route_layer`): a request the router
+/// answers 404 or 405 never reaches it, so it is not charged.
 fn app(limiters: &Limiters) -> Result<Router, Error> {
     let keys = Keys::new();
-    let search = limit(limiters, "search")?;
-    let login = limit(limiters, "login")?;
-    let export = limit(limiters, "export")?;
+    // The API key itself, hashed (authentication already vetted it).
+    let search = limit(
+        limiters,
+        "search",
+        Identity::new().api_key("x-api-key", keys.hash_key.clone()),
+    )?;
+    // Key and tenant as authentication recorded them.
+    let export = limit(limiters, "export", Identity::new().extension())?;
+    // The socket peer: this demo trusts no proxy.
+    let login = limit(
+        limiters,
+        "login",
+        Identity::new().client_ip(ClientIp::direct()),
+    )?;
 
     let authenticated = Router::new()
-        .route("/search", get(|| async { "search results\n" }))
-        .route_layer(
-            // The API key itself, hashed (authentication already vetted it).
-            search.identity(Identity::new().api_key("x-api-key", keys.hash_key.clone())),
+        .route(
+            "/search",
+            get(|| async { "search results\n" }).route_layer(search),
         )
-        .merge(
-            Router::new()
-                .route("/export", get(|| async { "export ready\n" }))
-                // Key and tenant as authentication recorded them.
-                .route_layer(export.identity(Identity::new().extension())),
+        .route(
+            "/export",
+            get(|| async { "export ready\n" }).route_layer(export),
         )
         .route_layer(middleware::from_fn_with_state(keys, authenticate));
-    let public = Router::new()
-        .route("/login", post(|| async { "welcome\n" }))
-        // The socket peer: this demo trusts no proxy.
-        .route_layer(login.identity(Identity::new().client_ip(ClientIp::direct())));
+    let public = Router::new().route("/login", post(|| async { "welcome\n" }).route_layer(login));
     Ok(Router::new()
         .route(
             "/",
@@ -142,18 +161,66 @@ fn app(limiters: &Limiters) -> Result<Router, Error> {
         .merge(public))
 }
 
-/// The configuration file: `--config PATH`, or `examples/demo.toml`.
-fn config(args: &[String]) -> Result<Config, Error> {
-    let path = match args.iter().position(|a| a == "--config") {
-        Some(i) => args.get(i + 1).ok_or("--config needs a file")?.into(),
-        None => std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/demo.toml"),
-    };
-    Ok(Config::from_file(path)?)
+const USAGE: &str = "\
+Tollgate demo: an HTTP server whose routes are rate limited by a configuration file.
+
+usage: tollgate-demo [--port N] [--config PATH] [--selftest]
+
+  --port N        listen on 127.0.0.1:N (default: $PORT, else 3000)
+  --config PATH   the limits (default: examples/demo/demo.toml)
+  --selftest      serve on a free port, fire bursts at every route over
+                  real HTTP, print what came back, and exit (non-zero if
+                  anything differs from what the policies promise)
+  --help          this text
+
+TOLLGATE_REDIS_URL=redis://HOST:PORT/ runs on Redis (build with --features redis).";
+
+/// The command line, checked: every flag known, every value valid.
+struct Args {
+    port: Option<u16>,
+    config: std::path::PathBuf,
+    selftest: bool,
+    help: bool,
+}
+
+impl Args {
+    fn parse(args: &[String]) -> Result<Args, Error> {
+        let mut parsed = Args {
+            port: None,
+            config: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("demo.toml"),
+            selftest: false,
+            help: false,
+        };
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--help" | "-h" => parsed.help = true,
+                "--selftest" => parsed.selftest = true,
+                "--port" => {
+                    let value = args
+                        .next()
+                        .ok_or("--port needs a number, like --port 8080")?;
+                    parsed.port =
+                        Some(value.parse().map_err(|_| {
+                            format!("--port {value:?}: not a port number (1-65535)")
+                        })?);
+                }
+                "--config" => {
+                    let value = args
+                        .next()
+                        .ok_or("--config needs a file, like --config demo.toml")?;
+                    parsed.config = value.into();
+                }
+                other => return Err(format!("unknown argument {other:?}; see --help").into()),
+            }
+        }
+        Ok(parsed)
+    }
 }
 
 /// Every route's limiter, over the configured store — or over Redis when
 /// `TOLLGATE_REDIS_URL` is set (which needs the `redis` feature:
-/// `cargo run --example demo --features axum,redis`).
+/// `cargo run -p tollgate-demo --features redis`).
 async fn limiters(config: &Config, clock: Arc<dyn Clock>) -> Result<Limiters, Error> {
     let Some(url) = std::env::var_os("TOLLGATE_REDIS_URL") else {
         return Ok(config.build(clock).await?);
@@ -173,7 +240,7 @@ async fn limiters(config: &Config, clock: Arc<dyn Clock>) -> Result<Limiters, Er
     #[cfg(not(feature = "redis"))]
     {
         let _ = url;
-        Err("TOLLGATE_REDIS_URL is set, but this build has no Redis store: run `cargo run --example demo --features axum,redis`".into())
+        Err("TOLLGATE_REDIS_URL is set, but this build has no Redis store: run `cargo run -p tollgate-demo --features redis`".into())
     }
 }
 
@@ -201,17 +268,22 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> Result<(), Error> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let config = config(&args)?;
-    if args.iter().any(|a| a == "--selftest") {
+    let args = Args::parse(&std::env::args().skip(1).collect::<Vec<_>>())?;
+    if args.help {
+        println!("{USAGE}");
+        return Ok(());
+    }
+    let config = Config::from_file(&args.config)
+        .map_err(|e| format!("--config {}: {e}", args.config.display()))?;
+    if args.selftest {
         return selftest(&config).await;
     }
-    let port = match args.iter().position(|a| a == "--port") {
-        Some(i) => args.get(i + 1).ok_or("--port needs a number")?.parse()?,
-        None => match std::env::var("PORT") {
-            Ok(port) => port.parse()?,
-            Err(_) => 3000,
-        },
+    let port = match (args.port, std::env::var("PORT")) {
+        (Some(port), _) => port,
+        (None, Ok(port)) => port
+            .parse()
+            .map_err(|_| format!("PORT={port:?}: not a port number (1-65535)"))?,
+        (None, Err(_)) => 3000,
     };
     let limiters = limiters(&config, Arc::new(SystemClock)).await?;
     let addr = listen(SocketAddr::from(([127, 0, 0, 1], port)), app(&limiters)?).await?;
@@ -238,6 +310,8 @@ async fn run() -> Result<(), Error> {
 /// What one request got back.
 struct Got {
     status: u16,
+    content_type: String,
+    www_authenticate: String,
     ratelimit: String,
     retry_after: String,
     violated: String,
@@ -252,11 +326,16 @@ struct Tester {
 
 impl Tester {
     async fn fire(&self, method: &str, path: &str, key: Option<&str>) -> Result<Got, Error> {
+        let headers: Vec<(&str, &str)> = key.map(|k| ("x-api-key", k)).into_iter().collect();
+        self.send(method, path, &headers).await
+    }
+
+    async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Result<Got, Error> {
         let mut request = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base));
-        if let Some(key) = key {
-            request = request.header("x-api-key", key);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
         let response = self.client.request(request.body(Empty::new())?).await?;
         let header = |name: &str| {
@@ -269,6 +348,8 @@ impl Tester {
             values.join(", ")
         };
         let status = response.status().as_u16();
+        let content_type = header("content-type");
+        let www_authenticate = header("www-authenticate");
         let ratelimit = header("ratelimit");
         let retry_after = header("retry-after");
         let body = response.into_body().collect().await?.to_bytes();
@@ -280,10 +361,23 @@ impl Tester {
             .unwrap_or_default();
         Ok(Got {
             status,
+            content_type,
+            www_authenticate,
             ratelimit,
             retry_after,
             violated,
         })
+    }
+
+    /// Print `label` and whether `ok` held.
+    fn check(&mut self, label: &str, ok: bool) {
+        if !ok {
+            self.all_as_promised = false;
+        }
+        println!(
+            "  {label:<71} {}",
+            if ok { "as promised" } else { "<-- UNEXPECTED" }
+        );
     }
 
     /// Fire `n` requests (`route` is `"METHOD /path"`), print them, and check
@@ -368,8 +462,43 @@ async fn selftest(config: &Config) -> Result<(), Error> {
     t.burst("no key", "GET /search", None, 1, 0).await?;
     t.burst("made-up key", "GET /search", Some("guess"), 1, 0)
         .await?;
+    // Every 401 has one shape: problem+json with the challenge, whether the
+    // key is missing, unknown or sent twice.
+    let twice = t
+        .send(
+            "GET",
+            "/search",
+            &[("x-api-key", "demo-key-carol"), ("x-api-key", "guess")],
+        )
+        .await?;
+    for (label, got) in [
+        (
+            "no key: 401 problem+json with WWW-Authenticate",
+            t.fire("GET", "/search", None).await?,
+        ),
+        ("key sent twice: the same 401", twice),
+    ] {
+        let ok = got.status == 401
+            && got.content_type == "application/problem+json"
+            && got.www_authenticate == CHALLENGE;
+        t.check(label, ok);
+    }
 
     println!("\nPOST /login: sliding log, 3 per minute per client IP");
+    // A browser's CORS preflight and a wrong method are not charged: the
+    // five POSTs below still find the full budget.
+    let preflight = [
+        ("origin", "https://app.example"),
+        ("access-control-request-method", "POST"),
+    ];
+    let mut free = true;
+    for _ in 0..3 {
+        let got = t.send("OPTIONS", "/login", &preflight).await?;
+        free &= got.status != 429 && got.ratelimit.is_empty();
+        let got = t.send("GET", "/login", &[]).await?;
+        free &= got.status == 405 && got.ratelimit.is_empty();
+    }
+    t.check("3 CORS preflights and 3 GETs (405): not charged", free);
     t.burst("5 at t=2.5s", "POST /login", None, 5, 3).await?;
     clock.advance(Duration::from_secs(60));
     t.burst("2 a minute later", "POST /login", None, 2, 2)

@@ -6,6 +6,7 @@
 //! ```
 //! # use std::time::Duration;
 //! # use tollgate_core::*;
+//! # use tollgate_http::headers;
 //! let policy = Policy::new("search", Limit::fixed_window(100, Duration::from_secs(60))?)?;
 //! let decision = Decision::new(vec![LayerDecision {
 //!     layer: "key".into(), policy: policy.into(), allowed: true, limit: 100, remaining: 42,
@@ -20,8 +21,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use crate::decision::{Decision, LayerDecision};
-use crate::policy::Limit;
+use tollgate_core::{Decision, LayerDecision, Limit, Source};
 
 /// Whole seconds in `d`, rounded up.
 pub fn ceil_secs(d: Duration) -> u64 {
@@ -62,10 +62,24 @@ pub fn rate_limit_policy(decision: &Decision) -> String {
     out
 }
 
-/// The `RateLimit` value: `"<policy>";r=<remaining>;t=<seconds>` per layer.
+/// Whether a layer's numbers come from counting (the store, the emergency
+/// store, the blocked-key cache), rather than from a failure mode that
+/// counted nothing: a client pacing itself by `r` and `t` must not read an
+/// outage as a spent quota.
+pub fn is_counted(layer: &LayerDecision) -> bool {
+    !matches!(layer.source, Source::FailClosed | Source::FailOpen)
+}
+
+/// The `RateLimit` value: `"<policy>";r=<remaining>;t=<seconds>` per
+/// counted layer ([`is_counted`]); empty when no layer was counted.
 pub fn rate_limit(decision: &Decision) -> String {
     let mut out = String::new();
-    for (i, layer) in decision.layers().iter().enumerate() {
+    for (i, layer) in decision
+        .layers()
+        .iter()
+        .filter(|l| is_counted(l))
+        .enumerate()
+    {
         let sep = if i == 0 { "" } else { ", " };
         let _ = write!(
             out,

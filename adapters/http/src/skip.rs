@@ -1,0 +1,71 @@
+//! Which requests are not rate limited: passed on without a decision.
+//!
+//! One mechanism for every rule: the built-in one (CORS preflights) and the
+//! application's own ([`GateBuilder::skip_if`](crate::GateBuilder::skip_if)).
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::identity::RequestView;
+
+type Rule<R> = Arc<dyn Fn(&R, &dyn RequestView) -> bool + Send + Sync>;
+
+/// The skip rules of a gate.
+pub(crate) struct Skip<R: ?Sized> {
+    /// Skip CORS preflights (the default).
+    preflights: bool,
+    rules: Vec<Rule<R>>,
+}
+
+impl<R: ?Sized> Default for Skip<R> {
+    fn default() -> Self {
+        Skip {
+            preflights: true,
+            rules: Vec::new(),
+        }
+    }
+}
+
+impl<R: ?Sized> Skip<R> {
+    pub(crate) fn preflights(mut self, skip: bool) -> Self {
+        self.preflights = skip;
+        self
+    }
+
+    pub(crate) fn with(mut self, rule: Rule<R>) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// Whether `request` is not rate limited.
+    pub(crate) fn matches(&self, request: &R, view: &dyn RequestView) -> bool {
+        (self.preflights && is_cors_preflight(view)) || self.rules.iter().any(|r| r(request, view))
+    }
+}
+
+/// A browser's CORS preflight: `OPTIONS` with `Access-Control-Request-Method`
+/// (the Fetch standard). A plain `OPTIONS` is an ordinary request.
+pub fn is_cors_preflight(view: &dyn RequestView) -> bool {
+    view.method() == "OPTIONS"
+        && !view
+            .header_values("access-control-request-method")
+            .is_empty()
+}
+
+impl<R: ?Sized> Clone for Skip<R> {
+    fn clone(&self) -> Self {
+        Skip {
+            preflights: self.preflights,
+            rules: self.rules.clone(),
+        }
+    }
+}
+
+impl<R: ?Sized> fmt::Debug for Skip<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Skip")
+            .field("preflights", &self.preflights)
+            .field("rules", &self.rules.len())
+            .finish()
+    }
+}
