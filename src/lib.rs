@@ -50,7 +50,7 @@
 //! | `config` | [`config::Config`]: store, policies and routes from a TOML file (guide: `docs/configuration.md`) |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub use tollgate_core::*;
+pub use tollgate_limiter::*;
 
 /// The reference algorithm implementations (pure functions).
 pub mod algorithms {
@@ -110,7 +110,7 @@ pub struct ReadmeDoctests;
 pub struct AlgorithmsGuideDoctests;
 
 /// The operations guide's examples, compiled and run as doc-tests.
-#[cfg(all(doctest, feature = "memory"))]
+#[cfg(all(doctest, feature = "memory", feature = "metrics"))]
 #[doc = include_str!("../docs/operations.md")]
 pub struct OperationsGuideDoctests;
 

@@ -15,7 +15,7 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use tollgate_core::{
+use tollgate_limiter::{
     async_trait, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope, Store, StoreError,
     Timestamp, Verdict,
 };

@@ -1,6 +1,6 @@
 //! Fixed window: a counter per aligned window.
 
-use tollgate_core::{State, Stored, Transition, Verdict, Window};
+use tollgate_limiter::{State, Stored, Transition, Verdict, Window};
 
 use crate::{after, ttl_until};
 

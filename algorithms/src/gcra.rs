@@ -1,6 +1,6 @@
 //! GCRA: the token bucket as one theoretical arrival time.
 
-use tollgate_core::{Gcra, State, Stored, Transition, Verdict};
+use tollgate_limiter::{Gcra, State, Stored, Transition, Verdict};
 
 use crate::{after, ttl_until};
 

@@ -24,7 +24,7 @@ mod token_bucket;
 
 use std::time::Duration;
 
-use tollgate_core::{Limit, State, Timestamp, Transition};
+use tollgate_limiter::{Limit, State, Timestamp, Transition};
 
 pub use fixed_window::fixed_window;
 pub use gcra::gcra;
@@ -33,11 +33,11 @@ pub use sliding_window::sliding_window;
 pub use token_bucket::token_bucket;
 
 /// Decide one request under `limit`: dispatch to the built-in algorithm, or
-/// to the user's [`Algorithm`](tollgate_core::Algorithm) for custom limits.
+/// to the user's [`Algorithm`](tollgate_limiter::Algorithm) for custom limits.
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::{Limit, Timestamp};
+/// use tollgate_limiter::{Limit, Timestamp};
 ///
 /// let limit = Limit::fixed_window(1, Duration::from_secs(1)).unwrap();
 /// let now = Timestamp::from_micros(10_000_000);

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use tollgate_core::{State, Stored, Transition, Verdict, Window};
+use tollgate_limiter::{State, Stored, Transition, Verdict, Window};
 
 use crate::{after, ttl_until};
 

@@ -1,6 +1,6 @@
 //! Sliding window counter: two aligned windows, the previous one weighted.
 
-use tollgate_core::{State, Stored, Transition, Verdict, Window};
+use tollgate_limiter::{State, Stored, Transition, Verdict, Window};
 
 use crate::{after, ttl_until};
 

@@ -1,6 +1,6 @@
 //! Token bucket, kept exactly: tokens scaled by the period in microseconds.
 
-use tollgate_core::{State, Stored, TokenBucket, Transition, Verdict};
+use tollgate_limiter::{State, Stored, TokenBucket, Transition, Verdict};
 
 use crate::{after, ttl_until};
 

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate_core::{Limit, State, Timestamp};
+use tollgate_limiter::{Limit, State, Timestamp};
 
 const T0: u64 = 1_780_000_000_000_000;
 

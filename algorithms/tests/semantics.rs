@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::{Limit, State, Timestamp, Verdict};
+use tollgate_limiter::{Limit, State, Timestamp, Verdict};
 
 const T0: u64 = 1_780_000_000_000_000;
 const MS: u64 = 1_000;
@@ -266,12 +266,12 @@ fn invalid_policies_fail_at_construction() {
         let err = case.expect_err(&format!("case {i} must be rejected"));
         assert!(!err.to_string().is_empty());
     }
-    let policy = tollgate_core::Policy::new("p", Limit::fixed_window(5, s).unwrap()).unwrap();
+    let policy = tollgate_limiter::Policy::new("p", Limit::fixed_window(5, s).unwrap()).unwrap();
     assert!(policy.check_cost(0).is_err());
     assert!(policy.check_cost(6).is_err());
     assert!(policy.check_cost(5).is_ok());
-    assert!(tollgate_core::Policy::new("bad name", Limit::fixed_window(5, s).unwrap()).is_err());
-    assert!(tollgate_core::Policy::new("", Limit::fixed_window(5, s).unwrap()).is_err());
+    assert!(tollgate_limiter::Policy::new("bad name", Limit::fixed_window(5, s).unwrap()).is_err());
+    assert!(tollgate_limiter::Policy::new("", Limit::fixed_window(5, s).unwrap()).is_err());
 }
 
 #[test]

@@ -40,11 +40,11 @@ impl WhenFull {
 /// so one route's traffic cannot take another route's room.
 ///
 /// ```
-/// use tollgate_core::{KeyBudget, WhenFull};
+/// use tollgate_limiter::{KeyBudget, WhenFull};
 /// let budget = KeyBudget::new(10_000, WhenFull::Refuse)?;
 /// assert_eq!(budget.max_keys(), 10_000);
 /// assert!(KeyBudget::new(0, WhenFull::Refuse).is_err());
-/// # Ok::<(), tollgate_core::PolicyError>(())
+/// # Ok::<(), tollgate_limiter::PolicyError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KeyBudget {

@@ -82,11 +82,11 @@ impl Layer {
 /// Who a request is: the subjects its layers count by.
 ///
 /// ```
-/// use tollgate_core::{Context, Subject};
+/// use tollgate_limiter::{Context, Subject};
 /// let ctx = Context::new()
 ///     .with_subject(Subject::new("key-7")?)
 ///     .with_tenant(Subject::new("acme")?);
-/// # Ok::<(), tollgate_core::SubjectError>(())
+/// # Ok::<(), tollgate_limiter::SubjectError>(())
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Context {
@@ -175,7 +175,7 @@ impl Context {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # use std::sync::Arc;
-/// # use tollgate_core::*;
+/// # use tollgate_limiter::*;
 /// # #[derive(Debug)] struct AlwaysYes;
 /// # #[async_trait::async_trait] impl Store for AlwaysYes {
 /// #   fn kind(&self) -> &'static str { "yes" }

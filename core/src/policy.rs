@@ -32,14 +32,14 @@ pub const MAX_RECOVERY: Duration = Duration::from_secs(14 * 24 * 3600);
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::{Limit, Policy};
+/// use tollgate_limiter::{Limit, Policy};
 ///
 /// let policy = Policy::new("search", Limit::token_bucket(10, 5, Duration::from_secs(1))?)?;
 /// assert_eq!(policy.capacity(), 10);
 ///
 /// // Invalid numbers fail here, before any store is involved.
 /// assert!(Limit::fixed_window(0, Duration::from_secs(1)).is_err());
-/// # Ok::<(), tollgate_core::PolicyError>(())
+/// # Ok::<(), tollgate_limiter::PolicyError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(try_from = "PolicyDef")]
@@ -82,11 +82,11 @@ impl Policy {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// use tollgate_core::{KeyBudget, Limit, Policy, WhenFull};
+    /// use tollgate_limiter::{KeyBudget, Limit, Policy, WhenFull};
     /// let login = Policy::new("login", Limit::sliding_log(5, Duration::from_secs(60))?)?
     ///     .with_key_budget(KeyBudget::new(10_000, WhenFull::EvictNearestExpiry)?);
     /// assert_eq!(login.key_budget().unwrap().max_keys(), 10_000);
-    /// # Ok::<(), tollgate_core::PolicyError>(())
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
     /// ```
     pub fn with_key_budget(mut self, budget: KeyBudget) -> Self {
         self.key_budget = Some(budget);
@@ -103,12 +103,12 @@ impl Policy {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// use tollgate_core::{Fallback, Limit, OnStoreFailure, Policy};
+    /// use tollgate_limiter::{Fallback, Limit, OnStoreFailure, Policy};
     /// let shared = Limit::fixed_window(1_000, Duration::from_secs(60))?;
     /// let policy = Policy::new("api", shared)?
     ///     .with_on_failure(OnStoreFailure::Fallback(Fallback::Share { instances: 4 }))?;
     /// assert_eq!(policy.fallback_limit().unwrap().capacity(), 250);
-    /// # Ok::<(), tollgate_core::PolicyError>(())
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
     /// ```
     pub fn with_on_failure(mut self, on_failure: OnStoreFailure) -> Result<Self, PolicyError> {
         self.fallback = match &on_failure {
@@ -485,7 +485,7 @@ impl PartialEq for CustomAlgorithm {
 /// A limit as written in a configuration file, before validation.
 ///
 /// ```
-/// use tollgate_core::LimitSpec;
+/// use tollgate_limiter::LimitSpec;
 /// let spec: LimitSpec = serde_json::from_str(
 ///     r#"{ "algorithm": "sliding_window", "limit": 100, "window": "1m" }"#,
 /// ).unwrap();
@@ -566,7 +566,7 @@ impl LimitSpec {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::DurationSpec;
+/// use tollgate_limiter::DurationSpec;
 /// let d: DurationSpec = "1m30s".parse()?;
 /// assert_eq!(d.0, Duration::from_secs(90));
 /// assert_eq!("1.5s".parse::<DurationSpec>()?.0, Duration::from_millis(1500));

@@ -26,7 +26,7 @@ use crate::policy::{Limit, Policy};
 ///
 /// ```
 /// # use std::time::Duration;
-/// # use tollgate_core::{Limit, Policy, StoreKey};
+/// # use tollgate_limiter::{Limit, Policy, StoreKey};
 /// let policy = Policy::new("search", Limit::fixed_window(5, Duration::from_secs(1))?)?;
 /// let key = StoreKey::new("acme", &policy, "subject", "key-7");
 /// assert_eq!(key.to_string(), "{acme}:search:v1:fw:subject:key-7");

@@ -17,7 +17,7 @@ use crate::error::SubjectError;
 /// into a keyed hash.
 ///
 /// ```
-/// use tollgate_core::{HashKey, Subject};
+/// use tollgate_limiter::{HashKey, Subject};
 ///
 /// let user = Subject::new("  user-42 ")?;
 /// assert_eq!(user.as_str(), "user-42");
@@ -26,7 +26,7 @@ use crate::error::SubjectError;
 /// let key = HashKey::new(b"a server-side secret of 16+ bytes").unwrap();
 /// let hashed = Subject::hashed("sk_live_secret", &key);
 /// assert!(!hashed.as_str().contains("sk_live"));
-/// # Ok::<(), tollgate_core::SubjectError>(())
+/// # Ok::<(), tollgate_limiter::SubjectError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Subject(Arc<str>);

@@ -55,7 +55,7 @@ impl Timestamp {
     /// rather than deciding with it.
     ///
     /// ```
-    /// use tollgate_core::Timestamp;
+    /// use tollgate_limiter::Timestamp;
     /// assert!(!Timestamp::from_micros(0).is_plausible());
     /// assert!(Timestamp::from_micros(1_800_000_000_000_000).is_plausible());
     /// assert!(!Timestamp::from_micros(u64::MAX).is_plausible());
@@ -96,7 +96,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::{Clock, ManualClock, Timestamp};
+/// use tollgate_limiter::{Clock, ManualClock, Timestamp};
 ///
 /// let clock = ManualClock::new(Timestamp::from_micros(1_000));
 /// clock.advance(Duration::from_millis(2));

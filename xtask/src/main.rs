@@ -7,6 +7,9 @@
 //! - `cargo xtask features`: builds and tests the `tollgate` crate with
 //!   each cargo feature on its own.
 //! - `cargo xtask bench`: every criterion bench, then the summary report.
+//! - `cargo xtask package`: packages every publishable crate as the
+//!   registry would receive it (path dependencies must carry versions), and
+//!   checks that the packaged facade builds.
 //! - `cargo xtask custom-store`: the example PostgreSQL store's conformance
 //!   tests (`examples/postgres-store`). Uses `DATABASE_URL` when set;
 //!   otherwise finds the local PostgreSQL (starting its cluster when it is
@@ -40,9 +43,10 @@ fn main() {
         "features" => features(),
         "bench" => bench(&args[1..]),
         "redis-check" => ensure_redis_server(),
+        "package" => package(),
         "custom-store" => custom_store(),
         _ => {
-            eprintln!("usage: cargo xtask <test|features|bench|redis-check|custom-store>");
+            eprintln!("usage: cargo xtask <test|features|bench|package|redis-check|custom-store>");
             exit(2);
         }
     };
@@ -196,6 +200,24 @@ fn features() -> Result {
         )?;
     }
     Ok(())
+}
+
+/// Crates of the workspace that are not published (examples, automation).
+const UNPUBLISHED: &[&str] = &["xtask", "tollgate-demo", "tollgate-postgres-store"];
+
+/// `cargo package` for every publishable crate at once: cargo resolves
+/// their path dependencies against each other's packages and builds each
+/// from its package, so a missing version, a file left out of a package or
+/// a name clash fails here, not at release.
+fn package() -> Result {
+    let mut args = vec!["package", "--workspace", "--allow-dirty"];
+    for name in UNPUBLISHED {
+        args.extend(["--exclude", name]);
+    }
+    run(
+        "cargo package (every publishable crate, each built from its package)",
+        cargo().args(&args),
+    )
 }
 
 fn bench(extra: &[String]) -> Result {

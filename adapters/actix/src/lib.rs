@@ -5,7 +5,7 @@
 //! `RateLimit` headers to its response) or answers at once: 429 with
 //! `Retry-After` and an `application/problem+json` body, 503 when the store
 //! failed and the policy fails closed, 401 when the request has no identity.
-//! Admitted requests carry their [`Decision`](tollgate_core::Decision) in
+//! Admitted requests carry their [`Decision`](tollgate_limiter::Decision) in
 //! their extensions (`web::ReqData<Decision>`).
 //!
 //! The responses are byte for byte those of the tower adapter: both are thin
@@ -15,7 +15,7 @@
 //! # async fn run() -> std::io::Result<()> {
 //! use std::{sync::Arc, time::Duration};
 //! use actix_web::{web, App, HttpServer};
-//! use tollgate_core::{Limit, Limiter, Policy, Scope};
+//! use tollgate_limiter::{Limit, Limiter, Policy, Scope};
 //! use tollgate_actix::{ClientIp, Identity, RateLimit};
 //!
 //! let policy = Policy::new("per-ip", Limit::gcra(10, Duration::from_secs(1), 20).unwrap()).unwrap();
@@ -55,8 +55,8 @@ use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpResponse};
 
-use tollgate_core::{Context, Limiter, Subject};
 use tollgate_http::{is_list_field, RequestView};
+use tollgate_limiter::{Context, Limiter, Subject};
 
 pub use tollgate_http::{
     decision_headers, names, single_header_value, Cidr, CidrError, ClientIp, Gate, GateBuilder,

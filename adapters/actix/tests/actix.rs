@@ -13,7 +13,7 @@ use actix_web::{guard, web, App, HttpMessage, HttpServer};
 use common::{memory_store, per_minute, DownStore, Http};
 use http::StatusCode;
 use tollgate_actix::{Cidr, ClientIp, GateBuilder, Identity, RateLimit};
-use tollgate_core::{Decision, Limiter, Store, Subject};
+use tollgate_limiter::{Decision, Limiter, Store, Subject};
 
 /// Serve one route wrapped in `rate_limit` on a free loopback port. The
 /// `auth` stand-in turns an `x-user` header into a subject, as an
@@ -296,7 +296,7 @@ async fn unrouted_requests_are_not_charged_and_head_is_like_get() {
 #[actix_web::test]
 async fn every_401_has_the_challenge() {
     let (_clock, store) = memory_store();
-    let key = tollgate_core::HashKey::new(b"0123456789abcdef0123").unwrap();
+    let key = tollgate_limiter::HashKey::new(b"0123456789abcdef0123").unwrap();
     let rate_limit = RateLimit::builder(per_minute(store, "per-key", 3))
         .identity(Identity::new().api_key("x-api-key", key))
         .build()

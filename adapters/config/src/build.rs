@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tollgate_core::{Clock, Limiter, Store};
+use tollgate_limiter::{Clock, Limiter, Store};
 use tollgate_memory::MemoryStore;
 
 use crate::{BuildError, Config, StoreSpec};
@@ -56,8 +56,8 @@ impl Config {
     ///
     /// `clock` is the time of the in-process stores (the memory store and
     /// the emergency fallback store) and of the circuit breaker: pass
-    /// [`SystemClock`](tollgate_core::SystemClock) in production, a
-    /// [`ManualClock`](tollgate_core::ManualClock) in tests. A Redis store
+    /// [`SystemClock`](tollgate_limiter::SystemClock) in production, a
+    /// [`ManualClock`](tollgate_limiter::ManualClock) in tests. A Redis store
     /// reads the server's `TIME`.
     pub async fn build(&self, clock: Arc<dyn Clock>) -> Result<Limiters, BuildError> {
         let store = self.open_store(clock.clone()).await?;

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::Path;
 
-use tollgate_core::{PolicyError, StoreError};
+use tollgate_limiter::{PolicyError, StoreError};
 
 /// A configuration that cannot be used. Its message lists what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +97,6 @@ pub enum BuildError {
         route: String,
         /// Why.
         #[source]
-        source: tollgate_core::Error,
+        source: tollgate_limiter::Error,
     },
 }

@@ -21,14 +21,14 @@
 //! the whole file at once and reports **every** error with its field path,
 //! for example `policies.search.window: 0 must be between 1ms and 604800s`.
 //! Unknown fields are errors, and so are routes naming an undefined policy.
-//! [`Config::build`] then opens the store and returns one [`Limiter`](tollgate_core::Limiter) per
+//! [`Config::build`] then opens the store and returns one [`Limiter`](tollgate_limiter::Limiter) per
 //! route, with the route's cost, in [`Limiters`].
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! use tollgate_config::Config;
-//! use tollgate_core::{Context, Subject, SystemClock};
+//! use tollgate_limiter::{Context, Subject, SystemClock};
 //!
 //! let config = Config::from_toml_str(r#"
 //!     [store]
@@ -76,7 +76,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use tollgate_core::{BreakerConfig, Policy, PolicyError, Scope};
+use tollgate_limiter::{BreakerConfig, Policy, PolicyError, Scope};
 
 pub use build::{Limiters, Route};
 pub use error::{BuildError, ConfigError};

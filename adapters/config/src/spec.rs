@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use tollgate_core::{
+use tollgate_limiter::{
     BreakerConfig, DurationSpec, KeyBudget, LimitSpec, OnFailureSpec, Policy, PolicyError, Scope,
     WhenFullSpec,
 };

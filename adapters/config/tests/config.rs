@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_config::{BuildError, Config, ConfigError, StoreSpec};
-use tollgate_core::{Context, ManualClock, Scope, Subject, Timestamp};
+use tollgate_limiter::{Context, ManualClock, Scope, Subject, Timestamp};
 
 fn errors(text: &str) -> Vec<String> {
     match Config::from_toml_str(text) {
@@ -364,7 +364,7 @@ connect_timeout = "200ms"
     )
     .expect("valid");
     let err = config
-        .build(Arc::new(tollgate_core::SystemClock))
+        .build(Arc::new(tollgate_limiter::SystemClock))
         .await
         .unwrap_err();
     if cfg!(feature = "redis") {

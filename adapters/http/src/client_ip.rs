@@ -5,7 +5,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
-use tollgate_core::Subject;
+use tollgate_limiter::Subject;
 
 use crate::CidrError;
 

@@ -4,7 +4,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use tollgate_core::{observe, Context, Decision, Error, Limiter, Scope};
+use tollgate_limiter::{observe, Context, Decision, Error, Limiter, Scope};
 
 use crate::identity::{Identity, RequestView, Supplies};
 use crate::response::{decision_headers, HeaderStyle, Headers, Reply};
@@ -397,7 +397,7 @@ mod tests {
     use crate::ClientIp;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
-    use tollgate_core::{
+    use tollgate_limiter::{
         async_trait, LayerRequest, Limit, OnStoreFailure, Policy, Scope, Source, Store, StoreError,
         Subject, Verdict,
     };

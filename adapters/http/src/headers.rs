@@ -5,7 +5,7 @@
 //!
 //! ```
 //! # use std::time::Duration;
-//! # use tollgate_core::*;
+//! # use tollgate_limiter::*;
 //! # use tollgate_http::headers;
 //! let policy = Policy::new("search", Limit::fixed_window(100, Duration::from_secs(60))?)?;
 //! let decision = Decision::new(vec![LayerDecision {
@@ -21,7 +21,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use tollgate_core::{Decision, LayerDecision, Limit, Source};
+use tollgate_limiter::{Decision, LayerDecision, Limit, Source};
 
 /// Whole seconds in `d`, rounded up.
 pub fn ceil_secs(d: Duration) -> u64 {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use tollgate_core::{Context, HashKey, Subject};
+use tollgate_limiter::{Context, HashKey, Subject};
 
 use crate::client_ip::ClientIp;
 
@@ -138,7 +138,7 @@ impl<R: ?Sized> fmt::Debug for Source<R> {
 /// request pick its policy or its limit.
 ///
 /// ```
-/// use tollgate_core::{HashKey, Subject};
+/// use tollgate_limiter::{HashKey, Subject};
 /// use tollgate_http::{ClientIp, Identity};
 ///
 /// let key = HashKey::new(b"server-side secret, 16+ bytes").unwrap();
@@ -149,7 +149,7 @@ impl<R: ?Sized> fmt::Debug for Source<R> {
 ///     .api_key("x-api-key", key)
 ///     .client_ip(ClientIp::direct())
 ///     .fallback(Subject::new("anonymous")?);
-/// # Ok::<(), tollgate_core::SubjectError>(())
+/// # Ok::<(), tollgate_limiter::SubjectError>(())
 /// ```
 pub struct Identity<R: ?Sized> {
     sources: Vec<Source<R>>,

@@ -1,7 +1,7 @@
 //! The framework-independent half of Tollgate's HTTP adapters: who a request
 //! is ([`Identity`], [`ClientIp`]), and what to answer for a
-//! [`Decision`](tollgate_core::Decision) ([`decision_headers`], [`Reply`]).
-//! [`Gate`] ties them to a [`Limiter`](tollgate_core::Limiter).
+//! [`Decision`](tollgate_limiter::Decision) ([`decision_headers`], [`Reply`]).
+//! [`Gate`] ties them to a [`Limiter`](tollgate_limiter::Limiter).
 //!
 //! `tollgate-tower` (axum, tonic, hyper) and `tollgate-actix` are thin
 //! wrappers over this crate, so every framework sends the same status codes,
@@ -12,7 +12,7 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::{sync::Arc, time::Duration};
-//! use tollgate_core::{Limit, Limiter, Policy, Scope};
+//! use tollgate_limiter::{Limit, Limiter, Policy, Scope};
 //! use tollgate_http::{ClientIp, Gate, Identity, Outcome, PeerAddr};
 //!
 //! let limiter = Limiter::builder(Arc::new(tollgate_memory::MemoryStore::default()))

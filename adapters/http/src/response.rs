@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use tollgate_core::Decision;
+use tollgate_limiter::Decision;
 
 use crate::headers;
 
@@ -85,7 +85,7 @@ pub type Headers = Vec<(&'static str, String)>;
 ///
 /// ```
 /// # use std::time::Duration;
-/// # use tollgate_core::*;
+/// # use tollgate_limiter::*;
 /// use tollgate_http::{decision_headers, HeaderStyle};
 /// let policy = Policy::new("search", Limit::fixed_window(10, Duration::from_secs(60))?)?;
 /// let decision = Decision::new(vec![LayerDecision {
@@ -250,7 +250,7 @@ impl Reply {
             status: 503,
             detail: "The rate limiter's store is unavailable and this policy rejects requests until it is back".into(),
             violated_policies: policy_names(decision, |l| {
-                l.source == tollgate_core::Source::FailClosed
+                l.source == tollgate_limiter::Source::FailClosed
             }),
         };
         Reply::problem(&problem, decision_headers(decision, style))
@@ -321,7 +321,7 @@ impl Reply {
 /// Names of the denying layers' policies that match `keep`, each once, in order.
 fn policy_names(
     decision: &Decision,
-    keep: impl Fn(&tollgate_core::LayerDecision) -> bool,
+    keep: impl Fn(&tollgate_limiter::LayerDecision) -> bool,
 ) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     for layer in decision.denied_layers().filter(|l| keep(l)) {
@@ -357,7 +357,7 @@ pub fn apply_headers(headers: &[(&'static str, String)], map: &mut http::HeaderM
 mod tests {
     use super::*;
     use std::time::Duration;
-    use tollgate_core::{LayerDecision, Limit, Policy, Source};
+    use tollgate_limiter::{LayerDecision, Limit, Policy, Source};
 
     fn layer(name: &str, allowed: bool, remaining: u64, source: Source) -> LayerDecision {
         let policy = Policy::new(

@@ -7,13 +7,13 @@
 //! once: 429 with `Retry-After` and an `application/problem+json` body, 503
 //! when the store failed and the policy fails closed, 401 when the request
 //! has no identity. Admitted requests carry their
-//! [`Decision`](tollgate_core::Decision) in their extensions.
+//! [`Decision`](tollgate_limiter::Decision) in their extensions.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::{net::SocketAddr, sync::Arc, time::Duration};
 //! use axum::{routing::get, Router};
-//! use tollgate_core::{Limit, Limiter, Policy, Scope};
+//! use tollgate_limiter::{Limit, Limiter, Policy, Scope};
 //! use tollgate_tower::{ClientIp, Identity, RateLimitLayer};
 //!
 //! let limiter = Limiter::builder(Arc::new(tollgate_memory::MemoryStore::default()))
@@ -52,8 +52,8 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use tollgate_core::{Context, Limiter};
 use tollgate_http::RequestView;
+use tollgate_limiter::{Context, Limiter};
 
 pub use body::RateLimitBody;
 pub use tollgate_http::{
@@ -83,7 +83,7 @@ impl RateLimitLayer {
     ///
     /// ```
     /// # use std::{sync::Arc, time::Duration};
-    /// # use tollgate_core::{Limit, Limiter, Policy, Scope};
+    /// # use tollgate_limiter::{Limit, Limiter, Policy, Scope};
     /// use tollgate_tower::{ClientIp, GateError, Identity, RateLimitLayer};
     /// # let limiter = Limiter::builder(Arc::new(tollgate_memory::MemoryStore::default()))
     /// #     .layer("ip", Scope::Subject, Policy::new("per-ip", Limit::gcra(10, Duration::from_secs(1), 20)?)?)

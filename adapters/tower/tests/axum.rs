@@ -15,7 +15,7 @@ use axum::routing::get;
 use axum::{Extension, Router};
 use common::{memory_store, per_minute, DownStore, Http};
 use http::StatusCode;
-use tollgate_core::{Decision, Limiter, Store, Subject};
+use tollgate_limiter::{Decision, Limiter, Store, Subject};
 use tollgate_tower::{Cidr, ClientIp, Identity, RateLimitLayer};
 
 /// Serve `app` on a free loopback port, with the client's socket address.
@@ -331,7 +331,7 @@ async fn unrouted_requests_are_not_charged_and_head_is_like_get() {
 #[tokio::test]
 async fn every_401_has_the_challenge() {
     let (_clock, store) = memory_store();
-    let key = tollgate_core::HashKey::new(b"0123456789abcdef0123").unwrap();
+    let key = tollgate_limiter::HashKey::new(b"0123456789abcdef0123").unwrap();
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
         RateLimitLayer::builder(per_minute(store, "per-key", 3))
             .identity(Identity::new().api_key("x-api-key", key))

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use governor::{Quota, RateLimiter};
-use tollgate_core::{Context, Limit, Limiter, Policy, Scope, Subject};
+use tollgate_limiter::{Context, Limit, Limiter, Policy, Scope, Subject};
 use tollgate_memory::MemoryStore;
 use tollgate_testkit::ready;
 

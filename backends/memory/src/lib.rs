@@ -12,10 +12,10 @@
 //! only when it is full of live keys.
 //!
 //! Policies can have key budgets of their own
-//! ([`Policy::with_key_budget`](tollgate_core::Policy::with_key_budget), or
+//! ([`Policy::with_key_budget`](tollgate_limiter::Policy::with_key_budget), or
 //! `max_keys` in a configuration file), so anonymous traffic on one route
 //! cannot take the room of another. What a full budget does is its
-//! [`WhenFull`](tollgate_core::WhenFull): evict the key nearest to expiry
+//! [`WhenFull`](tollgate_limiter::WhenFull): evict the key nearest to expiry
 //! (the default; each eviction admits at most what that key's state still
 //! withheld, never more than its policy's capacity), or refuse with
 //! [`StoreError::Full`], which announces when the budget's first key
@@ -24,7 +24,7 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::{sync::Arc, time::Duration};
-//! use tollgate_core::{Context, Limit, Limiter, Policy, Scope, Subject};
+//! use tollgate_limiter::{Context, Limit, Limiter, Policy, Scope, Subject};
 //! use tollgate_memory::MemoryStore;
 //!
 //! let store = Arc::new(MemoryStore::builder().max_keys(100_000).build());
@@ -45,4 +45,4 @@
 mod store;
 
 pub use store::{MemoryStore, MemoryStoreBuilder};
-pub use tollgate_core::StoreError;
+pub use tollgate_limiter::StoreError;

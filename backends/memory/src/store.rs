@@ -10,7 +10,7 @@ use foldhash::fast::RandomState;
 use std::collections::HashMap;
 
 use hashbrown::HashTable;
-use tollgate_core::{
+use tollgate_limiter::{
     duration_micros, Clock, LayerRequest, Policy, State, Store, StoreError, StoreKey, SystemClock,
     Transition, Verdict, WhenFull,
 };
@@ -246,7 +246,7 @@ impl MemoryStoreBuilder {
     /// needs a new key in a full store first reclaims expired keys, then
     /// does what [`when_full`](Self::when_full) says. Policies can also
     /// have budgets of their own
-    /// ([`Policy::with_key_budget`](tollgate_core::Policy::with_key_budget)),
+    /// ([`Policy::with_key_budget`](tollgate_limiter::Policy::with_key_budget)),
     /// so one route's traffic cannot take another's room.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys.max(1);
@@ -267,7 +267,7 @@ impl MemoryStoreBuilder {
     }
 
     /// The clock (default: the system clock). Tests pass a
-    /// [`ManualClock`](tollgate_core::ManualClock).
+    /// [`ManualClock`](tollgate_limiter::ManualClock).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -491,7 +491,7 @@ impl MemoryStore {
     fn decide_locked(
         &self,
         layers: &[LayerRequest<'_>],
-        now: tollgate_core::Timestamp,
+        now: tollgate_limiter::Timestamp,
     ) -> Result<Vec<Verdict>, NeedRoom> {
         let now_us = now.as_micros();
         if let [layer] = layers {

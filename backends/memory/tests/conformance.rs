@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tollgate_core::{ManualClock, Store, WhenFull};
+use tollgate_limiter::{ManualClock, Store, WhenFull};
 use tollgate_memory::MemoryStore;
 
 tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {

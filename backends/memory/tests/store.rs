@@ -3,7 +3,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use tollgate_core::{
+use tollgate_limiter::{
     Clock, Context, KeyBudget, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope, Store,
     StoreError, StoreKey, Subject, Timestamp, WhenFull,
 };
@@ -252,7 +252,7 @@ fn invalid_input_fails_before_the_store_is_touched() {
     assert!(ready(limiter.check(&subject("a"), 0)).is_err(), "zero cost");
     assert!(matches!(
         ready(limiter.check(&Context::new(), 1)),
-        Err(tollgate_core::Error::MissingSubject { .. })
+        Err(tollgate_limiter::Error::MissingSubject { .. })
     ));
     assert!(store.is_empty());
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use tokio::runtime::Runtime;
-use tollgate_core::{BlockedCacheConfig, Context, Limit, Limiter, Policy, Scope, Subject};
+use tollgate_limiter::{BlockedCacheConfig, Context, Limit, Limiter, Policy, Scope, Subject};
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis_server::RedisServer;
 

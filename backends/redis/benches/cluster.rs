@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use tokio::runtime::Runtime;
-use tollgate_core::{LayerRequest, Limit, Policy, Store, StoreKey};
+use tollgate_limiter::{LayerRequest, Limit, Policy, Store, StoreKey};
 use tollgate_redis::cluster::RedisClusterStore;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::redis_cluster::RedisCluster;

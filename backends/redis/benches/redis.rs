@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use redis::aio::MultiplexedConnection;
 use tokio::runtime::Runtime;
-use tollgate_core::{LayerRequest, Limit, Policy, Store, StoreKey};
+use tollgate_limiter::{LayerRequest, Limit, Policy, Store, StoreKey};
 use tollgate_redis::script::{layer_args, sha1};
 use tollgate_redis::{ConnectionMode, RedisStore};
 use tollgate_testkit::redis_server::RedisServer;

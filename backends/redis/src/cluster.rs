@@ -61,7 +61,9 @@ use redis::cluster_routing::{
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tollgate_core::{duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdict};
+use tollgate_limiter::{
+    duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdict,
+};
 
 use crate::error::{check_plausible, from_redis, name_conflict, RedisStoreError};
 use crate::holds::{Held, Holds};
@@ -266,7 +268,7 @@ impl RedisClusterStore {
     /// will do, the rest are discovered).
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), tollgate_core::StoreError> {
+    /// # async fn run() -> Result<(), tollgate_limiter::StoreError> {
     /// use tollgate_redis::cluster::RedisClusterStore;
     ///
     /// let store = RedisClusterStore::builder(["redis://10.0.0.1:6379/", "redis://10.0.0.2:6379/"])

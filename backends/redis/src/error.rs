@@ -1,9 +1,9 @@
 //! Failures specific to the Redis store, carried inside
-//! [`StoreError::Backend`](tollgate_core::StoreError::Backend).
+//! [`StoreError::Backend`](tollgate_limiter::StoreError::Backend).
 
 use std::time::Duration;
 
-use tollgate_core::{StoreError, Timestamp};
+use tollgate_limiter::{StoreError, Timestamp};
 
 /// What the Redis store rejects on its own account.
 ///

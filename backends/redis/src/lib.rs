@@ -25,7 +25,7 @@
 //!   algorithm's (until the state is back to new, in milliseconds, rounded
 //!   up) plus one millisecond, because Redis counts a TTL from its clock
 //!   truncated to the millisecond; no key lives without one, and none
-//!   outlives [`MAX_RECOVERY`](tollgate_core::MAX_RECOVERY) by more than that
+//!   outlives [`MAX_RECOVERY`](tollgate_limiter::MAX_RECOVERY) by more than that
 //!   millisecond. Counter states are the string `"a b c"` (smaller than a
 //!   hash); the sliding log is a list of timestamps.
 //! - **Deadlines.** Every decision is bounded by a deadline (50 ms by
@@ -39,7 +39,7 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use tollgate_core::{Context, Limit, Limiter, Policy, Scope, Store, Subject};
+//! use tollgate_limiter::{Context, Limit, Limiter, Policy, Scope, Store, Subject};
 //! use tollgate_redis::RedisStore;
 //!
 //! let store = RedisStore::builder("redis://127.0.0.1:6379/").connect().await?;
@@ -55,7 +55,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Custom algorithms ([`Limit::Custom`](tollgate_core::Limit::Custom)) have no
+//! Custom algorithms ([`Limit::Custom`](tollgate_limiter::Limit::Custom)) have no
 //! Lua counterpart: the store answers [`StoreError::Unsupported`] for them.
 //!
 //! Requirements: Redis 5.0 or later (scripts read `TIME` before writing,
@@ -66,8 +66,8 @@
 //! fails decisions with [`StoreError::Unavailable`], which the policy's
 //! failure mode handles.
 //!
-//! [`StoreError::Unsupported`]: tollgate_core::StoreError::Unsupported
-//! [`StoreError::Unavailable`]: tollgate_core::StoreError::Unavailable
+//! [`StoreError::Unsupported`]: tollgate_limiter::StoreError::Unsupported
+//! [`StoreError::Unavailable`]: tollgate_limiter::StoreError::Unavailable
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

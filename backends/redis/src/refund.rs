@@ -30,7 +30,7 @@
 
 use std::collections::VecDeque;
 
-use tollgate_core::{Gcra, Limit, State, TokenBucket, Window};
+use tollgate_limiter::{Gcra, Limit, State, TokenBucket, Window};
 
 /// What a reservation charged one layer, as the script reports it in
 /// `reserve` mode.
@@ -211,7 +211,7 @@ fn sliding_log(entries: &VecDeque<u64>, c: Charge) -> Refund {
 mod tests {
     use std::time::Duration;
 
-    use tollgate_core::Timestamp;
+    use tollgate_limiter::Timestamp;
 
     use super::*;
 

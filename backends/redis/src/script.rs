@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use tollgate_core::{LayerRequest, Limit, StoreError, Verdict};
+use tollgate_limiter::{LayerRequest, Limit, StoreError, Verdict};
 
 use crate::error::RedisStoreError;
 

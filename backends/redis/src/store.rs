@@ -11,7 +11,9 @@ use redis::aio::{
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind,
 };
-use tollgate_core::{duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdict};
+use tollgate_limiter::{
+    duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdict,
+};
 
 use crate::error::{check_plausible, from_redis, name_conflict, RedisStoreError};
 use crate::script::{self, layer_args, parse_reply, LAYER_ARGS, SCRIPT};
@@ -130,10 +132,10 @@ impl RedisStoreBuilder {
     /// Decide with this clock's time instead of the Redis server's `TIME`
     /// (the default, which gives every key one clock whatever the app
     /// servers' clocks say). Tests pass a
-    /// [`ManualClock`](tollgate_core::ManualClock).
+    /// [`ManualClock`](tollgate_limiter::ManualClock).
     ///
     /// A time before 2020 or after 2100 fails the decision with
-    /// [`StoreError::ImplausibleTime`](tollgate_core::StoreError::ImplausibleTime); see also
+    /// [`StoreError::ImplausibleTime`](tollgate_limiter::StoreError::ImplausibleTime); see also
     /// [`max_skew`](RedisStoreBuilder::max_skew).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
@@ -248,7 +250,7 @@ impl RedisStore {
     /// A builder for a store at `url` (`redis://[user:password@]host:port/db`).
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), tollgate_core::StoreError> {
+    /// # async fn run() -> Result<(), tollgate_limiter::StoreError> {
     /// use std::time::Duration;
     /// use tollgate_redis::RedisStore;
     ///

@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tollgate_core::{
+use tollgate_limiter::{
     BreakerConfig, Clock, Context, Limit, Limiter, ManualClock, OnStoreFailure, Policy, Scope,
     Source, Store, Subject,
 };
 use tollgate_redis::cluster::{hash_slot, RedisClusterStore};
-use tollgate_testkit::conformance::{every_algorithm, unique, START};
+use tollgate_testkit::conformance::{every_algorithm, every_algorithm_over, unique, START};
 use tollgate_testkit::redis_cluster::{RedisCluster, Reply, MASTERS};
 
 /// The deadline of stores in tests that do not measure it: long enough that
@@ -117,15 +117,19 @@ async fn cross_slot_layers_under_concurrency_never_over_admit_nor_leak_charges()
     let cluster = RedisCluster::shared();
     let clock = ManualClock::new(START);
     let (store, prefix) = shared_store(cluster, clock.clone()).await;
-    for limit in every_algorithm(20) {
+    // Hour-long periods: Redis expires keys in real time while the manual
+    // clock stands still, and a state must outlive the test (a one-second
+    // bucket's state lives ~33 ms per unit, and expired mid-test under load).
+    let hour = Duration::from_secs(3_600);
+    for limit in every_algorithm_over(20, hour) {
         let name = limit.algorithm_name();
         let per_subject = Policy::new(unique("per-subject"), limit.clone()).unwrap();
         let global_limit = match &limit {
-            Limit::TokenBucket(_) => Limit::token_bucket(30, 30, Duration::from_secs(1)),
-            Limit::Gcra(_) => Limit::gcra(30, Duration::from_secs(1), 30),
-            Limit::FixedWindow(_) => Limit::fixed_window(30, Duration::from_secs(1)),
-            Limit::SlidingWindow(_) => Limit::sliding_window(30, Duration::from_secs(1)),
-            _ => Limit::sliding_log(30, Duration::from_secs(1)),
+            Limit::TokenBucket(_) => Limit::token_bucket(30, 30, hour),
+            Limit::Gcra(_) => Limit::gcra(30, hour, 30),
+            Limit::FixedWindow(_) => Limit::fixed_window(30, hour),
+            Limit::SlidingWindow(_) => Limit::sliding_window(30, hour),
+            _ => Limit::sliding_log(30, hour),
         }
         .unwrap();
         let global = Policy::new(unique("global"), global_limit).unwrap();

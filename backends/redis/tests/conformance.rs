@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use tollgate_core::{ManualClock, Store};
+use tollgate_limiter::{ManualClock, Store};
 use tollgate_redis::ConnectionMode;
 use tollgate_testkit::redis_server::RedisServer;
 

@@ -24,7 +24,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
-use tollgate_core::{
+use tollgate_limiter::{
     duration_micros, LayerRequest, Limit, Policy, State, StoreKey, Timestamp, Verdict, MAX_EXACT,
     MAX_RECOVERY,
 };

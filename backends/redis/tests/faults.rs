@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tollgate_core::{
+use tollgate_limiter::{
     BreakerConfig, Context, Fallback, Limit, Limiter, OnStoreFailure, Policy, Scope, Source,
     Subject,
 };

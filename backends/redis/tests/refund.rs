@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use redis::aio::MultiplexedConnection;
-use tollgate_core::{LayerRequest, Limit, Policy, State, StoreKey, Timestamp};
+use tollgate_limiter::{LayerRequest, Limit, Policy, State, StoreKey, Timestamp};
 use tollgate_redis::refund::{refund, Charge};
 use tollgate_redis::script::{layer_args, parse_reply, sha1};
 use tollgate_testkit::conformance::{unique, START};

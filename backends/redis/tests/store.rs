@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tollgate_core::{
+use tollgate_limiter::{
     Algorithm, Clock, Context, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope, State,
     Store, StoreError, StoreKey, Subject, SystemClock, Timestamp, Transition, Verdict,
     MAX_RECOVERY, MAX_WINDOW,

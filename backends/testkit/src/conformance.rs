@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_core::{
+use tollgate_limiter::{
     async_trait, Context, KeyBudget, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope,
     Store, StoreError, StoreKey, Subject, Timestamp, WhenFull,
 };
@@ -55,13 +55,24 @@ pub const START: Timestamp = Timestamp::from_micros(1_780_000_000_123_456);
 /// One policy of each built-in algorithm, every one with capacity `capacity`
 /// and a one-second period or window.
 pub fn every_algorithm(capacity: u64) -> Vec<Limit> {
-    let second = Duration::from_secs(1);
+    every_algorithm_over(capacity, Duration::from_secs(1))
+}
+
+/// One policy of each built-in algorithm, every one with capacity
+/// `capacity` and `period` as its period or window.
+///
+/// A store on a manual clock still expires keys in real time (Redis counts
+/// TTLs on its own clock): a test whose wall-clock run may outlast a
+/// state's TTL (a one-second bucket's state lives about `period / capacity`
+/// per unit used) needs periods longer than the test, or a state expires
+/// while the manual clock stands still and the key starts over.
+pub fn every_algorithm_over(capacity: u64, period: Duration) -> Vec<Limit> {
     vec![
-        Limit::token_bucket(capacity, capacity, second).expect("valid"),
-        Limit::gcra(capacity, second, capacity).expect("valid"),
-        Limit::fixed_window(capacity, second).expect("valid"),
-        Limit::sliding_window(capacity, second).expect("valid"),
-        Limit::sliding_log(capacity, second).expect("valid"),
+        Limit::token_bucket(capacity, capacity, period).expect("valid"),
+        Limit::gcra(capacity, period, capacity).expect("valid"),
+        Limit::fixed_window(capacity, period).expect("valid"),
+        Limit::sliding_window(capacity, period).expect("valid"),
+        Limit::sliding_log(capacity, period).expect("valid"),
     ]
 }
 

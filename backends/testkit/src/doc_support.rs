@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tollgate_core::{async_trait, LayerRequest, ManualClock, Store, StoreError, Verdict};
+use tollgate_limiter::{async_trait, LayerRequest, ManualClock, Store, StoreError, Verdict};
 
 /// Refuses everything; only here so the crate docs compile.
 #[derive(Debug)]

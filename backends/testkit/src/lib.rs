@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use tollgate_core::{ManualClock, Store};
+//! use tollgate_limiter::{ManualClock, Store};
 //! # mod my_store { pub use tollgate_testkit::doc_support::ExampleStore as MyStore; }
 //!
 //! // One #[tokio::test] per conformance case. The closure gets the manual

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use redis::aio::MultiplexedConnection;
-use tollgate_core::{Clock, ManualClock};
+use tollgate_limiter::{Clock, ManualClock};
 use tollgate_redis::{ConnectionMode, RedisStore};
 use tollgate_testkit::conformance::unique;
 use tollgate_testkit::redis_server::RedisServer;
@@ -70,12 +70,12 @@ pub struct RedisForeign<C> {
 }
 
 impl<C> RedisForeign<C> {
-    fn key(&self, key: &tollgate_core::StoreKey<'_>) -> String {
+    fn key(&self, key: &tollgate_limiter::StoreKey<'_>) -> String {
         format!("{}:{key}", self.prefix)
     }
 }
 
-#[tollgate_core::async_trait]
+#[tollgate_limiter::async_trait]
 impl<C> tollgate_testkit::conformance::ForeignWriter for RedisForeign<C>
 where
     C: redis::aio::ConnectionLike + Clone + Send + Sync,
@@ -84,7 +84,7 @@ where
         vec!["string", "numbers", "list", "hash", "set"]
     }
 
-    async fn plant(&self, key: &tollgate_core::StoreKey<'_>, kind: &str) {
+    async fn plant(&self, key: &tollgate_limiter::StoreKey<'_>, kind: &str) {
         let mut con = self.con.clone();
         let key = self.key(key);
         let mut cmd = match kind {
@@ -106,7 +106,7 @@ where
         cmd.query_async::<()>(&mut con).await.expect("plant");
     }
 
-    async fn intact(&self, key: &tollgate_core::StoreKey<'_>, kind: &str) -> bool {
+    async fn intact(&self, key: &tollgate_limiter::StoreKey<'_>, kind: &str) -> bool {
         let mut con = self.con.clone();
         let key = self.key(key);
         let ttl: i64 = redis::cmd("PTTL")
