@@ -215,3 +215,29 @@ pub fn assert_401(reply: &Reply, challenge: &str) {
     );
     assert_eq!(reply.json()["status"], 401);
 }
+
+/// A running configuration with one route, `api`: a fixed window of
+/// `limit` per minute per subject, on the in-process store at `START`.
+pub async fn live_config(limit: u64) -> tollgate_config::LiveConfig {
+    tollgate_config::LiveConfig::new(
+        tollgate_config::Config::from_toml_str(&live_file(limit)).unwrap(),
+        Arc::new(ManualClock::new(START)),
+    )
+    .await
+    .unwrap()
+}
+
+/// The configuration of [`live_config`] with another limit.
+pub fn live_file(limit: u64) -> String {
+    format!(
+        "[policies.api]\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"1m\"\n\
+         [routes.api]\nlayers = [{{ scope = \"subject\", policy = \"api\" }}]\n"
+    )
+}
+
+/// Reload `live` with the limit `limit`.
+pub async fn reload(live: &tollgate_config::LiveConfig, limit: u64) {
+    live.reload_with(tollgate_config::Config::from_toml_str(&live_file(limit)).unwrap())
+        .await
+        .unwrap();
+}

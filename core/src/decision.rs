@@ -57,8 +57,15 @@ pub struct LayerDecision {
     pub source: Source,
 }
 
-/// The answer to one request: admitted only if every layer admits, and then
-/// every layer was charged; denied otherwise, and no layer was charged.
+/// The answer to one request: admitted only if every enforced layer admits,
+/// and then every admitting layer was charged; denied otherwise, and no
+/// layer was charged.
+///
+/// A layer whose policy is in shadow mode ([`Policy::shadow`]) is decided
+/// and counted like the others, but its denial never denies the request:
+/// [`is_allowed`](Self::is_allowed), [`denied_layers`](Self::denied_layers)
+/// and [`retry_after`](Self::retry_after) leave it out;
+/// [`shadow_denied`](Self::shadow_denied) lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     layers: Vec<LayerDecision>,
@@ -94,9 +101,18 @@ impl Decision {
         self.denied_layers().any(|l| l.source == Source::FailClosed)
     }
 
-    /// Whether the request may proceed.
+    /// Whether the request may proceed: every enforced layer admits.
     pub fn is_allowed(&self) -> bool {
-        self.layers.iter().all(|l| l.allowed)
+        self.layers
+            .iter()
+            .all(|l| l.allowed || l.policy.is_shadow())
+    }
+
+    /// The shadow layers that would have denied the request.
+    pub fn shadow_denied(&self) -> impl Iterator<Item = &LayerDecision> {
+        self.layers
+            .iter()
+            .filter(|l| !l.allowed && l.policy.is_shadow())
     }
 
     /// Every layer, in the limiter's order.
@@ -104,9 +120,11 @@ impl Decision {
         &self.layers
     }
 
-    /// The layers that denied.
+    /// The enforced layers that denied.
     pub fn denied_layers(&self) -> impl Iterator<Item = &LayerDecision> {
-        self.layers.iter().filter(|l| !l.allowed)
+        self.layers
+            .iter()
+            .filter(|l| !l.allowed && !l.policy.is_shadow())
     }
 
     /// When denied: the longest wait among the denying layers (`None` when admitted).
@@ -114,8 +132,12 @@ impl Decision {
         self.denied_layers().filter_map(|l| l.retry_after).max()
     }
 
-    /// The layer with the fewest remaining units (the one headers report first).
+    /// The enforced layer with the fewest remaining units (the one headers
+    /// report first).
     pub fn tightest(&self) -> Option<&LayerDecision> {
-        self.layers.iter().min_by_key(|l| (l.allowed, l.remaining))
+        self.layers
+            .iter()
+            .filter(|l| !l.policy.is_shadow())
+            .min_by_key(|l| (l.allowed, l.remaining))
     }
 }

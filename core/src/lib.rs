@@ -15,6 +15,7 @@ mod decision;
 mod error;
 mod failure;
 mod limiter;
+mod live;
 pub mod observe;
 mod policy;
 mod store;
@@ -32,10 +33,11 @@ pub use failure::{
     Admission, BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure,
 };
 pub use limiter::{Context, Layer, Limiter, LimiterBuilder, Scope};
+pub use live::{LimiterSource, LiveRoute, RouteLimits};
 pub use policy::{
-    CustomAlgorithm, DurationSpec, Gcra, Limit, LimitSpec, OnFailureSpec, Policy, TokenBucket,
-    WhenFullSpec, Window, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY, MAX_WINDOW,
-    MIN_WINDOW,
+    CustomAlgorithm, DurationSpec, Gcra, Limit, LimitSpec, ModeSpec, OnFailureSpec, Policy,
+    TokenBucket, WhenFullSpec, Window, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY,
+    MAX_WINDOW, MIN_WINDOW,
 };
 pub use store::{LayerRequest, Store, StoreKey};
 pub use subject::{HashKey, Subject};

@@ -334,6 +334,14 @@ impl Limiter {
                 answer
             }
         };
+        // A request denied only by shadow layers passes: decide it again
+        // without them, so the enforced layers are charged.
+        let answer = match answer {
+            Ok(verdicts) if denied_only_by_shadow(&requests, &verdicts) => {
+                past_shadow(&*self.store, &requests, verdicts).await
+            }
+            other => other,
+        };
         let decision = match answer {
             Ok(verdicts) => Decision::new(
                 self.layers
@@ -374,10 +382,9 @@ impl Limiter {
             };
             decided(layer, v, Source::FailClosed)
         };
-        let any_closed = self
-            .layers
-            .iter()
-            .any(|l| matches!(l.policy.on_failure(), OnStoreFailure::FailClosed));
+        let any_closed = self.layers.iter().any(|l| {
+            matches!(l.policy.on_failure(), OnStoreFailure::FailClosed) && !l.policy.is_shadow()
+        });
         // Fallback layers are decided together in the emergency store, but
         // only when no layer fails closed: a request that cannot pass must
         // not charge the emergency buckets.
@@ -438,6 +445,58 @@ impl Limiter {
             })
             .collect();
         Decision::degraded(layers, error.class())
+    }
+}
+
+/// Whether the store denied `requests` and every denying layer is in
+/// shadow mode.
+fn denied_only_by_shadow(requests: &[LayerRequest<'_>], verdicts: &[Verdict]) -> bool {
+    let mut denied = requests.iter().zip(verdicts).filter(|(_, v)| !v.allowed);
+    let first = denied.next();
+    first.is_some_and(|(r, _)| r.policy.is_shadow()) && denied.all(|(r, _)| r.policy.is_shadow())
+}
+
+/// Decide a request its shadow layers alone denied: again, without the
+/// shadow layers that denied, so the enforced layers (and the shadow
+/// layers that admit) are charged exactly as if those had admitted. A
+/// shadow layer that denies in a later pass is left out of the next one;
+/// a denial by an enforced layer denies the request. The shadow layers
+/// left out keep the verdict that left them out (they charged nothing).
+async fn past_shadow(
+    store: &dyn Store,
+    requests: &[LayerRequest<'_>],
+    mut verdicts: Vec<Verdict>,
+) -> Result<Vec<Verdict>, StoreError> {
+    let mut included: SmallVec<[bool; 4]> = verdicts.iter().map(|v| v.allowed).collect();
+    loop {
+        let batch: SmallVec<[LayerRequest<'_>; 4]> = requests
+            .iter()
+            .zip(&included)
+            .filter(|(_, &inc)| inc)
+            .map(|(r, _)| *r)
+            .collect();
+        let again = ask(store, &batch).await?;
+        if again.len() != batch.len() {
+            return Err(StoreError::Protocol(format!(
+                "{} verdicts for {} layers",
+                again.len(),
+                batch.len()
+            )));
+        }
+        let slots: SmallVec<[usize; 4]> = (0..requests.len()).filter(|&i| included[i]).collect();
+        for (&i, v) in slots.iter().zip(&again) {
+            verdicts[i] = *v;
+        }
+        if !denied_only_by_shadow(&batch, &again) {
+            // Admitted (and charged), or denied by an enforced layer
+            // (nothing charged): the answer.
+            return Ok(verdicts);
+        }
+        for (&i, v) in slots.iter().zip(&again) {
+            if !v.allowed {
+                included[i] = false;
+            }
+        }
     }
 }
 

@@ -6,12 +6,13 @@
 //!
 //! | name | kind | labels |
 //! |---|---|---|
-//! | `tollgate_decisions_total` | counter | `policy`, `outcome` (`allowed`/`denied`), `source` |
+//! | `tollgate_decisions_total` | counter | `policy`, `outcome` (`allowed`/`denied`/`shadow_denied`), `source` |
 //! | `tollgate_store_errors_total` | counter | `store`, `class` |
 //! | `tollgate_store_latency_seconds` | histogram | `store` |
 //! | `tollgate_breaker_open` | gauge (1 open, 0 closed) | `store` |
 //! | `tollgate_fallback_failures_total` | counter | `store` |
 //! | `tollgate_unidentified_requests_total` | counter | `reason` |
+//! | `tollgate_config_reloads_total` | counter | `result` |
 //!
 //! Every metric is described (`# HELP` in Prometheus) and a limiter's
 //! decision series are registered at zero when it is built, so dashboards
@@ -68,6 +69,10 @@ pub fn describe() {
                 "Decisions the emergency store could not make either (failed closed)."
             );
             metrics::describe_counter!(
+                "tollgate_config_reloads_total",
+                "Configuration reloads, by result (ok, or why the new configuration was refused)."
+            );
+            metrics::describe_counter!(
                 "tollgate_unidentified_requests_total",
                 "HTTP requests without the identity a layer needs (answered 401), by reason."
             );
@@ -95,6 +100,28 @@ pub(crate) fn register(store: &'static str, policies: &[&str]) {
         metrics::gauge!("tollgate_breaker_open", "store" => store).increment(0.0);
     }
     let _ = (store, policies);
+}
+
+/// A configuration reload: `result` is `ok` or the refusal's class;
+/// `error`, when refused, what was wrong (logged once, here); routes no
+/// code is bound to are logged as a warning.
+pub fn config_reload(result: &'static str, error: Option<&str>, unbound_routes: &[String]) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_config_reloads_total", "result" => result).increment(1);
+    #[cfg(feature = "tracing")]
+    {
+        match error {
+            Some(error) => tracing::error!(result, "{error}"),
+            None => tracing::info!(result, "rate-limit configuration reloaded"),
+        }
+        if !unbound_routes.is_empty() {
+            tracing::warn!(
+                routes = unbound_routes.join(", "),
+                "configured routes that no code is bound to decide nothing (a typo in a route name?)"
+            );
+        }
+    }
+    let _ = (result, error, unbound_routes);
 }
 
 /// A decision that skipped the store because the breaker is open.
@@ -177,7 +204,11 @@ pub(crate) fn fallback_failed(store: &'static str) {
 pub(crate) fn decision(decision: &Decision) {
     #[cfg(feature = "metrics")]
     for layer in decision.layers() {
-        let outcome = if layer.allowed { "allowed" } else { "denied" };
+        let outcome = match (layer.allowed, layer.policy.is_shadow()) {
+            (true, _) => "allowed",
+            (false, true) => "shadow_denied",
+            (false, false) => "denied",
+        };
         metrics::counter!(
             "tollgate_decisions_total",
             "policy" => layer.policy.name().to_string(),
@@ -185,6 +216,14 @@ pub(crate) fn decision(decision: &Decision) {
             "source" => layer.source.as_str()
         )
         .increment(1);
+    }
+    #[cfg(feature = "tracing")]
+    for layer in decision.shadow_denied() {
+        tracing::debug!(
+            policy = layer.policy.name(),
+            source = layer.source.as_str(),
+            "a shadow-mode policy would have denied this request"
+        );
     }
     #[cfg(feature = "tracing")]
     if let Some(class) = decision.store_error() {

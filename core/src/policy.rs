@@ -52,6 +52,8 @@ pub struct Policy {
     fallback: Option<Limit>,
     /// Its own share of a bounded (in-process) store, if any.
     key_budget: Option<KeyBudget>,
+    /// Decided and counted, but never denying (see [`Policy::shadow`]).
+    shadow: bool,
 }
 
 impl Policy {
@@ -72,7 +74,41 @@ impl Policy {
             on_failure: OnStoreFailure::FailClosed,
             fallback: None,
             key_budget: None,
+            shadow: false,
         })
+    }
+
+    /// The same policy in shadow mode: its layers are decided and their
+    /// state evolves exactly as if enforced (an admitted request charges
+    /// them, a request they would deny charges them nothing), but their
+    /// denial never denies the request; enforced layers decide as usual and
+    /// are charged as if the shadow layer had admitted. Every would-be
+    /// denial is counted (`tollgate_decisions_total{outcome="shadow_denied"}`)
+    /// and logged at debug level. The way to try a limit before enforcing
+    /// it; flipping it back is [`enforced`](Self::enforced).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tollgate_limiter::{Limit, Policy};
+    /// let trial = Policy::new("search-v2", Limit::gcra(5, Duration::from_secs(1), 5)?)?.shadow();
+    /// assert!(trial.is_shadow());
+    /// assert!(!trial.enforced().is_shadow());
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
+    /// ```
+    pub fn shadow(mut self) -> Self {
+        self.shadow = true;
+        self
+    }
+
+    /// The same policy, enforced (the default).
+    pub fn enforced(mut self) -> Self {
+        self.shadow = false;
+        self
+    }
+
+    /// Whether the policy is in shadow mode.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// The same policy with a key budget of its own in bounded stores (the
@@ -140,6 +176,7 @@ impl Policy {
             on_failure: OnStoreFailure::FailClosed,
             fallback: None,
             key_budget: None,
+            shadow: self.shadow,
             ..self.clone()
         })
     }
@@ -663,6 +700,19 @@ struct PolicyDef {
     max_keys: Option<usize>,
     #[serde(default)]
     when_full: Option<WhenFullSpec>,
+    #[serde(default)]
+    mode: Option<ModeSpec>,
+}
+
+/// Whether a policy is enforced or in shadow mode, as written in a
+/// configuration file: `"enforce"` (the default) or `"shadow"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModeSpec {
+    /// Denials deny.
+    Enforce,
+    /// See [`Policy::shadow`].
+    Shadow,
 }
 
 /// What a full key budget does, as written in a configuration file:
@@ -739,6 +789,9 @@ impl TryFrom<PolicyDef> for Policy {
                 ))
             }
             (None, None) => {}
+        }
+        if def.mode == Some(ModeSpec::Shadow) {
+            policy = policy.shadow();
         }
         match def.on_failure {
             Some(spec) => policy.with_on_failure(spec.build().map_err(|e| e.within("on_failure"))?),

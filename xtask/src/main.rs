@@ -33,6 +33,7 @@ const FEATURES: &[&str] = &[
     "axum",
     "actix",
     "config",
+    "config-watch",
 ];
 
 fn main() {

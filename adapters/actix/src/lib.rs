@@ -56,7 +56,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpResponse};
 
 use tollgate_http::{is_list_field, RequestView};
-use tollgate_limiter::{Context, Limiter, Subject};
+use tollgate_limiter::{Context, LimiterSource, Subject};
 
 pub use tollgate_http::{
     decision_headers, names, single_header_value, Cidr, CidrError, ClientIp, Gate, GateBuilder,
@@ -77,10 +77,11 @@ pub struct RateLimit {
 }
 
 impl RateLimit {
-    /// Configure middleware over `limiter`; [`build`](GateBuilder::build)
+    /// Configure middleware over `limiter` (a `Limiter`, or a live route of
+    /// a reloadable configuration); [`build`](GateBuilder::build)
     /// checks the configuration (an identity for every layer that needs
     /// one, a cost every layer can admit).
-    pub fn builder(limiter: Limiter) -> GateBuilder<ServiceRequest, RateLimit> {
+    pub fn builder(limiter: impl Into<LimiterSource>) -> GateBuilder<ServiceRequest, RateLimit> {
         GateBuilder::new(limiter)
     }
 

@@ -3,29 +3,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tollgate_limiter::{Clock, Limiter, Store};
+use tollgate_limiter::{Clock, Limiter, RouteLimits, Store};
 use tollgate_memory::MemoryStore;
 
 use crate::{BuildError, Config, StoreSpec};
 
 /// One configured route: its limiter and the cost of one request.
-#[derive(Debug, Clone)]
-pub struct Route {
-    limiter: Limiter,
-    cost: u64,
-}
-
-impl Route {
-    /// The route's limiter (all its layers, decided together).
-    pub fn limiter(&self) -> &Limiter {
-        &self.limiter
-    }
-
-    /// Units one request on this route costs.
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-}
+pub type Route = RouteLimits;
 
 /// Every route's limiter, over one shared store.
 #[derive(Debug, Clone)]
@@ -71,20 +55,40 @@ impl Config {
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
     ) -> Result<Limiters, BuildError> {
-        let fallback: Option<Arc<dyn Store>> = self.any_fallback().then(|| {
+        let fallback = self.fallback_store(clock.clone());
+        let routes = self
+            .routes_over(&store, &fallback, &clock)?
+            .into_iter()
+            .map(|(name, route)| (name, Arc::unwrap_or_clone(route)))
+            .collect();
+        Ok(Limiters { store, routes })
+    }
+
+    /// The in-process emergency store, when some policy falls back.
+    pub(crate) fn fallback_store(&self, clock: Arc<dyn Clock>) -> Option<Arc<dyn Store>> {
+        self.any_fallback().then(|| {
             Arc::new(
                 MemoryStore::builder()
                     .max_keys(self.fallback_max_keys())
-                    .clock(clock.clone())
+                    .clock(clock)
                     .build(),
             ) as Arc<dyn Store>
-        });
+        })
+    }
+
+    /// Every route's limiter over `store` (and `fallback`).
+    pub(crate) fn routes_over(
+        &self,
+        store: &Arc<dyn Store>,
+        fallback: &Option<Arc<dyn Store>>,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<BTreeMap<String, Arc<RouteLimits>>, BuildError> {
         let mut routes = BTreeMap::new();
         for (name, def) in self.routes() {
             let mut builder = Limiter::builder(store.clone())
                 .breaker(self.breaker())
                 .clock(clock.clone());
-            if let Some(fallback) = &fallback {
+            if let Some(fallback) = fallback {
                 builder = builder.fallback_store(fallback.clone());
             }
             for layer in def.layers() {
@@ -100,13 +104,10 @@ impl Config {
             })?;
             routes.insert(
                 name.clone(),
-                Route {
-                    limiter,
-                    cost: def.cost(),
-                },
+                Arc::new(RouteLimits::new(limiter, def.cost())),
             );
         }
-        Ok(Limiters { store, routes })
+        Ok(routes)
     }
 
     /// Open the configured store: in-process, or Redis (connecting now

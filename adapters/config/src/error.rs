@@ -6,7 +6,11 @@ use std::path::Path;
 use tollgate_limiter::{PolicyError, StoreError};
 
 /// A configuration that cannot be used. Its message lists what to fix.
-#[derive(Debug, thiserror::Error)]
+///
+/// Its `Debug` form is the message too, so a `main` returning
+/// `Result<(), Box<dyn Error>>` that stops on `?` prints the list of
+/// errors, not a nest of structs.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read.
@@ -34,6 +38,12 @@ pub enum ConfigError {
         #[source]
         error: Box<ConfigError>,
     },
+}
+
+impl fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 impl ConfigError {

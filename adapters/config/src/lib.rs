@@ -70,6 +70,7 @@
 
 mod build;
 mod error;
+mod live;
 mod spec;
 
 use std::collections::BTreeMap;
@@ -80,6 +81,9 @@ use tollgate_limiter::{BreakerConfig, Policy, PolicyError, Scope};
 
 pub use build::{Limiters, Route};
 pub use error::{BuildError, ConfigError};
+#[cfg(feature = "watch")]
+pub use live::Watch;
+pub use live::{LiveConfig, LiveRoute, ReloadError, ReloadReport, UnknownRoute};
 pub use spec::{MemorySpec, RedisSpec, StoreSpec};
 
 /// A validated configuration file; build the limiters with [`Config::build`].

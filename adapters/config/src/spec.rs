@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tollgate_limiter::{
-    BreakerConfig, DurationSpec, KeyBudget, LimitSpec, OnFailureSpec, Policy, PolicyError, Scope,
-    WhenFullSpec,
+    BreakerConfig, DurationSpec, KeyBudget, LimitSpec, ModeSpec, OnFailureSpec, Policy,
+    PolicyError, Scope, WhenFullSpec,
 };
 use toml::{Table, Value};
 
@@ -374,6 +374,9 @@ fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Pol
     let when_full = table
         .remove("when_full")
         .map(|v| de::<WhenFullSpec>(errors, &format!("{path}.when_full"), v));
+    let mode = table
+        .remove("mode")
+        .map(|v| de::<ModeSpec>(errors, &format!("{path}.mode"), v));
     if let (Some(None), Some(Some(_))) = (&max_keys, &when_full) {
         errors.push(field_error(
             &format!("{path}.when_full"),
@@ -419,7 +422,7 @@ fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Pol
                 errors.push(field_error(
                     &format!("{path}.{key}"),
                     format!(
-                        "unknown field `{key}`; this algorithm takes {}, plus version, on_failure, max_keys and when_full",
+                        "unknown field `{key}`; this algorithm takes {}, plus version, mode, on_failure, max_keys and when_full",
                         fields.join(", ")
                     ),
                 ));
@@ -444,6 +447,9 @@ fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Pol
             let when_full = when_full.flatten().map(Into::into).unwrap_or_default();
             let budget = KeyBudget::new(max_keys, when_full).map_err(|e| e.within(&path))?;
             policy = policy.with_key_budget(budget);
+        }
+        if let Some(Some(ModeSpec::Shadow)) = mode {
+            policy = policy.shadow();
         }
         match on_failure.flatten() {
             Some(spec) => {

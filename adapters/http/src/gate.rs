@@ -4,7 +4,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use tollgate_limiter::{observe, Context, Decision, Error, Limiter, Scope};
+use tollgate_limiter::{observe, Context, Decision, Error, LimiterSource, RouteLimits, Scope};
 
 use crate::identity::{Identity, RequestView, Supplies};
 use crate::response::{decision_headers, HeaderStyle, Headers, Reply};
@@ -32,6 +32,8 @@ type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
 enum Cost<R: ?Sized> {
     Fixed(u64),
     With(CostFn<R>),
+    /// The live route's own cost (from its configuration).
+    Route,
 }
 
 impl<R: ?Sized> Clone for Cost<R> {
@@ -39,6 +41,7 @@ impl<R: ?Sized> Clone for Cost<R> {
         match self {
             Cost::Fixed(n) => Cost::Fixed(*n),
             Cost::With(f) => Cost::With(f.clone()),
+            Cost::Route => Cost::Route,
         }
     }
 }
@@ -101,7 +104,7 @@ pub enum GateError {
 /// | no identity for a layer | 401 problem with `WWW-Authenticate` |
 /// | any other error | 500 problem |
 pub struct Gate<R: ?Sized> {
-    limiter: Limiter,
+    source: LimiterSource,
     identity: Identity<R>,
     cost: Cost<R>,
     skip: Skip<R>,
@@ -110,7 +113,9 @@ pub struct Gate<R: ?Sized> {
     on_error: Option<ErrorHook>,
 }
 
-/// A request identified and costed, ready for [`Gate::decide`].
+/// A request identified and costed, ready for [`Gate::decide`]. With a
+/// live route it holds the route's limits as they were when it was
+/// prepared: a reload meanwhile does not change its decision.
 #[derive(Debug, Clone)]
 pub struct Prepared {
     /// Who the request is (empty when no source identified it).
@@ -119,6 +124,8 @@ pub struct Prepared {
     pub cost: u64,
     /// Why it has no identity, when it has none (a metric label).
     unidentified: Option<&'static str>,
+    /// A live route's limits, loaded once for this request.
+    route: Option<Arc<RouteLimits>>,
 }
 
 impl Prepared {
@@ -128,6 +135,7 @@ impl Prepared {
             context,
             cost,
             unidentified: None,
+            route: None,
         }
     }
 }
@@ -142,16 +150,17 @@ pub struct GateBuilder<R: ?Sized, Out = Gate<R>> {
 }
 
 impl<R: ?Sized> Gate<R> {
-    /// A builder over `limiter`: no identity source yet (building fails if a
-    /// layer needs one), cost 1, CORS preflights not charged, standard
-    /// headers only.
-    pub fn builder(limiter: Limiter) -> GateBuilder<R> {
+    /// A builder over `limiter` (a [`Limiter`], or a live route of a
+    /// reloadable configuration): no identity source yet (building fails if
+    /// a layer needs one), cost 1 (a live route's own cost), CORS
+    /// preflights not charged, standard headers only.
+    pub fn builder(limiter: impl Into<LimiterSource>) -> GateBuilder<R> {
         GateBuilder::new(limiter)
     }
 
-    /// The limiter.
-    pub fn limiter(&self) -> &Limiter {
-        &self.limiter
+    /// Where the limiter comes from.
+    pub fn source(&self) -> &LimiterSource {
+        &self.source
     }
 
     /// The identity and cost of `request` (seen through `view`), or `None`
@@ -170,9 +179,14 @@ impl<R: ?Sized> Gate<R> {
             }
             None => Some("no_identity"),
         };
+        let route = match &self.source {
+            LimiterSource::Live(live) => Some(live.current()),
+            LimiterSource::Fixed(_) => None,
+        };
         let cost = match &self.cost {
             Cost::Fixed(n) => *n,
             Cost::With(f) => f(request),
+            Cost::Route => route.as_ref().map_or(1, |r| r.cost()),
         };
         Some(Prepared {
             // No identity is not an error yet: a limiter with only global
@@ -180,12 +194,23 @@ impl<R: ?Sized> Gate<R> {
             context: identified.unwrap_or_default(),
             cost,
             unidentified,
+            route,
         })
     }
 
     /// Decide a prepared request and say how to answer it.
     pub async fn decide(&self, prepared: &Prepared) -> Outcome {
-        match self.limiter.check(&prepared.context, prepared.cost).await {
+        let loaded;
+        let limiter = match (&prepared.route, &self.source) {
+            (Some(route), _) => route.limiter(),
+            (None, LimiterSource::Fixed(limiter)) => limiter,
+            // Prepared by hand (`Prepared::new`): the route as it is now.
+            (None, LimiterSource::Live(live)) => {
+                loaded = live.current();
+                loaded.limiter()
+            }
+        };
+        match limiter.check(&prepared.context, prepared.cost).await {
             Ok(decision) if decision.is_allowed() => Outcome::Allow {
                 headers: decision_headers(&decision, self.style),
                 decision,
@@ -223,12 +248,17 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
     /// A builder over `limiter` whose [`build`](Self::build) yields `Out`
     /// (a [`Gate`], or an adapter built from one); see [`Gate::builder`]
     /// for the defaults.
-    pub fn new(limiter: Limiter) -> Self {
+    pub fn new(limiter: impl Into<LimiterSource>) -> Self {
+        let source = limiter.into();
+        let cost = match source {
+            LimiterSource::Fixed(_) => Cost::Fixed(1),
+            LimiterSource::Live(_) => Cost::Route,
+        };
         GateBuilder {
             gate: Gate {
-                limiter,
+                source,
                 identity: Identity::new(),
-                cost: Cost::Fixed(1),
+                cost,
                 skip: Skip::default(),
                 style: HeaderStyle::default(),
                 challenge: Arc::from(""),
@@ -244,9 +274,9 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
         self
     }
 
-    /// Every request costs `cost` units (default 1; must be between 1 and
-    /// every layer's capacity). Give one route its own cost with its own
-    /// gate.
+    /// Every request costs `cost` units (default 1, or a live route's own
+    /// cost; must be between 1 and every layer's capacity). Give one route
+    /// its own cost with its own gate.
     pub fn cost(mut self, cost: u64) -> Self {
         self.gate.cost = Cost::Fixed(cost);
         self
@@ -296,6 +326,13 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
         self
     }
 
+    /// Also show layers in shadow mode in the `RateLimit` headers (default:
+    /// left out).
+    pub fn shadow_headers(mut self, on: bool) -> Self {
+        self.gate.style = self.gate.style.shadow(on);
+        self
+    }
+
     /// The `WWW-Authenticate` challenge sent with every 401 (RFC 9110
     /// requires one). Default: from the identity — `Bearer` for bearer
     /// tokens, `ApiKey header="<name>"` for an API-key header, else
@@ -322,7 +359,11 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
         Out: From<Gate<R>>,
     {
         let supplies = self.gate.identity.supplies();
-        for layer in self.gate.limiter.layers() {
+        let current = match &self.gate.source {
+            LimiterSource::Fixed(limiter) => RouteLimits::new(limiter.clone(), 1),
+            LimiterSource::Live(live) => (*live.current()).clone(),
+        };
+        for layer in current.limiter().layers() {
             let name = layer.name().to_string();
             match layer.scope() {
                 Scope::Subject if supplies == Supplies::Nothing => {
@@ -368,7 +409,7 @@ impl<R: ?Sized, Out> fmt::Debug for GateBuilder<R, Out> {
 impl<R: ?Sized> Clone for Gate<R> {
     fn clone(&self) -> Self {
         Gate {
-            limiter: self.limiter.clone(),
+            source: self.source.clone(),
             identity: self.identity.clone(),
             cost: self.cost.clone(),
             skip: self.skip.clone(),
@@ -382,7 +423,7 @@ impl<R: ?Sized> Clone for Gate<R> {
 impl<R: ?Sized> fmt::Debug for Gate<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Gate")
-            .field("limiter", &self.limiter)
+            .field("source", &self.source)
             .field("identity", &self.identity)
             .field("skip", &self.skip)
             .field("style", &self.style)
@@ -398,8 +439,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
     use tollgate_limiter::{
-        async_trait, LayerRequest, Limit, OnStoreFailure, Policy, Scope, Source, Store, StoreError,
-        Subject, Verdict,
+        async_trait, LayerRequest, Limit, Limiter, OnStoreFailure, Policy, Scope, Source, Store,
+        StoreError, Subject, Verdict,
     };
 
     #[derive(Debug)]

@@ -12,8 +12,8 @@
 //!     layer: "key".into(), policy: policy.into(), allowed: true, limit: 100, remaining: 42,
 //!     reset_after: Duration::from_millis(12_300), retry_after: None, source: Source::Store,
 //! }]);
-//! assert_eq!(headers::rate_limit_policy(&decision), r#""search";q=100;w=60"#);
-//! assert_eq!(headers::rate_limit(&decision), r#""search";r=42;t=13"#);
+//! assert_eq!(headers::rate_limit_policy(&decision, false), r#""search";q=100;w=60"#);
+//! assert_eq!(headers::rate_limit(&decision, false), r#""search";r=42;t=13"#);
 //! assert_eq!(headers::retry_after_secs(&decision), None);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -48,11 +48,20 @@ pub fn layer_t(layer: &LayerDecision) -> u64 {
     ceil_secs(layer.retry_after.unwrap_or(layer.reset_after))
 }
 
-/// The `RateLimit-Policy` value: `"<policy>";q=<quota>;w=<window seconds>` per layer
-/// (`w` omitted when unknown, see [`window_secs`]).
-pub fn rate_limit_policy(decision: &Decision) -> String {
+/// Whether a layer appears in the headers: enforced layers always, shadow
+/// layers only when `shadow` (clients must not pace themselves by a limit
+/// that is not enforced).
+pub fn is_shown(layer: &LayerDecision, shadow: bool) -> bool {
+    shadow || !layer.policy.is_shadow()
+}
+
+/// The `RateLimit-Policy` value: `"<policy>";q=<quota>;w=<window seconds>`
+/// per layer shown ([`is_shown`]; `w` omitted when unknown, see
+/// [`window_secs`]).
+pub fn rate_limit_policy(decision: &Decision, shadow: bool) -> String {
     let mut out = String::new();
-    for (i, layer) in decision.layers().iter().enumerate() {
+    let shown = decision.layers().iter().filter(|l| is_shown(l, shadow));
+    for (i, layer) in shown.enumerate() {
         let sep = if i == 0 { "" } else { ", " };
         let _ = write!(out, "{sep}\"{}\";q={}", layer.policy.name(), layer.limit);
         if let Some(w) = window_secs(layer.policy.limit()) {
@@ -71,15 +80,15 @@ pub fn is_counted(layer: &LayerDecision) -> bool {
 }
 
 /// The `RateLimit` value: `"<policy>";r=<remaining>;t=<seconds>` per
-/// counted layer ([`is_counted`]); empty when no layer was counted.
-pub fn rate_limit(decision: &Decision) -> String {
+/// counted layer shown ([`is_counted`], [`is_shown`]); empty when there is
+/// none.
+pub fn rate_limit(decision: &Decision, shadow: bool) -> String {
     let mut out = String::new();
-    for (i, layer) in decision
+    let shown = decision
         .layers()
         .iter()
-        .filter(|l| is_counted(l))
-        .enumerate()
-    {
+        .filter(|l| is_counted(l) && is_shown(l, shadow));
+    for (i, layer) in shown.enumerate() {
         let sep = if i == 0 { "" } else { ", " };
         let _ = write!(
             out,

@@ -57,6 +57,7 @@ pub fn is_list_field(name: &str) -> bool {
 pub struct HeaderStyle {
     legacy: bool,
     x_ratelimit: bool,
+    shadow: bool,
 }
 
 impl HeaderStyle {
@@ -68,6 +69,12 @@ impl HeaderStyle {
     /// Also send `X-RateLimit-Limit`, `-Remaining` and `-Reset` for the tightest layer.
     pub fn x_ratelimit(mut self, on: bool) -> Self {
         self.x_ratelimit = on;
+        self
+    }
+    /// Also show layers whose policy is in shadow mode in `RateLimit-Policy`
+    /// and `RateLimit` (default: left out, since they do not limit).
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
         self
     }
 }
@@ -106,18 +113,19 @@ pub fn decision_headers(decision: &Decision, style: HeaderStyle) -> Headers {
     if decision.layers().is_empty() {
         return out;
     }
-    out.push((
-        names::RATELIMIT_POLICY,
-        headers::rate_limit_policy(decision),
-    ));
-    let rate_limit = headers::rate_limit(decision);
+    let policy = headers::rate_limit_policy(decision, style.shadow);
+    if policy.is_empty() {
+        return out;
+    }
+    out.push((names::RATELIMIT_POLICY, policy));
+    let rate_limit = headers::rate_limit(decision, style.shadow);
     if !rate_limit.is_empty() {
         out.push((names::RATELIMIT, rate_limit));
     }
     let tightest = decision
         .layers()
         .iter()
-        .filter(|l| headers::is_counted(l))
+        .filter(|l| headers::is_counted(l) && headers::is_shown(l, style.shadow))
         .min_by_key(|l| (l.allowed, l.remaining));
     if let Some(layer) = tightest {
         let t = headers::layer_t(layer).to_string();

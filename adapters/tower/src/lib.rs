@@ -53,7 +53,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use tollgate_http::RequestView;
-use tollgate_limiter::{Context, Limiter};
+use tollgate_limiter::{Context, LimiterSource};
 
 pub use body::RateLimitBody;
 pub use tollgate_http::{
@@ -77,7 +77,8 @@ pub struct RateLimitLayer {
 }
 
 impl RateLimitLayer {
-    /// Configure a layer over `limiter`; [`build`](GateBuilder::build)
+    /// Configure a layer over `limiter` (a `Limiter`, or a live route of a
+    /// reloadable configuration); [`build`](GateBuilder::build)
     /// checks the configuration (an identity for every layer that needs
     /// one, a cost every layer can admit).
     ///
@@ -96,7 +97,7 @@ impl RateLimitLayer {
     /// assert!(matches!(err, GateError::NoIdentity { .. }));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn builder(limiter: Limiter) -> GateBuilder<Parts, RateLimitLayer> {
+    pub fn builder(limiter: impl Into<LimiterSource>) -> GateBuilder<Parts, RateLimitLayer> {
         GateBuilder::new(limiter)
     }
 

@@ -352,3 +352,24 @@ async fn every_401_has_the_challenge() {
         StatusCode::OK
     );
 }
+
+/// A route bound by name to a running configuration: a reload changes its
+/// limit for the next request, without a restart (same algorithm: the
+/// counter is kept).
+#[tokio::test]
+async fn a_reload_changes_the_limits_of_a_running_route() {
+    let live = common::live_config(2).await;
+    let layer = RateLimitLayer::builder(live.route("api").unwrap())
+        .identity(Identity::new().client_ip(ClientIp::direct()))
+        .build()
+        .unwrap();
+    let http = serve(app(layer)).await;
+    let reply = http.get("/", &[]).await;
+    assert_eq!(reply.items("ratelimit-policy")[0].1["q"], 2);
+    assert_eq!(reply.remaining_and_reset().0, 1);
+    common::reload(&live, 5).await;
+    let reply = http.get("/", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.items("ratelimit-policy")[0].1["q"], 5);
+    assert_eq!(reply.remaining_and_reset().0, 3, "the counter was kept");
+}

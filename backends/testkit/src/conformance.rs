@@ -392,6 +392,82 @@ pub async fn algorithm_swaps_start_from_no_state(factory: impl StoreFactory) {
     }
 }
 
+/// A layer whose policy is in shadow mode is decided and counted exactly as
+/// if enforced (its state evolves the same), but its denial never denies
+/// the request; the enforced layers are charged as if it had admitted. A
+/// denial by an enforced layer charges nothing, shadow layers included.
+pub async fn shadow_layers_count_but_never_deny(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    for limit in every_algorithm(3) {
+        let name = limit.algorithm_name();
+        let enforced = Policy::new(
+            unique("enforced"),
+            Limit::fixed_window(5, Duration::from_secs(1)).expect("valid"),
+        )
+        .expect("valid");
+        let shadow = Policy::new(unique("shadow"), limit)
+            .expect("valid")
+            .shadow();
+        let limiter = Limiter::builder(store.clone())
+            .layer("enforced", Scope::Subject, enforced.clone())
+            .layer("trial", Scope::Subject, shadow.clone())
+            .build()
+            .expect("valid");
+        let alone = |policy: Policy| {
+            Limiter::builder(store.clone())
+                .layer("l", Scope::Subject, policy)
+                .build()
+                .expect("valid")
+        };
+        let ctx = fresh_subject();
+        let mut shadow_denied = 0;
+        for i in 0..5 {
+            let d = limiter.check(&ctx, 1).await.expect("store answers");
+            assert!(d.is_allowed(), "{name}: request {i} passes: {d:?}");
+            assert_eq!(
+                d.layers()[0].remaining,
+                4 - i,
+                "{name}: the enforced layer is charged every time"
+            );
+            shadow_denied += d.shadow_denied().count();
+        }
+        assert_eq!(shadow_denied, 2, "{name}: 3 of 5 fit the shadow limit");
+        // The shadow state is the one enforcement would have left: used up.
+        let twin = alone(shadow.clone().enforced());
+        assert!(
+            !twin
+                .check(&ctx, 1)
+                .await
+                .expect("store answers")
+                .is_allowed(),
+            "{name}: the shadow layer counted its 3 admissions"
+        );
+        // An enforced denial charges nothing, the shadow layer included.
+        let d = limiter.check(&ctx, 1).await.expect("store answers");
+        assert!(!d.is_allowed(), "{name}: the enforced layer is spent");
+        let other = fresh_subject();
+        let spent = alone(enforced.clone());
+        for _ in 0..5 {
+            spent.check(&other, 1).await.expect("store answers");
+        }
+        assert!(!limiter
+            .check(&other, 1)
+            .await
+            .expect("store answers")
+            .is_allowed());
+        let shadow_left = alone(shadow.clone().enforced())
+            .check(&other, 1)
+            .await
+            .expect("store answers");
+        assert_eq!(
+            shadow_left.layers()[0].remaining,
+            2,
+            "{name}: a denied request charged the shadow layer nothing"
+        );
+    }
+}
+
 /// Puts data Tollgate did not write at a store's key, as another
 /// application sharing the database would, and checks it is still there.
 #[async_trait]
@@ -603,6 +679,7 @@ macro_rules! conformance_tests {
             subjects_and_versions_are_isolated,
             state_resets_after_reset_after,
             algorithm_swaps_start_from_no_state,
+            shadow_layers_count_but_never_deny,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {

@@ -37,7 +37,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use tollgate::config::{Config, Limiters};
+use tollgate::config::LiveConfig;
 use tollgate::tower::{single_header_value, ClientIp, Identity, RateLimitLayer, Reply};
 use tollgate::{Clock, Context, HashKey, ManualClock, Subject, SystemClock, Timestamp};
 
@@ -107,24 +107,25 @@ async fn authenticate(State(keys): State<Keys>, mut request: Request, next: Next
     }
 }
 
-/// The route `name` of the configuration, as a tower layer with its cost,
-/// identified by `identity`.
-fn limit(limiters: &Limiters, name: &str, identity: Identity) -> Result<RateLimitLayer, Error> {
-    let route = limiters
+/// The route `name` of the running configuration, as a tower layer
+/// identified by `identity`. The layer reads the route's limits and cost
+/// from the configuration for every request, so a reload changes them.
+fn limit(live: &LiveConfig, name: &str, identity: Identity) -> Result<RateLimitLayer, Error> {
+    let route = live
         .route(name)
-        .ok_or_else(|| format!("the configuration has no [routes.{name}]; the demo needs routes search, login and export"))?;
-    Ok(RateLimitLayer::builder(route.limiter().clone())
-        .cost(route.cost())
+        .map_err(|e| format!("{e}; the demo needs routes search, login and export"))?;
+    Ok(RateLimitLayer::builder(route)
         .identity(identity)
         .unauthorized_challenge(CHALLENGE)
         .build()
         .map_err(|e| format!("routes.{name}: {e}"))?)
 }
 
-/// The demo application, rate limited by `limiters`. Every limiter sits on
-/// its method route (`MethodRouter::route_layer`): a request the router
-/// answers 404 or 405 never reaches it, so it is not charged.
-fn app(limiters: &Limiters) -> Result<Router, Error> {
+/// The demo application, rate limited by the running configuration. Every
+/// limiter sits on its method route (`MethodRouter::route_layer`): a
+/// request the router answers 404 or 405 never reaches it, so it is not
+/// charged.
+fn app(limiters: &LiveConfig) -> Result<Router, Error> {
     let keys = Keys::new();
     // The API key itself, hashed (authentication already vetted it).
     let search = limit(
@@ -218,12 +219,15 @@ impl Args {
     }
 }
 
-/// Every route's limiter, over the configured store — or over Redis when
-/// `TOLLGATE_REDIS_URL` is set (which needs the `redis` feature:
-/// `cargo run -p tollgate-demo --features redis`).
-async fn limiters(config: &Config, clock: Arc<dyn Clock>) -> Result<Limiters, Error> {
+/// The configuration at `path`, running over the configured store — or
+/// over Redis when `TOLLGATE_REDIS_URL` is set (which needs the `redis`
+/// feature: `cargo run -p tollgate-demo --features redis`).
+async fn limiters(path: &std::path::Path, clock: Arc<dyn Clock>) -> Result<LiveConfig, Error> {
+    let in_file = |e| format!("--config {}: {e}", path.display());
     let Some(url) = std::env::var_os("TOLLGATE_REDIS_URL") else {
-        return Ok(config.build(clock).await?);
+        return LiveConfig::load(path, clock)
+            .await
+            .map_err(|e| in_file(e).into());
     };
     #[cfg(feature = "redis")]
     {
@@ -235,7 +239,9 @@ async fn limiters(config: &Config, clock: Arc<dyn Clock>) -> Result<Limiters, Er
             .connect()
             .await
             .map_err(|e| format!("TOLLGATE_REDIS_URL: cannot use that Redis: {e}"))?;
-        Ok(config.build_on(Arc::new(store), clock)?)
+        LiveConfig::load_on(path, Arc::new(store), clock)
+            .await
+            .map_err(|e| in_file(e).into())
     }
     #[cfg(not(feature = "redis"))]
     {
@@ -273,10 +279,8 @@ async fn run() -> Result<(), Error> {
         println!("{USAGE}");
         return Ok(());
     }
-    let config = Config::from_file(&args.config)
-        .map_err(|e| format!("--config {}: {e}", args.config.display()))?;
     if args.selftest {
-        return selftest(&config).await;
+        return selftest(&args.config).await;
     }
     let port = match (args.port, std::env::var("PORT")) {
         (Some(port), _) => port,
@@ -285,8 +289,24 @@ async fn run() -> Result<(), Error> {
             .map_err(|_| format!("PORT={port:?}: not a port number (1-65535)"))?,
         (None, Err(_)) => 3000,
     };
-    let limiters = limiters(&config, Arc::new(SystemClock)).await?;
+    let limiters = limiters(&args.config, Arc::new(SystemClock)).await?;
     let addr = listen(SocketAddr::from(([127, 0, 0, 1], port)), app(&limiters)?).await?;
+    for route in limiters.unbound_routes() {
+        eprintln!("warning: [routes.{route}] is configured but no handler uses it");
+    }
+    // Reload on SIGHUP, and whenever the file changes.
+    let _watch = limiters.watch(Duration::from_secs(1))?;
+    let on_hangup = limiters.clone();
+    tokio::spawn(async move {
+        let Ok(mut hangups) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            report(on_hangup.reload().await);
+        }
+    });
     let base = format!("http://{addr}");
     println!(
         "Tollgate demo on {base} ({} store, limits from the configuration file). Try:\n",
@@ -302,9 +322,27 @@ async fn run() -> Result<(), Error> {
     for (what, command) in tries {
         println!("  # {what}\n  {command}\n");
     }
-    println!("Keys: demo-key-alice, demo-key-bob (tenant acme), demo-key-carol (tenant globex). Ctrl-C stops.");
+    println!("Keys: demo-key-alice, demo-key-bob (tenant acme), demo-key-carol (tenant globex).");
+    println!(
+        "\nLimits reload without a restart: edit {} (say, `limit = 10` under [policies.login]) and save,\nor send SIGHUP: kill -HUP {}. An invalid file keeps the running limits and says why. Ctrl-C stops.",
+        args.config.display(),
+        std::process::id()
+    );
     std::future::pending::<()>().await;
     Ok(())
+}
+
+/// Print what a reload did.
+fn report(result: Result<tollgate::config::ReloadReport, tollgate::config::ReloadError>) {
+    match result {
+        Ok(report) => {
+            println!("configuration reloaded; new limits in force");
+            for route in report.unbound_routes {
+                eprintln!("warning: [routes.{route}] is configured but no handler uses it");
+            }
+        }
+        Err(e) => eprintln!("{e}\n(the running limits are unchanged)"),
+    }
 }
 
 /// What one request got back.
@@ -429,15 +467,20 @@ impl Tester {
     }
 }
 
-/// The server on a free port with a manual clock, bursts at every route.
-async fn selftest(config: &Config) -> Result<(), Error> {
+/// The server on a free port with a manual clock, bursts at every route,
+/// then a reload of a changed file and of an invalid one.
+async fn selftest(path: &std::path::Path) -> Result<(), Error> {
     let clock = ManualClock::new(Timestamp::from_micros(1_779_999_960_000_000));
-    let addr = listen(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        // Always the in-process store: the checks below move its clock.
-        app(&config.build(Arc::new(clock.clone())).await?)?,
-    )
-    .await?;
+    // A copy of the file, which the self-test edits to reload it.
+    let copy = std::env::temp_dir().join(format!("tollgate-demo-{}.toml", std::process::id()));
+    let original =
+        std::fs::read_to_string(path).map_err(|e| format!("--config {}: {e}", path.display()))?;
+    std::fs::write(&copy, &original)?;
+    // Always the in-process store: the checks below move its clock.
+    let live = LiveConfig::load(&copy, Arc::new(clock.clone()))
+        .await
+        .map_err(|e| format!("--config {}: {e}", path.display()))?;
+    let addr = listen(SocketAddr::from(([127, 0, 0, 1], 0)), app(&live)?).await?;
     let mut t = Tester {
         client: Client::builder(TokioExecutor::new()).build_http(),
         base: format!("http://{addr}"),
@@ -511,6 +554,32 @@ async fn selftest(config: &Config) -> Result<(), Error> {
     t.burst("carol (globex), 2", "GET /export", carol, 2, 2)
         .await?;
     println!("  bob's last request was denied by the tenant layer: all layers decide together.");
+
+    println!("\nReload: the file changed while the server runs");
+    let raised = original.replacen(
+        "limit = 3\nwindow = \"1m\"",
+        "limit = 6\nwindow = \"1m\"",
+        1,
+    );
+    if raised == original {
+        return Err("self-test: the configuration has no `limit = 3` login policy to raise".into());
+    }
+    std::fs::write(&copy, &raised)?;
+    let reloaded = live.reload().await;
+    t.check("login 3 -> 6 per minute: reloaded", reloaded.is_ok());
+    // Same algorithm, new limit: the counter is kept (2 used this minute).
+    t.burst("POST /login, 5 after the reload", "POST /login", None, 5, 4)
+        .await?;
+    std::fs::write(&copy, raised.replace("limit = 6", "limit = 0"))?;
+    let refused = live.reload().await;
+    t.check(
+        "an invalid file (limit = 0): refused, the running limits kept",
+        refused.is_err(),
+    );
+    let _ = std::fs::remove_file(&copy);
+    clock.advance(Duration::from_secs(60));
+    t.burst("POST /login, 7 a minute later", "POST /login", None, 7, 6)
+        .await?;
 
     if t.all_as_promised {
         println!("\nself-test passed");

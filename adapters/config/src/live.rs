@@ -1,0 +1,424 @@
+//! A configuration that can be replaced while the service runs.
+//!
+//! [`LiveConfig`] holds the running configuration and every route's limits
+//! behind one atomic pointer. Code binds handlers to routes by name
+//! ([`LiveConfig::route`]); the HTTP adapters read a [`LiveRoute`]'s limits
+//! anew for each request. A reload validates and builds the new
+//! configuration completely, then swaps it in at once: a decision in
+//! flight finishes on the configuration it began with, and an invalid file
+//! changes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use tollgate_limiter::{observe, Clock, RouteLimits, Store};
+
+use crate::{BuildError, Config, ConfigError};
+
+/// The running configuration and what was built from it.
+struct Running {
+    config: Config,
+    store: Arc<dyn Store>,
+    fallback: Option<Arc<dyn Store>>,
+    routes: BTreeMap<String, Arc<RouteLimits>>,
+}
+
+struct Shared {
+    path: Option<PathBuf>,
+    clock: Arc<dyn Clock>,
+    /// A store given by the code: kept across reloads, `[store]` ignored.
+    given_store: bool,
+    running: ArcSwap<Running>,
+    /// Route names the code bound handlers to.
+    bound: Mutex<BTreeSet<String>>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
+}
+
+/// A configuration that can be reloaded while the service runs; see the
+/// [module docs](self).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use tollgate_config::{Config, LiveConfig};
+///
+/// let v1 = r#"
+///     [policies.search]
+///     algorithm = "fixed_window"
+///     limit = 5
+///     window = "1m"
+///     [routes.search]
+///     layers = [{ scope = "subject", policy = "search" }]
+/// "#;
+/// let live = LiveConfig::new(Config::from_toml_str(v1)?, Arc::new(tollgate_limiter::SystemClock)).await?;
+/// let search = live.route("search")?; // give this to the HTTP adapter
+/// assert_eq!(search.limits().limiter().layers()[0].policy().capacity(), 5);
+///
+/// let report = live.reload_with(Config::from_toml_str(&v1.replace("limit = 5", "limit = 50"))?).await?;
+/// assert!(!report.store_reopened);
+/// assert_eq!(search.limits().limiter().layers()[0].policy().capacity(), 50);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LiveConfig {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for LiveConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveConfig")
+            .field("path", &self.shared.path)
+            .field("routes", &self.shared.running.load().routes.keys())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One named route of a [`LiveConfig`]: hand it to an HTTP adapter
+/// (`RateLimitLayer::builder(route)`) and every request reads the route's
+/// limits as the running configuration has them.
+#[derive(Clone)]
+pub struct LiveRoute {
+    name: Arc<str>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for LiveRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveRoute")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LiveRoute {
+    /// The route's limits now.
+    pub fn limits(&self) -> Arc<RouteLimits> {
+        tollgate_limiter::LiveRoute::current(self)
+    }
+}
+
+impl tollgate_limiter::LiveRoute for LiveRoute {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn current(&self) -> Arc<RouteLimits> {
+        self.shared
+            .running
+            .load()
+            .routes
+            .get(&*self.name)
+            .cloned()
+            // A reload that drops a bound route is refused, so the route
+            // is always there.
+            .expect("a bound route stays in the configuration")
+    }
+}
+
+impl From<LiveRoute> for tollgate_limiter::LimiterSource {
+    fn from(route: LiveRoute) -> Self {
+        tollgate_limiter::LimiterSource::Live(Arc::new(route))
+    }
+}
+
+/// What a successful reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReloadReport {
+    /// Whether the `[store]` section changed, so a new store was opened
+    /// (its counters start empty); otherwise the store and its connections
+    /// were kept.
+    pub store_reopened: bool,
+    /// Routes of the new configuration no code is bound to: they decide
+    /// nothing (a typo in a route name, or a route not deployed yet).
+    pub unbound_routes: Vec<String>,
+}
+
+/// Why a reload was refused. The running configuration is unchanged.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReloadError {
+    /// The new configuration is invalid (every error, with its path).
+    #[error("the new configuration was not applied: {0}")]
+    Invalid(#[from] ConfigError),
+    /// Routes that code is bound to are missing from the new configuration.
+    #[error("the new configuration was not applied: it has no route {}, which the service uses; keep them (their limits can change)", .0.join(", "))]
+    MissingRoutes(Vec<String>),
+    /// The new configuration could not be built (a store that cannot be
+    /// opened, a route whose layers are invalid together).
+    #[error("the new configuration was not applied: {0}")]
+    Build(#[from] BuildError),
+    /// The configuration was not read from a file.
+    #[error(
+        "this configuration was not loaded from a file: reload it with LiveConfig::reload_with"
+    )]
+    NoFile,
+}
+
+impl ReloadError {
+    /// A short label for metrics: `invalid`, `missing_routes`, `build`, `no_file`.
+    pub fn class(&self) -> &'static str {
+        match self {
+            ReloadError::Invalid(_) => "invalid",
+            ReloadError::MissingRoutes(_) => "missing_routes",
+            ReloadError::Build(_) => "build",
+            ReloadError::NoFile => "no_file",
+        }
+    }
+}
+
+/// Why a route cannot be bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the configuration has no route {name:?} (routes: {})", .known.join(", "))]
+pub struct UnknownRoute {
+    /// The name asked for.
+    pub name: String,
+    /// The routes the configuration has.
+    pub known: Vec<String>,
+}
+
+impl LiveConfig {
+    /// Load the file at `path`; [`reload`](Self::reload) reads it again.
+    /// `clock` is as for [`Config::build`].
+    pub async fn load(
+        path: impl AsRef<Path>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<LiveConfig, ReloadError> {
+        let path = path.as_ref().to_path_buf();
+        let config = Config::from_file(&path)?;
+        LiveConfig::start(Some(path), config, None, clock).await
+    }
+
+    /// Load the file at `path`, deciding on `store` (a store you opened
+    /// yourself): the `[store]` section is ignored, now and on reloads.
+    pub async fn load_on(
+        path: impl AsRef<Path>,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<LiveConfig, ReloadError> {
+        let path = path.as_ref().to_path_buf();
+        let config = Config::from_file(&path)?;
+        LiveConfig::start(Some(path), config, Some(store), clock).await
+    }
+
+    /// Run `config` (not from a file: reload with
+    /// [`reload_with`](Self::reload_with)).
+    pub async fn new(config: Config, clock: Arc<dyn Clock>) -> Result<LiveConfig, ReloadError> {
+        LiveConfig::start(None, config, None, clock).await
+    }
+
+    async fn start(
+        path: Option<PathBuf>,
+        config: Config,
+        given_store: Option<Arc<dyn Store>>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<LiveConfig, ReloadError> {
+        let given = given_store.is_some();
+        let store = match given_store {
+            Some(store) => store,
+            None => config.open_store(clock.clone()).await?,
+        };
+        let fallback = config.fallback_store(clock.clone());
+        let routes = config.routes_over(&store, &fallback, &clock)?;
+        observe::describe();
+        Ok(LiveConfig {
+            shared: Arc::new(Shared {
+                path,
+                clock,
+                given_store: given,
+                running: ArcSwap::from_pointee(Running {
+                    config,
+                    store,
+                    fallback,
+                    routes,
+                }),
+                bound: Mutex::new(BTreeSet::new()),
+                reloading: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+
+    /// Bind code to the route `name`: the handle reads the route's limits
+    /// as the running configuration has them. From now on a reload that
+    /// drops this route is refused.
+    pub fn route(&self, name: &str) -> Result<LiveRoute, UnknownRoute> {
+        let running = self.shared.running.load();
+        if !running.routes.contains_key(name) {
+            return Err(UnknownRoute {
+                name: name.to_string(),
+                known: running.routes.keys().cloned().collect(),
+            });
+        }
+        self.bound().insert(name.to_string());
+        Ok(LiveRoute {
+            name: name.into(),
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// Routes of the running configuration no code is bound to.
+    pub fn unbound_routes(&self) -> Vec<String> {
+        let bound = self.bound();
+        self.shared
+            .running
+            .load()
+            .routes
+            .keys()
+            .filter(|name| !bound.contains(*name))
+            .cloned()
+            .collect()
+    }
+
+    /// The running configuration.
+    pub fn config(&self) -> Config {
+        self.shared.running.load().config.clone()
+    }
+
+    /// The store every route decides on.
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.shared.running.load().store.clone()
+    }
+
+    /// The file this configuration was loaded from, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.shared.path.as_deref()
+    }
+
+    /// Read the file again and apply it; see [`reload_with`](Self::reload_with).
+    pub async fn reload(&self) -> Result<ReloadReport, ReloadError> {
+        let result = match &self.shared.path {
+            None => Err(ReloadError::NoFile),
+            Some(path) => Config::from_file(path).map_err(ReloadError::from),
+        };
+        match result {
+            Ok(config) => self.reload_with(config).await,
+            Err(e) => Err(reported(e)),
+        }
+    }
+
+    /// Apply `config`: build every route over the running store (a new
+    /// store only if the `[store]` section changed), then swap the routes,
+    /// policies, layers and costs in at once. Refused — the running
+    /// configuration unchanged — when a route the code is bound to is
+    /// missing or the new configuration cannot be built. Every outcome is
+    /// counted in `tollgate_config_reloads_total{result}` and logged once.
+    pub async fn reload_with(&self, config: Config) -> Result<ReloadReport, ReloadError> {
+        let _one_at_a_time = self.shared.reloading.lock().await;
+        match self.apply(config).await {
+            Ok(report) => {
+                observe::config_reload("ok", None, &report.unbound_routes);
+                Ok(report)
+            }
+            Err(e) => Err(reported(e)),
+        }
+    }
+
+    async fn apply(&self, config: Config) -> Result<ReloadReport, ReloadError> {
+        let running = self.shared.running.load_full();
+        let missing: Vec<String> = self
+            .bound()
+            .iter()
+            .filter(|name| config.route(name).is_none())
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            return Err(ReloadError::MissingRoutes(missing));
+        }
+        let clock = &self.shared.clock;
+        let store_reopened = !self.shared.given_store && config.store() != running.config.store();
+        let store = if store_reopened {
+            config.open_store(clock.clone()).await?
+        } else {
+            running.store.clone()
+        };
+        let fallback = if config.fallback_max_keys() == running.config.fallback_max_keys() {
+            running
+                .fallback
+                .clone()
+                .or_else(|| config.fallback_store(clock.clone()))
+        } else {
+            config.fallback_store(clock.clone())
+        };
+        let routes = config.routes_over(&store, &fallback, clock)?;
+        let bound = self.bound();
+        let unbound_routes = routes
+            .keys()
+            .filter(|name| !bound.contains(*name))
+            .cloned()
+            .collect();
+        drop(bound);
+        self.shared.running.store(Arc::new(Running {
+            config,
+            store,
+            fallback,
+            routes,
+        }));
+        Ok(ReloadReport {
+            store_reopened,
+            unbound_routes,
+        })
+    }
+
+    fn bound(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.shared.bound.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reload whenever the file changes (its modification time, length or
+    /// contents), checking every `every`; stops when the returned handle is
+    /// dropped or aborted. Each change is reloaded once: an invalid file is
+    /// reported once, not at every check.
+    #[cfg(feature = "watch")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
+    pub fn watch(&self, every: std::time::Duration) -> Result<Watch, ReloadError> {
+        let path = self.shared.path.clone().ok_or(ReloadError::NoFile)?;
+        let live = self.clone();
+        let mut seen = fingerprint(&path);
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let now = fingerprint(&path);
+                if now != seen {
+                    seen = now;
+                    let _ = live.reload().await;
+                }
+            }
+        });
+        Ok(Watch(task))
+    }
+}
+
+/// A running file watch ([`LiveConfig::watch`]); dropping it stops it.
+#[cfg(feature = "watch")]
+#[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
+#[derive(Debug)]
+pub struct Watch(tokio::task::JoinHandle<()>);
+
+#[cfg(feature = "watch")]
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What identifies a version of the file: modification time, length and
+/// a hash of the contents (an edit within one mtime tick still counts).
+#[cfg(feature = "watch")]
+fn fingerprint(path: &Path) -> Option<(std::time::SystemTime, u64, u64)> {
+    use std::hash::{Hash, Hasher};
+    let meta = std::fs::metadata(path).ok()?;
+    let text = std::fs::read(path).ok()?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut hasher);
+    Some((meta.modified().ok()?, meta.len(), hasher.finish()))
+}
+
+/// Count and log a refused reload, once.
+fn reported(e: ReloadError) -> ReloadError {
+    observe::config_reload(e.class(), Some(&e.to_string()), &[]);
+    e
+}
