@@ -47,7 +47,8 @@
 //! | `tower` | [`tower::RateLimitLayer`], for axum, tonic and hyper (guide: `docs/http.md`) |
 //! | `axum` | `tower`, plus the client address from axum's `ConnectInfo` |
 //! | `actix` | [`actix::RateLimit`], the actix-web middleware |
-//! | `config` | [`config::Config`]: store, policies and routes from a TOML file (guide: `docs/configuration.md`) |
+//! | `config` | [`config::Config`]: store, policies and routes from a TOML file, and [`config::LiveConfig`] to reload them while the service runs (guide: `docs/configuration.md`) |
+//! | `config-watch` | `config`, plus reloading the file when it changes (`LiveConfig::watch`) |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use tollgate_limiter::*;
@@ -113,6 +114,12 @@ pub struct AlgorithmsGuideDoctests;
 #[cfg(all(doctest, feature = "memory", feature = "metrics"))]
 #[doc = include_str!("../docs/operations.md")]
 pub struct OperationsGuideDoctests;
+
+/// The configuration guide's examples, compiled and run as doc-tests (its
+/// TOML examples are checked by `tollgate-config`'s tests).
+#[cfg(all(doctest, feature = "config", feature = "memory", feature = "tower"))]
+#[doc = include_str!("../docs/configuration.md")]
+pub struct ConfigurationGuideDoctests;
 
 /// The Redis Cluster guide's examples, compiled as doc-tests.
 #[cfg(all(doctest, feature = "redis-cluster"))]

@@ -88,3 +88,78 @@ fn decisions_and_store_calls_are_counted_with_bounded_labels() {
         "a subject reached a label: {seen:?}"
     );
 }
+
+/// A store that always fails, so the breaker opens.
+#[derive(Debug)]
+struct Down;
+
+#[tollgate::async_trait]
+impl tollgate::Store for Down {
+    fn kind(&self) -> &'static str {
+        "down"
+    }
+    async fn decide(
+        &self,
+        _: &[tollgate::LayerRequest<'_>],
+    ) -> Result<Vec<tollgate::Verdict>, tollgate::StoreError> {
+        Err(tollgate::StoreError::Unavailable("down".into()))
+    }
+}
+
+/// Decisions an open breaker answers without the store are counted as
+/// store errors of class `circuit_open`, as documented; shadow denials
+/// have their own outcome; a limiter's series exist from its build.
+#[test]
+fn circuit_open_shadow_denials_and_registration_are_counted() {
+    let recorder = Registrations::default();
+    let ctx = Context::subject(Subject::new("k").unwrap());
+    metrics::with_local_recorder(&recorder, || {
+        let limiter = Limiter::builder(Arc::new(Down))
+            .layer(
+                "key",
+                Scope::Subject,
+                Policy::new(
+                    "api",
+                    Limit::fixed_window(1, Duration::from_secs(60)).unwrap(),
+                )
+                .unwrap(),
+            )
+            .breaker(tollgate::BreakerConfig {
+                failure_threshold: 1,
+                open_for: Duration::from_secs(60),
+            })
+            .build()
+            .unwrap();
+        for _ in 0..3 {
+            assert!(!ready(limiter.check(&ctx, 1)).unwrap().is_allowed());
+        }
+        let shadow = Limiter::builder(Arc::new(MemoryStore::default()))
+            .layer(
+                "trial",
+                Scope::Subject,
+                Policy::new(
+                    "trial",
+                    Limit::fixed_window(1, Duration::from_secs(60)).unwrap(),
+                )
+                .unwrap()
+                .shadow(),
+            )
+            .build()
+            .unwrap();
+        for _ in 0..2 {
+            assert!(ready(shadow.check(&ctx, 1)).unwrap().is_allowed());
+        }
+    });
+    let seen = recorder.0.lock().unwrap().clone();
+    for wanted in [
+        "tollgate_store_errors_total{store=down,class=circuit_open}",
+        "tollgate_decisions_total{policy=api,outcome=denied,source=store}",
+        "tollgate_breaker_open{store=down}",
+        "tollgate_decisions_total{policy=trial,outcome=shadow_denied,source=store}",
+    ] {
+        assert!(
+            seen.contains(&wanted.to_string()),
+            "{wanted} missing: {seen:?}"
+        );
+    }
+}

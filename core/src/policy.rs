@@ -673,7 +673,7 @@ impl std::str::FromStr for DurationSpec {
                 let digits: u128 = fraction.parse().map_err(|_| bad("a malformed number"))?;
                 let scale = 10u128.pow(fraction.len() as u32);
                 let part = digits * u128::from(per);
-                if part % scale != 0 {
+                if !part.is_multiple_of(scale) {
                     return Err(bad("not a whole number of microseconds"));
                 }
                 micros = micros

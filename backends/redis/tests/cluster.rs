@@ -21,7 +21,7 @@ use tollgate_limiter::{
     Source, Store, Subject,
 };
 use tollgate_redis::cluster::{hash_slot, RedisClusterStore};
-use tollgate_testkit::conformance::{every_algorithm, every_algorithm_over, unique, START};
+use tollgate_testkit::conformance::{every_algorithm_over, unique, START};
 use tollgate_testkit::redis_cluster::{RedisCluster, Reply, MASTERS};
 
 /// The deadline of stores in tests that do not measure it: long enough that

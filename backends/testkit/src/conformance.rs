@@ -468,6 +468,75 @@ pub async fn shadow_layers_count_but_never_deny(factory: impl StoreFactory) {
     }
 }
 
+/// A rolling deploy: old and new processes decide for the same subjects at
+/// once, on one store. After an algorithm swap or a version bump they count
+/// on two keys, so a subject gets at most the old limit plus the new one;
+/// after a parameter change of one algorithm they share the counter, so at
+/// most the larger limit.
+pub async fn rolling_deploys_are_bounded(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    let hour = Duration::from_secs(3_600);
+    let bucket = |n| Limit::token_bucket(n, n, hour).expect("valid");
+    let window = |n| Limit::fixed_window(n, hour).expect("valid");
+    // (what changed, old policy, new policy, most admitted in all)
+    let name = unique("rollout");
+    let cases: Vec<(&str, Policy, Policy, usize)> = vec![
+        (
+            "algorithm swap",
+            Policy::new(format!("{name}-swap"), bucket(6)).expect("valid"),
+            Policy::new(format!("{name}-swap"), window(4)).expect("valid"),
+            10,
+        ),
+        (
+            "version bump",
+            Policy::new(format!("{name}-version"), window(6)).expect("valid"),
+            Policy::new(format!("{name}-version"), window(4))
+                .expect("valid")
+                .with_version(2),
+            10,
+        ),
+        (
+            "parameter change",
+            Policy::new(format!("{name}-params"), window(6)).expect("valid"),
+            Policy::new(format!("{name}-params"), window(4)).expect("valid"),
+            6,
+        ),
+    ];
+    for (what, old, new, most) in cases {
+        let limiter = |policy: Policy| {
+            Limiter::builder(store.clone())
+                .layer("l", Scope::Subject, policy)
+                .build()
+                .expect("valid")
+        };
+        let (old, new) = (limiter(old), limiter(new));
+        let subjects: Vec<Context> = (0..3).map(|_| fresh_subject()).collect();
+        let tasks: Vec<_> = (0..60)
+            .map(|i| {
+                let limiter = if i % 2 == 0 { old.clone() } else { new.clone() };
+                let ctx = subjects[i % 3].clone();
+                tokio::spawn(async move {
+                    let d = limiter.check(&ctx, 1).await.expect("store answers");
+                    assert!(d.store_error().is_none(), "{d:?}");
+                    (i % 3, d.is_allowed())
+                })
+            })
+            .collect();
+        let mut admitted = [0usize; 3];
+        for task in tasks {
+            let (subject, allowed) = task.await.expect("task");
+            admitted[subject] += usize::from(allowed);
+        }
+        // Ten requests of each version per subject: enough to fill both
+        // counters, so the bound is reached exactly.
+        for n in admitted {
+            assert!(n <= most, "{what}: a subject got {n} > {most}");
+            assert_eq!(n, most, "{what}: each counter filled exactly");
+        }
+    }
+}
+
 /// Puts data Tollgate did not write at a store's key, as another
 /// application sharing the database would, and checks it is still there.
 #[async_trait]
@@ -680,6 +749,7 @@ macro_rules! conformance_tests {
             state_resets_after_reset_after,
             algorithm_swaps_start_from_no_state,
             shadow_layers_count_but_never_deny,
+            rolling_deploys_are_bounded,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {
