@@ -163,3 +163,45 @@ fn circuit_open_shadow_denials_and_registration_are_counted() {
         );
     }
 }
+
+/// A request without the client address the identity needs (a server that
+/// records none, axum 0.7's `ConnectInfo`) is answered 401 and counted
+/// under its reason; nothing about it reaches the client.
+#[cfg(feature = "tower")]
+#[test]
+fn requests_without_a_client_address_are_counted() {
+    use tollgate::tower::{ClientIp, Gate, Identity, Outcome};
+    let recorder = Registrations::default();
+    let limiter = Limiter::builder(Arc::new(MemoryStore::default()))
+        .layer(
+            "ip",
+            Scope::Subject,
+            Policy::new(
+                "per-ip",
+                Limit::fixed_window(5, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let gate: Gate<http::request::Parts> = Gate::builder(limiter)
+        .identity(Identity::new().client_ip(ClientIp::direct()))
+        .build()
+        .unwrap();
+    let (parts, ()) = http::Request::get("/").body(()).unwrap().into_parts();
+    metrics::with_local_recorder(&recorder, || {
+        let prepared = gate.prepare(&parts, &parts).expect("rate limited");
+        let Outcome::Reject(reply) = ready(gate.decide(&prepared)) else {
+            panic!("no client address: no identity")
+        };
+        assert_eq!(reply.status(), 401);
+        assert!(!reply.body().contains("address"), "{}", reply.body());
+    });
+    let seen = recorder.0.lock().unwrap().clone();
+    assert!(
+        seen.contains(
+            &"tollgate_unidentified_requests_total{reason=no_client_address}".to_string()
+        ),
+        "{seen:?}"
+    );
+}

@@ -319,3 +319,39 @@ fn state_written_under_a_larger_limit_never_underflows() {
         }
     }
 }
+
+/// A clock at the end of time (a misconfigured one, or a test's mistake):
+/// no algorithm panics (debug builds check every addition) or wraps into a
+/// fresh state; a run of 20 requests admits exactly the limit of 5, and the
+/// entry's expiry does not wrap around.
+#[test]
+fn clocks_at_the_extremes_neither_panic_nor_over_admit() {
+    let second = Duration::from_secs(1);
+    let limits = [
+        Limit::token_bucket(5, 5, second).unwrap(),
+        Limit::gcra(5, second, 5).unwrap(),
+        Limit::fixed_window(5, second).unwrap(),
+        Limit::sliding_window(5, second).unwrap(),
+        Limit::sliding_log(5, second).unwrap(),
+    ];
+    for now in [u64::MAX, u64::MAX - 1, u64::MAX - 10 * S, 0] {
+        for limit in &limits {
+            let mut state: Option<State> = None;
+            let mut admitted = 0;
+            for _ in 0..20 {
+                let t = tollgate_algorithms::decide(
+                    limit,
+                    state.as_ref(),
+                    Timestamp::from_micros(now),
+                    1,
+                );
+                if let Some(next) = t.next {
+                    assert!(next.ttl > Duration::ZERO && next.ttl <= Duration::from_secs(2));
+                    state = Some(next.state);
+                }
+                admitted += u32::from(t.verdict.allowed);
+            }
+            assert_eq!(admitted, 5, "{} at {now}", limit.algorithm_name());
+        }
+    }
+}

@@ -90,6 +90,11 @@ impl Decision {
         }
     }
 
+    /// The layers, and the store error's class when the store failed.
+    pub(crate) fn into_parts(self) -> (Vec<LayerDecision>, Option<&'static str>) {
+        (self.layers, self.store_error)
+    }
+
     /// When the store failed: the error class (`timeout`, `unavailable`, …).
     pub fn store_error(&self) -> Option<&'static str> {
         self.store_error

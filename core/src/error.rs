@@ -85,6 +85,8 @@ pub enum StoreError {
     Full {
         /// Which budget: `store`, or `policy <name>`.
         budget: String,
+        /// The policy whose own budget is full (`None`: the store's).
+        policy: Option<String>,
         /// The budget's size.
         max_keys: usize,
         /// When the first of its keys expires, freeing room.
@@ -129,6 +131,17 @@ impl StoreError {
                 | StoreError::Protocol(_)
                 | StoreError::Backend(_)
         )
+    }
+
+    /// The policy a store error is about, when it is about one policy's
+    /// key or budget (a conflict, a policy's full key budget) rather than
+    /// the store as a whole.
+    pub fn policy(&self) -> Option<&str> {
+        match self {
+            StoreError::Conflict { policy, .. } => Some(policy),
+            StoreError::Full { policy, .. } => policy.as_deref(),
+            _ => None,
+        }
     }
 
     /// A short, bounded label for metrics and logs (`timeout`, `unavailable`, …).

@@ -204,6 +204,10 @@ pub struct Limiter {
     clock: Arc<dyn Clock>,
     #[cfg(feature = "blocked-cache")]
     blocked: Option<Arc<crate::blocked::BlockedCache>>,
+    /// With shadow layers: the same limiter over the enforced layers only
+    /// (same store and breaker), deciding requests a shadow layer cannot
+    /// take part in.
+    enforced: Option<Arc<Limiter>>,
 }
 
 impl fmt::Debug for Limiter {
@@ -274,6 +278,16 @@ impl Limiter {
     }
 
     async fn decide(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
+        // A shadow layer never fails a request: one that cannot be decided
+        // (a cost above its capacity, no subject for it) is left out.
+        if self.enforced.is_some()
+            && self.layers.iter().any(|l| {
+                l.policy.is_shadow()
+                    && (l.policy.check_cost(cost).is_err() || ctx.key_for(l).is_none())
+            })
+        {
+            return self.without_shadow(ctx, cost).await;
+        }
         // Up to four layers live on the stack: no allocation per decision.
         let mut requests: SmallVec<[LayerRequest<'_>; 4]> = SmallVec::new();
         for layer in self.layers.iter() {
@@ -342,6 +356,18 @@ impl Limiter {
             }
             other => other,
         };
+        // A store error about a shadow policy alone (its key holds foreign
+        // data, its key budget is full) does not fail the enforced layers.
+        if let (Err(error), Some(_)) = (&answer, &self.enforced) {
+            let shadow_policy = error.policy().is_some_and(|name| {
+                self.layers
+                    .iter()
+                    .any(|l| l.policy.is_shadow() && l.policy.name() == name)
+            });
+            if shadow_policy {
+                return self.without_shadow(ctx, cost).await;
+            }
+        }
         let decision = match answer {
             Ok(verdicts) => Decision::new(
                 self.layers
@@ -360,6 +386,48 @@ impl Limiter {
         }
         observe::decision(&decision);
         Ok(decision)
+    }
+
+    /// Decide the enforced layers alone; the shadow layers report that they
+    /// could not decide (a would-be denial, from no store).
+    async fn without_shadow(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
+        let enforced = match &self.enforced {
+            Some(limiter) if !limiter.layers.is_empty() => {
+                Some(Box::pin(limiter.decide(ctx, cost)).await?)
+            }
+            _ => None,
+        };
+        let (decided_layers, store_error) = enforced
+            .map(Decision::into_parts)
+            .unwrap_or((Vec::new(), None));
+        let mut enforced = decided_layers.into_iter();
+        let mut shadow = Vec::new();
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| {
+                if layer.policy.is_shadow() {
+                    let undecided = Verdict {
+                        allowed: false,
+                        limit: layer.policy.capacity(),
+                        remaining: 0,
+                        reset_after: Duration::ZERO,
+                        retry_after: None,
+                    };
+                    let d = decided(layer, undecided, Source::FailClosed);
+                    shadow.push(d.clone());
+                    d
+                } else {
+                    enforced.next().expect("one decision per enforced layer")
+                }
+            })
+            .collect();
+        // The enforced layers were counted by their own decision.
+        observe::decision(&Decision::new(shadow));
+        Ok(match store_error {
+            Some(class) => Decision::degraded(layers, class),
+            None => Decision::new(layers),
+        })
     }
 
     /// Decide without the store, which failed with `error`: every layer by
@@ -475,6 +543,10 @@ async fn past_shadow(
             .filter(|(_, &inc)| inc)
             .map(|(r, _)| *r)
             .collect();
+        if batch.is_empty() {
+            // Only shadow layers, all denying: admitted, nothing to charge.
+            return Ok(verdicts);
+        }
         let again = ask(store, &batch).await?;
         if again.len() != batch.len() {
             return Err(StoreError::Protocol(format!(
@@ -595,16 +667,37 @@ impl LimiterBuilder {
         }
         let policies: Vec<&str> = self.layers.iter().map(|l| l.policy.name()).collect();
         observe::register(self.store.kind(), &policies);
+        let breaker = Arc::new(CircuitBreaker::with_clock(self.breaker, self.clock.clone()));
+        #[cfg(feature = "blocked-cache")]
+        let blocked = self
+            .blocked
+            .map(|c| Arc::new(crate::blocked::BlockedCache::new(c)));
+        let enforced = self.layers.iter().any(|l| l.policy.is_shadow()).then(|| {
+            Arc::new(Limiter {
+                layers: self
+                    .layers
+                    .iter()
+                    .filter(|l| !l.policy.is_shadow())
+                    .cloned()
+                    .collect(),
+                store: self.store.clone(),
+                fallback: self.fallback.clone(),
+                breaker: breaker.clone(),
+                clock: self.clock.clone(),
+                #[cfg(feature = "blocked-cache")]
+                blocked: blocked.clone(),
+                enforced: None,
+            })
+        });
         Ok(Limiter {
             layers: self.layers.into(),
             store: self.store,
             fallback: self.fallback,
-            breaker: Arc::new(CircuitBreaker::with_clock(self.breaker, self.clock.clone())),
+            breaker,
             clock: self.clock,
             #[cfg(feature = "blocked-cache")]
-            blocked: self
-                .blocked
-                .map(|c| Arc::new(crate::blocked::BlockedCache::new(c))),
+            blocked,
+            enforced,
         })
     }
 }

@@ -245,6 +245,9 @@ impl LiveConfig {
     /// as the running configuration has them. From now on a reload that
     /// drops this route is refused.
     pub fn route(&self, name: &str) -> Result<LiveRoute, UnknownRoute> {
+        // Under the lock a reload swaps under: the route cannot vanish
+        // between this check and the binding.
+        let mut bound = self.bound();
         let running = self.shared.running.load();
         if !running.routes.contains_key(name) {
             return Err(UnknownRoute {
@@ -252,7 +255,8 @@ impl LiveConfig {
                 known: running.routes.keys().cloned().collect(),
             });
         }
-        self.bound().insert(name.to_string());
+        bound.insert(name.to_string());
+        drop(bound);
         Ok(LiveRoute {
             name: name.into(),
             shared: self.shared.clone(),
@@ -289,12 +293,15 @@ impl LiveConfig {
 
     /// Read the file again and apply it; see [`reload_with`](Self::reload_with).
     pub async fn reload(&self) -> Result<ReloadReport, ReloadError> {
-        let result = match &self.shared.path {
+        // The file is read under the reload lock: of two reloads racing (a
+        // signal and a file watch), the later read is the one applied last.
+        let _one_at_a_time = self.shared.reloading.lock().await;
+        let config = match &self.shared.path {
             None => Err(ReloadError::NoFile),
             Some(path) => Config::from_file(path).map_err(ReloadError::from),
         };
-        match result {
-            Ok(config) => self.reload_with(config).await,
+        match config {
+            Ok(config) => self.applied(config).await,
             Err(e) => Err(reported(e)),
         }
     }
@@ -307,6 +314,11 @@ impl LiveConfig {
     /// counted in `tollgate_config_reloads_total{result}` and logged once.
     pub async fn reload_with(&self, config: Config) -> Result<ReloadReport, ReloadError> {
         let _one_at_a_time = self.shared.reloading.lock().await;
+        self.applied(config).await
+    }
+
+    /// Apply `config` (the reload lock held), counting and logging the outcome.
+    async fn applied(&self, config: Config) -> Result<ReloadReport, ReloadError> {
         match self.apply(config).await {
             Ok(report) => {
                 observe::config_reload("ok", None, &report.unbound_routes);
@@ -343,19 +355,29 @@ impl LiveConfig {
             config.fallback_store(clock.clone())
         };
         let routes = config.routes_over(&store, &fallback, clock)?;
+        // Checked again under the lock `route` binds under, and swapped
+        // under it: no route is bound to a configuration that lacks it.
         let bound = self.bound();
+        let missing: Vec<String> = bound
+            .iter()
+            .filter(|name| !routes.contains_key(*name))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            return Err(ReloadError::MissingRoutes(missing));
+        }
         let unbound_routes = routes
             .keys()
             .filter(|name| !bound.contains(*name))
             .cloned()
             .collect();
-        drop(bound);
         self.shared.running.store(Arc::new(Running {
             config,
             store,
             fallback,
             routes,
         }));
+        drop(bound);
         Ok(ReloadReport {
             store_reopened,
             unbound_routes,

@@ -11,6 +11,10 @@ use tollgate_limiter::{Context, LiveRoute as _, ManualClock, Subject, Timestamp}
 const START: Timestamp = Timestamp::from_micros(1_780_000_000_000_000);
 
 fn file(limit: u64, extra: &str) -> String {
+    file_with("fixed_window", limit, extra)
+}
+
+fn file_with(algorithm: &str, limit: u64, extra: &str) -> String {
     format!(
         r#"
 [store]
@@ -18,7 +22,7 @@ kind = "memory"
 max_keys = 10000
 
 [policies.api]
-algorithm = "fixed_window"
+algorithm = "{algorithm}"
 limit = {limit}
 window = "1m"
 
@@ -68,11 +72,24 @@ async fn a_reload_under_traffic_loses_nothing() {
             })
         })
         .collect();
-    for limit in [500_000, 2, 400_000] {
+    // A limit change, a swap to another algorithm and back, a tight limit.
+    for (algorithm, limit) in [
+        ("fixed_window", 500_000),
+        ("sliding_window", 300_000),
+        ("fixed_window", 2),
+        ("sliding_log", 10_000),
+    ] {
         tokio::task::yield_now().await;
-        live.reload_with(Config::from_toml_str(&file(limit, "")).unwrap())
+        live.reload_with(Config::from_toml_str(&file_with(algorithm, limit, "")).unwrap())
             .await
             .unwrap();
+        assert_eq!(
+            route.limits().limiter().layers()[0]
+                .policy()
+                .limit()
+                .algorithm_name(),
+            algorithm
+        );
         assert_eq!(
             route.limits().limiter().layers()[0].policy().capacity(),
             limit,

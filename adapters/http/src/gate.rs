@@ -74,6 +74,9 @@ pub enum GateError {
         /// The attribute's name.
         attribute: String,
     },
+    /// The `WWW-Authenticate` challenge is not a valid header value.
+    #[error("the unauthorized challenge {0:?} is not a valid header value (visible ASCII only)")]
+    Challenge(String),
     /// The fixed cost can never be admitted by some layer.
     #[error("cost {cost} is outside 1..={capacity} for layer {layer:?}: every request would fail")]
     Cost {
@@ -363,7 +366,14 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
             LimiterSource::Fixed(limiter) => RouteLimits::new(limiter.clone(), 1),
             LimiterSource::Live(live) => (*live.current()).clone(),
         };
-        for layer in current.limiter().layers() {
+        // Shadow layers never deny: a layer only they could fail on is not
+        // a configuration that cannot work.
+        for layer in current
+            .limiter()
+            .layers()
+            .iter()
+            .filter(|l| !l.policy().is_shadow())
+        {
             let name = layer.name().to_string();
             match layer.scope() {
                 Scope::Subject if supplies == Supplies::Nothing => {
@@ -393,6 +403,9 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
         }
         if self.gate.challenge.is_empty() {
             self.gate.challenge = self.gate.identity.challenge().into();
+        }
+        if http::HeaderValue::from_str(&self.gate.challenge).is_err() {
+            return Err(GateError::Challenge(self.gate.challenge.to_string()));
         }
         Ok(Out::from(self.gate))
     }
@@ -549,6 +562,7 @@ mod tests {
         let (health, ()) = http::Request::get("/health").body(()).unwrap().into_parts();
         assert!(gate.prepare(&health, &health).is_none(), "skipped");
         let (preflight, ()) = http::Request::options("/")
+            .header("origin", "https://app.example")
             .header("access-control-request-method", "POST")
             .body(())
             .unwrap()

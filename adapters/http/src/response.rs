@@ -364,6 +364,7 @@ pub fn apply_headers(headers: &[(&'static str, String)], map: &mut http::HeaderM
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
     use std::time::Duration;
     use tollgate_limiter::{LayerDecision, Limit, Policy, Source};
 
@@ -383,6 +384,27 @@ mod tests {
             retry_after: (!allowed).then(|| Duration::from_millis(1_001)),
             source,
         }
+    }
+
+    /// Shadow layers do not limit: they are left out of the headers (and
+    /// out of the tightest layer), unless the style asks for them.
+    #[test]
+    fn shadow_layers_are_left_out_unless_asked_for() {
+        let mut trial = layer("trial", false, 0, Source::Store);
+        trial.policy = Arc::new((*trial.policy).clone().shadow());
+        let d = Decision::new(vec![layer("per-key", true, 3, Source::Store), trial]);
+        assert!(d.is_allowed(), "a shadow denial does not deny");
+        let style = HeaderStyle::default().legacy(true);
+        let h = decision_headers(&d, style);
+        let get = |h: &Headers, n: &str| h.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone());
+        assert_eq!(get(&h, names::RATELIMIT).unwrap(), r#""per-key";r=3;t=9"#);
+        assert!(!get(&h, names::RATELIMIT_POLICY).unwrap().contains("trial"));
+        assert_eq!(get(&h, names::RATELIMIT_REMAINING).unwrap(), "3");
+        assert_eq!(get(&h, names::RETRY_AFTER), None);
+        let shown = decision_headers(&d, style.shadow(true));
+        assert!(get(&shown, names::RATELIMIT)
+            .unwrap()
+            .contains(r#""trial";r=0"#));
     }
 
     #[test]

@@ -15,6 +15,11 @@ use tollgate_limiter::{
     Transition, Verdict, WhenFull,
 };
 
+/// Passes of a decision that found a budget full: each makes room across
+/// the store first (reclaiming expired keys, evicting when the budget
+/// evicts).
+const MAX_ROOM_PASSES: u32 = 8;
+
 /// Sweep a shard once it holds this many entries, at the least.
 const MIN_SWEEP: usize = 64;
 
@@ -24,6 +29,8 @@ const MIN_SWEEP: usize = 64;
 struct Budget {
     /// `store`, or `policy <name>`, for errors.
     label: Box<str>,
+    /// The policy's name, for a policy's budget.
+    policy: Option<Box<str>>,
     max: AtomicUsize,
     held: AtomicUsize,
     /// `WhenFull` as a number (policies can change it on reload).
@@ -34,9 +41,14 @@ struct Budget {
 }
 
 impl Budget {
-    fn new(label: String, max: usize, when_full: WhenFull) -> Self {
+    fn new(policy: Option<&str>, max: usize, when_full: WhenFull) -> Self {
+        let label = match policy {
+            Some(name) => format!("policy {name:?}"),
+            None => "store".to_string(),
+        };
         Budget {
             label: label.into_boxed_str(),
+            policy: policy.map(Into::into),
             max: AtomicUsize::new(max),
             held: AtomicUsize::new(0),
             when_full: AtomicUsize::new(when_full as usize),
@@ -64,6 +76,10 @@ impl Budget {
 
     fn give_back(&self) {
         self.held.fetch_sub(1, Ordering::AcqRel);
+        // Room freed: a cached "full until" no longer holds.
+        if self.free_at.load(Ordering::Relaxed) != 0 {
+            self.free_at.store(0, Ordering::Relaxed);
+        }
     }
 }
 
@@ -80,9 +96,16 @@ struct Entry {
 }
 
 impl Entry {
+    /// Whether the entry may be evicted to make room in `budget` (the
+    /// store's when `None`): an entry of that budget; for the store's, any
+    /// entry except those of a policy budget that refuses (its keys are
+    /// never evicted, or its exactness would be lost).
     fn in_budget(&self, budget: Option<&Arc<Budget>>) -> bool {
         match budget {
-            None => true,
+            None => !self
+                .budget
+                .as_ref()
+                .is_some_and(|mine| mine.when_full() == WhenFull::Refuse),
             Some(b) => self
                 .budget
                 .as_ref()
@@ -287,7 +310,7 @@ impl MemoryStoreBuilder {
                 .collect(),
             hasher: RandomState::default(),
             clock: self.clock,
-            total: Budget::new("store".into(), self.max_keys, self.when_full),
+            total: Budget::new(None, self.max_keys, self.when_full),
             budgets: Mutex::new(HashMap::new()),
         }
     }
@@ -352,7 +375,7 @@ impl MemoryStore {
             Some(b) => b.clone(),
             None => {
                 let b = Arc::new(Budget::new(
-                    format!("policy {:?}", policy.name()),
+                    Some(policy.name()),
                     spec.max_keys(),
                     spec.when_full(),
                 ));
@@ -385,23 +408,28 @@ impl MemoryStore {
         let budget = self.budget_of(policy);
         let mut swept = false;
         loop {
-            if self.total.take() {
-                match &budget {
-                    None => return Ok(None),
-                    Some(b) if b.take() => return Ok(budget),
-                    Some(b) => {
-                        self.total.give_back();
-                        if !swept {
-                            shard.sweep(now, &self.total, keep);
-                            swept = true;
-                        } else if b.when_full() == WhenFull::Refuse
-                            || !shard.evict_nearest(Some(b), &self.total, keep)
-                        {
-                            return Err(NeedRoom(Some(b.clone())));
-                        }
+            // The policy's budget first: when it is full, room is made
+            // among its own keys, which frees a unit of the store's too.
+            if let Some(b) = &budget {
+                if !b.take() {
+                    if !swept {
+                        shard.sweep(now, &self.total, keep);
+                        swept = true;
+                    } else if b.when_full() == WhenFull::Refuse
+                        || !shard.evict_nearest(Some(b), &self.total, keep)
+                    {
+                        return Err(NeedRoom(Some(b.clone())));
                     }
+                    continue;
                 }
-            } else if !swept {
+            }
+            if self.total.take() {
+                return Ok(budget);
+            }
+            if let Some(b) = &budget {
+                b.give_back();
+            }
+            if !swept {
                 shard.sweep(now, &self.total, keep);
                 swept = true;
             } else if self.total.when_full() == WhenFull::Refuse
@@ -460,6 +488,7 @@ impl MemoryStore {
         }
         StoreError::Full {
             budget: b.label.to_string(),
+            policy: b.policy.as_deref().map(str::to_string),
             max_keys: b.max.load(Ordering::Relaxed),
             retry_after: Duration::from_micros(free_at.saturating_sub(now)),
         }
@@ -478,8 +507,10 @@ impl MemoryStore {
             match self.decide_locked(layers, now) {
                 Ok(verdicts) => return Ok(verdicts),
                 Err(NeedRoom(full)) => {
+                    // Each pass makes room for one key; concurrent decisions
+                    // may take it first, so a few passes are allowed.
                     attempt += 1;
-                    if attempt > 2 || !self.make_room(full.as_ref(), now_us) {
+                    if attempt > MAX_ROOM_PASSES || !self.make_room(full.as_ref(), now_us) {
                         return Err(self.full(full.as_ref(), now_us));
                     }
                 }

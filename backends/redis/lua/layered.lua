@@ -180,7 +180,13 @@ if mode == 'refund' then
     local p1, p2, p3 = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
     local at, mark = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
     if code == LOG then
-      reply[i] = refund_sliding_log(key, cost, at)
+      -- A list Tollgate did not write is left alone.
+      local _, foreign = read_log(key)
+      if foreign then
+        reply[i] = 0
+      else
+        reply[i] = refund_sliding_log(key, cost, at)
+      end
     else
       local run = REFUNDS[code]
       if not run then

@@ -376,19 +376,29 @@ impl RedisClusterStore {
         time: TimeArgs,
         deadline: Instant,
     ) -> Result<Vec<Verdict>, StoreError> {
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let (verdicts, contended) = self
+        let (mut verdicts, mut contended) = self
+            .reserve_across_slots(layers, &keys, &args, &groups, &time, deadline)
+            .await?;
+        let mut passes = 1;
+        while let Some(seen) = contended.take() {
+            // Decide again only once those holds settled, with time left; a
+            // pass that fails leaves the denial already known standing.
+            if passes >= MAX_CONTENDED_ATTEMPTS
+                || !self.holds.settled(&seen, deadline).await
+                || Instant::now() >= deadline
+            {
+                break;
+            }
+            passes += 1;
+            match self
                 .reserve_across_slots(layers, &keys, &args, &groups, &time, deadline)
-                .await?;
-            match contended {
-                Some(seen) if attempts < MAX_CONTENDED_ATTEMPTS && Instant::now() < deadline => {
-                    self.holds.settled(&seen, deadline).await;
-                }
-                _ => return Ok(verdicts),
+                .await
+            {
+                Ok((again, still)) => (verdicts, contended) = (again, still),
+                Err(_) => break,
             }
         }
+        Ok(verdicts)
     }
 
     /// One pass of [`decide_across_slots`](Self::decide_across_slots): the
@@ -472,11 +482,17 @@ impl RedisClusterStore {
         let refunds = reserved.refund();
         for group in &groups[denied + 1..] {
             let cmd = script_call(keys, args, group, time, Mode::Peek);
-            let reply = self
+            let peeked = self
                 .until(deadline, call(self.conn.clone(), cmd))
-                .await?
-                .map_err(|e| in_group(e, layers, group))?;
-            for (&i, v) in group.iter().zip(parse_reply(&reply, group.len())?) {
+                .await
+                .and_then(|reply| reply)
+                .and_then(|reply| parse_reply(&reply, group.len()));
+            // The request is denied whatever these layers say: a group that
+            // cannot be read only loses its numbers, never the denial (as
+            // an error it would let a fail-open policy admit the request).
+            let peeked =
+                peeked.unwrap_or_else(|_| group.iter().map(|&i| unread(&layers[i])).collect());
+            for (&i, v) in group.iter().zip(peeked) {
                 verdicts[i] = Some(v);
             }
         }
@@ -525,6 +541,19 @@ impl Store for RedisClusterStore {
         }
         self.decide_across_slots(layers, keys, args, groups, time, deadline)
             .await
+    }
+}
+
+/// The verdict of a layer that could not be read after another group denied
+/// the request: nothing charged, and nothing known but the policy's limit.
+fn unread(layer: &LayerRequest<'_>) -> Verdict {
+    let capacity = layer.policy.capacity();
+    Verdict {
+        allowed: true,
+        limit: capacity,
+        remaining: capacity,
+        reset_after: Duration::ZERO,
+        retry_after: None,
     }
 }
 

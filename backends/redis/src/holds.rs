@@ -61,15 +61,16 @@ impl Holds {
     }
 
     /// Wait until every key of `seen` holds less than it did (some of those
-    /// reservations settled: charged for good or refunded), or `until`.
-    pub(crate) async fn settled(&self, seen: &[(String, u64)], until: Instant) {
+    /// reservations settled: charged for good or refunded): true, or false
+    /// when `until` came first.
+    pub(crate) async fn settled(&self, seen: &[(String, u64)], until: Instant) -> bool {
         loop {
             let notified = self.released.notified();
             if seen.iter().all(|(key, then)| self.held(key) < *then) {
-                return;
+                return true;
             }
             if tokio::time::timeout_at(until, notified).await.is_err() {
-                return;
+                return false;
             }
         }
     }

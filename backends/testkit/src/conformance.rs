@@ -537,6 +537,40 @@ pub async fn rolling_deploys_are_bounded(factory: impl StoreFactory) {
     }
 }
 
+/// A store whose clock reads an instant before 2020 or after 2100 (unset,
+/// or a test's mistake) refuses to decide with it: every decision fails
+/// with [`StoreError::ImplausibleTime`], nothing is admitted and nothing
+/// written. Every algorithm, at both ends of time.
+pub async fn implausible_times_are_refused(factory: impl StoreFactory) {
+    for at in [
+        0,
+        Timestamp::EARLIEST.as_micros() - 1,
+        Timestamp::LATEST.as_micros() + 1,
+        u64::MAX,
+    ] {
+        let clock = ManualClock::new(Timestamp::from_micros(at));
+        let store = factory.make(clock.clone()).await;
+        for limit in every_algorithm(5) {
+            let name = limit.algorithm_name();
+            let limiter = single(store.clone(), limit);
+            let ctx = fresh_subject();
+            for _ in 0..10 {
+                let d = limiter.check(&ctx, 1).await.expect("decided");
+                assert!(!d.is_allowed(), "{name} at {at}: {d:?}");
+                assert_eq!(d.store_error(), Some("implausible_time"), "{name} at {at}");
+            }
+            // Back at a plausible time, the key is new: nothing was written.
+            clock.set(START);
+            assert_eq!(
+                admitted(&limiter, &ctx, 10, 1).await,
+                5,
+                "{name}: nothing was written at {at}"
+            );
+            clock.set(Timestamp::from_micros(at));
+        }
+    }
+}
+
 /// Puts data Tollgate did not write at a store's key, as another
 /// application sharing the database would, and checks it is still there.
 #[async_trait]
@@ -750,6 +784,7 @@ macro_rules! conformance_tests {
             algorithm_swaps_start_from_no_state,
             shadow_layers_count_but_never_deny,
             rolling_deploys_are_bounded,
+            implausible_times_are_refused,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {

@@ -289,6 +289,10 @@ impl PgStore {
         }
         // 3. Time is read under the locks; expired rows count as absent.
         let now = self.clock.now();
+        if !now.is_plausible() {
+            tx.rollback().await?;
+            return Ok(Some(Err(StoreError::ImplausibleTime(now))));
+        }
         let now_us = now.as_micros();
         let mut states: Vec<Option<State>> = vec![None; layers.len()];
         let mut expired = Vec::new();
