@@ -241,3 +241,78 @@ pub async fn reload(live: &tollgate_config::LiveConfig, limit: u64) {
         .await
         .unwrap();
 }
+
+/// Three CORS preflights on `POST /login` (limit 2) are not charged: the
+/// POST after them finds one unit used, its own.
+pub async fn assert_preflights_are_free(http: &Http) {
+    let preflight = [
+        ("origin", "https://app.example"),
+        ("access-control-request-method", "POST"),
+    ];
+    for _ in 0..3 {
+        let reply = http.send("OPTIONS", "/login", &preflight).await;
+        assert_ne!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(reply.header("ratelimit"), None, "not rate limited");
+    }
+    let reply = http.send("POST", "/login", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.remaining_and_reset().0,
+        1,
+        "only the POST was charged"
+    );
+}
+
+/// With limits on method routes (`POST /login`, `GET`/`HEAD /search`, one
+/// bucket of 3): 405s and 404s are free, `HEAD` is charged like `GET`.
+pub async fn assert_unrouted_are_free_and_head_is_charged(http: &Http) {
+    for _ in 0..3 {
+        let reply = http.get("/login", &[]).await;
+        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(reply.header("ratelimit"), None);
+        assert_eq!(
+            http.get("/nowhere", &[]).await.status,
+            StatusCode::NOT_FOUND
+        );
+    }
+    let reply = http.send("POST", "/login", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining_and_reset().0, 2, "404s and 405s were free");
+    let reply = http.send("HEAD", "/search", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.remaining_and_reset().0, 1, "HEAD is charged like GET");
+}
+
+/// A missing API key and a duplicated one get the same 401; one key passes.
+pub async fn assert_every_401_has_the_challenge(http: &Http) {
+    let challenge = r#"ApiKey header="x-api-key""#;
+    assert_401(&http.get("/", &[]).await, challenge);
+    assert_401(
+        &http
+            .get("/", &[("x-api-key", "a"), ("x-api-key", "b")])
+            .await,
+        challenge,
+    );
+    assert_eq!(
+        http.get("/", &[("x-api-key", "a")]).await.status,
+        StatusCode::OK
+    );
+}
+
+/// `GET /` decided by the route `api` of `live` (2 per minute): a reload to
+/// 5 is in force at the next request, and the counter was kept.
+pub async fn assert_reload_applies(http: &Http, live: &tollgate_config::LiveConfig) {
+    let reply = http.get("/", &[]).await;
+    assert_eq!(reply.items("ratelimit-policy")[0].1["q"], 2);
+    assert_eq!(reply.remaining_and_reset().0, 1);
+    reload(live, 5).await;
+    let reply = http.get("/", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.items("ratelimit-policy")[0].1["q"], 5);
+    assert_eq!(reply.remaining_and_reset().0, 3, "the counter was kept");
+}
+
+/// The hash key of the API-key identity in the 401 tests.
+pub fn api_key() -> tollgate_limiter::HashKey {
+    tollgate_limiter::HashKey::new(b"0123456789abcdef0123").unwrap()
+}

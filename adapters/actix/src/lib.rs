@@ -1,6 +1,6 @@
 //! Tollgate's actix-web middleware.
 //!
-//! [`RateLimit`] identifies each request, decides it with a [`Limiter`], and
+//! [`RateLimit`] identifies each request, decides it with a [`Limiter`](tollgate_limiter::Limiter), and
 //! either calls the wrapped service (adding the `RateLimit-Policy` and
 //! `RateLimit` headers to its response) or answers at once: 429 with
 //! `Retry-After` and an `application/problem+json` body, 503 when the store
@@ -68,9 +68,9 @@ pub use tollgate_http::{
 pub type Identity = tollgate_http::Identity<ServiceRequest>;
 
 /// The rate-limiting middleware (an actix-web [`Transform`]); see the
-/// [crate docs](crate). Cloning is cheap; wrap an `App`, a `scope` or a
-/// `resource` — a resource's own `RateLimit` gives it its own limiter or
-/// [cost](Self::cost).
+/// [crate docs](crate). Cloning is cheap; wrap a route (`Route::wrap`: the
+/// router's 404s and 405s never reach it), a `resource`, a `scope` or the
+/// `App` — each its own limiter or [cost](GateBuilder::cost).
 #[derive(Clone, Debug)]
 pub struct RateLimit {
     gate: Arc<Gate<ServiceRequest>>,

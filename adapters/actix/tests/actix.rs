@@ -19,35 +19,29 @@ use tollgate_limiter::{Decision, Limiter, Store, Subject};
 /// `auth` stand-in turns an `x-user` header into a subject, as an
 /// authentication middleware would.
 fn serve(rate_limit: RateLimit) -> Http {
-    let server = HttpServer::new(move || {
-        App::new()
-            .wrap(rate_limit.clone())
-            .wrap_fn(|request, service| {
-                let user = request
-                    .headers()
-                    .get("x-user")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| Subject::new(v).ok());
-                if let Some(user) = user {
-                    request.extensions_mut().insert(user);
-                }
-                service.call(request)
-            })
-            .route(
-                "/",
-                web::get().to(|decision: web::ReqData<Decision>| async move {
-                    format!("left: {}", decision.layers()[0].remaining)
-                }),
-            )
+    serve_with(move |cfg| {
+        cfg.service(
+            web::scope("")
+                .wrap(rate_limit.clone())
+                .wrap_fn(|request, service| {
+                    let user = request
+                        .headers()
+                        .get("x-user")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| Subject::new(v).ok());
+                    if let Some(user) = user {
+                        request.extensions_mut().insert(user);
+                    }
+                    service.call(request)
+                })
+                .route(
+                    "/",
+                    web::get().to(|decision: web::ReqData<Decision>| async move {
+                        format!("left: {}", decision.layers()[0].remaining)
+                    }),
+                ),
+        );
     })
-    .workers(1)
-    .disable_signals()
-    .shutdown_timeout(0)
-    .bind(("127.0.0.1", 0))
-    .unwrap();
-    let addr = server.addrs()[0];
-    actix_web::rt::spawn(server.run());
-    Http::new(addr)
 }
 
 fn by_ip(limiter: Limiter, ip: ClientIp) -> RateLimit {
@@ -230,22 +224,7 @@ async fn cors_preflights_are_not_charged() {
                 .route("/login", web::post().to(|| async { "welcome" })),
         );
     });
-    let preflight = [
-        ("origin", "https://app.example"),
-        ("access-control-request-method", "POST"),
-    ];
-    for _ in 0..3 {
-        let reply = http.send("OPTIONS", "/login", &preflight).await;
-        assert_ne!(reply.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(reply.header("ratelimit"), None, "not rate limited");
-    }
-    let reply = http.send("POST", "/login", &[]).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(
-        reply.remaining_and_reset().0,
-        1,
-        "only the POST was charged"
-    );
+    common::assert_preflights_are_free(&http).await;
 }
 
 /// With the middleware on the route itself (`Route::wrap`), requests the
@@ -274,21 +253,7 @@ async fn unrouted_requests_are_not_charged_and_head_is_like_get() {
             ),
         );
     });
-    for _ in 0..3 {
-        let reply = http.get("/login", &[]).await;
-        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
-        assert_eq!(reply.header("ratelimit"), None);
-        assert_eq!(
-            http.get("/nowhere", &[]).await.status,
-            StatusCode::NOT_FOUND
-        );
-    }
-    let reply = http.send("POST", "/login", &[]).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.remaining_and_reset().0, 2, "404s and 405s were free");
-    let reply = http.send("HEAD", "/search", &[]).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.remaining_and_reset().0, 1, "HEAD is charged like GET");
+    common::assert_unrouted_are_free_and_head_is_charged(&http).await;
 }
 
 /// Every 401 has one shape: a missing API key and a duplicated one alike
@@ -296,7 +261,7 @@ async fn unrouted_requests_are_not_charged_and_head_is_like_get() {
 #[actix_web::test]
 async fn every_401_has_the_challenge() {
     let (_clock, store) = memory_store();
-    let key = tollgate_limiter::HashKey::new(b"0123456789abcdef0123").unwrap();
+    let key = common::api_key();
     let rate_limit = RateLimit::builder(per_minute(store, "per-key", 3))
         .identity(Identity::new().api_key("x-api-key", key))
         .build()
@@ -307,18 +272,7 @@ async fn every_401_has_the_challenge() {
             web::get().to(|| async { "ok" }).wrap(rate_limit.clone()),
         );
     });
-    let challenge = r#"ApiKey header="x-api-key""#;
-    common::assert_401(&http.get("/", &[]).await, challenge);
-    common::assert_401(
-        &http
-            .get("/", &[("x-api-key", "a"), ("x-api-key", "b")])
-            .await,
-        challenge,
-    );
-    assert_eq!(
-        http.get("/", &[("x-api-key", "a")]).await.status,
-        StatusCode::OK
-    );
+    common::assert_every_401_has_the_challenge(&http).await;
 }
 
 /// A route bound by name to a running configuration: a reload changes its
@@ -333,12 +287,5 @@ async fn a_reload_changes_the_limits_of_a_running_route() {
             .build()
             .unwrap(),
     );
-    let reply = http.get("/", &[]).await;
-    assert_eq!(reply.items("ratelimit-policy")[0].1["q"], 2);
-    assert_eq!(reply.remaining_and_reset().0, 1);
-    common::reload(&live, 5).await;
-    let reply = http.get("/", &[]).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.items("ratelimit-policy")[0].1["q"], 5);
-    assert_eq!(reply.remaining_and_reset().0, 3, "the counter was kept");
+    common::assert_reload_applies(&http, &live).await;
 }

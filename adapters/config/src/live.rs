@@ -37,8 +37,15 @@ struct Shared {
     reloading: tokio::sync::Mutex<()>,
 }
 
-/// A configuration that can be reloaded while the service runs; see the
-/// [module docs](self).
+/// A configuration that can be reloaded while the service runs.
+///
+/// It holds the running configuration and every route's limits behind one
+/// atomic pointer. Code binds handlers to routes by name
+/// ([`route`](Self::route)); the HTTP adapters read a [`LiveRoute`]'s
+/// limits anew for each request. A reload validates and builds the new
+/// configuration completely, then swaps it in at once: a decision in
+/// flight finishes on the configuration it began with, and an invalid file
+/// changes nothing.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {

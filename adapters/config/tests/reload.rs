@@ -44,6 +44,17 @@ async fn live(text: &str) -> (ManualClock, LiveConfig) {
     (clock, live)
 }
 
+/// Whether `route` admits one request of `ctx` now.
+async fn admits(route: &tollgate_config::LiveRoute, ctx: &Context) -> bool {
+    route
+        .limits()
+        .limiter()
+        .check(ctx, 1)
+        .await
+        .unwrap()
+        .is_allowed()
+}
+
 fn subject(name: &str) -> Context {
     Context::subject(Subject::new(name).unwrap())
 }
@@ -165,21 +176,9 @@ async fn an_invalid_reload_keeps_the_running_limits() {
     // The in-memory way: same outcome.
     let ctx = subject("s");
     for _ in 0..2 {
-        assert!(route
-            .limits()
-            .limiter()
-            .check(&ctx, 1)
-            .await
-            .unwrap()
-            .is_allowed());
+        assert!(admits(&route, &ctx).await);
     }
-    assert!(!route
-        .limits()
-        .limiter()
-        .check(&ctx, 1)
-        .await
-        .unwrap()
-        .is_allowed());
+    assert!(!admits(&route, &ctx).await);
 }
 
 /// A route the code is bound to cannot vanish; routes nobody binds are
@@ -191,13 +190,7 @@ async fn bound_routes_stay_unbound_ones_are_reported_and_the_store_is_kept() {
     assert!(live.route("apl").is_err(), "an unknown route is an error");
     let store = live.store();
     let ctx = subject("s");
-    assert!(route
-        .limits()
-        .limiter()
-        .check(&ctx, 1)
-        .await
-        .unwrap()
-        .is_allowed());
+    assert!(admits(&route, &ctx).await);
 
     let without = file(2, "").replace("[routes.api]", "[routes.other]");
     let refused = live
@@ -221,20 +214,8 @@ async fn bound_routes_stay_unbound_ones_are_reported_and_the_store_is_kept() {
     assert!(!report.store_reopened);
     assert!(Arc::ptr_eq(&store, &live.store()), "the store was kept");
     // The counter survived the reload: one of two used.
-    assert!(route
-        .limits()
-        .limiter()
-        .check(&ctx, 1)
-        .await
-        .unwrap()
-        .is_allowed());
-    assert!(!route
-        .limits()
-        .limiter()
-        .check(&ctx, 1)
-        .await
-        .unwrap()
-        .is_allowed());
+    assert!(admits(&route, &ctx).await);
+    assert!(!admits(&route, &ctx).await);
 
     let bigger = extra.replace("max_keys = 10000", "max_keys = 20000");
     let report = live

@@ -89,7 +89,7 @@ pub enum GateError {
     },
 }
 
-/// A [`Limiter`] with everything an HTTP adapter adds around it: how to
+/// A [`Limiter`](tollgate_limiter::Limiter) with everything an HTTP adapter adds around it: how to
 /// identify a request, what it costs, which requests are not limited, which
 /// headers to send and how to answer errors. Both adapters are thin
 /// wrappers over this; build one with [`Gate::builder`].
@@ -153,7 +153,7 @@ pub struct GateBuilder<R: ?Sized, Out = Gate<R>> {
 }
 
 impl<R: ?Sized> Gate<R> {
-    /// A builder over `limiter` (a [`Limiter`], or a live route of a
+    /// A builder over `limiter` (a [`Limiter`](tollgate_limiter::Limiter), or a live route of a
     /// reloadable configuration): no identity source yet (building fails if
     /// a layer needs one), cost 1 (a live route's own cost), CORS
     /// preflights not charged, standard headers only.

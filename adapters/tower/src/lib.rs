@@ -2,7 +2,7 @@
 //! `http::Request` — axum routers and handlers, tonic servers, hyper services.
 //!
 //! [`RateLimitLayer`] identifies each request, decides it with a
-//! [`Limiter`], and either calls the inner service (adding the
+//! [`Limiter`](tollgate_limiter::Limiter), and either calls the inner service (adding the
 //! `RateLimit-Policy` and `RateLimit` headers to its response) or answers at
 //! once: 429 with `Retry-After` and an `application/problem+json` body, 503
 //! when the store failed and the policy fails closed, 401 when the request
@@ -67,10 +67,10 @@ pub use tollgate_http::{
 pub type Identity = tollgate_http::Identity<Parts>;
 
 /// A [`tower_layer::Layer`] that rate limits `http::Request`s with a
-/// [`Limiter`]; see the [crate docs](crate).
+/// [`Limiter`](tollgate_limiter::Limiter); see the [crate docs](crate).
 ///
 /// Cloning is cheap. One layer per route (axum's `route_layer`, or a layer on
-/// a nested router) gives that route its own limiter or [cost](Self::cost).
+/// a nested router) gives that route its own limiter or [cost](GateBuilder::cost).
 #[derive(Clone, Debug)]
 pub struct RateLimitLayer {
     gate: Arc<Gate<Parts>>,

@@ -270,22 +270,7 @@ async fn cors_preflights_are_not_charged() {
         .route("/login", axum::routing::post(|| async { "welcome" }))
         .layer(by_ip(per_minute(store, "login", 2), ClientIp::direct()));
     let http = serve(app).await;
-    let preflight = [
-        ("origin", "https://app.example"),
-        ("access-control-request-method", "POST"),
-    ];
-    for _ in 0..3 {
-        let reply = http.send("OPTIONS", "/login", &preflight).await;
-        assert_ne!(reply.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(reply.header("ratelimit"), None, "not rate limited");
-    }
-    let reply = http.send("POST", "/login", &[]).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(
-        reply.remaining_and_reset().0,
-        1,
-        "only the POST was charged"
-    );
+    common::assert_preflights_are_free(&http).await;
     // A plain OPTIONS (no preflight) is an ordinary request: charged.
     let reply = http.send("OPTIONS", "/login", &[]).await;
     assert_eq!(reply.remaining_and_reset().0, 0);
@@ -309,21 +294,7 @@ async fn unrouted_requests_are_not_charged_and_head_is_like_get() {
             get(|| async { "results" }).route_layer(by_ip(limiter, ClientIp::direct())),
         );
     let http = serve(app).await;
-    for _ in 0..3 {
-        let reply = http.get("/login", &[]).await;
-        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
-        assert_eq!(reply.header("ratelimit"), None);
-        assert_eq!(
-            http.get("/nowhere", &[]).await.status,
-            StatusCode::NOT_FOUND
-        );
-    }
-    let reply = http.send("POST", "/login", &[]).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.remaining_and_reset().0, 2, "404s and 405s were free");
-    let reply = http.send("HEAD", "/search", &[]).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.remaining_and_reset().0, 1, "HEAD is charged like GET");
+    common::assert_unrouted_are_free_and_head_is_charged(&http).await;
 }
 
 /// Every 401 has one shape: a missing API key and a duplicated one alike
@@ -331,7 +302,7 @@ async fn unrouted_requests_are_not_charged_and_head_is_like_get() {
 #[tokio::test]
 async fn every_401_has_the_challenge() {
     let (_clock, store) = memory_store();
-    let key = tollgate_limiter::HashKey::new(b"0123456789abcdef0123").unwrap();
+    let key = common::api_key();
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
         RateLimitLayer::builder(per_minute(store, "per-key", 3))
             .identity(Identity::new().api_key("x-api-key", key))
@@ -339,18 +310,7 @@ async fn every_401_has_the_challenge() {
             .unwrap(),
     );
     let http = serve(app).await;
-    let challenge = r#"ApiKey header="x-api-key""#;
-    common::assert_401(&http.get("/", &[]).await, challenge);
-    common::assert_401(
-        &http
-            .get("/", &[("x-api-key", "a"), ("x-api-key", "b")])
-            .await,
-        challenge,
-    );
-    assert_eq!(
-        http.get("/", &[("x-api-key", "a")]).await.status,
-        StatusCode::OK
-    );
+    common::assert_every_401_has_the_challenge(&http).await;
 }
 
 /// A route bound by name to a running configuration: a reload changes its
@@ -364,12 +324,5 @@ async fn a_reload_changes_the_limits_of_a_running_route() {
         .build()
         .unwrap();
     let http = serve(app(layer)).await;
-    let reply = http.get("/", &[]).await;
-    assert_eq!(reply.items("ratelimit-policy")[0].1["q"], 2);
-    assert_eq!(reply.remaining_and_reset().0, 1);
-    common::reload(&live, 5).await;
-    let reply = http.get("/", &[]).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.items("ratelimit-policy")[0].1["q"], 5);
-    assert_eq!(reply.remaining_and_reset().0, 3, "the counter was kept");
+    common::assert_reload_applies(&http, &live).await;
 }

@@ -21,7 +21,7 @@ use tollgate_limiter::{
     Source, Store, Subject,
 };
 use tollgate_redis::cluster::{hash_slot, RedisClusterStore};
-use tollgate_testkit::conformance::{every_algorithm_over, unique, START};
+use tollgate_testkit::conformance::{decide_concurrently, every_algorithm_over, unique, START};
 use tollgate_testkit::redis_cluster::{RedisCluster, Reply, MASTERS};
 
 /// The deadline of stores in tests that do not measure it: long enough that
@@ -147,23 +147,12 @@ async fn cross_slot_layers_under_concurrency_never_over_admit_nor_leak_charges()
                 Context::subject(Subject::new(s).unwrap())
             })
             .collect();
-        let barrier = Arc::new(tokio::sync::Barrier::new(300));
-        let tasks: Vec<_> = (0..300)
-            .map(|i| {
-                let (limiter, ctx, barrier) =
-                    (limiter.clone(), subjects[i % 3].clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let d = limiter.check(&ctx, 1).await.expect("valid request");
-                    assert!(d.store_error().is_none(), "{d:?}");
-                    (i % 3, d.is_allowed())
-                })
-            })
+        let requests = (0..300)
+            .map(|i| (limiter.clone(), subjects[i % 3].clone()))
             .collect();
         let mut admitted = [0u64; 3];
-        for task in tasks {
-            let (subject, allowed) = task.await.unwrap();
-            admitted[subject] += u64::from(allowed);
+        for (i, allowed) in decide_concurrently(requests).await.into_iter().enumerate() {
+            admitted[i % 3] += u64::from(allowed);
         }
         let total: u64 = admitted.iter().sum();
         println!("{name}: admitted {admitted:?} (global capacity 30, per subject 20)");
@@ -248,23 +237,12 @@ async fn a_contended_cross_slot_tenant_admits_close_to_its_capacity() {
                     .with_attribute("tenant", Subject::new(tenant.clone()).unwrap())
             })
             .collect();
-        let barrier = Arc::new(tokio::sync::Barrier::new(300));
-        let tasks: Vec<_> = (0..300)
-            .map(|i| {
-                let (limiter, ctx, barrier) =
-                    (limiter.clone(), keys[i % 3].clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let d = limiter.check(&ctx, 1).await.expect("valid request");
-                    assert!(d.store_error().is_none(), "{d:?}");
-                    (i % 3, d.is_allowed())
-                })
-            })
+        let requests = (0..300)
+            .map(|i| (limiter.clone(), keys[i % 3].clone()))
             .collect();
         let mut admitted = [0u64; 3];
-        for task in tasks {
-            let (key, allowed) = task.await.unwrap();
-            admitted[key] += u64::from(allowed);
+        for (i, allowed) in decide_concurrently(requests).await.into_iter().enumerate() {
+            admitted[i % 3] += u64::from(allowed);
         }
         let total: u64 = admitted.iter().sum();
         println!("run {run}: tenant admitted {total} of 15, per key {admitted:?}");

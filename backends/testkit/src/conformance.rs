@@ -113,6 +113,30 @@ async fn admitted(limiter: &Limiter, ctx: &Context, n: usize, cost: u64) -> usiz
     count
 }
 
+/// Decide every `(limiter, context)` request at once (a barrier releases
+/// them together, each in its own task): whether each was admitted, in
+/// order. A store error (a degraded decision) fails the test.
+pub async fn decide_concurrently(requests: Vec<(Limiter, Context)>) -> Vec<bool> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(requests.len()));
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|(limiter, ctx)| {
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let d = limiter.check(&ctx, 1).await.expect("valid request");
+                assert!(d.store_error().is_none(), "{d:?}");
+                d.is_allowed()
+            })
+        })
+        .collect();
+    let mut admitted = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        admitted.push(task.await.expect("task"));
+    }
+    admitted
+}
+
 /// A new key starts full: `capacity` requests pass, the next is denied.
 pub async fn new_key_starts_full(factory: impl StoreFactory) {
     let clock = ManualClock::new(START);
@@ -243,24 +267,12 @@ pub async fn concurrent_requests_admit_exactly_the_capacity(factory: impl StoreF
         let name = limit.algorithm_name();
         let limiter = single(store.clone(), limit);
         let ctx = fresh_subject();
-        let barrier = Arc::new(tokio::sync::Barrier::new(200));
-        let tasks: Vec<_> = (0..200)
-            .map(|_| {
-                let (limiter, ctx, barrier) = (limiter.clone(), ctx.clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    limiter
-                        .check(&ctx, 1)
-                        .await
-                        .expect("store answers")
-                        .is_allowed()
-                })
-            })
-            .collect();
-        let mut count = 0;
-        for task in tasks {
-            count += usize::from(task.await.expect("task"));
-        }
+        let requests = (0..200).map(|_| (limiter.clone(), ctx.clone())).collect();
+        let count = decide_concurrently(requests)
+            .await
+            .into_iter()
+            .filter(|&a| a)
+            .count();
         assert_eq!(count, 20, "{name}: 200 concurrent requests, capacity 20");
     }
 }
@@ -512,21 +524,15 @@ pub async fn rolling_deploys_are_bounded(factory: impl StoreFactory) {
         };
         let (old, new) = (limiter(old), limiter(new));
         let subjects: Vec<Context> = (0..3).map(|_| fresh_subject()).collect();
-        let tasks: Vec<_> = (0..60)
+        let requests = (0..60)
             .map(|i| {
                 let limiter = if i % 2 == 0 { old.clone() } else { new.clone() };
-                let ctx = subjects[i % 3].clone();
-                tokio::spawn(async move {
-                    let d = limiter.check(&ctx, 1).await.expect("store answers");
-                    assert!(d.store_error().is_none(), "{d:?}");
-                    (i % 3, d.is_allowed())
-                })
+                (limiter, subjects[i % 3].clone())
             })
             .collect();
         let mut admitted = [0usize; 3];
-        for task in tasks {
-            let (subject, allowed) = task.await.expect("task");
-            admitted[subject] += usize::from(allowed);
+        for (i, allowed) in decide_concurrently(requests).await.into_iter().enumerate() {
+            admitted[i % 3] += usize::from(allowed);
         }
         // Ten requests of each version per subject: enough to fill both
         // counters, so the bound is reached exactly.
