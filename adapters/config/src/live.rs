@@ -396,12 +396,17 @@ impl LiveConfig {
     }
 
     /// Reload whenever the file changes (its modification time, length or
-    /// contents), checking every `every`; stops when the returned handle is
-    /// dropped or aborted. Each change is reloaded once: an invalid file is
-    /// reported once, not at every check.
+    /// contents), checking every `every`, and hand each outcome to
+    /// `report` (an invalid file's errors included); stops when the
+    /// returned handle is dropped. Each change is reloaded once: an invalid
+    /// file is reported once, not at every check.
     #[cfg(feature = "watch")]
     #[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
-    pub fn watch(&self, every: std::time::Duration) -> Result<Watch, ReloadError> {
+    pub fn watch(
+        &self,
+        every: std::time::Duration,
+        mut report: impl FnMut(Result<ReloadReport, ReloadError>) + Send + 'static,
+    ) -> Result<Watch, ReloadError> {
         let path = self.shared.path.clone().ok_or(ReloadError::NoFile)?;
         let live = self.clone();
         let mut seen = fingerprint(&path);
@@ -413,7 +418,7 @@ impl LiveConfig {
                 let now = fingerprint(&path);
                 if now != seen {
                     seen = now;
-                    let _ = live.reload().await;
+                    report(live.reload().await);
                 }
             }
         });

@@ -248,7 +248,12 @@ async fn a_watched_file_reloads_when_it_changes() {
         .await
         .unwrap();
     let route = live.route("api").unwrap();
-    let _watch = live.watch(Duration::from_secs(1)).unwrap();
+    let (tx, mut reports) = tokio::sync::mpsc::unbounded_channel();
+    let _watch = live
+        .watch(Duration::from_secs(1), move |r| {
+            let _ = tx.send(r.is_ok());
+        })
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(1_500)).await; // paused time: instant
     assert_eq!(route.limits().limiter().layers()[0].policy().capacity(), 2);
     std::fs::write(&path, file(7, "")).unwrap();
@@ -258,6 +263,16 @@ async fn a_watched_file_reloads_when_it_changes() {
             break;
         }
     }
+    assert_eq!(route.limits().limiter().layers()[0].policy().capacity(), 7);
+    assert_eq!(reports.recv().await, Some(true), "the reload was reported");
+    // An invalid edit is reported once, and changes nothing.
+    std::fs::write(&path, file(0, "")).unwrap();
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    assert_eq!(reports.recv().await, Some(false));
+    assert!(
+        reports.try_recv().is_err(),
+        "reported once, not at every check"
+    );
     assert_eq!(route.limits().limiter().layers()[0].policy().capacity(), 7);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -295,7 +295,7 @@ async fn run() -> Result<(), Error> {
         eprintln!("warning: [routes.{route}] is configured but no handler uses it");
     }
     // Reload on SIGHUP, and whenever the file changes.
-    let _watch = limiters.watch(Duration::from_secs(1))?;
+    let _watch = limiters.watch(Duration::from_secs(1), report)?;
     let on_hangup = limiters.clone();
     tokio::spawn(async move {
         let Ok(mut hangups) =
