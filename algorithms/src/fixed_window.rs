@@ -2,6 +2,7 @@
 
 use tollgate_limiter::{State, Stored, Transition, Verdict, Window};
 
+use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
 /// Fixed window over the state `[count, last µs, 0]`.
@@ -43,4 +44,17 @@ pub fn fixed_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) ->
             ttl: ttl_until(end, now),
         }),
     }
+}
+
+/// The count goes down only while it still counts the charge's window.
+pub fn fixed_window_refund(p: &Window, [count, last, _]: [u64; 3], c: Charge) -> Refund {
+    let w = p.window_us();
+    if last < c.at || last - last % w != c.at - c.at % w {
+        return Refund::NOTHING;
+    }
+    let give = c.cost.min(count);
+    if give == 0 {
+        return Refund::NOTHING;
+    }
+    Refund::cells(give, [count - give, last, 0])
 }

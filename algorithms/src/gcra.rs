@@ -2,6 +2,7 @@
 
 use tollgate_limiter::{Gcra, State, Stored, Transition, Verdict};
 
+use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
 /// GCRA over the state `[TAT µs, last µs, 0]`.
@@ -51,4 +52,24 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
             next: None,
         }
     }
+}
+
+/// The charge moved the TAT `cost × interval` later, to `mark`. Without it,
+/// the TAT could have been raised to the effective time since; only what is
+/// still ahead of the effective time is owed, and the TAT never goes below
+/// the effective time.
+pub fn gcra_refund(p: &Gcra, [tat, last, _]: [u64; 3], now: u64, c: Charge) -> Refund {
+    if last < c.at {
+        return Refund::NOTHING;
+    }
+    let t = now.max(last);
+    let give = (c.cost * p.interval_us()).min(c.mark.saturating_sub(t));
+    if give == 0 {
+        return Refund::NOTHING;
+    }
+    let lowered = tat.saturating_sub(give).max(t);
+    if lowered >= tat {
+        return Refund::NOTHING;
+    }
+    Refund::cells(tat - lowered, [lowered, last, 0])
 }

@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 
 use tollgate_limiter::{State, Stored, Transition, Verdict, Window};
 
+use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
 /// Sliding log over a non-decreasing list of timestamps.
@@ -54,5 +55,26 @@ pub fn sliding_log(p: &Window, state: Option<&VecDeque<u64>>, now: u64, cost: u6
             },
             next: None,
         }
+    }
+}
+
+/// Up to `cost` entries equal to `at`, newest first (`LREM key -cost at`).
+pub fn sliding_log_refund(entries: &VecDeque<u64>, c: Charge) -> Refund {
+    let mut next = entries.clone();
+    let mut given = 0;
+    let mut i = next.len();
+    while i > 0 && given < c.cost {
+        i -= 1;
+        if next[i] == c.at {
+            next.remove(i);
+            given += 1;
+        }
+    }
+    if given == 0 {
+        return Refund::NOTHING;
+    }
+    Refund {
+        given,
+        next: Some(State::Log(next)),
     }
 }

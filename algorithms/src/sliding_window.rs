@@ -2,6 +2,7 @@
 
 use tollgate_limiter::{State, Stored, Transition, Verdict, Window};
 
+use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
 /// Sliding window counter over the state `[current count, previous count, last µs]`.
@@ -74,4 +75,30 @@ fn retry_at(limit: u64, w: u64, prev: u64, cur: u64, cost: u64, start: u64, e: u
         .checked_div(cur)
         .map_or(0, |spare| w - spare.min(w));
     start.saturating_add(w).saturating_add(e_next)
+}
+
+/// The charge is in the current count while the state is in the charge's
+/// window, in the previous count once it moved to the next window, and
+/// counts no more after that.
+pub fn sliding_window_refund(p: &Window, [cur, prev, last]: [u64; 3], c: Charge) -> Refund {
+    let w = p.window_us();
+    if last < c.at {
+        return Refund::NOTHING;
+    }
+    let (start, charged) = (last - last % w, c.at - c.at % w);
+    if start == charged {
+        let give = c.cost.min(cur);
+        if give == 0 {
+            return Refund::NOTHING;
+        }
+        Refund::cells(give, [cur - give, prev, last])
+    } else if start == charged + w {
+        let give = c.cost.min(prev);
+        if give == 0 {
+            return Refund::NOTHING;
+        }
+        Refund::cells(give, [cur, prev - give, last])
+    } else {
+        Refund::NOTHING
+    }
 }

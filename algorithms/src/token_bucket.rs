@@ -2,6 +2,7 @@
 
 use tollgate_limiter::{State, Stored, TokenBucket, Transition, Verdict};
 
+use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
 /// Token bucket over the state `[scaled tokens, last µs, 0]`.
@@ -58,4 +59,36 @@ pub fn token_bucket(p: &TokenBucket, state: Option<[u64; 3]>, now: u64, cost: u6
             next: None,
         }
     }
+}
+
+/// Without the charge the bucket held `cost × period` more at `at`. It can
+/// only have wasted refill (by being full) once
+/// `(full − left − cost × period) / refill` had passed, so after `elapsed`
+/// it still holds at least `min(cost × period, full − left − elapsed ×
+/// refill)` more than the charged state.
+pub fn token_bucket_refund(
+    p: &TokenBucket,
+    [level, last, _]: [u64; 3],
+    now: u64,
+    c: Charge,
+) -> Refund {
+    let (period, refill) = (p.period_us(), p.refill());
+    let full = p.capacity() * period;
+    let stored = level.min(full);
+    if last < c.at || c.mark >= full {
+        return Refund::NOTHING;
+    }
+    let elapsed = now.max(last) - c.at;
+    let room = full - c.mark;
+    // Compared first, so the product cannot overflow.
+    if elapsed >= room.div_ceil(refill) {
+        return Refund::NOTHING;
+    }
+    let give = (c.cost * period)
+        .min(room - elapsed * refill)
+        .min(full - stored);
+    if give == 0 {
+        return Refund::NOTHING;
+    }
+    Refund::cells(give, [stored + give, last, 0])
 }

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use hashbrown::HashTable;
 use tollgate_limiter::{
     duration_micros, Clock, LayerRequest, Policy, State, Store, StoreError, StoreKey, SystemClock,
-    Transition, Verdict, WhenFull,
+    Verdict, WhenFull,
 };
 
 /// Passes of a decision that found a budget full: each makes room across
@@ -559,28 +559,26 @@ impl MemoryStore {
             order.iter().map(|&i| lock(&self.shards[i])).collect();
         let slot = |id: usize| order.binary_search(&id).expect("locked shard");
         let mut present = Vec::with_capacity(layers.len());
-        let transitions: Vec<Transition> = layers
-            .iter()
-            .zip(&located)
-            .map(|(l, &(hash, id))| {
-                let found = guards[slot(id)].find(hash, &l.key);
-                present.push(found.is_some());
-                let state = found.filter(|e| e.expires_at > now_us).map(|e| &e.state);
-                tollgate_algorithms::decide(l.policy.limit(), state, now, l.cost)
-            })
-            .collect();
-        if !transitions.iter().all(|t| t.verdict.allowed) {
-            return Ok(layers
+        let layered = {
+            let states: Vec<Option<&State>> = layers
                 .iter()
-                .zip(transitions)
-                .map(|(l, t)| t.verdict.uncharged(l.cost))
-                .collect());
+                .zip(&located)
+                .map(|(l, &(hash, id))| {
+                    let found = guards[slot(id)].find(hash, &l.key);
+                    present.push(found.is_some());
+                    found.filter(|e| e.expires_at > now_us).map(|e| &e.state)
+                })
+                .collect();
+            tollgate_algorithms::decide_layers(layers, &states, now)
+        };
+        if !layered.admitted() {
+            return Ok(layered.verdicts);
         }
         // Units for new keys are taken before anything is written, and given
         // back if any budget is full.
         let mut taken: Vec<(usize, Option<Arc<Budget>>)> = Vec::new();
         for i in 0..layers.len() {
-            if present[i] || transitions[i].next.is_none() {
+            if present[i] || layered.writes[i].is_none() {
                 continue;
             }
             let shard = &mut guards[slot(located[i].1)];
@@ -597,9 +595,10 @@ impl MemoryStore {
                 }
             }
         }
-        let mut verdicts = Vec::with_capacity(layers.len());
-        for (i, ((l, &(hash, id)), t)) in layers.iter().zip(&located).zip(transitions).enumerate() {
-            if let Some(next) = t.next {
+        for (i, ((l, &(hash, id)), write)) in
+            layers.iter().zip(&located).zip(layered.writes).enumerate()
+        {
+            if let Some(next) = write {
                 guards[slot(id)].write(
                     hash,
                     &l.key,
@@ -611,9 +610,8 @@ impl MemoryStore {
                         .and_then(|(_, b)| b.as_ref()),
                 );
             }
-            verdicts.push(t.verdict);
         }
-        Ok(verdicts)
+        Ok(layered.verdicts)
     }
 }
 

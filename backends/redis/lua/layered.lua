@@ -1,7 +1,8 @@
 -- Tollgate: decide every layer of one request in one call, all-or-nothing.
 --
--- The store runs one script: common.lua, the five algorithm files and this
--- dispatcher, concatenated in that order (src/script.rs). Each algorithm
+-- The store runs one script: common.lua, codes.lua, the five algorithm
+-- files, refund.lua and this dispatcher, concatenated in that order
+-- (src/script.rs). Each algorithm
 -- lives in exactly one file; a single-policy decision is this same script
 -- with one layer, so there is one source of truth per algorithm.
 --
@@ -10,12 +11,12 @@
 --          server's TIME (the default: one clock for every key).
 -- ARGV[2]  with a caller's time: the largest allowed distance in µs from the
 --          server's TIME, or "" for no check.
--- ARGV[3 + 5(i−1) ..] layer i: algorithm, cost, p1, p2, p3
---            1 token bucket    p = capacity, refill, period_us
---            2 GCRA            p = burst, interval_us, 0
---            3 fixed window    p = limit, window_us, 0
---            4 sliding window  p = limit, window_us, 0
---            5 sliding log     p = limit, window_us, 0
+-- ARGV[3 + 5(i−1) ..] layer i: algorithm (codes.lua), cost, p1, p2, p3
+--            TOKEN_BUCKET    p = capacity, refill, period_us
+--            GCRA            p = burst, interval_us, 0
+--            FIXED_WINDOW    p = limit, window_us, 0
+--            SLIDING_WINDOW  p = limit, window_us, 0
+--            SLIDING_LOG     p = limit, window_us, 0
 --
 -- Reply: 5 integers per layer, in KEYS order: allowed (1/0), limit,
 --   remaining, reset_after µs, retry_after µs (−1 when the layer admits).
@@ -51,10 +52,21 @@
 -- admitted report remaining + cost (capped at the limit): the request was not
 -- charged (Rust: Verdict::uncharged).
 
-local LOG = 5
-local ALGORITHMS = { token_bucket, gcra, fixed_window, sliding_window, sliding_log }
+local LOG = SLIDING_LOG
+local ALGORITHMS = {
+  [TOKEN_BUCKET] = token_bucket,
+  [GCRA] = gcra,
+  [FIXED_WINDOW] = fixed_window,
+  [SLIDING_WINDOW] = sliding_window,
+  [SLIDING_LOG] = sliding_log,
+}
 -- Refunds of counter states, by algorithm code (the log's is refund_sliding_log).
-local REFUNDS = { refund_token_bucket, refund_gcra, refund_fixed_window, refund_sliding_window }
+local REFUNDS = {
+  [TOKEN_BUCKET] = refund_token_bucket,
+  [GCRA] = refund_gcra,
+  [FIXED_WINDOW] = refund_fixed_window,
+  [SLIDING_WINDOW] = refund_sliding_window,
+}
 
 -- Lists up to this length are read whole; longer ones by binary search
 -- with LINDEX, so a large log costs O(log n) reads.
@@ -286,11 +298,11 @@ if mode == 'reserve' then
       local c = w.next
       if w.log then
         at = c.t
-      elseif w.code == 4 then
+      elseif w.code == SLIDING_WINDOW then
         at = c[3]
       else
         at = c[2]
-        if w.code <= 2 then
+        if w.code == TOKEN_BUCKET or w.code == GCRA then
           mark = c[1]
         end
       end

@@ -1,4 +1,4 @@
--- Tollgate: refunds (Rust reference: src/refund.rs).
+-- Tollgate: refunds (Rust reference: each algorithm's `*_refund` in algorithms/src/, dispatched by algorithms/src/refund.rs).
 --
 -- This file defines one function per algorithm; the store runs them through
 -- layered.lua in its 'refund' mode (Redis Cluster: a request whose layers

@@ -77,7 +77,6 @@ pub mod cluster;
 mod error;
 #[cfg(feature = "cluster")]
 mod holds;
-pub mod refund;
 pub mod script;
 mod store;
 

@@ -17,6 +17,8 @@ use crate::error::RedisStoreError;
 /// Helpers shared by every algorithm (exact integer division on doubles,
 /// TTL rounding, integer formatting).
 pub const COMMON: &str = include_str!("../lua/common.lua");
+/// The algorithm codes, named ([`Code`] on this side).
+pub const CODES: &str = include_str!("../lua/codes.lua");
 /// The token bucket function.
 pub const TOKEN_BUCKET: &str = include_str!("../lua/token_bucket.lua");
 /// The GCRA function.
@@ -32,11 +34,13 @@ pub const REFUND: &str = include_str!("../lua/refund.lua");
 /// The dispatcher: reads every layer, decides, writes all or nothing.
 pub const LAYERED: &str = include_str!("../lua/layered.lua");
 
-/// The script the store runs: [`COMMON`], the five algorithms, [`REFUND`]
+/// The script the store runs: [`COMMON`], [`CODES`], the five algorithms, [`REFUND`]
 /// and [`LAYERED`], in that order. Standalone and Cluster stores run the
 /// same script.
 pub const SCRIPT: &str = concat!(
     include_str!("../lua/common.lua"),
+    "\n",
+    include_str!("../lua/codes.lua"),
     "\n",
     include_str!("../lua/token_bucket.lua"),
     "\n",
@@ -52,6 +56,34 @@ pub const SCRIPT: &str = concat!(
     "\n",
     include_str!("../lua/layered.lua"),
 );
+
+/// The algorithm codes the script knows (`lua/codes.lua` names them the
+/// same way; a test checks the two agree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u64)]
+pub enum Code {
+    /// `TOKEN_BUCKET`.
+    TokenBucket = 1,
+    /// `GCRA`.
+    Gcra = 2,
+    /// `FIXED_WINDOW`.
+    FixedWindow = 3,
+    /// `SLIDING_WINDOW`.
+    SlidingWindow = 4,
+    /// `SLIDING_LOG`.
+    SlidingLog = 5,
+}
+
+impl Code {
+    /// Every code with its name in `codes.lua`.
+    pub const ALL: [(Code, &'static str); 5] = [
+        (Code::TokenBucket, "TOKEN_BUCKET"),
+        (Code::Gcra, "GCRA"),
+        (Code::FixedWindow, "FIXED_WINDOW"),
+        (Code::SlidingWindow, "SLIDING_WINDOW"),
+        (Code::SlidingLog, "SLIDING_LOG"),
+    ];
+}
 
 /// Arguments before the first layer's: the caller's time and the allowed skew.
 pub const HEADER_ARGS: usize = 2;
@@ -84,11 +116,23 @@ pub fn layer_args(layer: &LayerRequest<'_>) -> Result<[u64; LAYER_ARGS], StoreEr
         )));
     }
     Ok(match limit {
-        Limit::TokenBucket(p) => [1, cost, p.capacity(), p.refill(), p.period_us()],
-        Limit::Gcra(p) => [2, cost, p.burst(), p.interval_us(), 0],
-        Limit::FixedWindow(p) => [3, cost, p.limit(), p.window_us(), 0],
-        Limit::SlidingWindow(p) => [4, cost, p.limit(), p.window_us(), 0],
-        Limit::SlidingLog(p) => [5, cost, p.limit(), p.window_us(), 0],
+        Limit::TokenBucket(p) => [
+            Code::TokenBucket as u64,
+            cost,
+            p.capacity(),
+            p.refill(),
+            p.period_us(),
+        ],
+        Limit::Gcra(p) => [Code::Gcra as u64, cost, p.burst(), p.interval_us(), 0],
+        Limit::FixedWindow(p) => [Code::FixedWindow as u64, cost, p.limit(), p.window_us(), 0],
+        Limit::SlidingWindow(p) => [
+            Code::SlidingWindow as u64,
+            cost,
+            p.limit(),
+            p.window_us(),
+            0,
+        ],
+        Limit::SlidingLog(p) => [Code::SlidingLog as u64, cost, p.limit(), p.window_us(), 0],
         other => return Err(StoreError::Unsupported(other.algorithm_name())),
     })
 }
@@ -141,6 +185,7 @@ mod tests {
     fn script_is_the_concatenation_of_the_files() {
         for part in [
             COMMON,
+            CODES,
             TOKEN_BUCKET,
             GCRA,
             FIXED_WINDOW,
@@ -152,6 +197,32 @@ mod tests {
             assert!(SCRIPT.contains(part));
         }
         assert_eq!(sha1().len(), 40);
+    }
+
+    /// One code per algorithm, the same number on both sides: `codes.lua`
+    /// names exactly the codes of [`Code`], with the same values.
+    #[test]
+    fn the_lua_codes_are_the_rust_codes() {
+        let lua: Vec<(String, u64)> = CODES
+            .lines()
+            .filter_map(|line| line.strip_prefix("local "))
+            .map(|rest| {
+                let (name, value) = rest.split_once(" = ").expect("local NAME = N");
+                (name.to_string(), value.trim().parse().expect("a number"))
+            })
+            .collect();
+        let rust: Vec<(String, u64)> = Code::ALL
+            .iter()
+            .map(|&(code, name)| (name.to_string(), code as u64))
+            .collect();
+        assert_eq!(lua, rust);
+        // And the dispatcher names them instead of using numbers.
+        for (_, name) in Code::ALL {
+            assert!(
+                LAYERED.contains(&format!("[{name}] = ")),
+                "{name} dispatched"
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! Random policies and random sequences of reservations and refunds of
 //! earlier reservations (in any order, time moving forward, standing still
 //! or stepping back) run through the script and through
-//! `tollgate_algorithms::decide` and `tollgate_redis::refund::refund`. At
+//! `tollgate_algorithms::decide` and `tollgate_algorithms::refund::refund`. At
 //! every step the verdicts, the reported charges, what each refund gave back
 //! and the stored state must be identical. Keys get a one-hour TTL after
 //! every step so that Redis never expires one on its own clock while the
@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use redis::aio::MultiplexedConnection;
+use tollgate_algorithms::refund::{refund, Charge};
 use tollgate_limiter::{LayerRequest, Limit, Policy, State, StoreKey, Timestamp};
-use tollgate_redis::refund::{refund, Charge};
 use tollgate_redis::script::{layer_args, parse_reply, sha1};
 use tollgate_testkit::conformance::{unique, START};
 use tollgate_testkit::redis_server::RedisServer;

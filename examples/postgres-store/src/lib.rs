@@ -339,13 +339,10 @@ impl PgStore {
                 }
             }
         }
-        let transitions: Vec<_> = layers
-            .iter()
-            .zip(&states)
-            .map(|(l, s)| tollgate::algorithms::decide(l.policy.limit(), s.as_ref(), now, l.cost))
-            .collect();
-        // 4. All or nothing.
-        if !transitions.iter().all(|t| t.verdict.allowed) {
+        // 4. All or nothing, judged by Tollgate's own algorithms.
+        let states: Vec<Option<&State>> = states.iter().map(Option::as_ref).collect();
+        let layered = tollgate::algorithms::decide_layers(layers, &states, now);
+        if !layered.admitted() {
             if !expired.is_empty() {
                 tx.execute(
                     &format!("DELETE FROM {} WHERE key = ANY($1)", self.table),
@@ -354,19 +351,14 @@ impl PgStore {
                 .await?;
             }
             tx.commit().await?;
-            return Ok(Some(Ok(layers
-                .iter()
-                .zip(transitions)
-                .map(|(l, t)| t.verdict.uncharged(l.cost))
-                .collect())));
+            return Ok(Some(Ok(layered.verdicts)));
         }
         let update = format!(
             "UPDATE {} SET is_log = $2, state = $3, expires_at = $4 WHERE key = $1",
             self.table
         );
-        let mut verdicts = Vec::with_capacity(layers.len());
-        for (key, t) in keys.iter().zip(transitions) {
-            if let Some(next) = t.next {
+        for (key, write) in keys.iter().zip(layered.writes) {
+            if let Some(next) = write {
                 let (is_log, values): (bool, Vec<i64>) = match &next.state {
                     State::Log(entries) => (true, entries.iter().map(|&v| v as i64).collect()),
                     State::Cells(c) => (false, c.iter().map(|&v| v as i64).collect()),
@@ -376,11 +368,10 @@ impl PgStore {
                 tx.execute(&update, &[key, &is_log, &values, &expires_at])
                     .await?;
             }
-            verdicts.push(t.verdict);
         }
         // 5.
         tx.commit().await?;
-        Ok(Some(Ok(verdicts)))
+        Ok(Some(Ok(layered.verdicts)))
     }
 }
 

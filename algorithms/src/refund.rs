@@ -1,4 +1,6 @@
-//! Refunds of reservations: the Rust reference for `lua/refund.lua`.
+//! Refunds of reservations: what a charge still owes, per algorithm (each
+//! algorithm's refund lives in its own file, beside it). The Rust
+//! reference for the Redis store's `lua/refund.lua`.
 //!
 //! The Redis Cluster store decides the layers of one hash slot in one
 //! script call, all-or-nothing. A request whose layers span several slots
@@ -25,12 +27,16 @@
 //! was pending), never over-admit. A state whose time is before the
 //! charge's was recreated since (the charged one expired): nothing is owed.
 //!
-//! The script must give identical results for identical inputs; the
-//! differential test in `tests/differential.rs` checks it against real Redis.
+//! The Redis script must give identical results for identical inputs; the
+//! differential test in `backends/redis/tests/refund.rs` checks it against
+//! real Redis.
 
-use std::collections::VecDeque;
+use tollgate_limiter::{Limit, State};
 
-use tollgate_limiter::{Gcra, Limit, State, TokenBucket, Window};
+use crate::{
+    fixed_window_refund, gcra_refund, sliding_log_refund, sliding_window_refund,
+    token_bucket_refund,
+};
 
 /// What a reservation charged one layer, as the script reports it in
 /// `reserve` mode.
@@ -72,12 +78,12 @@ pub struct Refund {
 }
 
 impl Refund {
-    const NOTHING: Refund = Refund {
+    pub(crate) const NOTHING: Refund = Refund {
         given: 0,
         next: None,
     };
 
-    fn cells(given: u64, cells: [u64; 3]) -> Refund {
+    pub(crate) fn cells(given: u64, cells: [u64; 3]) -> Refund {
         Refund {
             given,
             next: Some(State::Cells(cells)),
@@ -91,124 +97,18 @@ impl Refund {
 /// no refund (the Redis stores do not run them).
 pub fn refund(limit: &Limit, state: Option<&State>, now: u64, charge: Charge) -> Refund {
     match (limit, state) {
-        (Limit::TokenBucket(p), Some(State::Cells(c))) => token_bucket(p, *c, now, charge),
-        (Limit::Gcra(p), Some(State::Cells(c))) => gcra(p, *c, now, charge),
-        (Limit::FixedWindow(p), Some(State::Cells(c))) => fixed_window(p, *c, charge),
-        (Limit::SlidingWindow(p), Some(State::Cells(c))) => sliding_window(p, *c, charge),
-        (Limit::SlidingLog(_), Some(State::Log(entries))) => sliding_log(entries, charge),
+        (Limit::TokenBucket(p), Some(State::Cells(c))) => token_bucket_refund(p, *c, now, charge),
+        (Limit::Gcra(p), Some(State::Cells(c))) => gcra_refund(p, *c, now, charge),
+        (Limit::FixedWindow(p), Some(State::Cells(c))) => fixed_window_refund(p, *c, charge),
+        (Limit::SlidingWindow(p), Some(State::Cells(c))) => sliding_window_refund(p, *c, charge),
+        (Limit::SlidingLog(_), Some(State::Log(entries))) => sliding_log_refund(entries, charge),
         _ => Refund::NOTHING,
-    }
-}
-
-/// Without the charge the bucket held `cost × period` more at `at`. It can
-/// only have wasted refill (by being full) once
-/// `(full − left − cost × period) / refill` had passed, so after `elapsed`
-/// it still holds at least `min(cost × period, full − left − elapsed ×
-/// refill)` more than the charged state.
-fn token_bucket(p: &TokenBucket, [level, last, _]: [u64; 3], now: u64, c: Charge) -> Refund {
-    let (period, refill) = (p.period_us(), p.refill());
-    let full = p.capacity() * period;
-    let stored = level.min(full);
-    if last < c.at || c.mark >= full {
-        return Refund::NOTHING;
-    }
-    let elapsed = now.max(last) - c.at;
-    let room = full - c.mark;
-    // Compared first, so the product cannot overflow.
-    if elapsed >= room.div_ceil(refill) {
-        return Refund::NOTHING;
-    }
-    let give = (c.cost * period)
-        .min(room - elapsed * refill)
-        .min(full - stored);
-    if give == 0 {
-        return Refund::NOTHING;
-    }
-    Refund::cells(give, [stored + give, last, 0])
-}
-
-/// The charge moved the TAT `cost × interval` later, to `mark`. Without it,
-/// the TAT could have been raised to the effective time since; only what is
-/// still ahead of the effective time is owed, and the TAT never goes below
-/// the effective time.
-fn gcra(p: &Gcra, [tat, last, _]: [u64; 3], now: u64, c: Charge) -> Refund {
-    if last < c.at {
-        return Refund::NOTHING;
-    }
-    let t = now.max(last);
-    let give = (c.cost * p.interval_us()).min(c.mark.saturating_sub(t));
-    if give == 0 {
-        return Refund::NOTHING;
-    }
-    let lowered = tat.saturating_sub(give).max(t);
-    if lowered >= tat {
-        return Refund::NOTHING;
-    }
-    Refund::cells(tat - lowered, [lowered, last, 0])
-}
-
-/// The count goes down only while it still counts the charge's window.
-fn fixed_window(p: &Window, [count, last, _]: [u64; 3], c: Charge) -> Refund {
-    let w = p.window_us();
-    if last < c.at || last - last % w != c.at - c.at % w {
-        return Refund::NOTHING;
-    }
-    let give = c.cost.min(count);
-    if give == 0 {
-        return Refund::NOTHING;
-    }
-    Refund::cells(give, [count - give, last, 0])
-}
-
-/// The charge is in the current count while the state is in the charge's
-/// window, in the previous count once it moved to the next window, and
-/// counts no more after that.
-fn sliding_window(p: &Window, [cur, prev, last]: [u64; 3], c: Charge) -> Refund {
-    let w = p.window_us();
-    if last < c.at {
-        return Refund::NOTHING;
-    }
-    let (start, charged) = (last - last % w, c.at - c.at % w);
-    if start == charged {
-        let give = c.cost.min(cur);
-        if give == 0 {
-            return Refund::NOTHING;
-        }
-        Refund::cells(give, [cur - give, prev, last])
-    } else if start == charged + w {
-        let give = c.cost.min(prev);
-        if give == 0 {
-            return Refund::NOTHING;
-        }
-        Refund::cells(give, [cur, prev - give, last])
-    } else {
-        Refund::NOTHING
-    }
-}
-
-/// Up to `cost` entries equal to `at`, newest first (`LREM key -cost at`).
-fn sliding_log(entries: &VecDeque<u64>, c: Charge) -> Refund {
-    let mut next = entries.clone();
-    let mut given = 0;
-    let mut i = next.len();
-    while i > 0 && given < c.cost {
-        i -= 1;
-        if next[i] == c.at {
-            next.remove(i);
-            given += 1;
-        }
-    }
-    if given == 0 {
-        return Refund::NOTHING;
-    }
-    Refund {
-        given,
-        next: Some(State::Log(next)),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::VecDeque;
     use std::time::Duration;
 
     use tollgate_limiter::Timestamp;
@@ -218,7 +118,7 @@ mod tests {
     const T0: u64 = 1_780_000_000_000_000;
 
     fn charge(limit: &Limit, state: Option<&State>, now: u64, cost: u64) -> (State, Charge) {
-        let t = tollgate_algorithms::decide(limit, state, Timestamp::from_micros(now), cost);
+        let t = crate::decide(limit, state, Timestamp::from_micros(now), cost);
         assert!(t.verdict.allowed);
         let next = t.next.expect("admitted").state;
         let c = Charge::of(limit, &next, cost).expect("a built-in algorithm");
@@ -226,7 +126,7 @@ mod tests {
     }
 
     fn remaining(limit: &Limit, state: Option<&State>, now: u64) -> u64 {
-        let t = tollgate_algorithms::decide(limit, state, Timestamp::from_micros(now), 1);
+        let t = crate::decide(limit, state, Timestamp::from_micros(now), 1);
         if t.verdict.allowed {
             t.verdict.remaining + 1
         } else {
