@@ -230,3 +230,73 @@ fn policies_with_failure_modes_deserialize() {
         "unknown fields are errors: {err}"
     );
 }
+
+/// A store that fails (an outage) until told otherwise, then answers
+/// every decision with a conflict on one key.
+#[derive(Debug, Default)]
+struct Flaky(std::sync::atomic::AtomicBool);
+
+#[tollgate::async_trait]
+impl tollgate::Store for Flaky {
+    fn kind(&self) -> &'static str {
+        "flaky"
+    }
+    async fn decide(
+        &self,
+        _: &[tollgate::LayerRequest<'_>],
+    ) -> Result<Vec<tollgate::Verdict>, tollgate::StoreError> {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(tollgate::StoreError::Conflict {
+                policy: "api".into(),
+                found: "wrong type".into(),
+            })
+        } else {
+            Err(tollgate::StoreError::Unavailable("down".into()))
+        }
+    }
+}
+
+/// A half-open probe answered with an error that is not an outage (the
+/// store is there; one key holds foreign data) closes the breaker: it does
+/// not stay half-open, skipping the store for good.
+#[test]
+fn a_probe_answered_with_a_non_outage_error_closes_the_breaker() {
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let store = Arc::new(Flaky::default());
+    let limiter = Limiter::builder(store.clone())
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new(
+                "api",
+                Limit::fixed_window(5, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .breaker(BreakerConfig {
+            failure_threshold: 1,
+            open_for: Duration::from_secs(1),
+        })
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap();
+    let ctx = Context::subject(Subject::new("k").unwrap());
+    let d = tollgate_testkit::ready(limiter.check(&ctx, 1)).unwrap();
+    assert_eq!(d.store_error(), Some("unavailable"));
+    assert_eq!(limiter.breaker().state(), tollgate::BreakerState::Open);
+    store.0.store(true, Ordering::SeqCst);
+    clock.advance(Duration::from_secs(2));
+    let probe = tollgate_testkit::ready(limiter.check(&ctx, 1)).unwrap();
+    assert_eq!(
+        probe.store_error(),
+        Some("conflict"),
+        "the probe reached the store"
+    );
+    assert_eq!(limiter.breaker().state(), tollgate::BreakerState::Closed);
+    let next = tollgate_testkit::ready(limiter.check(&ctx, 1)).unwrap();
+    assert_eq!(
+        next.store_error(),
+        Some("conflict"),
+        "the store is asked again"
+    );
+}

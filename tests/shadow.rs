@@ -94,3 +94,39 @@ fn only_shadow_layers_admit_everything_and_count() {
     }
     assert_eq!(would_deny, 3);
 }
+
+/// Only the shadow layer that cannot decide is left out: another shadow
+/// layer of the same request is still decided and counted.
+#[test]
+fn only_the_undecidable_shadow_layer_is_left_out() {
+    let store = Arc::new(MemoryStore::default());
+    let per_tenant = Policy::new("trial-tenant", window(5)).unwrap().shadow();
+    let per_key = Policy::new("trial-key", window(2)).unwrap().shadow();
+    let limiter = Limiter::builder(store.clone())
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new("api", window(10)).unwrap(),
+        )
+        .layer("tenant-trial", Scope::Tenant, per_tenant)
+        .layer("key-trial", Scope::Subject, per_key.clone())
+        .build()
+        .unwrap();
+    for i in 0..3 {
+        let d = ready(limiter.check(&ctx("k"), 1)).unwrap();
+        assert!(d.is_allowed());
+        assert_eq!(
+            d.layers()[1].source,
+            Source::FailClosed,
+            "no tenant: left out"
+        );
+        assert_eq!(d.layers()[2].source, Source::Store, "decided");
+        assert_eq!(d.layers()[2].allowed, i < 2, "request {i}");
+    }
+    // The per-key trial counted its two admissions.
+    let twin = Limiter::builder(store)
+        .layer("l", Scope::Subject, per_key.enforced())
+        .build()
+        .unwrap();
+    assert!(!ready(twin.check(&ctx("k"), 1)).unwrap().is_allowed());
+}

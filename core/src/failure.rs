@@ -189,6 +189,12 @@ impl CircuitBreaker {
         false
     }
 
+    /// A probe that ended without an answer (its caller stopped waiting):
+    /// let the next request probe.
+    pub(crate) fn abandon_probe(&self) {
+        self.probing.store(false, Ordering::Release);
+    }
+
     /// The settings.
     pub fn config(&self) -> BreakerConfig {
         self.config

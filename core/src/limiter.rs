@@ -204,10 +204,8 @@ pub struct Limiter {
     clock: Arc<dyn Clock>,
     #[cfg(feature = "blocked-cache")]
     blocked: Option<Arc<crate::blocked::BlockedCache>>,
-    /// With shadow layers: the same limiter over the enforced layers only
-    /// (same store and breaker), deciding requests a shadow layer cannot
-    /// take part in.
-    enforced: Option<Arc<Limiter>>,
+    /// Whether any layer is in shadow mode.
+    has_shadow: bool,
 }
 
 impl fmt::Debug for Limiter {
@@ -280,13 +278,14 @@ impl Limiter {
     async fn decide(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
         // A shadow layer never fails a request: one that cannot be decided
         // (a cost above its capacity, no subject for it) is left out.
-        if self.enforced.is_some()
-            && self.layers.iter().any(|l| {
+        if self.has_shadow {
+            let undecidable = |l: &Layer| {
                 l.policy.is_shadow()
                     && (l.policy.check_cost(cost).is_err() || ctx.key_for(l).is_none())
-            })
-        {
-            return self.without_shadow(ctx, cost).await;
+            };
+            if self.layers.iter().any(undecidable) {
+                return self.without(ctx, cost, &undecidable).await;
+            }
         }
         // Up to four layers live on the stack: no allocation per decision.
         let mut requests: SmallVec<[LayerRequest<'_>; 4]> = SmallVec::new();
@@ -322,6 +321,11 @@ impl Limiter {
             }
             Admission::Call | Admission::Probe => {
                 let started = observe::start();
+                // A probe whose caller stops waiting must not keep the
+                // breaker half-open for good.
+                let probe = ProbeGuard {
+                    breaker: (admission == Admission::Probe).then_some(&*self.breaker),
+                };
                 let answer = ask(&*self.store, &requests).await.and_then(|verdicts| {
                     if verdicts.len() == requests.len() {
                         Ok(verdicts)
@@ -334,17 +338,22 @@ impl Limiter {
                     }
                 });
                 observe::store_call(self.store.kind(), started, answer.as_ref().err());
+                // Any answer that is not an outage (a decision, or an error
+                // about one key, a budget or the clock) means the store is
+                // there: it closes the breaker as a success does.
                 match &answer {
-                    Ok(_) if self.breaker.success() => {
-                        observe::breaker(self.store.kind(), BreakerState::Closed, None)
+                    Err(e) if e.is_outage() => {
+                        if self.breaker.failure(admission == Admission::Probe) {
+                            observe::breaker(self.store.kind(), BreakerState::Open, Some(e))
+                        }
                     }
-                    Err(e)
-                        if e.is_outage() && self.breaker.failure(admission == Admission::Probe) =>
-                    {
-                        observe::breaker(self.store.kind(), BreakerState::Open, Some(e))
+                    _ => {
+                        if self.breaker.success() {
+                            observe::breaker(self.store.kind(), BreakerState::Closed, None)
+                        }
                     }
-                    _ => {}
                 }
+                probe.settled();
                 answer
             }
         };
@@ -358,14 +367,17 @@ impl Limiter {
         };
         // A store error about a shadow policy alone (its key holds foreign
         // data, its key budget is full) does not fail the enforced layers.
-        if let (Err(error), Some(_)) = (&answer, &self.enforced) {
-            let shadow_policy = error.policy().is_some_and(|name| {
-                self.layers
+        if let (Err(error), true) = (&answer, self.has_shadow) {
+            if let Some(name) = error.policy() {
+                let named = |l: &Layer| l.policy.name() == name;
+                let only_shadow = self
+                    .layers
                     .iter()
-                    .any(|l| l.policy.is_shadow() && l.policy.name() == name)
-            });
-            if shadow_policy {
-                return self.without_shadow(ctx, cost).await;
+                    .filter(|l| named(l))
+                    .all(|l| l.policy.is_shadow());
+                if only_shadow && self.layers.iter().any(named) {
+                    return self.without(ctx, cost, &named).await;
+                }
             }
         }
         let decision = match answer {
@@ -388,42 +400,66 @@ impl Limiter {
         Ok(decision)
     }
 
-    /// Decide the enforced layers alone; the shadow layers report that they
-    /// could not decide (a would-be denial, from no store).
-    async fn without_shadow(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
-        let enforced = match &self.enforced {
-            Some(limiter) if !limiter.layers.is_empty() => {
-                Some(Box::pin(limiter.decide(ctx, cost)).await?)
-            }
-            _ => None,
+    /// Decide without the shadow layers `left_out` picks (they could not
+    /// take part: no subject for them, a cost above their capacity, a store
+    /// error about their own keys); every other layer decides as usual,
+    /// other shadow layers included. The layers left out report a would-be
+    /// denial that no store made (`Source::FailClosed`).
+    async fn without(
+        &self,
+        ctx: &Context,
+        cost: u64,
+        left_out: &(dyn Fn(&Layer) -> bool + Sync),
+    ) -> Result<Decision, Error> {
+        let kept: Arc<[Layer]> = self
+            .layers
+            .iter()
+            .filter(|l| !left_out(l))
+            .cloned()
+            .collect();
+        let decided_kept = if kept.is_empty() {
+            None
+        } else {
+            let subset = Limiter {
+                has_shadow: kept.iter().any(|l| l.policy.is_shadow()),
+                layers: kept,
+                store: self.store.clone(),
+                fallback: self.fallback.clone(),
+                breaker: self.breaker.clone(),
+                clock: self.clock.clone(),
+                #[cfg(feature = "blocked-cache")]
+                blocked: None,
+            };
+            // Fewer shadow layers each time: the recursion ends.
+            Some(Box::pin(subset.decide(ctx, cost)).await?)
         };
-        let (decided_layers, store_error) = enforced
+        let (decided_layers, store_error) = decided_kept
             .map(Decision::into_parts)
             .unwrap_or((Vec::new(), None));
-        let mut enforced = decided_layers.into_iter();
-        let mut shadow = Vec::new();
+        let mut kept_layers = decided_layers.into_iter();
+        let mut undecided = Vec::new();
         let layers = self
             .layers
             .iter()
             .map(|layer| {
-                if layer.policy.is_shadow() {
-                    let undecided = Verdict {
+                if left_out(layer) {
+                    let none = Verdict {
                         allowed: false,
                         limit: layer.policy.capacity(),
                         remaining: 0,
                         reset_after: Duration::ZERO,
                         retry_after: None,
                     };
-                    let d = decided(layer, undecided, Source::FailClosed);
-                    shadow.push(d.clone());
+                    let d = decided(layer, none, Source::FailClosed);
+                    undecided.push(d.clone());
                     d
                 } else {
-                    enforced.next().expect("one decision per enforced layer")
+                    kept_layers.next().expect("one decision per layer kept")
                 }
             })
             .collect();
-        // The enforced layers were counted by their own decision.
-        observe::decision(&Decision::new(shadow));
+        // The layers kept were counted by their own decision.
+        observe::decision(&Decision::new(undecided));
         Ok(match store_error {
             Some(class) => Decision::degraded(layers, class),
             None => Decision::new(layers),
@@ -513,6 +549,27 @@ impl Limiter {
             })
             .collect();
         Decision::degraded(layers, error.class())
+    }
+}
+
+/// Clears a half-open probe that ends without an answer (its future
+/// dropped), so the next request can probe.
+struct ProbeGuard<'a> {
+    breaker: Option<&'a CircuitBreaker>,
+}
+
+impl ProbeGuard<'_> {
+    /// The probe got its answer (the breaker was told).
+    fn settled(mut self) {
+        self.breaker = None;
+    }
+}
+
+impl Drop for ProbeGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(breaker) = self.breaker {
+            breaker.abandon_probe();
+        }
     }
 }
 
@@ -672,23 +729,7 @@ impl LimiterBuilder {
         let blocked = self
             .blocked
             .map(|c| Arc::new(crate::blocked::BlockedCache::new(c)));
-        let enforced = self.layers.iter().any(|l| l.policy.is_shadow()).then(|| {
-            Arc::new(Limiter {
-                layers: self
-                    .layers
-                    .iter()
-                    .filter(|l| !l.policy.is_shadow())
-                    .cloned()
-                    .collect(),
-                store: self.store.clone(),
-                fallback: self.fallback.clone(),
-                breaker: breaker.clone(),
-                clock: self.clock.clone(),
-                #[cfg(feature = "blocked-cache")]
-                blocked: blocked.clone(),
-                enforced: None,
-            })
-        });
+        let has_shadow = self.layers.iter().any(|l| l.policy.is_shadow());
         Ok(Limiter {
             layers: self.layers.into(),
             store: self.store,
@@ -697,7 +738,7 @@ impl LimiterBuilder {
             clock: self.clock,
             #[cfg(feature = "blocked-cache")]
             blocked,
-            enforced,
+            has_shadow,
         })
     }
 }

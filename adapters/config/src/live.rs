@@ -378,13 +378,16 @@ impl LiveConfig {
             .filter(|name| !bound.contains(*name))
             .cloned()
             .collect();
-        self.shared.running.store(Arc::new(Running {
+        let replaced = self.shared.running.swap(Arc::new(Running {
             config,
             store,
             fallback,
             routes,
         }));
         drop(bound);
+        // The old configuration (perhaps the last handle on a replaced
+        // store) is dropped outside the lock.
+        drop(replaced);
         Ok(ReloadReport {
             store_reopened,
             unbound_routes,

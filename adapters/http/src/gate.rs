@@ -303,8 +303,8 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
         self
     }
 
-    /// Whether CORS preflights (`OPTIONS` with `Access-Control-Request-Method`)
-    /// are charged (default false: a browser sends one before the real
+    /// Whether CORS preflights (`OPTIONS` with `Origin` and
+    /// `Access-Control-Request-Method`) are charged (default false: a browser sends one before the real
     /// request, which alone is charged).
     pub fn charge_preflights(mut self, on: bool) -> Self {
         self.gate.skip = self.gate.skip.preflights(!on);
@@ -573,6 +573,13 @@ mod tests {
         );
         let (plain_options, ()) = http::Request::options("/").body(()).unwrap().into_parts();
         assert!(gate.prepare(&plain_options, &plain_options).is_some());
+        // Without `Origin` it is no browser's preflight: charged.
+        let (no_origin, ()) = http::Request::options("/")
+            .header("access-control-request-method", "POST")
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert!(gate.prepare(&no_origin, &no_origin).is_some());
     }
 
     #[test]

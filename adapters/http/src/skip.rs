@@ -43,10 +43,14 @@ impl<R: ?Sized> Skip<R> {
     }
 }
 
-/// A browser's CORS preflight: `OPTIONS` with `Access-Control-Request-Method`
-/// (the Fetch standard). A plain `OPTIONS` is an ordinary request.
+/// A browser's CORS preflight: `OPTIONS` with `Origin` and
+/// `Access-Control-Request-Method` (the Fetch standard sends both). A plain
+/// `OPTIONS` is an ordinary request. Any client can send these headers, so
+/// a route that serves `OPTIONS` itself should not rely on the limiter for
+/// it (`charge_preflights(true)`).
 pub fn is_cors_preflight(view: &dyn RequestView) -> bool {
     view.method() == "OPTIONS"
+        && !view.header_values("origin").is_empty()
         && !view
             .header_values("access-control-request-method")
             .is_empty()

@@ -18,7 +18,7 @@ use tollgate_limiter::{
 /// Passes of a decision that found a budget full: each makes room across
 /// the store first (reclaiming expired keys, evicting when the budget
 /// evicts).
-const MAX_ROOM_PASSES: u32 = 8;
+const MAX_ROOM_PASSES: u32 = 4;
 
 /// Sweep a shard once it holds this many entries, at the least.
 const MIN_SWEEP: usize = 64;
@@ -96,21 +96,29 @@ struct Entry {
 }
 
 impl Entry {
-    /// Whether the entry may be evicted to make room in `budget` (the
-    /// store's when `None`): an entry of that budget; for the store's, any
-    /// entry except those of a policy budget that refuses (its keys are
-    /// never evicted, or its exactness would be lost).
-    fn in_budget(&self, budget: Option<&Arc<Budget>>) -> bool {
+    /// Whether the entry holds a unit of `budget` (the store's when `None`:
+    /// every entry does).
+    fn counts_for(&self, budget: Option<&Arc<Budget>>) -> bool {
         match budget {
-            None => !self
-                .budget
-                .as_ref()
-                .is_some_and(|mine| mine.when_full() == WhenFull::Refuse),
+            None => true,
             Some(b) => self
                 .budget
                 .as_ref()
                 .is_some_and(|mine| Arc::ptr_eq(mine, b)),
         }
+    }
+
+    /// Whether the entry may be evicted to make room in `budget`: an entry
+    /// of that budget; for the store's, any entry except those of a policy
+    /// budget that refuses (its keys are never evicted, or its exactness
+    /// would be lost).
+    fn evictable_for(&self, budget: Option<&Arc<Budget>>) -> bool {
+        self.counts_for(budget)
+            && (budget.is_some()
+                || !self
+                    .budget
+                    .as_ref()
+                    .is_some_and(|mine| mine.when_full() == WhenFull::Refuse))
     }
 }
 
@@ -158,14 +166,14 @@ impl Shard {
         let nearest = self
             .entries
             .iter()
-            .filter(|e| e.in_budget(budget) && !keep.contains(&e.hash))
+            .filter(|e| e.evictable_for(budget) && !keep.contains(&e.hash))
             .min_by_key(|e| e.expires_at)
             .map(|e| (e.hash, e.expires_at));
         let Some((hash, expires_at)) = nearest else {
             return false;
         };
         if let Ok(found) = self.entries.find_entry(hash, |e| {
-            e.hash == hash && e.expires_at == expires_at && e.in_budget(budget)
+            e.hash == hash && e.expires_at == expires_at && e.evictable_for(budget)
         }) {
             let (entry, _) = found.remove();
             release(&entry, total);
@@ -174,11 +182,18 @@ impl Shard {
         false
     }
 
-    /// The first expiry among the entries of `budget`.
-    fn nearest_expiry(&self, budget: Option<&Arc<Budget>>) -> Option<u64> {
+    /// The first expiry among the entries of `budget` (only those that may
+    /// be evicted for it, when `evictable`).
+    fn nearest_expiry(&self, budget: Option<&Arc<Budget>>, evictable: bool) -> Option<u64> {
         self.entries
             .iter()
-            .filter(|e| e.in_budget(budget))
+            .filter(|e| {
+                if evictable {
+                    e.evictable_for(budget)
+                } else {
+                    e.counts_for(budget)
+                }
+            })
             .map(|e| e.expires_at)
             .min()
     }
@@ -459,7 +474,7 @@ impl MemoryStore {
                     .shards
                     .iter()
                     .enumerate()
-                    .filter_map(|(i, s)| lock(s).nearest_expiry(budget).map(|at| (at, i)))
+                    .filter_map(|(i, s)| lock(s).nearest_expiry(budget, true).map(|at| (at, i)))
                     .min();
                 match nearest {
                     Some((_, i)) => {
@@ -481,7 +496,7 @@ impl MemoryStore {
             free_at = self
                 .shards
                 .iter()
-                .filter_map(|s| lock(s).nearest_expiry(budget))
+                .filter_map(|s| lock(s).nearest_expiry(budget, false))
                 .min()
                 .unwrap_or(now + 1);
             b.free_at.store(free_at, Ordering::Release);

@@ -425,12 +425,38 @@ impl RedisClusterStore {
         let mut denied = None;
         for (g, group) in groups.iter().enumerate() {
             let cmd = script_call(keys, args, group, time, Mode::Reserve);
-            // On an error, `reserved` is dropped and refunds what it holds.
             let reply = self
                 .until(deadline, call(self.conn.clone(), cmd))
-                .await?
-                .map_err(|e| in_group(e, layers, group))?;
-            let (group_verdicts, charges) = parse_reserve(&reply, group.len())?;
+                .await
+                .and_then(|reply| reply.map_err(|e| in_group(e, layers, group)))
+                .and_then(|reply| parse_reserve(&reply, group.len()));
+            let (group_verdicts, charges) = match reply {
+                Ok(parsed) => parsed,
+                Err(e) => {
+                    // Give back what was reserved before failing, within the
+                    // deadline, so the caller's next decision (a failure
+                    // mode, or the same request without a shadow layer)
+                    // does not see these charges; past the deadline the
+                    // refunds finish in the background.
+                    let refunds = std::mem::replace(
+                        &mut reserved,
+                        Reservations {
+                            conn: self.conn.clone(),
+                            time: time.clone(),
+                            timeout: self.deadline,
+                            groups: Vec::new(),
+                        },
+                    )
+                    .refund();
+                    let _ = tokio::time::timeout_at(deadline, async {
+                        for refund in refunds {
+                            let _ = refund.await;
+                        }
+                    })
+                    .await;
+                    return Err(e);
+                }
+            };
             let admitted = group_verdicts.iter().all(|v| v.allowed);
             for (&i, v) in group.iter().zip(group_verdicts) {
                 verdicts[i] = Some(v);
