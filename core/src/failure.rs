@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::PolicyError;
-use crate::policy::Limit;
+use crate::limit::Limit;
 use crate::time::{duration_micros, Clock, SystemClock};
 
 /// A policy's answer when the store cannot decide.
@@ -108,9 +108,9 @@ pub struct CircuitBreaker {
     probing: AtomicBool,
 }
 
-/// What the breaker says about one request.
+/// What the breaker says about one request (only the limiter asks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// Ask the store.
     Call,
     /// Ask the store: this request is the half-open probe.
@@ -137,7 +137,7 @@ impl CircuitBreaker {
     }
 
     /// Whether the next request may call the store.
-    pub fn admit(&self) -> Admission {
+    pub(crate) fn admit(&self) -> Admission {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
             return Admission::Call;
@@ -159,7 +159,7 @@ impl CircuitBreaker {
     }
 
     /// The store answered. Returns true when this closed an open breaker.
-    pub fn success(&self) -> bool {
+    pub(crate) fn success(&self) -> bool {
         // Loads first: the common case writes nothing shared.
         if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Relaxed);
@@ -173,7 +173,7 @@ impl CircuitBreaker {
     }
 
     /// The store failed. Returns true when this opened the breaker.
-    pub fn failure(&self, probe: bool) -> bool {
+    pub(crate) fn failure(&self, probe: bool) -> bool {
         let reopen_at = self.clock.now().as_micros() + duration_micros(self.config.open_for);
         if probe {
             self.open_until.store(reopen_at, Ordering::Release);

@@ -11,13 +11,17 @@ mod algorithm;
 #[cfg(feature = "blocked-cache")]
 mod blocked;
 mod budget;
+mod context;
 mod decision;
 mod error;
 mod failure;
+mod layer;
+mod limit;
 mod limiter;
 mod live;
 pub mod observe;
 mod policy;
+mod spec;
 mod store;
 mod subject;
 mod time;
@@ -27,18 +31,19 @@ pub use algorithm::{Algorithm, State, Stored, Transition, Verdict};
 #[cfg_attr(docsrs, doc(cfg(feature = "blocked-cache")))]
 pub use blocked::BlockedCacheConfig;
 pub use budget::{KeyBudget, WhenFull};
+pub use context::Context;
 pub use decision::{Decision, LayerDecision, Source};
 pub use error::{Error, HashKeyError, PolicyError, StoreError, SubjectError};
-pub use failure::{
-    Admission, BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure,
+pub use failure::{BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure};
+pub use layer::{Layer, Scope};
+pub use limit::{
+    CustomAlgorithm, Gcra, Limit, TokenBucket, Window, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT,
+    MAX_RECOVERY, MAX_WINDOW, MIN_WINDOW,
 };
-pub use limiter::{Context, Layer, Limiter, LimiterBuilder, Scope};
+pub use limiter::{Limiter, LimiterBuilder};
 pub use live::{LimiterSource, LiveRoute, RouteLimits};
-pub use policy::{
-    CustomAlgorithm, DurationSpec, Gcra, Limit, LimitSpec, ModeSpec, OnFailureSpec, Policy,
-    TokenBucket, WhenFullSpec, Window, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY,
-    MAX_WINDOW, MIN_WINDOW,
-};
+pub use policy::Policy;
+pub use spec::{DurationSpec, LimitSpec, ModeSpec, OnFailureSpec, WhenFullSpec};
 pub use store::{LayerRequest, Store, StoreKey};
 pub use subject::{HashKey, Subject};
 pub use time::{duration_micros, Clock, ManualClock, SystemClock, Timestamp};

@@ -6,7 +6,8 @@ use async_trait::async_trait;
 
 use crate::algorithm::Verdict;
 use crate::error::StoreError;
-use crate::policy::{Limit, Policy};
+use crate::limit::Limit;
+use crate::policy::Policy;
 
 /// Where one layer's state lives, without the store's prefix. Rendered
 /// ([`StoreKey::render`], or `Display`) it reads

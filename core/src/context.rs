@@ -1,0 +1,92 @@
+//! Who a request is: the subjects its layers count by, and the store key
+//! each layer's state lives under.
+
+use std::sync::Arc;
+
+use crate::layer::{Layer, Scope};
+use crate::store::StoreKey;
+use crate::subject::Subject;
+
+/// Who a request is: the subjects its layers count by.
+///
+/// ```
+/// use tollgate_limiter::{Context, Subject};
+/// let ctx = Context::new()
+///     .with_subject(Subject::new("key-7")?)
+///     .with_tenant(Subject::new("acme")?);
+/// # Ok::<(), tollgate_limiter::SubjectError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Context {
+    subject: Option<Subject>,
+    tenant: Option<Subject>,
+    attributes: Vec<(Arc<str>, Subject)>,
+}
+
+impl Context {
+    /// An empty context (only global layers can decide it).
+    pub fn new() -> Self {
+        Context::default()
+    }
+    /// A context with only a subject.
+    pub fn subject(subject: Subject) -> Self {
+        Context::new().with_subject(subject)
+    }
+    /// Set the subject.
+    pub fn with_subject(mut self, subject: Subject) -> Self {
+        self.subject = Some(subject);
+        self
+    }
+    /// Set the tenant.
+    pub fn with_tenant(mut self, tenant: Subject) -> Self {
+        self.tenant = Some(tenant);
+        self
+    }
+    /// Set a named attribute (for [`Scope::Attribute`]).
+    pub fn with_attribute(mut self, name: impl Into<Arc<str>>, value: Subject) -> Self {
+        let name = name.into();
+        self.attributes.retain(|(n, _)| *n != name);
+        self.attributes.push((name, value));
+        self
+    }
+    /// The subject, if any.
+    pub fn get_subject(&self) -> Option<&Subject> {
+        self.subject.as_ref()
+    }
+    /// The tenant, if any.
+    pub fn get_tenant(&self) -> Option<&Subject> {
+        self.tenant.as_ref()
+    }
+
+    fn get_attribute(&self, name: &str) -> Option<&Subject> {
+        self.attributes
+            .iter()
+            .find(|(n, _)| &**n == name)
+            .map(|(_, v)| v)
+    }
+
+    /// The store key of `layer` for this request, or `None` when the request
+    /// lacks what the layer counts by. Keys of one tenant share its hash tag.
+    pub(crate) fn key_for<'a>(&'a self, layer: &'a Layer) -> Option<StoreKey<'a>> {
+        let scope = layer.scope.label();
+        let (tag, subject) = match &layer.scope {
+            Scope::Subject => {
+                let subject = self.subject.as_ref()?;
+                (
+                    self.tenant.as_ref().unwrap_or(subject).as_str(),
+                    subject.as_str(),
+                )
+            }
+            Scope::Tenant => {
+                let tenant = self.tenant.as_ref()?.as_str();
+                (tenant, tenant)
+            }
+            Scope::Global => ("global", "global"),
+            Scope::Attribute(name) => {
+                let value = self.get_attribute(name)?.as_str();
+                (value, value)
+            }
+        };
+        Some(StoreKey::new(tag, &layer.policy, scope, subject))
+    }
+}

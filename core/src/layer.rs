@@ -1,0 +1,66 @@
+//! Layers: a name, what a layer counts by (its scope), and its policy.
+
+use std::sync::Arc;
+
+use crate::policy::Policy;
+
+/// What a layer counts by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Scope {
+    /// The request's subject (API key id, user, client IP prefix).
+    Subject,
+    /// The request's tenant.
+    Tenant,
+    /// One counter shared by everyone.
+    Global,
+    /// A named attribute of the request (for example `"route"`).
+    Attribute(Arc<str>),
+}
+
+impl Scope {
+    pub(crate) fn label(&self) -> &str {
+        match self {
+            Scope::Subject => "subject",
+            Scope::Tenant => "tenant",
+            Scope::Global => "global",
+            Scope::Attribute(name) => name,
+        }
+    }
+}
+
+/// One layer: a name, what it counts by, and its policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layer {
+    pub(crate) name: Arc<str>,
+    pub(crate) scope: Scope,
+    /// Shared with every decision it makes: a decision clones a pointer,
+    /// not the policy.
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) fallback: Option<Policy>,
+}
+
+impl Layer {
+    /// A layer named `name` counting by `scope` under `policy`.
+    pub fn new(name: impl Into<Arc<str>>, scope: Scope, policy: Policy) -> Self {
+        let fallback = policy.fallback_policy();
+        Layer {
+            name: name.into(),
+            scope,
+            policy: Arc::new(policy),
+            fallback,
+        }
+    }
+    /// The layer's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// What the layer counts by.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+    /// The layer's policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
