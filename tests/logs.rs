@@ -6,10 +6,7 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tollgate::{
-    async_trait, Context, LayerRequest, Limit, Limiter, Policy, Scope, Store, StoreError, Subject,
-    Verdict,
-};
+use tollgate::{Context, Limit, Limiter, Policy, Scope, Subject};
 use tollgate_testkit::ready;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -48,23 +45,10 @@ impl Subscriber for Lines {
     fn exit(&self, _: &Id) {}
 }
 
-#[derive(Debug)]
-struct Down;
-
-#[async_trait]
-impl Store for Down {
-    fn kind(&self) -> &'static str {
-        "down"
-    }
-    async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
-        Err(StoreError::Unavailable("connection refused".into()))
-    }
-}
-
 #[test]
 fn store_failures_are_logged_with_policy_and_class_but_no_key() {
     let lines = Arc::new(Lines::default());
-    let limiter = Limiter::builder(Arc::new(Down))
+    let limiter = Limiter::builder(Arc::new(tollgate_testkit::DownStore))
         .layer(
             "key",
             Scope::Subject,

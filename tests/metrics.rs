@@ -89,23 +89,6 @@ fn decisions_and_store_calls_are_counted_with_bounded_labels() {
     );
 }
 
-/// A store that always fails, so the breaker opens.
-#[derive(Debug)]
-struct Down;
-
-#[tollgate::async_trait]
-impl tollgate::Store for Down {
-    fn kind(&self) -> &'static str {
-        "down"
-    }
-    async fn decide(
-        &self,
-        _: &[tollgate::LayerRequest<'_>],
-    ) -> Result<Vec<tollgate::Verdict>, tollgate::StoreError> {
-        Err(tollgate::StoreError::Unavailable("down".into()))
-    }
-}
-
 /// Decisions an open breaker answers without the store are counted as
 /// store errors of class `circuit_open`, as documented; shadow denials
 /// have their own outcome; a limiter's series exist from its build.
@@ -114,7 +97,7 @@ fn circuit_open_shadow_denials_and_registration_are_counted() {
     let recorder = Registrations::default();
     let ctx = Context::subject(Subject::new("k").unwrap());
     metrics::with_local_recorder(&recorder, || {
-        let limiter = Limiter::builder(Arc::new(Down))
+        let limiter = Limiter::builder(Arc::new(tollgate_testkit::DownStore))
             .layer(
                 "key",
                 Scope::Subject,

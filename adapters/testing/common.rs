@@ -15,11 +15,10 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use tollgate_limiter::{
-    async_trait, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope, Store, StoreError,
-    Timestamp, Verdict,
-};
+use tollgate_limiter::{Limit, Limiter, ManualClock, Policy, Scope, Store, Timestamp};
 use tollgate_memory::MemoryStore;
+#[allow(unused_imports)] // used by some test binaries
+pub use tollgate_testkit::DownStore;
 
 /// A start time on a minute boundary, so fixed windows end 60 s later.
 pub const START: Timestamp = Timestamp::from_micros(1_779_999_960_000_000);
@@ -31,20 +30,6 @@ pub fn memory_store() -> (ManualClock, Arc<dyn Store>) {
         .clock(Arc::new(clock.clone()))
         .build();
     (clock, Arc::new(store))
-}
-
-/// A store that is down: every call fails at once.
-#[derive(Debug)]
-pub struct DownStore;
-
-#[async_trait]
-impl Store for DownStore {
-    fn kind(&self) -> &'static str {
-        "down"
-    }
-    async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
-        Err(StoreError::Unavailable("test store is down".into()))
-    }
 }
 
 /// `limit` requests per minute per subject, in a fixed window named `name`.

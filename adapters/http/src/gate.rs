@@ -451,23 +451,7 @@ mod tests {
     use crate::ClientIp;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
-    use tollgate_limiter::{
-        async_trait, LayerRequest, Limit, Limiter, OnStoreFailure, Policy, Scope, Source, Store,
-        StoreError, Subject, Verdict,
-    };
-
-    #[derive(Debug)]
-    struct Down;
-
-    #[async_trait]
-    impl Store for Down {
-        fn kind(&self) -> &'static str {
-            "down"
-        }
-        async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
-            Err(StoreError::Unavailable("down".into()))
-        }
-    }
+    use tollgate_limiter::{Limit, Limiter, OnStoreFailure, Policy, Scope, Source, Store, Subject};
 
     fn limiter(store: Arc<dyn Store>, mode: OnStoreFailure) -> Limiter {
         let policy = Policy::new(
@@ -527,16 +511,22 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn store_failures_follow_the_policy() {
         let ctx = Prepared::new(Context::subject(Subject::new("k").unwrap()), 1);
-        let closed: Gate<()> = extension_gate(limiter(Arc::new(Down), OnStoreFailure::FailClosed))
-            .build()
-            .unwrap();
+        let closed: Gate<()> = extension_gate(limiter(
+            Arc::new(tollgate_testkit::DownStore),
+            OnStoreFailure::FailClosed,
+        ))
+        .build()
+        .unwrap();
         let Outcome::Reject(reply) = closed.decide(&ctx).await else {
             panic!("fail closed admits nothing")
         };
         assert_eq!(reply.status(), 503);
-        let open: Gate<()> = extension_gate(limiter(Arc::new(Down), OnStoreFailure::FailOpen))
-            .build()
-            .unwrap();
+        let open: Gate<()> = extension_gate(limiter(
+            Arc::new(tollgate_testkit::DownStore),
+            OnStoreFailure::FailOpen,
+        ))
+        .build()
+        .unwrap();
         let Outcome::Allow { decision, .. } = open.decide(&ctx).await else {
             panic!("fail open admits")
         };

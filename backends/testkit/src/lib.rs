@@ -6,6 +6,8 @@
 //! - [`redis_server`]: real `redis-server` processes on free loopback ports,
 //!   started per test or shared by a test binary (no Redis mock, and no
 //!   silent skip when Redis is missing).
+//! - [`DownStore`]: a store that is down, for tests of failure modes,
+//!   breakers, metrics and logs.
 //!
 //! Use it from your store's tests:
 //!
@@ -29,3 +31,5 @@ pub use ready::ready;
 pub mod doc_support;
 pub mod redis_cluster;
 pub mod redis_server;
+mod stores;
+pub use stores::DownStore;
