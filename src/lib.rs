@@ -23,7 +23,7 @@
 //!     .layer("tenant", Scope::Tenant, Policy::new("tenant", Limit::sliding_window(1_000, Duration::from_secs(60))?)?)
 //!     .build()?;
 //!
-//! let ctx = Context::subject(Subject::new("key-7")?).with_tenant(Subject::new("acme")?);
+//! let ctx = Context::for_subject(Subject::new("key-7")?).with_tenant(Subject::new("acme")?);
 //! let decision = limiter.check(&ctx, 1).await?;
 //! if decision.is_allowed() {
 //!     // serve the request

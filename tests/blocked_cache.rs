@@ -49,7 +49,7 @@ fn setup(limit: Limit) -> (ManualClock, Arc<Counting>, Limiter) {
 }
 
 fn ctx() -> Context {
-    Context::subject(Subject::new("abuser").unwrap())
+    Context::for_subject(Subject::new("abuser").unwrap())
 }
 
 #[tokio::test]

@@ -69,7 +69,7 @@ fn setup(mode: OnStoreFailure) -> (ManualClock, Arc<Switchable>, Limiter) {
 }
 
 fn ctx() -> Context {
-    Context::subject(Subject::new("client").unwrap())
+    Context::for_subject(Subject::new("client").unwrap())
 }
 
 #[tokio::test]
@@ -280,7 +280,7 @@ fn a_probe_answered_with_a_non_outage_error_closes_the_breaker() {
         .clock(Arc::new(clock.clone()))
         .build()
         .unwrap();
-    let ctx = Context::subject(Subject::new("k").unwrap());
+    let ctx = Context::for_subject(Subject::new("k").unwrap());
     let d = tollgate_testkit::ready(limiter.check(&ctx, 1)).unwrap();
     assert_eq!(d.store_error(), Some("unavailable"));
     assert_eq!(limiter.breaker().state(), tollgate::BreakerState::Open);

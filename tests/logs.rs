@@ -61,7 +61,7 @@ fn store_failures_are_logged_with_policy_and_class_but_no_key() {
         .build()
         .unwrap();
     let subject = "sk_live_do_not_log_me";
-    let ctx = Context::subject(Subject::new(subject).unwrap());
+    let ctx = Context::for_subject(Subject::new(subject).unwrap());
     tracing::subscriber::with_default(lines.clone(), || {
         for _ in 0..10 {
             assert!(ready(limiter.check(&ctx, 1)).unwrap().failed_closed());

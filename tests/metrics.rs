@@ -61,7 +61,7 @@ fn decisions_and_store_calls_are_counted_with_bounded_labels() {
         .build()
         .unwrap();
     let secret_user = "user-4711@example.com";
-    let ctx = Context::subject(Subject::new(secret_user).unwrap());
+    let ctx = Context::for_subject(Subject::new(secret_user).unwrap());
     metrics::with_local_recorder(&recorder, || {
         assert!(ready(limiter.check(&ctx, 1)).unwrap().is_allowed());
         assert!(!ready(limiter.check(&ctx, 1)).unwrap().is_allowed());
@@ -95,7 +95,7 @@ fn decisions_and_store_calls_are_counted_with_bounded_labels() {
 #[test]
 fn circuit_open_shadow_denials_and_registration_are_counted() {
     let recorder = Registrations::default();
-    let ctx = Context::subject(Subject::new("k").unwrap());
+    let ctx = Context::for_subject(Subject::new("k").unwrap());
     metrics::with_local_recorder(&recorder, || {
         let limiter = Limiter::builder(Arc::new(tollgate_testkit::DownStore))
             .layer(

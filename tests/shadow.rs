@@ -16,7 +16,7 @@ fn window(n: u64) -> Limit {
 }
 
 fn ctx(name: &str) -> Context {
-    Context::subject(Subject::new(name).unwrap())
+    Context::for_subject(Subject::new(name).unwrap())
 }
 
 #[test]

@@ -29,7 +29,7 @@ impl Context {
         Context::default()
     }
     /// A context with only a subject.
-    pub fn subject(subject: Subject) -> Self {
+    pub fn for_subject(subject: Subject) -> Self {
         Context::new().with_subject(subject)
     }
     /// Set the subject.
@@ -50,11 +50,11 @@ impl Context {
         self
     }
     /// The subject, if any.
-    pub fn get_subject(&self) -> Option<&Subject> {
+    pub fn subject(&self) -> Option<&Subject> {
         self.subject.as_ref()
     }
     /// The tenant, if any.
-    pub fn get_tenant(&self) -> Option<&Subject> {
+    pub fn tenant(&self) -> Option<&Subject> {
         self.tenant.as_ref()
     }
 

@@ -47,7 +47,7 @@ use crate::time::{Clock, SystemClock};
 ///     .layer("key", Scope::Subject, per_key)
 ///     .layer("all", Scope::Global, global)
 ///     .build()?;
-/// let decision = limiter.check(&Context::subject(Subject::new("key-7")?), 1).await?;
+/// let decision = limiter.check(&Context::for_subject(Subject::new("key-7")?), 1).await?;
 /// assert!(decision.is_allowed());
 /// # Ok(()) }
 /// ```

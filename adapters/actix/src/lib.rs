@@ -155,7 +155,7 @@ impl RequestView for View<'_> {
         extensions
             .get::<Context>()
             .cloned()
-            .or_else(|| extensions.get::<Subject>().cloned().map(Context::subject))
+            .or_else(|| extensions.get::<Subject>().cloned().map(Context::for_subject))
     }
 }
 

@@ -44,7 +44,7 @@
 //! "#)?;
 //! let limiters = config.build(Arc::new(SystemClock)).await?;
 //! let search = limiters.route("search").expect("configured");
-//! let ctx = Context::subject(Subject::new("key-7")?);
+//! let ctx = Context::for_subject(Subject::new("key-7")?);
 //! assert!(search.limiter().check(&ctx, search.cost()).await?.is_allowed());
 //!
 //! // Every error at once, each with its path:

@@ -321,7 +321,7 @@ async fn limiters_decide_as_configured() {
         .expect("builds");
     let search = limiters.route("search").unwrap();
     let ctx = |who: &str| {
-        Context::subject(Subject::new(who).unwrap()).with_tenant(Subject::new("acme").unwrap())
+        Context::for_subject(Subject::new(who).unwrap()).with_tenant(Subject::new("acme").unwrap())
     };
     // Per subject 5, per tenant 3: the tenant layer stops the fourth request.
     let mut admitted = 0;

@@ -56,7 +56,7 @@ async fn admits(route: &tollgate_config::LiveRoute, ctx: &Context) -> bool {
 }
 
 fn subject(name: &str) -> Context {
-    Context::subject(Subject::new(name).unwrap())
+    Context::for_subject(Subject::new(name).unwrap())
 }
 
 /// Thousands of decisions across a reload: none fails, none is lost, and

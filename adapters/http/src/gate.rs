@@ -489,7 +489,7 @@ mod tests {
             })
             .build()
             .unwrap();
-        let ctx = Prepared::new(Context::subject(Subject::new("k").unwrap()), 1);
+        let ctx = Prepared::new(Context::for_subject(Subject::new("k").unwrap()), 1);
         assert_eq!(status(&gate.decide(&ctx).await), 200);
         assert_eq!(status(&gate.decide(&ctx).await), 200);
         assert_eq!(status(&gate.decide(&ctx).await), 429);
@@ -503,14 +503,14 @@ mod tests {
             .headers()
             .iter()
             .any(|(n, v)| *n == "www-authenticate" && v == "Bearer"));
-        let other = Prepared::new(Context::subject(Subject::new("other").unwrap()), 3);
+        let other = Prepared::new(Context::for_subject(Subject::new("other").unwrap()), 3);
         assert_eq!(status(&gate.decide(&other).await), 500);
         assert_eq!(errors.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn store_failures_follow_the_policy() {
-        let ctx = Prepared::new(Context::subject(Subject::new("k").unwrap()), 1);
+        let ctx = Prepared::new(Context::for_subject(Subject::new("k").unwrap()), 1);
         let closed: Gate<()> = extension_gate(limiter(
             Arc::new(tollgate_testkit::DownStore),
             OnStoreFailure::FailClosed,
@@ -547,7 +547,7 @@ mod tests {
                 .unwrap();
         let (parts, ()) = http::Request::post("/").body(()).unwrap().into_parts();
         let prepared = gate.prepare(&parts, &parts).unwrap();
-        assert_eq!(prepared.context.get_subject().unwrap().as_str(), "anon");
+        assert_eq!(prepared.context.subject().unwrap().as_str(), "anon");
         assert_eq!(prepared.cost, 2);
         let (health, ()) = http::Request::get("/health").body(()).unwrap().into_parts();
         assert!(gate.prepare(&health, &health).is_none(), "skipped");

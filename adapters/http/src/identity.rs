@@ -37,7 +37,7 @@ pub fn context_from_extensions(extensions: &http::Extensions) -> Option<Context>
     extensions
         .get::<Context>()
         .cloned()
-        .or_else(|| extensions.get::<Subject>().cloned().map(Context::subject))
+        .or_else(|| extensions.get::<Subject>().cloned().map(Context::for_subject))
 }
 
 impl RequestView for http::request::Parts {
@@ -241,16 +241,16 @@ impl<R: ?Sized> Identity<R> {
                     bearer,
                     key,
                 } => api_key(view, header, *bearer)
-                    .map(|k| Context::subject(Subject::hashed(k, key))),
+                    .map(|k| Context::for_subject(Subject::hashed(k, key))),
                 Source::ClientIp(config) => {
                     let forwarded = view.header_values("x-forwarded-for");
                     config
                         .client_addr(view.peer_ip(), &forwarded)
-                        .map(|ip| Context::subject(config.subject(ip)))
+                        .map(|ip| Context::for_subject(config.subject(ip)))
                 }
                 Source::Custom(f) => f(request),
             })
-            .or_else(|| self.fallback.clone().map(Context::subject))
+            .or_else(|| self.fallback.clone().map(Context::for_subject))
     }
 }
 
@@ -384,7 +384,7 @@ mod tests {
     fn who(identity: &Identity<Parts>, p: &Parts) -> Option<String> {
         identity
             .identify(p, p)
-            .and_then(|c| c.get_subject().map(|s| s.to_string()))
+            .and_then(|c| c.subject().map(|s| s.to_string()))
     }
 
     #[test]
@@ -436,6 +436,6 @@ mod tests {
         });
         let (p, ()) = http::Request::get("/t/acme").body(()).unwrap().into_parts();
         let ctx = id.identify(&p, &p).unwrap();
-        assert_eq!(ctx.get_tenant().unwrap().as_str(), "acme");
+        assert_eq!(ctx.tenant().unwrap().as_str(), "acme");
     }
 }

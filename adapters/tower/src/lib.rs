@@ -121,18 +121,19 @@ impl From<Gate<Parts>> for RateLimitLayer {
 }
 
 impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimit<S>;
-    fn layer(&self, inner: S) -> RateLimit<S> {
-        RateLimit {
+    type Service = RateLimitService<S>;
+    fn layer(&self, inner: S) -> RateLimitService<S> {
+        RateLimitService {
             inner,
             gate: self.gate.clone(),
         }
     }
 }
 
-/// The service [`RateLimitLayer`] wraps around `S`.
+/// The service [`RateLimitLayer`] wraps around `S` (tower's layer and
+/// service pair; actix-web's middleware is `tollgate_actix::RateLimit`).
 #[derive(Clone, Debug)]
-pub struct RateLimit<S> {
+pub struct RateLimitService<S> {
     inner: S,
     gate: Arc<Gate<Parts>>,
 }
@@ -164,11 +165,11 @@ impl RequestView for View<'_> {
     }
 }
 
-/// The future of [`RateLimit`]'s responses.
+/// The future of [`RateLimitService`]'s responses.
 pub type ResponseFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<RateLimitBody<B>>, E>> + Send>>;
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,

@@ -69,7 +69,7 @@ fn bench(c: &mut Criterion) {
     let names: Vec<String> = (0..KEYS).map(|i| format!("client-{i}")).collect();
     let contexts: Vec<Context> = names
         .iter()
-        .map(|n| Context::subject(Subject::new(n).expect("valid")))
+        .map(|n| Context::for_subject(Subject::new(n).expect("valid")))
         .collect();
 
     let mut group = c.benchmark_group("hot_key");

@@ -31,7 +31,7 @@
 //! let policy = Policy::new("login", Limit::sliding_log(3, Duration::from_secs(60))?)?;
 //! let limiter = Limiter::builder(store).layer("user", Scope::Subject, policy).build()?;
 //!
-//! let ctx = Context::subject(Subject::new("alice")?);
+//! let ctx = Context::for_subject(Subject::new("alice")?);
 //! let mut admitted = 0;
 //! for _ in 0..5 {
 //!     if limiter.check(&ctx, 1).await?.is_allowed() {

@@ -29,7 +29,7 @@ fn limiter(store: Arc<MemoryStore>, limit: Limit) -> Limiter {
 }
 
 fn subject(name: &str) -> Context {
-    Context::subject(Subject::new(name).unwrap())
+    Context::for_subject(Subject::new(name).unwrap())
 }
 
 #[test]

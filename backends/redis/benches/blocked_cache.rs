@@ -41,7 +41,7 @@ fn bench(c: &mut Criterion) {
         .blocked_cache(BlockedCacheConfig::default())
         .build()
         .expect("valid");
-    let abuser = Context::subject(Subject::new("203.0.113.7").expect("valid"));
+    let abuser = Context::for_subject(Subject::new("203.0.113.7").expect("valid"));
     rt.block_on(async {
         // Spend the week's single request; both limiters share the key.
         assert!(plain.check(&abuser, 1).await.expect("decides").is_allowed());

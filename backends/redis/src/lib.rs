@@ -50,7 +50,7 @@
 //!         Policy::new("api", Limit::gcra(10, Duration::from_secs(1), 20)?)?,
 //!     )
 //!     .build()?;
-//! let decision = limiter.check(&Context::subject(Subject::new("key-7")?), 1).await?;
+//! let decision = limiter.check(&Context::for_subject(Subject::new("key-7")?), 1).await?;
 //! println!("allowed: {}", decision.is_allowed());
 //! # Ok(()) }
 //! ```

@@ -144,7 +144,7 @@ async fn cross_slot_layers_under_concurrency_never_over_admit_nor_leak_charges()
             .iter()
             .map(|&below| {
                 let s = subject_away_from(cluster, &global_key, below);
-                Context::subject(Subject::new(s).unwrap())
+                Context::for_subject(Subject::new(s).unwrap())
             })
             .collect();
         let requests = (0..300)
@@ -233,7 +233,7 @@ async fn a_contended_cross_slot_tenant_admits_close_to_its_capacity() {
             .iter()
             .map(|&below| {
                 let s = subject_away_from(cluster, &tenant_key, below);
-                Context::subject(Subject::new(s).unwrap())
+                Context::for_subject(Subject::new(s).unwrap())
                     .with_attribute("tenant", Subject::new(tenant.clone()).unwrap())
             })
             .collect();
@@ -354,7 +354,7 @@ async fn a_decision_is_one_script_call_per_slot_group() {
         .layer("global", Scope::Attribute("region".into()), narrow)
         .build()
         .unwrap();
-    let ctx = Context::subject(Subject::new("k-1").unwrap())
+    let ctx = Context::for_subject(Subject::new("k-1").unwrap())
         .with_tenant(Subject::new(tenant.clone()).unwrap())
         .with_attribute("region", Subject::new(global_tag).unwrap());
 
@@ -463,7 +463,7 @@ async fn a_slot_migrating_under_traffic_surfaces_no_error_and_admits_nothing_ext
         .unwrap();
     let contexts: Vec<Context> = (0..20)
         .map(|i| {
-            Context::subject(Subject::new(format!("u{i}")).unwrap())
+            Context::for_subject(Subject::new(format!("u{i}")).unwrap())
                 .with_tenant(Subject::new(tenant.clone()).unwrap())
         })
         .collect();
@@ -600,7 +600,7 @@ async fn a_master_killed_under_load_is_survived_by_failover() {
     let replica = cluster.replica_of(victim).expect("a replica");
     let store: Arc<dyn Store> = Arc::new(store);
     // The subject's layer lives on the victim, the region's on another master.
-    let ctx = Context::subject(Subject::new(subject).unwrap())
+    let ctx = Context::for_subject(Subject::new(subject).unwrap())
         .with_attribute("region", Subject::new(region).unwrap());
 
     // First, `NOSCRIPT` from every node: the script is flushed everywhere

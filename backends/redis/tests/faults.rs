@@ -78,7 +78,7 @@ impl Load {
         let tasks = (0..CLIENTS)
             .map(|client| {
                 let (limiter, stop, seen) = (limiter.clone(), stop.clone(), seen.clone());
-                let ctx = Context::subject(Subject::new(unique("client")).unwrap());
+                let ctx = Context::for_subject(Subject::new(unique("client")).unwrap());
                 tokio::spawn(async move {
                     while !stop.load(Ordering::Relaxed) {
                         let t0 = Instant::now();

@@ -614,7 +614,7 @@ async fn keys_follow_the_documented_layout() {
         .layer("key", Scope::Subject, policy.clone())
         .build()
         .unwrap();
-    let ctx = Context::subject(Subject::new("user-1").unwrap())
+    let ctx = Context::for_subject(Subject::new("user-1").unwrap())
         .with_tenant(Subject::new("acme").unwrap());
     limiter.check(&ctx, 1).await.unwrap();
     let mut con = common::raw(RedisServer::shared().url()).await;

@@ -95,7 +95,7 @@ pub fn single(store: Arc<dyn Store>, limit: Limit) -> Limiter {
 
 /// A context with a fresh subject.
 pub fn fresh_subject() -> Context {
-    Context::subject(Subject::new(unique("subject")).expect("valid subject"))
+    Context::for_subject(Subject::new(unique("subject")).expect("valid subject"))
 }
 
 async fn admitted(limiter: &Limiter, ctx: &Context, n: usize, cost: u64) -> usize {
@@ -653,7 +653,7 @@ pub async fn foreign_values_are_conflicts(store: Arc<dyn Store>, foreign: &dyn F
                 .layer("l", Scope::Subject, policy.clone())
                 .build()
                 .expect("valid");
-            let ctx = Context::subject(Subject::new(subject.clone()).expect("valid"));
+            let ctx = Context::for_subject(Subject::new(subject.clone()).expect("valid"));
             let d = limiter.check(&ctx, 1).await.expect("decided");
             assert!(
                 d.failed_closed() && d.store_error() == Some("conflict"),

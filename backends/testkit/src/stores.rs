@@ -15,7 +15,7 @@ use tollgate_limiter::{async_trait, LayerRequest, Store, StoreError, Verdict};
 /// let limiter = Limiter::builder(Arc::new(DownStore))
 ///     .layer("key", Scope::Subject, Policy::new("api", Limit::fixed_window(5, Duration::from_secs(60))?)?)
 ///     .build()?;
-/// let decision = limiter.check(&Context::subject(Subject::new("k")?), 1).await?;
+/// let decision = limiter.check(&Context::for_subject(Subject::new("k")?), 1).await?;
 /// assert!(decision.failed_closed());
 /// assert_eq!(decision.store_error(), Some("unavailable"));
 /// # Ok(()) }

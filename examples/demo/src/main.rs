@@ -94,7 +94,7 @@ async fn authenticate(State(keys): State<Keys>, mut request: Request, next: Next
         Some((key, tenant)) => {
             request
                 .extensions_mut()
-                .insert(Context::subject(key).with_tenant(tenant));
+                .insert(Context::for_subject(key).with_tenant(tenant));
             next.run(request).await
         }
         None => {

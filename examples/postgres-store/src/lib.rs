@@ -29,7 +29,7 @@
 //! let limiter = Limiter::builder(Arc::new(store))
 //!     .layer("key", Scope::Subject, Policy::new("api", Limit::gcra(10, Duration::from_secs(1), 20)?)?)
 //!     .build()?;
-//! let decision = limiter.check(&Context::subject(Subject::new("key-7")?), 1).await?;
+//! let decision = limiter.check(&Context::for_subject(Subject::new("key-7")?), 1).await?;
 //! # let _ = decision; Ok(()) }
 //! ```
 #![forbid(unsafe_code)]

@@ -111,8 +111,9 @@ async fn expired_rows_count_as_absent() {
         .layer("b", Scope::Tenant, narrow)
         .build()
         .unwrap();
-    let ctx = Context::subject(Subject::new(tollgate_testkit::conformance::unique("s")).unwrap())
-        .with_tenant(Subject::new(tollgate_testkit::conformance::unique("t")).unwrap());
+    let ctx =
+        Context::for_subject(Subject::new(tollgate_testkit::conformance::unique("s")).unwrap())
+            .with_tenant(Subject::new(tollgate_testkit::conformance::unique("t")).unwrap());
     assert!(limiter.check(&ctx, 1).await.unwrap().is_allowed());
     assert!(!limiter.check(&ctx, 1).await.unwrap().is_allowed());
     // After a second the subject's window has expired (its row is dead);
