@@ -152,10 +152,12 @@ impl RequestView for View<'_> {
     }
     fn extension_context(&self) -> Option<Context> {
         let extensions = self.0.extensions();
-        extensions
-            .get::<Context>()
-            .cloned()
-            .or_else(|| extensions.get::<Subject>().cloned().map(Context::for_subject))
+        extensions.get::<Context>().cloned().or_else(|| {
+            extensions
+                .get::<Subject>()
+                .cloned()
+                .map(Context::for_subject)
+        })
     }
 }
 

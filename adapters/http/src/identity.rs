@@ -34,10 +34,12 @@ pub trait RequestView {
 
 /// The identity in `extensions`: a [`Context`], or else a [`Subject`].
 pub fn context_from_extensions(extensions: &http::Extensions) -> Option<Context> {
-    extensions
-        .get::<Context>()
-        .cloned()
-        .or_else(|| extensions.get::<Subject>().cloned().map(Context::for_subject))
+    extensions.get::<Context>().cloned().or_else(|| {
+        extensions
+            .get::<Subject>()
+            .cloned()
+            .map(Context::for_subject)
+    })
 }
 
 impl RequestView for http::request::Parts {

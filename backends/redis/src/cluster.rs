@@ -9,7 +9,7 @@
 //! Groups on different slots cannot run in one script (Redis Cluster runs a
 //! script on one node). They are **reserved in turn**, in slot order: each
 //! group is decided and, when it admits, charged. When a group denies, the
-//! groups already charged are **refunded** (see [`crate::refund`]) and the
+//! groups already charged are **refunded** (see `tollgate_algorithms::refund`) and the
 //! groups not reached are judged without a charge (`peek`), so every layer
 //! reports a verdict and the request is denied having charged nothing.
 //!

@@ -151,8 +151,9 @@ async fn cross_slot_layers_under_concurrency_never_over_admit_nor_leak_charges()
             .map(|i| (limiter.clone(), subjects[i % 3].clone()))
             .collect();
         let mut admitted = [0u64; 3];
-        for (i, allowed) in decide_concurrently(requests).await.into_iter().enumerate() {
-            admitted[i % 3] += u64::from(allowed);
+        for (i, d) in decide_concurrently(requests).await.iter().enumerate() {
+            assert!(d.store_error().is_none(), "{d:?}");
+            admitted[i % 3] += u64::from(d.is_allowed());
         }
         let total: u64 = admitted.iter().sum();
         println!("{name}: admitted {admitted:?} (global capacity 30, per subject 20)");
@@ -241,8 +242,9 @@ async fn a_contended_cross_slot_tenant_admits_close_to_its_capacity() {
             .map(|i| (limiter.clone(), keys[i % 3].clone()))
             .collect();
         let mut admitted = [0u64; 3];
-        for (i, allowed) in decide_concurrently(requests).await.into_iter().enumerate() {
-            admitted[i % 3] += u64::from(allowed);
+        for (i, d) in decide_concurrently(requests).await.iter().enumerate() {
+            assert!(d.store_error().is_none(), "{d:?}");
+            admitted[i % 3] += u64::from(d.is_allowed());
         }
         let total: u64 = admitted.iter().sum();
         println!("run {run}: tenant admitted {total} of 15, per key {admitted:?}");

