@@ -211,6 +211,7 @@ const UNPUBLISHED: &[&str] = &["xtask", "tollgate-demo", "tollgate-postgres-stor
 /// from its package, so a missing version, a file left out of a package or
 /// a name clash fails here, not at release.
 fn package() -> Result {
+    forget_packaged_sources();
     let mut args = vec!["package", "--workspace", "--allow-dirty"];
     for name in UNPUBLISHED {
         args.extend(["--exclude", name]);
@@ -219,6 +220,56 @@ fn package() -> Result {
         "cargo package (every publishable crate, each built from its package)",
         cargo().args(&args),
     )
+}
+
+/// Cargo verifies the packages against a temporary registry of the
+/// workspace's own crates, and unpacks them under
+/// `$CARGO_HOME/registry/src/-<hash of that registry's path>/`. It never
+/// unpacks a version again: a second run from the same folder (the same
+/// version, changed sources) would build the old sources. Remove those
+/// unpacked copies of this workspace's crates, and the temporary registry
+/// of an earlier run, first (only directories of such path-named
+/// registries, never crates.io's).
+fn forget_packaged_sources() {
+    // The temporary registry itself, from an earlier run, and what was
+    // built from it: cargo takes a registry crate of a known version as
+    // unchanged, so it would reuse those builds too. (Fingerprints of the
+    // workspace's own crates go with them: they are rebuilt when next used.)
+    let target = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    let _ = std::fs::remove_dir_all(target.join("package"));
+    if let Ok(fingerprints) = std::fs::read_dir(target.join("debug").join(".fingerprint")) {
+        for entry in fingerprints.flatten() {
+            if entry.file_name().to_string_lossy().starts_with("tollgate-") {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|home| Path::new(&home).join(".cargo")));
+    let Some(src) = cargo_home.map(|home| home.join("registry").join("src")) else {
+        return;
+    };
+    let Ok(registries) = std::fs::read_dir(src) else {
+        return;
+    };
+    for registry in registries.flatten() {
+        if !registry.file_name().to_string_lossy().starts_with('-') {
+            continue;
+        }
+        let Ok(crates) = std::fs::read_dir(registry.path()) else {
+            continue;
+        };
+        for unpacked in crates.flatten() {
+            let name = unpacked.file_name().to_string_lossy().into_owned();
+            // `tollgate-0.1.0`, `tollgate-limiter-0.1.0`, …
+            if name.starts_with("tollgate-") {
+                let _ = std::fs::remove_dir_all(unpacked.path());
+            }
+        }
+    }
 }
 
 fn bench(extra: &[String]) -> Result {
