@@ -140,7 +140,9 @@ impl Limiter {
                     && (l.policy.check_cost(cost).is_err() || ctx.key_for(l).is_none())
             };
             if self.layers.iter().any(undecidable) {
-                return self.without(ctx, cost, &undecidable).await;
+                // Rare paths are boxed: their state must not grow the
+                // future every decision carries.
+                return Box::pin(self.without(ctx, cost, &undecidable)).await;
             }
         }
         // Up to four layers live on the stack: no allocation per decision.
@@ -217,7 +219,7 @@ impl Limiter {
         // without them, so the enforced layers are charged.
         let answer = match answer {
             Ok(verdicts) if denied_only_by_shadow(&requests, &verdicts) => {
-                past_shadow(&*self.store, &requests, verdicts).await
+                Box::pin(past_shadow(&*self.store, &requests, verdicts)).await
             }
             other => other,
         };
@@ -232,7 +234,7 @@ impl Limiter {
                     .filter(|l| named(l))
                     .all(|l| l.policy.is_shadow());
                 if only_shadow && self.layers.iter().any(named) {
-                    return self.without(ctx, cost, &named).await;
+                    return Box::pin(self.without(ctx, cost, &named)).await;
                 }
             }
         }

@@ -544,16 +544,22 @@ impl MemoryStore {
             // One layer, one lock: the common case, without the bookkeeping.
             let (hash, id) = self.locate(&layer.key);
             let mut shard = lock(&self.shards[id]);
-            let found = shard.find(hash, &layer.key);
-            let present = found.is_some();
-            let state = found.filter(|e| e.expires_at > now_us).map(|e| &e.state);
-            let t = tollgate_algorithms::decide(layer.policy.limit(), state, now, layer.cost);
+            let shard = &mut *shard;
+            // An existing key: one lookup, decided and written in place.
+            if let Some(entry) = shard.entries.find_mut(hash, |e| layer.key.matches(&e.key)) {
+                let state = (entry.expires_at > now_us).then_some(&entry.state);
+                let t = tollgate_algorithms::decide(layer.policy.limit(), state, now, layer.cost);
+                if let Some(next) = t.next {
+                    let expires_at = now_us.saturating_add(duration_micros(next.ttl));
+                    entry.state = next.state;
+                    entry.expires_at = expires_at;
+                    shard.next_expiry = shard.next_expiry.min(expires_at);
+                }
+                return Ok(vec![t.verdict]);
+            }
+            let t = tollgate_algorithms::decide(layer.policy.limit(), None, now, layer.cost);
             if let Some(next) = t.next {
-                let budget = if present {
-                    None
-                } else {
-                    self.take_units(&mut shard, layer.policy, now_us, &[hash])?
-                };
+                let budget = self.take_units(shard, layer.policy, now_us, &[hash])?;
                 shard.write(
                     hash,
                     &layer.key,
