@@ -184,17 +184,7 @@ impl Limiter {
                 let probe = ProbeGuard {
                     breaker: (admission == Admission::Probe).then_some(&*self.breaker),
                 };
-                let answer = ask(&*self.store, &requests).await.and_then(|verdicts| {
-                    if verdicts.len() == requests.len() {
-                        Ok(verdicts)
-                    } else {
-                        Err(StoreError::Protocol(format!(
-                            "{} verdicts for {} layers",
-                            verdicts.len(),
-                            requests.len()
-                        )))
-                    }
-                });
+                let answer = ask(&*self.store, &requests).await;
                 observe::store_call(self.store.kind(), started, answer.as_ref().err());
                 // Any answer that is not an outage (a decision, or an error
                 // about one key, a budget or the clock) means the store is
@@ -375,8 +365,8 @@ impl Limiter {
         if let (false, Some(store)) = (fallback.is_empty(), &self.fallback) {
             let batch: Vec<LayerRequest<'_>> = fallback.iter().map(|(_, r)| *r).collect();
             match ask(&**store, &batch).await {
-                Ok(verdicts) if verdicts.len() == batch.len() => fallback_verdicts = Some(verdicts),
-                Ok(_) | Err(_) => observe::fallback_failed(store.kind()),
+                Ok(verdicts) => fallback_verdicts = Some(verdicts),
+                Err(_) => observe::fallback_failed(store.kind()),
             }
         }
         let layers = self
@@ -463,13 +453,6 @@ async fn past_shadow(
             return Ok(verdicts);
         }
         let again = ask(store, &batch).await?;
-        if again.len() != batch.len() {
-            return Err(StoreError::Protocol(format!(
-                "{} verdicts for {} layers",
-                again.len(),
-                batch.len()
-            )));
-        }
         let slots: SmallVec<[usize; 4]> = (0..requests.len()).filter(|&i| included[i]).collect();
         for (&i, v) in slots.iter().zip(&again) {
             verdicts[i] = *v;
@@ -487,12 +470,22 @@ async fn past_shadow(
     }
 }
 
-/// `store`'s answer: without a boxed future when it can decide at once.
+/// `store`'s answer, without a boxed future when it can decide at once:
+/// one verdict per layer, or a protocol error: every store call of the
+/// limiter goes through here.
 async fn ask(store: &dyn Store, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
-    match store.decide_now(layers) {
+    let verdicts = match store.decide_now(layers) {
         Some(answer) => answer,
         None => store.decide(layers).await,
+    }?;
+    if verdicts.len() != layers.len() {
+        return Err(StoreError::Protocol(format!(
+            "{} verdicts for {} layers",
+            verdicts.len(),
+            layers.len()
+        )));
     }
+    Ok(verdicts)
 }
 
 fn decided(layer: &Layer, v: Verdict, source: Source) -> LayerDecision {

@@ -147,14 +147,7 @@ async fn cross_slot_layers_under_concurrency_never_over_admit_nor_leak_charges()
                 Context::for_subject(Subject::new(s).unwrap())
             })
             .collect();
-        let requests = (0..300)
-            .map(|i| (limiter.clone(), subjects[i % 3].clone()))
-            .collect();
-        let mut admitted = [0u64; 3];
-        for (i, d) in decide_concurrently(requests).await.iter().enumerate() {
-            assert!(d.store_error().is_none(), "{d:?}");
-            admitted[i % 3] += u64::from(d.is_allowed());
-        }
+        let admitted = admitted_concurrently(&limiter, &subjects).await;
         let total: u64 = admitted.iter().sum();
         println!("{name}: admitted {admitted:?} (global capacity 30, per subject 20)");
         assert!(
@@ -238,14 +231,7 @@ async fn a_contended_cross_slot_tenant_admits_close_to_its_capacity() {
                     .with_attribute("tenant", Subject::new(tenant.clone()).unwrap())
             })
             .collect();
-        let requests = (0..300)
-            .map(|i| (limiter.clone(), keys[i % 3].clone()))
-            .collect();
-        let mut admitted = [0u64; 3];
-        for (i, d) in decide_concurrently(requests).await.iter().enumerate() {
-            assert!(d.store_error().is_none(), "{d:?}");
-            admitted[i % 3] += u64::from(d.is_allowed());
-        }
+        let admitted = admitted_concurrently(&limiter, &keys).await;
         let total: u64 = admitted.iter().sum();
         println!("run {run}: tenant admitted {total} of 15, per key {admitted:?}");
         assert!(total <= 15, "the tenant layer admitted {total} > 15");
@@ -257,6 +243,20 @@ async fn a_contended_cross_slot_tenant_admits_close_to_its_capacity() {
         figures.iter().all(|&n| n >= 12),
         "under-admission beyond the bound: {figures:?}"
     );
+}
+
+/// 300 concurrent requests, spread over the three `contexts` in turn: how
+/// many each admitted. No decision may be degraded.
+async fn admitted_concurrently(limiter: &Limiter, contexts: &[Context]) -> [u64; 3] {
+    let requests = (0..300)
+        .map(|i| (limiter.clone(), contexts[i % 3].clone()))
+        .collect();
+    let mut admitted = [0u64; 3];
+    for (i, d) in decide_concurrently(requests).await.iter().enumerate() {
+        assert!(d.store_error().is_none(), "{d:?}");
+        admitted[i % 3] += u64::from(d.is_allowed());
+    }
+    admitted
 }
 
 /// A `MONITOR` on one node: the script calls clients send for keys under
