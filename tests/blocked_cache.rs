@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tollgate::{
     async_trait, BlockedCacheConfig, Context, LayerRequest, Limit, Limiter, ManualClock,
-    MemoryStore, Policy, Scope, Source, Store, StoreError, Subject, Timestamp, Verdict,
+    MemoryStore, Policy, Scope, Source, Store, StoreError, Subject, Timestamp, Verdicts,
 };
 
 #[derive(Debug)]
@@ -22,7 +22,7 @@ impl Store for Counting {
     fn kind(&self) -> &'static str {
         "counting"
     }
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.decide(layers).await
     }

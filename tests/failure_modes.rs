@@ -10,7 +10,7 @@ use std::time::Duration;
 use tollgate::{
     async_trait, BreakerConfig, BreakerState, Context, Fallback, LayerRequest, Limit, Limiter,
     ManualClock, MemoryStore, OnStoreFailure, Policy, Scope, Source, Store, StoreError, Subject,
-    Timestamp, Verdict,
+    Timestamp, Verdicts,
 };
 
 /// The in-process store behind an on/off switch; counts the calls it gets.
@@ -26,7 +26,7 @@ impl Store for Switchable {
     fn kind(&self) -> &'static str {
         "switchable"
     }
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("switched off".into()));
@@ -244,7 +244,7 @@ impl tollgate::Store for Flaky {
     async fn decide(
         &self,
         _: &[tollgate::LayerRequest<'_>],
-    ) -> Result<Vec<tollgate::Verdict>, tollgate::StoreError> {
+    ) -> Result<tollgate::Verdicts, tollgate::StoreError> {
         if self.0.load(std::sync::atomic::Ordering::SeqCst) {
             Err(tollgate::StoreError::Conflict {
                 policy: "api".into(),

@@ -18,6 +18,7 @@
 
 mod fixed_window;
 mod gcra;
+mod layered;
 pub mod refund;
 mod sliding_log;
 mod sliding_window;
@@ -25,10 +26,11 @@ mod token_bucket;
 
 use std::time::Duration;
 
-use tollgate_limiter::{LayerRequest, Limit, State, Stored, Timestamp, Transition, Verdict};
+use tollgate_limiter::{Limit, State, Timestamp, Transition};
 
 pub use fixed_window::{fixed_window, fixed_window_refund};
 pub use gcra::{gcra, gcra_refund};
+pub use layered::{decide_layers, Layered, Writes, WritesIntoIter};
 pub use sliding_log::{sliding_log, sliding_log_refund};
 pub use sliding_window::{sliding_window, sliding_window_refund};
 pub use token_bucket::{token_bucket, token_bucket_refund};
@@ -58,74 +60,6 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Timestamp, cost: u64) -
         Limit::SlidingLog(p) => sliding_log(p, log(state), now.as_micros(), cost),
         Limit::Custom(c) => c.0.decide(state, now, cost),
         other => unreachable!("no built-in algorithm for {}", other.algorithm_name()),
-    }
-}
-
-/// One request's layers judged together: what a store answers and writes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Layered {
-    /// One verdict per layer, in order. When the request is denied, the
-    /// admitting layers report what they still have (nothing was charged).
-    pub verdicts: Vec<Verdict>,
-    /// When every layer admits: each layer's state to store (with its TTL),
-    /// in order. Empty when the request is denied: nothing is written.
-    pub writes: Vec<Option<Stored>>,
-}
-
-impl Layered {
-    /// Whether every layer admitted (so every write must be made).
-    pub fn admitted(&self) -> bool {
-        !self.writes.is_empty()
-    }
-}
-
-/// Judge every layer of one request against its state (`states[i]` for
-/// `layers[i]`, `None` for a key with no live state) at `now`, all or
-/// nothing: the [`Store`](tollgate_limiter::Store) contract's decision,
-/// for any store that reads states, locks them, and writes what this
-/// returns. The in-process store and the PostgreSQL example use it.
-///
-/// ```
-/// use std::time::Duration;
-/// use tollgate_limiter::{LayerRequest, Limit, Policy, StoreKey, Timestamp};
-///
-/// let tight = Policy::new("tight", Limit::fixed_window(1, Duration::from_secs(1))?)?;
-/// let loose = Policy::new("loose", Limit::fixed_window(9, Duration::from_secs(1))?)?;
-/// let layers = [
-///     LayerRequest { key: StoreKey::new("k", &loose, "subject", "k"), policy: &loose, cost: 1 },
-///     LayerRequest { key: StoreKey::new("k", &tight, "subject", "k"), policy: &tight, cost: 1 },
-/// ];
-/// let now = Timestamp::from_micros(1_800_000_000_000_000);
-/// let first = tollgate_algorithms::decide_layers(&layers, &[None, None], now);
-/// assert!(first.admitted());
-/// let tight_state = first.writes[1].as_ref().unwrap().state.clone();
-/// let second = tollgate_algorithms::decide_layers(&layers, &[None, Some(&tight_state)], now);
-/// assert!(!second.admitted());
-/// assert_eq!(second.verdicts[0].remaining, 9, "the loose layer was not charged");
-/// # Ok::<(), tollgate_limiter::PolicyError>(())
-/// ```
-pub fn decide_layers(
-    layers: &[LayerRequest<'_>],
-    states: &[Option<&State>],
-    now: Timestamp,
-) -> Layered {
-    let transitions: Vec<Transition> = layers
-        .iter()
-        .zip(states)
-        .map(|(l, state)| decide(l.policy.limit(), *state, now, l.cost))
-        .collect();
-    if transitions.iter().all(|t| t.verdict.allowed) {
-        let (verdicts, writes) = transitions.into_iter().map(|t| (t.verdict, t.next)).unzip();
-        Layered { verdicts, writes }
-    } else {
-        Layered {
-            verdicts: layers
-                .iter()
-                .zip(transitions)
-                .map(|(l, t)| t.verdict.uncharged(l.cost))
-                .collect(),
-            writes: Vec::new(),
-        }
     }
 }
 

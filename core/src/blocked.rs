@@ -7,8 +7,13 @@
 //! slower than the store's, and it does not see an operator resetting a key
 //! by hand (entries live at most until their retry time).
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use smallvec::SmallVec;
 
 use moka::sync::Cache;
 use moka::Expiry;
@@ -37,6 +42,10 @@ impl Default for BlockedCacheConfig {
 
 #[derive(Clone)]
 struct Blocked {
+    /// The request's layer keys, rendered: a hash match is confirmed
+    /// against them, so two requests whose hashes collide never share a
+    /// denial.
+    keys: Arc<[Box<str>]>,
     /// When the denial was made and when it ends, on this process's clock (µs).
     denied_at: u64,
     until: u64,
@@ -47,10 +56,10 @@ struct Blocked {
 
 struct UntilRetry;
 
-impl Expiry<Box<str>, Blocked> for UntilRetry {
+impl Expiry<u64, Blocked> for UntilRetry {
     fn expire_after_create(
         &self,
-        _: &Box<str>,
+        _: &u64,
         value: &Blocked,
         _: std::time::Instant,
     ) -> Option<Duration> {
@@ -60,8 +69,12 @@ impl Expiry<Box<str>, Blocked> for UntilRetry {
 
 /// See the [module docs](self).
 pub(crate) struct BlockedCache {
-    cache: Cache<Box<str>, Blocked>,
+    cache: Cache<u64, Blocked>,
     threshold: Duration,
+    /// No entry lives past this instant (µs): until something is blocked,
+    /// a decision reads this one number and nothing else of the cache.
+    live_until: AtomicU64,
+    hasher: RandomState,
 }
 
 impl std::fmt::Debug for BlockedCache {
@@ -72,16 +85,6 @@ impl std::fmt::Debug for BlockedCache {
     }
 }
 
-/// The identity of a request: every layer key, in order.
-pub(crate) fn identity(requests: &[LayerRequest<'_>]) -> Box<str> {
-    let mut out = String::new();
-    for r in requests {
-        out.push_str(&r.key.render());
-        out.push('\n');
-    }
-    out.into_boxed_str()
-}
-
 impl BlockedCache {
     pub(crate) fn new(config: BlockedCacheConfig) -> Self {
         BlockedCache {
@@ -90,35 +93,52 @@ impl BlockedCache {
                 .expire_after(UntilRetry)
                 .build(),
             threshold: config.threshold,
+            live_until: AtomicU64::new(0),
+            hasher: RandomState::new(),
         }
     }
 
-    /// The cached denial of `identity` at `cost`, aged to now.
-    pub(crate) fn get(&self, identity: &str, cost: u64, clock: &dyn Clock) -> Option<Decision> {
-        let blocked = self.cache.get(identity)?;
+    /// The identity of a request: a hash of its layer keys, in order.
+    fn identity(&self, requests: &[LayerRequest<'_>]) -> u64 {
+        self.hasher
+            .hash_one(requests.iter().map(|r| r.key).collect::<SmallVec<[_; 4]>>())
+    }
+
+    /// The cached denial of `requests` at `cost`, aged to now.
+    pub(crate) fn get(
+        &self,
+        requests: &[LayerRequest<'_>],
+        cost: u64,
+        clock: &dyn Clock,
+    ) -> Option<Decision> {
         let now = clock.now().as_micros();
-        if now >= blocked.until || cost < blocked.cost {
+        if now >= self.live_until.load(Ordering::Relaxed) {
+            return None;
+        }
+        let blocked = self.cache.get(&self.identity(requests))?;
+        let same = blocked.keys.len() == requests.len()
+            && requests
+                .iter()
+                .zip(blocked.keys.iter())
+                .all(|(r, k)| r.key.matches(k));
+        if !same || now >= blocked.until || cost < blocked.cost {
             return None;
         }
         let elapsed = Duration::from_micros(now.saturating_sub(blocked.denied_at));
-        let layers = blocked
-            .decision
-            .layers()
-            .iter()
-            .map(|l| LayerDecision {
-                reset_after: l.reset_after.saturating_sub(elapsed),
-                retry_after: l.retry_after.map(|r| r.saturating_sub(elapsed)),
-                source: Source::Cache,
-                ..l.clone()
-            })
-            .collect();
+        let layers = blocked.decision.layers().iter().map(|l| LayerDecision {
+            reset_after: l.reset_after.saturating_sub(elapsed),
+            retry_after: l.retry_after.map(|r| r.saturating_sub(elapsed)),
+            source: Source::Cache,
+            ..*l
+        });
         Some(Decision::new(layers))
     }
 
-    /// Remember `decision` when the store denied it for long enough.
+    /// Remember `decision` of `requests` when the store denied it for long
+    /// enough.
     pub(crate) fn remember(
         &self,
-        identity: Box<str>,
+        requests: &[LayerRequest<'_>],
         cost: u64,
         decision: &Decision,
         clock: &dyn Clock,
@@ -130,12 +150,18 @@ impl BlockedCache {
             return;
         }
         let now = clock.now().as_micros();
+        let until = now + duration_micros(wait);
         let blocked = Blocked {
+            keys: requests
+                .iter()
+                .map(|r| r.key.render().into_boxed_str())
+                .collect(),
             denied_at: now,
-            until: now + duration_micros(wait),
+            until,
             cost,
             decision: Arc::new(decision.clone()),
         };
-        self.cache.insert(identity, blocked);
+        self.cache.insert(self.identity(requests), blocked);
+        self.live_until.fetch_max(until, Ordering::Relaxed);
     }
 }

@@ -1,9 +1,13 @@
 //! Decisions: what the limiter answers, layer by layer.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::policy::Policy;
+use smallvec::SmallVec;
+
+use crate::algorithm::Verdict;
+use crate::layer::Layer;
 
 /// Where a layer's answer came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -35,15 +39,56 @@ impl Source {
     }
 }
 
-/// One layer's part of a [`Decision`].
-#[derive(Debug, Clone, PartialEq)]
+/// What a decision reports about its layer besides numbers: names, mode
+/// and window. Made once per distinct layer (see [`Layer::new`]) and kept
+/// for the life of the process, so a decision refers to it by a plain
+/// reference: deciding clones no `Arc` and allocates nothing.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct LayerInfo {
+    pub(crate) layer: Box<str>,
+    pub(crate) policy: Box<str>,
+    pub(crate) shadow: bool,
+    pub(crate) window: Option<Duration>,
+}
+
+impl LayerInfo {
+    /// The one `LayerInfo` with these contents. Distinct infos are few
+    /// (layers times policy changes), and each is kept for good: a
+    /// [`Decision`] may outlive its limiter (request extensions, caches).
+    pub(crate) fn interned(info: LayerInfo) -> &'static LayerInfo {
+        static INFOS: Mutex<BTreeSet<&'static LayerInfo>> = Mutex::new(BTreeSet::new());
+        let mut infos = INFOS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = infos.get(&info) {
+            return found;
+        }
+        let leaked: &'static LayerInfo = Box::leak(Box::new(info));
+        infos.insert(leaked);
+        leaked
+    }
+}
+
+/// One layer's part of a [`Decision`]: numbers, and a reference to what
+/// the layer is (its name, its policy's name, mode and window).
+///
+/// ```
+/// # use std::time::Duration;
+/// # use tollgate_limiter::*;
+/// let policy = Policy::new("search", Limit::fixed_window(100, Duration::from_secs(60))?)?;
+/// let layer = Layer::new("key", Scope::Subject, policy);
+/// let verdict = Verdict { allowed: true, limit: 100, remaining: 42,
+///     reset_after: Duration::from_secs(12), retry_after: None };
+/// let d = LayerDecision::new(&layer, verdict, Source::Store);
+/// assert_eq!((d.layer(), d.policy(), d.remaining), ("key", "search", 42));
+/// assert_eq!(d.window(), Some(Duration::from_secs(60)));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerDecision {
-    /// The layer's name.
-    pub layer: Arc<str>,
-    /// The layer's policy (shared with the limiter).
-    pub policy: Arc<Policy>,
+    pub(crate) info: &'static LayerInfo,
     /// Whether this layer admits the request.
     pub allowed: bool,
+    /// Where the answer came from.
+    pub source: Source,
     /// The policy's capacity or window limit.
     pub limit: u64,
     /// Units left after this decision (when the request is denied by another
@@ -53,45 +98,85 @@ pub struct LayerDecision {
     pub reset_after: Duration,
     /// When this layer denies: the earliest time the same request could pass it.
     pub retry_after: Option<Duration>,
-    /// Where the answer came from.
-    pub source: Source,
 }
+
+impl LayerDecision {
+    /// `layer`'s part of a decision: `verdict`, from `source`.
+    pub fn new(layer: &Layer, verdict: Verdict, source: Source) -> Self {
+        LayerDecision {
+            info: layer.info,
+            allowed: verdict.allowed,
+            source,
+            limit: verdict.limit,
+            remaining: verdict.remaining,
+            reset_after: verdict.reset_after,
+            retry_after: verdict.retry_after,
+        }
+    }
+
+    /// The layer's name.
+    pub fn layer(&self) -> &'static str {
+        &self.info.layer
+    }
+
+    /// The name of the layer's policy.
+    pub fn policy(&self) -> &'static str {
+        &self.info.policy
+    }
+
+    /// Whether the layer's policy is in shadow mode: counted, never denying.
+    pub fn is_shadow(&self) -> bool {
+        self.info.shadow
+    }
+
+    /// The window the policy announces ([`Limit::window`](crate::Limit::window)).
+    pub fn window(&self) -> Option<Duration> {
+        self.info.window
+    }
+}
+
+/// Layers kept inline in a decision; more spill to the heap.
+type Layers = SmallVec<[LayerDecision; 4]>;
 
 /// The answer to one request: admitted only if every enforced layer admits,
 /// and then every admitting layer was charged; denied otherwise, and no
 /// layer was charged.
 ///
-/// A layer whose policy is in shadow mode ([`Policy::shadow`]) is decided
+/// A layer whose policy is in shadow mode ([`Policy::shadow`](crate::Policy::shadow)) is decided
 /// and counted like the others, but its denial never denies the request:
 /// [`is_allowed`](Self::is_allowed), [`denied_layers`](Self::denied_layers)
 /// and [`retry_after`](Self::retry_after) leave it out;
 /// [`shadow_denied`](Self::shadow_denied) lists it.
+///
+/// A decision is plain data (numbers and references to what never
+/// changes): it is `'static`, cheap to copy into request extensions, and
+/// building one allocates nothing for up to four layers.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
-    layers: Vec<LayerDecision>,
+    layers: Layers,
     store_error: Option<&'static str>,
 }
 
 impl Decision {
     /// A decision from its layers.
-    pub fn new(layers: Vec<LayerDecision>) -> Self {
+    pub fn new(layers: impl IntoIterator<Item = LayerDecision>) -> Self {
         Decision {
-            layers,
+            layers: layers.into_iter().collect(),
             store_error: None,
         }
     }
 
     /// A decision made without the store, which failed with an error of
     /// `class` (see [`StoreError::class`](crate::StoreError::class)).
-    pub fn degraded(layers: Vec<LayerDecision>, class: &'static str) -> Self {
+    pub fn degraded(layers: impl IntoIterator<Item = LayerDecision>, class: &'static str) -> Self {
         Decision {
-            layers,
+            layers: layers.into_iter().collect(),
             store_error: Some(class),
         }
     }
 
     /// The layers, and the store error's class when the store failed.
-    pub(crate) fn into_parts(self) -> (Vec<LayerDecision>, Option<&'static str>) {
+    pub(crate) fn into_parts(self) -> (Layers, Option<&'static str>) {
         (self.layers, self.store_error)
     }
 
@@ -108,16 +193,12 @@ impl Decision {
 
     /// Whether the request may proceed: every enforced layer admits.
     pub fn is_allowed(&self) -> bool {
-        self.layers
-            .iter()
-            .all(|l| l.allowed || l.policy.is_shadow())
+        self.layers.iter().all(|l| l.allowed || l.is_shadow())
     }
 
     /// The shadow layers that would have denied the request.
     pub fn shadow_denied(&self) -> impl Iterator<Item = &LayerDecision> {
-        self.layers
-            .iter()
-            .filter(|l| !l.allowed && l.policy.is_shadow())
+        self.layers.iter().filter(|l| !l.allowed && l.is_shadow())
     }
 
     /// Every layer, in the limiter's order.
@@ -127,9 +208,7 @@ impl Decision {
 
     /// The enforced layers that denied.
     pub fn denied_layers(&self) -> impl Iterator<Item = &LayerDecision> {
-        self.layers
-            .iter()
-            .filter(|l| !l.allowed && !l.policy.is_shadow())
+        self.layers.iter().filter(|l| !l.allowed && !l.is_shadow())
     }
 
     /// When denied: the longest wait among the denying layers (`None` when admitted).
@@ -142,7 +221,7 @@ impl Decision {
     pub fn tightest(&self) -> Option<&LayerDecision> {
         self.layers
             .iter()
-            .filter(|l| !l.policy.is_shadow())
+            .filter(|l| !l.is_shadow())
             .min_by_key(|l| (l.allowed, l.remaining))
     }
 }

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::decision::LayerInfo;
 use crate::policy::Policy;
 
 /// What a layer counts by.
@@ -30,6 +31,11 @@ impl Scope {
 }
 
 /// One layer: a name, what it counts by, and its policy.
+///
+/// Its names, mode and window are kept once per process for every
+/// distinct layer (a few bytes each; layers come from code and
+/// configuration, not from requests), so a [`Decision`](crate::Decision)
+/// refers to them without reference counting.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Layer {
     pub(crate) name: Arc<str>,
@@ -38,14 +44,24 @@ pub struct Layer {
     /// not the policy.
     pub(crate) policy: Arc<Policy>,
     pub(crate) fallback: Option<Policy>,
+    /// What its decisions report (names, mode, window), shared by all of them.
+    pub(crate) info: &'static LayerInfo,
 }
 
 impl Layer {
     /// A layer named `name` counting by `scope` under `policy`.
     pub fn new(name: impl Into<Arc<str>>, scope: Scope, policy: Policy) -> Self {
         let fallback = policy.fallback_policy();
+        let name: Arc<str> = name.into();
+        let info = LayerInfo::interned(LayerInfo {
+            layer: name.as_ref().into(),
+            policy: policy.name().into(),
+            shadow: policy.is_shadow(),
+            window: policy.limit().window(),
+        });
         Layer {
-            name: name.into(),
+            info,
+            name,
             scope,
             policy: Arc::new(policy),
             fallback,

@@ -25,6 +25,7 @@ mod spec;
 mod store;
 mod subject;
 mod time;
+mod verdicts;
 
 pub use algorithm::{Algorithm, State, Stored, Transition, Verdict};
 #[cfg(feature = "blocked-cache")]
@@ -46,6 +47,7 @@ pub use policy::Policy;
 pub use spec::{DurationSpec, LimitSpec, ModeSpec, OnFailureSpec, WhenFullSpec};
 pub use store::{LayerRequest, Store, StoreKey};
 pub use subject::{HashKey, Subject};
-pub use time::{duration_micros, Clock, ManualClock, SystemClock, Timestamp};
+pub use time::{duration_micros, Clock, ManualClock, MonotonicClock, SystemClock, Timestamp};
+pub use verdicts::{IntoIter as VerdictsIntoIter, Verdicts};
 
 pub use async_trait::async_trait;

@@ -157,6 +157,28 @@ impl Limit {
         }
     }
 
+    /// The window a policy announces to clients (the `w` of the
+    /// `RateLimit-Policy` header): the window, or the time an empty bucket
+    /// takes to be full again. `None` for a custom algorithm, whose window
+    /// Tollgate cannot know.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tollgate_limiter::Limit;
+    /// let bucket = Limit::token_bucket(10, 5, Duration::from_secs(1))?;
+    /// assert_eq!(bucket.window(), Some(Duration::from_secs(2)));
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
+    /// ```
+    pub fn window(&self) -> Option<Duration> {
+        let micros = match self {
+            Limit::TokenBucket(p) => (p.capacity * p.period_us).div_ceil(p.refill),
+            Limit::Gcra(p) => p.burst * p.interval_us,
+            Limit::FixedWindow(p) | Limit::SlidingWindow(p) | Limit::SlidingLog(p) => p.window_us,
+            Limit::Custom(_) => return None,
+        };
+        Some(Duration::from_micros(micros))
+    }
+
     /// The most a single request may cost.
     pub fn capacity(&self) -> u64 {
         match self {

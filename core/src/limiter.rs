@@ -2,6 +2,8 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use std::time::Duration;
@@ -14,10 +16,11 @@ use crate::decision::{Decision, LayerDecision, Source};
 use crate::error::{Error, StoreError};
 use crate::failure::{Admission, BreakerConfig, BreakerState, CircuitBreaker, OnStoreFailure};
 use crate::layer::{Layer, Scope};
-use crate::observe;
+use crate::observe::{self, LimiterMetrics};
 use crate::policy::Policy;
 use crate::store::{LayerRequest, Store};
-use crate::time::{Clock, SystemClock};
+use crate::time::{Clock, MonotonicClock};
+use crate::verdicts::Verdicts;
 
 /// An ordered list of layers over one store. `check` decides all layers in
 /// one store call: admitted only if every layer admits, and then every layer
@@ -35,7 +38,7 @@ use crate::time::{Clock, SystemClock};
 /// # #[derive(Debug)] struct AlwaysYes;
 /// # #[async_trait::async_trait] impl Store for AlwaysYes {
 /// #   fn kind(&self) -> &'static str { "yes" }
-/// #   async fn decide(&self, l: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+/// #   async fn decide(&self, l: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
 /// #     Ok(l.iter().map(|r| Verdict { allowed: true, limit: r.policy.capacity(), remaining: 0,
 /// #       reset_after: std::time::Duration::ZERO, retry_after: None }).collect()) } }
 /// # let store: Arc<dyn Store> = Arc::new(AlwaysYes);
@@ -62,6 +65,8 @@ pub struct Limiter {
     blocked: Option<Arc<crate::blocked::BlockedCache>>,
     /// Whether any layer is in shadow mode.
     has_shadow: bool,
+    /// Counters of decisions per layer, and the store's latency.
+    metrics: Arc<LimiterMetrics>,
 }
 
 impl fmt::Debug for Limiter {
@@ -83,7 +88,7 @@ impl Limiter {
             layers: Vec::new(),
             fallback: None,
             breaker: BreakerConfig::default(),
-            clock: Arc::new(SystemClock),
+            clock: Arc::new(MonotonicClock::new()),
             #[cfg(feature = "blocked-cache")]
             blocked: None,
         }
@@ -115,7 +120,15 @@ impl Limiter {
     /// subject). Being denied is `Ok` with [`Decision::is_allowed`] false; a
     /// store failure is `Ok` too, decided by each layer's failure mode (see
     /// [`Decision::failed_closed`] and [`LayerDecision::source`]).
-    pub async fn check(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
+    ///
+    /// The future is the decision itself, not a wrapper around it: nothing
+    /// is moved or allocated on the way (with the `tracing` feature, it is
+    /// instrumented with a `tollgate.check` span).
+    pub fn check<'a>(
+        &'a self,
+        ctx: &'a Context,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send + 'a {
         #[cfg(feature = "tracing")]
         {
             use tracing::Instrument;
@@ -125,34 +138,63 @@ impl Limiter {
                 layers = self.layers.len(),
                 cost
             );
-            self.decide(ctx, cost).instrument(span).await
+            self.decide(ctx, cost).instrument(span)
         }
         #[cfg(not(feature = "tracing"))]
-        self.decide(ctx, cost).await
+        self.decide(ctx, cost)
     }
 
+    /// The decision. Its common path (an in-process store answering at
+    /// once, nothing in shadow mode to set aside, no failure) runs in
+    /// [`start`](Self::start) without awaiting anything; the paths that
+    /// wait are boxed, so the future every decision carries stays small.
     async fn decide(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
+        let left_out = |l: &Layer| undecidable(l, ctx, cost);
+        // The start is consumed before anything is awaited, so none of it
+        // is kept in this future: only the box of a path that waits.
+        let rest: Pin<Box<dyn Future<Output = Result<Decision, Error>> + Send + '_>> = match self
+            .start(ctx, cost)
+        {
+            Start::Done(result) => return result,
+            Start::Undecidable => Box::pin(self.without(ctx, cost, &left_out)),
+            Start::Waiting(requests, admission) => {
+                Box::pin(self.wait_for_store(ctx, cost, requests, admission))
+            }
+            Start::Answered(requests, answer) => Box::pin(self.settle(ctx, cost, requests, answer)),
+        };
+        rest.await
+    }
+
+    /// [`decide`](Self::decide), declared `Send`: the shadow path decides
+    /// recursively, and the compiler proves a recursive future `Send` only
+    /// through a declared bound.
+    fn decide_sent<'a>(
+        &'a self,
+        ctx: &'a Context,
+        cost: u64,
+    ) -> impl Future<Output = Result<Decision, Error>> + Send + 'a {
+        self.decide(ctx, cost)
+    }
+
+    /// Everything a decision does before it would have to wait.
+    fn start<'a>(&'a self, ctx: &'a Context, cost: u64) -> Start<'a> {
         // A shadow layer never fails a request: one that cannot be decided
         // (a cost above its capacity, no subject for it) is left out.
-        if self.has_shadow {
-            let undecidable = |l: &Layer| {
-                l.policy.is_shadow()
-                    && (l.policy.check_cost(cost).is_err() || ctx.key_for(l).is_none())
-            };
-            if self.layers.iter().any(undecidable) {
-                // Rare paths are boxed: their state must not grow the
-                // future every decision carries.
-                return Box::pin(self.without(ctx, cost, &undecidable)).await;
-            }
+        if self.has_shadow && self.layers.iter().any(|l| undecidable(l, ctx, cost)) {
+            return Start::Undecidable;
         }
         // Up to four layers live on the stack: no allocation per decision.
-        let mut requests: SmallVec<[LayerRequest<'_>; 4]> = SmallVec::new();
+        let mut requests: Requests<'a> = SmallVec::new();
         for layer in self.layers.iter() {
-            layer.policy.check_cost(cost)?;
-            let key = ctx.key_for(layer).ok_or_else(|| Error::MissingSubject {
-                layer: layer.name.to_string(),
-                scope: layer.scope.label().to_string(),
-            })?;
+            if let Err(e) = layer.policy.check_cost(cost) {
+                return Start::Done(Err(e.into()));
+            }
+            let Some(key) = ctx.key_for(layer) else {
+                return Start::Done(Err(Error::MissingSubject {
+                    layer: layer.name.to_string(),
+                    scope: layer.scope.label().to_string(),
+                }));
+            };
             requests.push(LayerRequest {
                 key,
                 policy: &layer.policy,
@@ -160,17 +202,12 @@ impl Limiter {
             });
         }
         #[cfg(feature = "blocked-cache")]
-        let identity = match &self.blocked {
-            Some(cache) => {
-                let identity = crate::blocked::identity(&requests);
-                if let Some(decision) = cache.get(&identity, cost, &*self.clock) {
-                    observe::decision(&decision);
-                    return Ok(decision);
-                }
-                Some(identity)
+        if let Some(cache) = &self.blocked {
+            if let Some(decision) = cache.get(&requests, cost, &*self.clock) {
+                self.metrics.decision(&decision);
+                return Start::Done(Ok(decision));
             }
-            None => None,
-        };
+        }
         let admission = self.breaker.admit();
         let answer = match admission {
             Admission::Skip(wait) => {
@@ -178,38 +215,91 @@ impl Limiter {
                 Err(StoreError::CircuitOpen(wait))
             }
             Admission::Call | Admission::Probe => {
-                let started = observe::start();
                 // A probe whose caller stops waiting must not keep the
                 // breaker half-open for good.
                 let probe = ProbeGuard {
                     breaker: (admission == Admission::Probe).then_some(&*self.breaker),
                 };
-                let answer = ask(&*self.store, &requests).await;
-                observe::store_call(self.store.kind(), started, answer.as_ref().err());
-                // Any answer that is not an outage (a decision, or an error
-                // about one key, a budget or the clock) means the store is
-                // there: it closes the breaker as a success does.
-                match &answer {
-                    Err(e) if e.is_outage() => {
-                        if self.breaker.failure(admission == Admission::Probe) {
-                            observe::breaker(self.store.kind(), BreakerState::Open, Some(e))
-                        }
-                    }
-                    _ => {
-                        if self.breaker.success() {
-                            observe::breaker(self.store.kind(), BreakerState::Closed, None)
-                        }
-                    }
-                }
+                let Some(answer) = self.store.decide_now(&requests) else {
+                    // Nothing was decided: the waiting path takes over
+                    // the probe.
+                    probe.settled();
+                    return Start::Waiting(requests, admission);
+                };
+                // An in-process answer is not timed: it takes less time
+                // than reading a clock twice.
+                let answer = counted(answer, requests.len());
+                self.after_call(admission, None, &answer);
                 probe.settled();
                 answer
             }
         };
+        match answer {
+            Ok(verdicts) if !denied_only_by_shadow(&requests, &verdicts) => {
+                Start::Done(Ok(self.finish(&requests, cost, verdicts)))
+            }
+            answer => Start::Answered(requests, answer),
+        }
+    }
+
+    /// The store's answer, from a store that waits (Redis).
+    async fn wait_for_store(
+        &self,
+        ctx: &Context,
+        cost: u64,
+        requests: Requests<'_>,
+        admission: Admission,
+    ) -> Result<Decision, Error> {
+        let probe = ProbeGuard {
+            breaker: (admission == Admission::Probe).then_some(&*self.breaker),
+        };
+        let started = self.metrics.start();
+        let answer = counted(self.store.decide(&requests).await, requests.len());
+        self.after_call(admission, started, &answer);
+        probe.settled();
+        self.settle(ctx, cost, requests, answer).await
+    }
+
+    /// Tell the metrics and the breaker how a store call went.
+    fn after_call(
+        &self,
+        admission: Admission,
+        started: observe::Started,
+        answer: &Result<Verdicts, StoreError>,
+    ) {
+        self.metrics
+            .store_call(self.store.kind(), started, answer.as_ref().err());
+        // Any answer that is not an outage (a decision, or an error
+        // about one key, a budget or the clock) means the store is
+        // there: it closes the breaker as a success does.
+        match answer {
+            Err(e) if e.is_outage() => {
+                if self.breaker.failure(admission == Admission::Probe) {
+                    observe::breaker(self.store.kind(), BreakerState::Open, Some(e))
+                }
+            }
+            _ => {
+                if self.breaker.success() {
+                    observe::breaker(self.store.kind(), BreakerState::Closed, None)
+                }
+            }
+        }
+    }
+
+    /// The decision from the store's answer, whatever it is: shadow layers
+    /// set aside, failures decided by each layer's failure mode.
+    async fn settle(
+        &self,
+        ctx: &Context,
+        cost: u64,
+        requests: Requests<'_>,
+        answer: Result<Verdicts, StoreError>,
+    ) -> Result<Decision, Error> {
         // A request denied only by shadow layers passes: decide it again
         // without them, so the enforced layers are charged.
         let answer = match answer {
             Ok(verdicts) if denied_only_by_shadow(&requests, &verdicts) => {
-                Box::pin(past_shadow(&*self.store, &requests, verdicts)).await
+                past_shadow(&*self.store, &requests, verdicts).await
             }
             other => other,
         };
@@ -228,24 +318,35 @@ impl Limiter {
                 }
             }
         }
-        let decision = match answer {
-            Ok(verdicts) => Decision::new(
-                self.layers
-                    .iter()
-                    .zip(verdicts)
-                    .map(|(layer, v)| decided(layer, v, Source::Store))
-                    .collect(),
-            ),
-            Err(error) => self.degraded(&requests, &error).await,
-        };
-        #[cfg(feature = "blocked-cache")]
-        if let (Some(cache), Some(identity), false) =
-            (&self.blocked, identity, decision.is_allowed())
-        {
-            cache.remember(identity, cost, &decision, &*self.clock);
+        match answer {
+            Ok(verdicts) => Ok(self.finish(&requests, cost, verdicts)),
+            Err(error) => {
+                let decision = self.degraded(&requests, &error).await;
+                Ok(self.finished(&requests, cost, decision))
+            }
         }
-        observe::decision(&decision);
-        Ok(decision)
+    }
+
+    /// The decision of the store's `verdicts`, counted.
+    fn finish(&self, requests: &[LayerRequest<'_>], cost: u64, verdicts: Verdicts) -> Decision {
+        let decision = Decision::new(
+            self.layers
+                .iter()
+                .zip(verdicts)
+                .map(|(layer, v)| LayerDecision::new(layer, v, Source::Store)),
+        );
+        self.finished(requests, cost, decision)
+    }
+
+    /// `decision`, remembered when the blocked-key cache should, and counted.
+    fn finished(&self, requests: &[LayerRequest<'_>], cost: u64, decision: Decision) -> Decision {
+        #[cfg(feature = "blocked-cache")]
+        if let (Some(cache), false) = (&self.blocked, decision.is_allowed()) {
+            cache.remember(requests, cost, &decision, &*self.clock);
+        }
+        let _ = (requests, cost);
+        self.metrics.decision(&decision);
+        decision
     }
 
     /// Decide without the shadow layers `left_out` picks (they could not
@@ -270,6 +371,7 @@ impl Limiter {
         } else {
             let subset = Limiter {
                 has_shadow: kept.iter().any(|l| l.policy.is_shadow()),
+                metrics: Arc::new(LimiterMetrics::new(&kept)),
                 layers: kept,
                 store: self.store.clone(),
                 fallback: self.fallback.clone(),
@@ -279,17 +381,16 @@ impl Limiter {
                 blocked: None,
             };
             // Fewer shadow layers each time: the recursion ends.
-            Some(Box::pin(subset.decide(ctx, cost)).await?)
+            Some(Box::pin(subset.decide_sent(ctx, cost)).await?)
         };
-        let (decided_layers, store_error) = decided_kept
-            .map(Decision::into_parts)
-            .unwrap_or((Vec::new(), None));
+        let (decided_layers, store_error) =
+            decided_kept.map(Decision::into_parts).unwrap_or_default();
         let mut kept_layers = decided_layers.into_iter();
-        let mut undecided = Vec::new();
-        let layers = self
+        let layers: Vec<LayerDecision> = self
             .layers
             .iter()
-            .map(|layer| {
+            .enumerate()
+            .map(|(i, layer)| {
                 if left_out(layer) {
                     let none = Verdict {
                         allowed: false,
@@ -298,16 +399,15 @@ impl Limiter {
                         reset_after: Duration::ZERO,
                         retry_after: None,
                     };
-                    let d = decided(layer, none, Source::FailClosed);
-                    undecided.push(d.clone());
+                    let d = LayerDecision::new(layer, none, Source::FailClosed);
+                    // The layers kept were counted by their own decision.
+                    self.metrics.layer(i, &d);
                     d
                 } else {
                     kept_layers.next().expect("one decision per layer kept")
                 }
             })
             .collect();
-        // The layers kept were counted by their own decision.
-        observe::decision(&Decision::new(undecided));
         Ok(match store_error {
             Some(class) => Decision::degraded(layers, class),
             None => Decision::new(layers),
@@ -332,7 +432,7 @@ impl Limiter {
                 reset_after: wait,
                 retry_after: Some(wait),
             };
-            decided(layer, v, Source::FailClosed)
+            LayerDecision::new(layer, v, Source::FailClosed)
         };
         let any_closed = self.layers.iter().any(|l| {
             matches!(l.policy.on_failure(), OnStoreFailure::FailClosed) && !l.policy.is_shadow()
@@ -369,35 +469,59 @@ impl Limiter {
                 Err(_) => observe::fallback_failed(store.kind()),
             }
         }
-        let layers = self
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(i, layer)| match layer.policy.on_failure() {
-                OnStoreFailure::FailOpen => {
-                    let v = Verdict {
-                        allowed: true,
-                        limit: layer.policy.capacity(),
-                        remaining: layer.policy.capacity(),
-                        reset_after: Duration::ZERO,
-                        retry_after: None,
-                    };
-                    decided(layer, v, Source::FailOpen)
-                }
-                OnStoreFailure::Fallback(_) => {
-                    let slot = fallback.iter().position(|(j, _)| *j == i);
-                    match (slot, &fallback_verdicts) {
-                        (Some(slot), Some(verdicts)) => {
-                            decided(layer, verdicts[slot], Source::Fallback)
-                        }
-                        _ => closed(layer),
+        let layers =
+            self.layers
+                .iter()
+                .enumerate()
+                .map(|(i, layer)| match layer.policy.on_failure() {
+                    OnStoreFailure::FailOpen => {
+                        let v = Verdict {
+                            allowed: true,
+                            limit: layer.policy.capacity(),
+                            remaining: layer.policy.capacity(),
+                            reset_after: Duration::ZERO,
+                            retry_after: None,
+                        };
+                        LayerDecision::new(layer, v, Source::FailOpen)
                     }
-                }
-                _ => closed(layer),
-            })
-            .collect();
+                    OnStoreFailure::Fallback(_) => {
+                        let slot = fallback.iter().position(|(j, _)| *j == i);
+                        match (slot, &fallback_verdicts) {
+                            (Some(slot), Some(verdicts)) => {
+                                LayerDecision::new(layer, verdicts[slot], Source::Fallback)
+                            }
+                            _ => closed(layer),
+                        }
+                    }
+                    _ => closed(layer),
+                });
         Decision::degraded(layers, error.class())
     }
+}
+
+/// One request's layers as the store sees them (up to four inline).
+type Requests<'a> = SmallVec<[LayerRequest<'a>; 4]>;
+
+/// Where [`Limiter::start`] left a decision. Large, and on purpose: it
+/// lives on the stack for a moment (never in a future), and boxing its
+/// variants would allocate on every decision.
+#[allow(clippy::large_enum_variant)]
+enum Start<'a> {
+    /// Decided (or refused as bad input).
+    Done(Result<Decision, Error>),
+    /// A shadow layer cannot take part: decide without it.
+    Undecidable,
+    /// The store must be waited for (nothing decided yet).
+    Waiting(Requests<'a>, Admission),
+    /// The store answered; shadow layers or a failure need more steps.
+    Answered(Requests<'a>, Result<Verdicts, StoreError>),
+}
+
+/// Whether `layer` is a shadow layer this request cannot be decided by (a
+/// cost above its capacity, no subject for it).
+fn undecidable(layer: &Layer, ctx: &Context, cost: u64) -> bool {
+    layer.policy.is_shadow()
+        && (layer.policy.check_cost(cost).is_err() || ctx.key_for(layer).is_none())
 }
 
 /// Clears a half-open probe that ends without an answer (its future
@@ -438,8 +562,8 @@ fn denied_only_by_shadow(requests: &[LayerRequest<'_>], verdicts: &[Verdict]) ->
 async fn past_shadow(
     store: &dyn Store,
     requests: &[LayerRequest<'_>],
-    mut verdicts: Vec<Verdict>,
-) -> Result<Vec<Verdict>, StoreError> {
+    mut verdicts: Verdicts,
+) -> Result<Verdicts, StoreError> {
     let mut included: SmallVec<[bool; 4]> = verdicts.iter().map(|v| v.allowed).collect();
     loop {
         let batch: SmallVec<[LayerRequest<'_>; 4]> = requests
@@ -473,32 +597,24 @@ async fn past_shadow(
 /// `store`'s answer, without a boxed future when it can decide at once:
 /// one verdict per layer, or a protocol error: every store call of the
 /// limiter goes through here.
-async fn ask(store: &dyn Store, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
-    let verdicts = match store.decide_now(layers) {
-        Some(answer) => answer,
-        None => store.decide(layers).await,
-    }?;
-    if verdicts.len() != layers.len() {
+async fn ask(store: &dyn Store, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+    match store.decide_now(layers) {
+        Some(answer) => counted(answer, layers.len()),
+        None => counted(store.decide(layers).await, layers.len()),
+    }
+}
+
+/// `answer`, unless it does not have one verdict per layer.
+fn counted(answer: Result<Verdicts, StoreError>, layers: usize) -> Result<Verdicts, StoreError> {
+    let verdicts = answer?;
+    if verdicts.len() != layers {
         return Err(StoreError::Protocol(format!(
             "{} verdicts for {} layers",
             verdicts.len(),
-            layers.len()
+            layers
         )));
     }
     Ok(verdicts)
-}
-
-fn decided(layer: &Layer, v: Verdict, source: Source) -> LayerDecision {
-    LayerDecision {
-        layer: layer.name.clone(),
-        policy: layer.policy.clone(),
-        allowed: v.allowed,
-        limit: v.limit,
-        remaining: v.remaining,
-        reset_after: v.reset_after,
-        retry_after: v.retry_after,
-        source,
-    }
 }
 
 /// Builds a [`Limiter`]; see [`Limiter::builder`].
@@ -544,7 +660,7 @@ impl LimiterBuilder {
     }
 
     /// The clock the circuit breaker and blocked-key cache read (default:
-    /// the system clock).
+    /// a [`MonotonicClock`]).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -575,6 +691,7 @@ impl LimiterBuilder {
         }
         let policies: Vec<&str> = self.layers.iter().map(|l| l.policy.name()).collect();
         observe::register(self.store.kind(), &policies);
+        let metrics = Arc::new(LimiterMetrics::new(&self.layers));
         let breaker = Arc::new(CircuitBreaker::with_clock(self.breaker, self.clock.clone()));
         #[cfg(feature = "blocked-cache")]
         let blocked = self
@@ -590,6 +707,7 @@ impl LimiterBuilder {
             #[cfg(feature = "blocked-cache")]
             blocked,
             has_shadow,
+            metrics,
         })
     }
 }

@@ -2,13 +2,14 @@
 //!
 //! With the `metrics` feature, through the `metrics` facade (labels are
 //! bounded: policy, outcome, source, store kind, error class — never a key,
-//! user or IP):
+//! user or IP). Install the recorder before the first decision: a limiter
+//! makes its handles then, so no label is formatted per decision.
 //!
 //! | name | kind | labels |
 //! |---|---|---|
 //! | `tollgate_decisions_total` | counter | `policy`, `outcome` (`allowed`/`denied`/`shadow_denied`), `source` |
 //! | `tollgate_store_errors_total` | counter | `store`, `class` |
-//! | `tollgate_store_latency_seconds` | histogram | `store` |
+//! | `tollgate_store_latency_seconds` | histogram (stores that wait, such as Redis: an in-process answer is not timed) | `store` |
 //! | `tollgate_breaker_open` | gauge (1 open, 0 closed) | `store` |
 //! | `tollgate_fallback_failures_total` | counter | `store` |
 //! | `tollgate_unidentified_requests_total` | counter | `reason` |
@@ -25,9 +26,12 @@
 //! probe) and on every breaker transition; degraded decisions themselves at
 //! debug level (the metric counts all of them).
 
-use crate::decision::Decision;
+#[cfg(feature = "metrics")]
+use crate::decision::Source;
+use crate::decision::{Decision, LayerDecision};
 use crate::error::StoreError;
 use crate::failure::BreakerState;
+use crate::layer::Layer;
 
 /// When a store call started (only measured with the `metrics` feature).
 pub(crate) type Started = Option<std::time::Instant>;
@@ -201,26 +205,129 @@ pub(crate) fn fallback_failed(store: &'static str) {
     let _ = store;
 }
 
-pub(crate) fn decision(decision: &Decision) {
+/// A limiter's decision counters (one set per layer, made on first use:
+/// no label is formatted and nothing allocates per decision) and its
+/// store-latency histogram. Install the `metrics` recorder before the
+/// first decision: a handle made earlier records into the no-op recorder.
+pub(crate) struct LimiterMetrics {
     #[cfg(feature = "metrics")]
-    for layer in decision.layers() {
-        let outcome = match (layer.allowed, layer.policy.is_shadow()) {
-            (true, _) => "allowed",
-            (false, true) => "shadow_denied",
-            (false, false) => "denied",
-        };
-        metrics::counter!(
-            "tollgate_decisions_total",
-            "policy" => layer.policy.name().to_string(),
-            "outcome" => outcome,
-            "source" => layer.source.as_str()
-        )
-        .increment(1);
+    layers: Box<[LayerCounters]>,
+    #[cfg(feature = "metrics")]
+    latency: std::sync::OnceLock<metrics::Histogram>,
+}
+
+/// Outcomes counted: allowed, denied, shadow-denied.
+#[cfg(feature = "metrics")]
+const OUTCOMES: [&str; 3] = ["allowed", "denied", "shadow_denied"];
+
+/// Sources counted, in [`source_slot`] order.
+#[cfg(feature = "metrics")]
+const SOURCES: [Source; 5] = [
+    Source::Store,
+    Source::Fallback,
+    Source::FailOpen,
+    Source::FailClosed,
+    Source::Cache,
+];
+
+#[cfg(feature = "metrics")]
+fn source_slot(source: Source) -> usize {
+    SOURCES.iter().position(|s| *s == source).unwrap_or(0)
+}
+
+#[cfg(feature = "metrics")]
+struct LayerCounters {
+    policy: &'static str,
+    counters: [[std::sync::OnceLock<metrics::Counter>; SOURCES.len()]; OUTCOMES.len()],
+}
+
+impl std::fmt::Debug for LimiterMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LimiterMetrics")
     }
+}
+
+impl LimiterMetrics {
+    pub(crate) fn new(layers: &[Layer]) -> Self {
+        let _ = layers;
+        LimiterMetrics {
+            #[cfg(feature = "metrics")]
+            layers: layers
+                .iter()
+                .map(|l| LayerCounters {
+                    policy: &l.info.policy,
+                    counters: Default::default(),
+                })
+                .collect(),
+            #[cfg(feature = "metrics")]
+            latency: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// When a store call started (only measured with the `metrics` feature).
+    pub(crate) fn start(&self) -> Started {
+        start()
+    }
+
+    /// A store call ended (`started`: when it started, if it was timed).
+    pub(crate) fn store_call(
+        &self,
+        store: &'static str,
+        started: Started,
+        error: Option<&StoreError>,
+    ) {
+        #[cfg(feature = "metrics")]
+        if let Some(started) = started {
+            self.latency
+                .get_or_init(
+                    || metrics::histogram!("tollgate_store_latency_seconds", "store" => store),
+                )
+                .record(started.elapsed().as_secs_f64());
+        }
+        store_call(store, None, error);
+        let _ = started;
+    }
+
+    /// Count every layer of `decision` (its layers are the limiter's, in
+    /// order) and log what deserves it.
+    pub(crate) fn decision(&self, decision: &Decision) {
+        for (i, layer) in decision.layers().iter().enumerate() {
+            self.layer(i, layer);
+        }
+        events(decision);
+    }
+
+    /// Count layer `i`'s part of a decision.
+    pub(crate) fn layer(&self, i: usize, layer: &LayerDecision) {
+        #[cfg(feature = "metrics")]
+        if let Some(counters) = self.layers.get(i) {
+            let outcome = match (layer.allowed, layer.is_shadow()) {
+                (true, _) => 0,
+                (false, false) => 1,
+                (false, true) => 2,
+            };
+            let source = source_slot(layer.source);
+            counters.counters[outcome][source]
+                .get_or_init(|| {
+                    metrics::counter!(
+                        "tollgate_decisions_total",
+                        "policy" => counters.policy,
+                        "outcome" => OUTCOMES[outcome],
+                        "source" => SOURCES[source].as_str()
+                    )
+                })
+                .increment(1);
+        }
+        let _ = (i, layer);
+    }
+}
+
+/// Log events of a decision: shadow denials, and degraded decisions.
+fn events(decision: &Decision) {
     #[cfg(feature = "tracing")]
     for layer in decision.shadow_denied() {
         tracing::debug!(
-            policy = layer.policy.name(),
+            policy = layer.policy(),
             source = layer.source.as_str(),
             "a shadow-mode policy would have denied this request"
         );
@@ -229,7 +336,7 @@ pub(crate) fn decision(decision: &Decision) {
     if let Some(class) = decision.store_error() {
         for layer in decision.layers() {
             tracing::debug!(
-                policy = layer.policy.name(),
+                policy = layer.policy(),
                 source = layer.source.as_str(),
                 error_class = class,
                 "degraded rate-limit decision"

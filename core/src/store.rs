@@ -4,10 +4,10 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::algorithm::Verdict;
 use crate::error::StoreError;
 use crate::limit::Limit;
 use crate::policy::Policy;
+use crate::verdicts::Verdicts;
 
 /// Where one layer's state lives, without the store's prefix. Rendered
 /// ([`StoreKey::render`], or `Display`) it reads
@@ -150,7 +150,8 @@ pub struct LayerRequest<'a> {
 /// # Contract
 ///
 /// `decide` receives every layer of one request (distinct keys) and returns
-/// one [`Verdict`] per layer, in order. It is **all-or-nothing**: every layer
+/// one [`Verdict`](crate::Verdict) per layer, in order ([`Verdicts`]: up
+/// to four inline, no allocation). It is **all-or-nothing**: every layer
 /// is judged against its current state; only if every layer admits is every
 /// layer charged. A denied request changes nothing. Concurrent calls behave as
 /// if they ran one after another, and stored state expires by the TTL the
@@ -167,12 +168,12 @@ pub trait Store: Send + Sync + fmt::Debug {
     fn kind(&self) -> &'static str;
 
     /// Decide all `layers` of one request at once.
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError>;
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError>;
 
     /// The same decision, for stores that never wait (in-process ones):
     /// `Some` answer without going through a boxed future, which the
     /// limiter tries first. The default, `None`, means "use `decide`".
-    fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Option<Result<Vec<Verdict>, StoreError>> {
+    fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Option<Result<Verdicts, StoreError>> {
         let _ = layers;
         None
     }

@@ -92,6 +92,62 @@ impl Clock for SystemClock {
     }
 }
 
+/// A monotonic clock read from the CPU's time-stamp counter (through
+/// `quanta`, as governor does; the operating system's monotonic clock where
+/// there is no usable TSC), anchored to the wall clock once, when it is
+/// made. The default clock of the in-process store and of the limiter.
+///
+/// Reading it costs a few nanoseconds (no system call, no conversion from
+/// the calendar), and it never goes back: a step of the wall clock (NTP,
+/// an operator) cannot reach the algorithms. It drifts from the wall clock
+/// only as fast as the TSC's rate differs from it (parts per million),
+/// which an in-process store, whose state lives in this process alone,
+/// never sees. Stores shared between processes read their server's clock
+/// instead.
+///
+/// ```
+/// use tollgate_limiter::{Clock, MonotonicClock, SystemClock};
+/// let clock = MonotonicClock::new();
+/// let (a, b) = (clock.now(), clock.now());
+/// assert!(b >= a);
+/// let wall = SystemClock.now().as_micros();
+/// assert!(a.as_micros().abs_diff(wall) < 1_000_000);
+/// ```
+#[derive(Debug, Clone)]
+pub struct MonotonicClock {
+    clock: quanta::Clock,
+    /// The counter's reading when the clock was made...
+    start: u64,
+    /// ... and the wall clock's then (µs since the epoch).
+    anchor: u64,
+}
+
+impl MonotonicClock {
+    /// A clock reading the wall clock's time now, and counting from there.
+    pub fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let start = clock.raw();
+        MonotonicClock {
+            anchor: SystemClock.now().as_micros(),
+            start,
+            clock,
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        MonotonicClock::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> Timestamp {
+        let elapsed = self.clock.delta_as_nanos(self.start, self.clock.raw()) / 1_000;
+        Timestamp(self.anchor + elapsed)
+    }
+}
+
 /// A clock that moves only when told to; clones share the same time.
 ///
 /// ```

@@ -6,7 +6,9 @@
 //!   stops at once with the exact command to run.
 //! - `cargo xtask features`: builds and tests the `tollgate` crate with
 //!   each cargo feature on its own.
-//! - `cargo xtask bench`: every criterion bench, then the summary report.
+//! - `cargo xtask bench`: every criterion bench (the in-process cases once
+//!   more with `metrics` on), then the summary report with the in-process
+//!   goals; `cargo xtask bench-report` prints the report of the latest runs.
 //! - `cargo xtask package`: packages every publishable crate as the
 //!   registry would receive it (path dependencies must carry versions), and
 //!   checks that the packaged facade builds.
@@ -43,11 +45,12 @@ fn main() {
         "test" => test(&args[1..]),
         "features" => features(),
         "bench" => bench(&args[1..]),
+        "bench-report" => bench_report().map(|report| println!("{report}")),
         "redis-check" => ensure_redis_server(),
         "package" => package(),
         "custom-store" => custom_store(),
         _ => {
-            eprintln!("usage: cargo xtask <test|features|bench|package|redis-check|custom-store>");
+            eprintln!("usage: cargo xtask <test|features|bench|bench-report|package|redis-check|custom-store>");
             exit(2);
         }
     };
@@ -277,6 +280,22 @@ fn bench(extra: &[String]) -> Result {
         "cargo bench --workspace",
         cargo().args(["bench", "--workspace"]).args(extra),
     )?;
+    // The in-process cases again with `metrics` on (a compile-time
+    // feature: a second binary, run right after the first).
+    run(
+        "cargo bench -p tollgate-memory --bench memory --features metrics -- tollgate_",
+        cargo().args([
+            "bench",
+            "-p",
+            "tollgate-memory",
+            "--bench",
+            "memory",
+            "--features",
+            "metrics",
+            "--",
+            "tollgate_",
+        ]),
+    )?;
     let report = bench_report()?;
     let path = root().join("target").join("bench-report.md");
     std::fs::write(&path, &report).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -319,7 +338,87 @@ fn bench_report() -> std::result::Result<String, String> {
             case.per_second / best
         ));
     }
+    out.push_str(&in_process_goals(&cases));
     Ok(out)
+}
+
+/// The in-process goals (issue "Performance I"), from the `in_process`
+/// group: each a ratio of two cases measured in the same run.
+fn in_process_goals(cases: &[Case]) -> String {
+    let rate = |function: &str, threads: &str| {
+        cases
+            .iter()
+            .find(|c| c.group == "in_process" && c.function == function && c.parameter == threads)
+            .map(|c| c.per_second)
+    };
+    let mut out = String::from(
+        "\n| in-process goal | threads | measured | goal | met |\n|---|---|---|---|---|\n",
+    );
+    for threads in ["1", "2"] {
+        // (what, measured ratio, goal, whether higher is better)
+        let goals = [
+            (
+                "10,000 keys, admissions: Tollgate / governor keyed by String (throughput)",
+                rate("tollgate_keyed", threads)
+                    .zip(rate("governor_keyed_string", threads))
+                    .map(|(a, b)| a / b),
+                1.0,
+                true,
+            ),
+            (
+                "10,000 keys, denials: Tollgate / governor keyed by String (throughput; reported)",
+                rate("tollgate_keyed_denied", threads)
+                    .zip(rate("governor_keyed_string_denied", threads))
+                    .map(|(a, b)| a / b),
+                f64::NAN,
+                true,
+            ),
+            (
+                "one hot key (global layer): Tollgate / governor direct (throughput)",
+                rate("tollgate_hot_global", threads)
+                    .zip(rate("governor_direct", threads))
+                    .map(|(a, b)| a / b),
+                0.3,
+                true,
+            ),
+            (
+                "three layers / one layer (time per decision)",
+                rate("tollgate_keyed", threads)
+                    .zip(rate("tollgate_three_layers", threads))
+                    .map(|(one, three)| one / three),
+                2.5,
+                false,
+            ),
+            (
+                "with metrics / without, 10,000 keys (time per decision; two binaries)",
+                rate("tollgate_keyed", threads)
+                    .zip(rate("tollgate_keyed+metrics", threads))
+                    .map(|(without, with)| without / with),
+                1.2,
+                false,
+            ),
+        ];
+        for (what, measured, goal, higher) in goals {
+            let Some(measured) = measured else { continue };
+            let (goal_text, met) = if goal.is_nan() {
+                ("—".to_string(), "—")
+            } else if higher {
+                (
+                    format!("≥ {goal}"),
+                    if measured >= goal { "yes" } else { "no" },
+                )
+            } else {
+                (
+                    format!("≤ {goal}"),
+                    if measured <= goal { "yes" } else { "no" },
+                )
+            };
+            out.push_str(&format!(
+                "| {what} | {threads} | {measured:.3} | {goal_text} | {met} |\n"
+            ));
+        }
+    }
+    out
 }
 
 /// Finds every `new/benchmark.json` below `dir` (criterion's latest run).

@@ -40,7 +40,7 @@ impl Config {
     ///
     /// `clock` is the time of the in-process stores (the memory store and
     /// the emergency fallback store) and of the circuit breaker: pass
-    /// [`SystemClock`](tollgate_limiter::SystemClock) in production, a
+    /// [`MonotonicClock`](tollgate_limiter::MonotonicClock) in production, a
     /// [`ManualClock`](tollgate_limiter::ManualClock) in tests. A Redis store
     /// reads the server's `TIME`.
     pub async fn build(&self, clock: Arc<dyn Clock>) -> Result<Limiters, BuildError> {

@@ -28,7 +28,7 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! use tollgate_config::Config;
-//! use tollgate_limiter::{Context, Subject, SystemClock};
+//! use tollgate_limiter::{Context, MonotonicClock, Subject};
 //!
 //! let config = Config::from_toml_str(r#"
 //!     [store]
@@ -42,7 +42,7 @@
 //!     [routes.search]
 //!     layers = [{ scope = "subject", policy = "search" }]
 //! "#)?;
-//! let limiters = config.build(Arc::new(SystemClock)).await?;
+//! let limiters = config.build(Arc::new(MonotonicClock::new())).await?;
 //! let search = limiters.route("search").expect("configured");
 //! let ctx = Context::for_subject(Subject::new("key-7")?);
 //! assert!(search.limiter().check(&ctx, search.cost()).await?.is_allowed());

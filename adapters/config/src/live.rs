@@ -60,7 +60,7 @@ struct Shared {
 ///     [routes.search]
 ///     layers = [{ scope = "subject", policy = "search" }]
 /// "#;
-/// let live = LiveConfig::new(Config::from_toml_str(v1)?, Arc::new(tollgate_limiter::SystemClock)).await?;
+/// let live = LiveConfig::new(Config::from_toml_str(v1)?, Arc::new(tollgate_limiter::MonotonicClock::new())).await?;
 /// let search = live.route("search")?; // give this to the HTTP adapter
 /// assert_eq!(search.limits().limiter().layers()[0].policy().capacity(), 5);
 ///

@@ -11,6 +11,9 @@ use crate::response::{decision_headers, HeaderStyle, Headers, Reply};
 use crate::skip::Skip;
 
 /// What to do with a request.
+// A decision is plain data (up to four layers inline): an outcome is made
+// once per request and matched at once, so boxing it would only allocate.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Outcome {

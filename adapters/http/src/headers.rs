@@ -8,10 +8,11 @@
 //! # use tollgate_limiter::*;
 //! # use tollgate_http::headers;
 //! let policy = Policy::new("search", Limit::fixed_window(100, Duration::from_secs(60))?)?;
-//! let decision = Decision::new(vec![LayerDecision {
-//!     layer: "key".into(), policy: policy.into(), allowed: true, limit: 100, remaining: 42,
-//!     reset_after: Duration::from_millis(12_300), retry_after: None, source: Source::Store,
-//! }]);
+//! let layer = Layer::new("key", Scope::Subject, policy);
+//! let decision = Decision::new([LayerDecision::new(&layer, Verdict {
+//!     allowed: true, limit: 100, remaining: 42,
+//!     reset_after: Duration::from_millis(12_300), retry_after: None,
+//! }, Source::Store)]);
 //! assert_eq!(headers::rate_limit_policy(&decision, false), r#""search";q=100;w=60"#);
 //! assert_eq!(headers::rate_limit(&decision, false), r#""search";r=42;t=13"#);
 //! assert_eq!(headers::retry_after_secs(&decision), None);
@@ -33,13 +34,12 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// for custom algorithms, whose window Tollgate cannot know (`w` is optional
 /// in the draft, and a made-up one would mislead clients).
 pub fn window_secs(limit: &Limit) -> Option<u64> {
-    let micros = match limit {
-        Limit::TokenBucket(p) => (p.capacity() * p.period_us()).div_ceil(p.refill()),
-        Limit::Gcra(p) => p.burst() * p.interval_us(),
-        Limit::FixedWindow(p) | Limit::SlidingWindow(p) | Limit::SlidingLog(p) => p.window_us(),
-        _ => return None,
-    };
-    Some(ceil_secs(Duration::from_micros(micros)).max(1))
+    limit.window().map(announced)
+}
+
+/// A window as announced: whole seconds, rounded up, at least 1.
+fn announced(window: Duration) -> u64 {
+    ceil_secs(window).max(1)
 }
 
 /// Seconds a layer announces as `t`: until it admits again when it denies,
@@ -52,7 +52,7 @@ pub fn layer_t(layer: &LayerDecision) -> u64 {
 /// layers only when `shadow` (clients must not pace themselves by a limit
 /// that is not enforced).
 pub fn is_shown(layer: &LayerDecision, shadow: bool) -> bool {
-    shadow || !layer.policy.is_shadow()
+    shadow || !layer.is_shadow()
 }
 
 /// The `RateLimit-Policy` value: `"<policy>";q=<quota>;w=<window seconds>`
@@ -63,8 +63,8 @@ pub fn rate_limit_policy(decision: &Decision, shadow: bool) -> String {
     let shown = decision.layers().iter().filter(|l| is_shown(l, shadow));
     for (i, layer) in shown.enumerate() {
         let sep = if i == 0 { "" } else { ", " };
-        let _ = write!(out, "{sep}\"{}\";q={}", layer.policy.name(), layer.limit);
-        if let Some(w) = window_secs(layer.policy.limit()) {
+        let _ = write!(out, "{sep}\"{}\";q={}", layer.policy(), layer.limit);
+        if let Some(w) = layer.window().map(announced) {
             let _ = write!(out, ";w={w}");
         }
     }
@@ -93,7 +93,7 @@ pub fn rate_limit(decision: &Decision, shadow: bool) -> String {
         let _ = write!(
             out,
             "{sep}\"{}\";r={};t={}",
-            layer.policy.name(),
+            layer.policy(),
             layer.remaining,
             layer_t(layer)
         );

@@ -95,11 +95,11 @@ pub type Headers = Vec<(&'static str, String)>;
 /// # use tollgate_limiter::*;
 /// use tollgate_http::{decision_headers, HeaderStyle};
 /// let policy = Policy::new("search", Limit::fixed_window(10, Duration::from_secs(60))?)?;
-/// let decision = Decision::new(vec![LayerDecision {
-///     layer: "key".into(), policy: policy.into(), allowed: false, limit: 10, remaining: 0,
+/// let layer = Layer::new("key", Scope::Subject, policy);
+/// let decision = Decision::new([LayerDecision::new(&layer, Verdict {
+///     allowed: false, limit: 10, remaining: 0,
 ///     reset_after: Duration::from_secs(30), retry_after: Some(Duration::from_millis(29_200)),
-///     source: Source::Store,
-/// }]);
+/// }, Source::Store)]);
 /// let headers = decision_headers(&decision, HeaderStyle::default());
 /// assert_eq!(headers, vec![
 ///     ("ratelimit-policy", r#""search";q=10;w=60"#.to_string()),
@@ -333,7 +333,7 @@ fn policy_names(
 ) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     for layer in decision.denied_layers().filter(|l| keep(l)) {
-        let name = layer.policy.name();
+        let name = layer.policy();
         if !names.iter().any(|n| n == name) {
             names.push(name.to_string());
         }
@@ -364,34 +364,41 @@ pub fn apply_headers(headers: &[(&'static str, String)], map: &mut http::HeaderM
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use std::time::Duration;
-    use tollgate_limiter::{LayerDecision, Limit, Policy, Source};
+    use tollgate_limiter::{Layer, LayerDecision, Limit, Policy, Scope, Source, Verdict};
 
     fn layer(name: &str, allowed: bool, remaining: u64, source: Source) -> LayerDecision {
+        layer_of(name, allowed, remaining, source, false)
+    }
+
+    fn layer_of(
+        name: &str,
+        allowed: bool,
+        remaining: u64,
+        source: Source,
+        shadow: bool,
+    ) -> LayerDecision {
         let policy = Policy::new(
             name,
             Limit::sliding_log(5, Duration::from_secs(10)).unwrap(),
         )
         .unwrap();
-        LayerDecision {
-            layer: name.into(),
-            policy: policy.into(),
+        let policy = if shadow { policy.shadow() } else { policy };
+        let verdict = Verdict {
             allowed,
             limit: 5,
             remaining,
             reset_after: Duration::from_millis(8_500),
             retry_after: (!allowed).then(|| Duration::from_millis(1_001)),
-            source,
-        }
+        };
+        LayerDecision::new(&Layer::new(name, Scope::Subject, policy), verdict, source)
     }
 
     /// Shadow layers do not limit: they are left out of the headers (and
     /// out of the tightest layer), unless the style asks for them.
     #[test]
     fn shadow_layers_are_left_out_unless_asked_for() {
-        let mut trial = layer("trial", false, 0, Source::Store);
-        trial.policy = Arc::new((*trial.policy).clone().shadow());
+        let trial = layer_of("trial", false, 0, Source::Store, true);
         let d = Decision::new(vec![layer("per-key", true, 3, Source::Store), trial]);
         assert!(d.is_allowed(), "a shadow denial does not deny");
         let style = HeaderStyle::default().legacy(true);

@@ -1,15 +1,26 @@
-//! In-process decisions per second, side by side with governor.
+//! In-process decisions per second, side by side with governor, in one run.
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 //!
-//! Run: `cargo bench -p tollgate-memory --bench memory`
+//! Run: `cargo bench -p tollgate-memory --bench memory` (and
+//! `cargo xtask bench`, which prints the ratios).
 //!
-//! Groups (each measured on 1 and 2 threads):
-//! - `hot_key`: one key; tollgate (GCRA layer through `Limiter::check`) vs
-//!   governor's direct limiter;
-//! - `keyed_10k`: 10,000 keys round robin; tollgate vs governor's keyed
-//!   (DashMap) limiter, both keyed by the same strings;
-//! - `map_10k`: the bare map update under tollgate's store (a sharded mutex
-//!   map) vs moka's `and_compute_with`, the design card's first choice.
+//! One group, `in_process`, each case on 1 and 2 threads; Tollgate goes
+//! through the whole public path (`Limiter::check` on a `MemoryStore`,
+//! default features, GCRA unless said otherwise):
+//! - `tollgate_keyed` / `governor_keyed_string` / `governor_keyed_u64`:
+//!   10,000 subjects round robin under a quota no decision exceeds, so every
+//!   decision is an admission and a write;
+//! - `tollgate_keyed_denied` / `governor_keyed_string_denied`: the same keys,
+//!   every one already spent: every decision is a denial;
+//! - `tollgate_hot_global` / `governor_direct`: one key, a `Scope::Global`
+//!   layer (its key fixed when the limiter is built) against governor's
+//!   direct limiter;
+//! - `tollgate_three_layers`: per subject (GCRA), per tenant (token bucket)
+//!   and global (fixed window), decided together, all admitting.
+//!
+//! Built with `--features metrics`, the Tollgate cases are named
+//! `…+metrics` and a recorder counting into atomics is installed first, so
+//! `cargo xtask bench` can compare them with the run without the feature.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -23,6 +34,7 @@ use tollgate_memory::MemoryStore;
 use tollgate_testkit::ready;
 
 const KEYS: usize = 10_000;
+const TENANTS: usize = 100;
 const OPS: u64 = 10_000;
 
 /// Run `iters` calls of `op(i)` split over `threads` threads; the wall time.
@@ -42,161 +54,149 @@ fn timed(threads: usize, iters: u64, op: &(dyn Fn(u64) + Sync)) -> Duration {
     start.elapsed()
 }
 
-/// Both libraries get the same quota: `per_second` with a burst of `burst`.
-/// The hot key sees a mix of admits and denials; each of the 10,000 keys
-/// (visited a few hundred times a second) keeps live state, as in a service
-/// with many active clients.
-const HOT: (u32, u32) = (1_000, 1_000);
-const KEYED: (u32, u32) = (10, 100);
+/// A limit no benchmark run exceeds, for one of 10,000 keys: one per
+/// second with a burst of a million. Each key is decided far more often than
+/// once a second, so its state lives on (an existing key, as in a service
+/// with many active clients) and every decision admits and writes. (A
+/// higher rate would let each state expire between two visits.)
+fn roomy_keyed() -> Limit {
+    Limit::gcra(1, Duration::from_secs(1), 1_000_000).expect("valid")
+}
 
-fn limiter(max_keys: usize, (per_second, burst): (u32, u32)) -> Limiter {
-    let store = Arc::new(MemoryStore::builder().max_keys(max_keys).build());
-    let limit =
-        Limit::gcra(per_second.into(), Duration::from_secs(1), burst.into()).expect("valid");
-    let policy = Policy::new("bench", limit).expect("valid");
+/// The same for one hot key: a million per second, a burst of a billion.
+fn roomy_hot() -> Limit {
+    Limit::gcra(1_000_000, Duration::from_secs(1), 1_000_000_000).expect("valid")
+}
+
+/// One request per hour: after the first, every decision denies.
+fn spent() -> Limit {
+    Limit::gcra(1, Duration::from_secs(3_600), 1).expect("valid")
+}
+
+fn limiter(scope: Scope, limit: Limit) -> Limiter {
+    let store = Arc::new(MemoryStore::builder().max_keys(4 * KEYS).build());
     Limiter::builder(store)
-        .layer("key", Scope::Subject, policy)
+        .layer("key", scope, Policy::new("bench", limit).expect("valid"))
         .build()
         .expect("valid")
 }
 
-fn quota((per_second, burst): (u32, u32)) -> Quota {
-    Quota::per_second(NonZeroU32::new(per_second).expect("non-zero"))
-        .allow_burst(NonZeroU32::new(burst).expect("non-zero"))
+fn three_layers() -> Limiter {
+    let store = Arc::new(MemoryStore::builder().max_keys(4 * KEYS).build());
+    let tenant = Limit::token_bucket(1_000_000_000, 1_000, Duration::from_secs(1));
+    let global = Limit::fixed_window(1_000_000_000, Duration::from_secs(3_600));
+    Limiter::builder(store)
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new("per-key", roomy_keyed()).expect("valid"),
+        )
+        .layer(
+            "tenant",
+            Scope::Tenant,
+            Policy::new("per-tenant", tenant.expect("valid")).expect("valid"),
+        )
+        .layer(
+            "all",
+            Scope::Global,
+            Policy::new("global", global.expect("valid")).expect("valid"),
+        )
+        .build()
+        .expect("valid")
+}
+
+/// Governor's quota of the same shape: never exceeded, or spent.
+fn quota(roomy: bool) -> Quota {
+    if roomy {
+        Quota::per_second(NonZeroU32::new(1_000_000_000).expect("non-zero"))
+    } else {
+        Quota::per_hour(NonZeroU32::new(1).expect("non-zero"))
+    }
+}
+
+/// Case names: `…+metrics` when built with the `metrics` feature.
+fn name(case: &str) -> String {
+    if cfg!(feature = "metrics") {
+        format!("{case}+metrics")
+    } else {
+        case.to_string()
+    }
 }
 
 fn bench(c: &mut Criterion) {
+    #[cfg(feature = "metrics")]
+    tollgate_testkit::AtomicRecorder::install();
     let names: Vec<String> = (0..KEYS).map(|i| format!("client-{i}")).collect();
+    let ids: Vec<u64> = (0..KEYS as u64).collect();
     let contexts: Vec<Context> = names
         .iter()
         .map(|n| Context::for_subject(Subject::new(n).expect("valid")))
         .collect();
+    let with_tenants: Vec<Context> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            Context::for_subject(Subject::new(n).expect("valid"))
+                .with_tenant(Subject::new(format!("tenant-{}", i % TENANTS)).expect("valid"))
+        })
+        .collect();
+    let check = |limiter: &Limiter, ctx: &Context| {
+        black_box(ready(limiter.check(ctx, 1)).expect("decides").is_allowed())
+    };
 
-    let mut group = c.benchmark_group("hot_key");
+    let mut group = c.benchmark_group("in_process");
     group.throughput(Throughput::Elements(OPS));
     for threads in [1, 2] {
-        let tollgate = limiter(16, HOT);
-        let hot = &contexts[0];
-        group.bench_with_input(
-            BenchmarkId::new("tollgate", threads),
-            &threads,
-            |b, &threads| {
-                b.iter_custom(|iters| {
-                    timed(threads, iters * OPS, &|_| {
-                        black_box(ready(tollgate.check(hot, 1)).expect("decides").is_allowed());
-                    })
-                })
-            },
-        );
-        let governor = RateLimiter::direct(quota(HOT));
-        group.bench_with_input(
-            BenchmarkId::new("governor_direct", threads),
-            &threads,
-            |b, &threads| {
-                b.iter_custom(|iters| {
-                    timed(threads, iters * OPS, &|_| {
-                        black_box(governor.check().is_ok());
-                    })
-                })
-            },
-        );
-    }
-    group.finish();
+        let mut case = |label: &str, op: &(dyn Fn(u64) + Sync)| {
+            group.bench_with_input(BenchmarkId::new(label, threads), &threads, |b, &t| {
+                b.iter_custom(|iters| timed(t, iters * OPS, op))
+            });
+        };
 
-    let mut group = c.benchmark_group("keyed_10k");
-    group.throughput(Throughput::Elements(OPS));
-    for threads in [1, 2] {
-        let tollgate = limiter(4 * KEYS, KEYED);
-        group.bench_with_input(
-            BenchmarkId::new("tollgate", threads),
-            &threads,
-            |b, &threads| {
-                b.iter_custom(|iters| {
-                    timed(threads, iters * OPS, &|i| {
-                        let ctx = &contexts[i as usize % KEYS];
-                        black_box(ready(tollgate.check(ctx, 1)).expect("decides").is_allowed());
-                    })
-                })
-            },
-        );
-        let governor = RateLimiter::<String, _, _>::keyed(quota(KEYED));
-        group.bench_with_input(
-            BenchmarkId::new("governor_keyed", threads),
-            &threads,
-            |b, &threads| {
-                b.iter_custom(|iters| {
-                    timed(threads, iters * OPS, &|i| {
-                        black_box(governor.check_key(&names[i as usize % KEYS]).is_ok());
-                    })
-                })
-            },
-        );
-    }
-    group.finish();
+        let keyed = limiter(Scope::Subject, roomy_keyed());
+        case(&name("tollgate_keyed"), &|i| {
+            check(&keyed, &contexts[i as usize % KEYS]);
+        });
+        let governor = RateLimiter::<String, _, _>::keyed(quota(true));
+        case("governor_keyed_string", &|i| {
+            black_box(governor.check_key(&names[i as usize % KEYS]).is_ok());
+        });
+        let governor = RateLimiter::<u64, _, _>::keyed(quota(true));
+        case("governor_keyed_u64", &|i| {
+            black_box(governor.check_key(&ids[i as usize % KEYS]).is_ok());
+        });
 
-    let mut group = c.benchmark_group("map_10k");
-    group.throughput(Throughput::Elements(OPS));
-    for threads in [1, 2] {
-        let sharded = ShardedCounter::new(64);
-        group.bench_with_input(
-            BenchmarkId::new("sharded_mutex_map", threads),
-            &threads,
-            |b, &threads| {
-                b.iter_custom(|iters| {
-                    timed(threads, iters * OPS, &|i| {
-                        sharded.bump(&names[i as usize % KEYS])
-                    })
-                })
-            },
-        );
-        let moka: moka::sync::Cache<String, u64> = moka::sync::Cache::new(4 * KEYS as u64);
-        group.bench_with_input(
-            BenchmarkId::new("moka_compute", threads),
-            &threads,
-            |b, &threads| {
-                b.iter_custom(|iters| {
-                    timed(threads, iters * OPS, &|i| {
-                        let key = &names[i as usize % KEYS];
-                        moka.entry_by_ref(key).and_compute_with(|entry| {
-                            let next = entry.map_or(1, |e| e.into_value() + 1);
-                            moka::ops::compute::Op::Put(next)
-                        });
-                    })
-                })
-            },
-        );
-    }
-    group.finish();
-}
-
-/// The map update at the heart of the in-process store, without the
-/// algorithm: one mutex per shard over a foldhash map.
-struct ShardedCounter {
-    shards: Vec<
-        std::sync::Mutex<std::collections::HashMap<Box<str>, u64, foldhash::fast::RandomState>>,
-    >,
-    hasher: foldhash::fast::RandomState,
-}
-
-impl ShardedCounter {
-    fn new(n: usize) -> Self {
-        ShardedCounter {
-            shards: (0..n).map(|_| Default::default()).collect(),
-            hasher: Default::default(),
+        let denied = limiter(Scope::Subject, spent());
+        for ctx in &contexts {
+            check(&denied, ctx);
         }
-    }
-
-    fn bump(&self, key: &str) {
-        use std::hash::BuildHasher;
-        let shard = &self.shards[self.hasher.hash_one(key) as usize % self.shards.len()];
-        let mut map = shard.lock().expect("not poisoned");
-        match map.get_mut(key) {
-            Some(v) => *v += 1,
-            None => {
-                map.insert(key.into(), 1);
-            }
+        case(&name("tollgate_keyed_denied"), &|i| {
+            check(&denied, &contexts[i as usize % KEYS]);
+        });
+        let governor = RateLimiter::<String, _, _>::keyed(quota(false));
+        for n in &names {
+            let _ = governor.check_key(n);
         }
+        case("governor_keyed_string_denied", &|i| {
+            black_box(governor.check_key(&names[i as usize % KEYS]).is_ok());
+        });
+
+        let hot = limiter(Scope::Global, roomy_hot());
+        let anyone = &contexts[0];
+        case(&name("tollgate_hot_global"), &|_| {
+            check(&hot, anyone);
+        });
+        let governor = RateLimiter::direct(quota(true));
+        case("governor_direct", &|_| {
+            black_box(governor.check().is_ok());
+        });
+
+        let layered = three_layers();
+        case(&name("tollgate_three_layers"), &|i| {
+            check(&layered, &with_tenants[i as usize % KEYS]);
+        });
     }
+    group.finish();
 }
 
 criterion_group! {

@@ -10,9 +10,10 @@ use foldhash::fast::RandomState;
 use std::collections::HashMap;
 
 use hashbrown::HashTable;
+use smallvec::SmallVec;
 use tollgate_limiter::{
-    duration_micros, Clock, LayerRequest, Policy, State, Store, StoreError, StoreKey, SystemClock,
-    Verdict, WhenFull,
+    duration_micros, Clock, LayerRequest, MonotonicClock, Policy, State, Store, StoreError,
+    StoreKey, Verdicts, WhenFull,
 };
 
 /// Passes of a decision that found a budget full: each makes room across
@@ -304,7 +305,8 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The clock (default: the system clock). Tests pass a
+    /// The clock (default: a [`MonotonicClock`], read from the CPU's
+    /// time-stamp counter). Tests pass a
     /// [`ManualClock`](tollgate_limiter::ManualClock).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -341,7 +343,7 @@ impl MemoryStore {
             max_keys: 1_000_000,
             when_full: WhenFull::default(),
             shards: 64,
-            clock: Arc::new(SystemClock),
+            clock: Arc::new(MonotonicClock::new()),
         }
     }
 
@@ -511,7 +513,7 @@ impl MemoryStore {
 
     /// Decide all layers, making room across the store when a budget is
     /// full (then deciding again: the first answer was not written).
-    fn decide_all(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    fn decide_all(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         let now = self.clock.now();
         if !now.is_plausible() {
             return Err(StoreError::ImplausibleTime(now));
@@ -538,7 +540,7 @@ impl MemoryStore {
         &self,
         layers: &[LayerRequest<'_>],
         now: tollgate_limiter::Timestamp,
-    ) -> Result<Vec<Verdict>, NeedRoom> {
+    ) -> Result<Verdicts, NeedRoom> {
         let now_us = now.as_micros();
         if let [layer] = layers {
             // One layer, one lock: the common case, without the bookkeeping.
@@ -555,7 +557,7 @@ impl MemoryStore {
                     entry.expires_at = expires_at;
                     shard.next_expiry = shard.next_expiry.min(expires_at);
                 }
-                return Ok(vec![t.verdict]);
+                return Ok(Verdicts::one(t.verdict));
             }
             let t = tollgate_algorithms::decide(layer.policy.limit(), None, now, layer.cost);
             if let Some(next) = t.next {
@@ -568,20 +570,22 @@ impl MemoryStore {
                     budget.as_ref(),
                 );
             }
-            return Ok(vec![t.verdict]);
+            return Ok(Verdicts::one(t.verdict));
         }
-        let located: Vec<(u64, usize)> = layers.iter().map(|l| self.locate(&l.key)).collect();
-        let keep: Vec<u64> = located.iter().map(|&(hash, _)| hash).collect();
-        let mut order: Vec<usize> = located.iter().map(|&(_, id)| id).collect();
+        // Up to four layers: every list below lives on the stack.
+        let located: SmallVec<[(u64, usize); 4]> =
+            layers.iter().map(|l| self.locate(&l.key)).collect();
+        let keep: SmallVec<[u64; 4]> = located.iter().map(|&(hash, _)| hash).collect();
+        let mut order: SmallVec<[usize; 4]> = located.iter().map(|&(_, id)| id).collect();
         order.sort_unstable();
         order.dedup();
         // Locks are taken in ascending shard order: no two decisions deadlock.
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 4]> =
             order.iter().map(|&i| lock(&self.shards[i])).collect();
         let slot = |id: usize| order.binary_search(&id).expect("locked shard");
-        let mut present = Vec::with_capacity(layers.len());
+        let mut present: SmallVec<[bool; 4]> = SmallVec::new();
         let layered = {
-            let states: Vec<Option<&State>> = layers
+            let states: SmallVec<[Option<&State>; 4]> = layers
                 .iter()
                 .zip(&located)
                 .map(|(l, &(hash, id))| {
@@ -597,7 +601,7 @@ impl MemoryStore {
         }
         // Units for new keys are taken before anything is written, and given
         // back if any budget is full.
-        let mut taken: Vec<(usize, Option<Arc<Budget>>)> = Vec::new();
+        let mut taken: SmallVec<[(usize, Option<Arc<Budget>>); 4]> = SmallVec::new();
         for i in 0..layers.len() {
             if present[i] || layered.writes[i].is_none() {
                 continue;
@@ -651,11 +655,11 @@ impl Store for MemoryStore {
         "memory"
     }
 
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         self.decide_all(layers)
     }
 
-    fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Option<Result<Vec<Verdict>, StoreError>> {
+    fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Option<Result<Verdicts, StoreError>> {
         Some(self.decide_all(layers))
     }
 }

@@ -62,7 +62,7 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tollgate_limiter::{
-    duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdict,
+    duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdict, Verdicts,
 };
 
 use crate::error::{check_plausible, from_redis, name_conflict, RedisStoreError};
@@ -375,7 +375,7 @@ impl RedisClusterStore {
         groups: Vec<Vec<usize>>,
         time: TimeArgs,
         deadline: Instant,
-    ) -> Result<Vec<Verdict>, StoreError> {
+    ) -> Result<Verdicts, StoreError> {
         let (mut verdicts, mut contended) = self
             .reserve_across_slots(layers, &keys, &args, &groups, &time, deadline)
             .await?;
@@ -413,7 +413,7 @@ impl RedisClusterStore {
         groups: &[Vec<usize>],
         time: &TimeArgs,
         deadline: Instant,
-    ) -> Result<(Vec<Verdict>, Option<Vec<(String, u64)>>), StoreError> {
+    ) -> Result<(Verdicts, Option<Vec<(String, u64)>>), StoreError> {
         let mut held = Held::new(&self.holds);
         let mut verdicts: Vec<Option<Verdict>> = vec![None; layers.len()];
         let mut reserved = Reservations {
@@ -544,9 +544,9 @@ impl Store for RedisClusterStore {
         "redis-cluster"
     }
 
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         if layers.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Verdicts::new());
         }
         let deadline = Instant::now() + self.deadline;
         let args = layers
@@ -678,7 +678,7 @@ fn script_call(
 type Charged = (u64, u64);
 
 /// Turn a `reserve` reply (7 integers per layer) into verdicts and charges.
-fn parse_reserve(reply: &[i64], layers: usize) -> Result<(Vec<Verdict>, Vec<Charged>), StoreError> {
+fn parse_reserve(reply: &[i64], layers: usize) -> Result<(Verdicts, Vec<Charged>), StoreError> {
     if reply.len() != layers * RESERVE_FIELDS {
         return Err(StoreError::Protocol(format!(
             "the script answered {} integers for {layers} reserved layers",

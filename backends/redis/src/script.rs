@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use tollgate_limiter::{LayerRequest, Limit, StoreError, Verdict};
+use tollgate_limiter::{LayerRequest, Limit, StoreError, Verdict, Verdicts};
 
 use crate::error::RedisStoreError;
 
@@ -139,7 +139,7 @@ pub fn layer_args(layer: &LayerRequest<'_>) -> Result<[u64; LAYER_ARGS], StoreEr
 
 /// Turn the script's reply (5 integers per layer) into one verdict per
 /// layer; a reply of another shape is a [`StoreError::Protocol`].
-pub fn parse_reply(reply: &[i64], layers: usize) -> Result<Vec<Verdict>, StoreError> {
+pub fn parse_reply(reply: &[i64], layers: usize) -> Result<Verdicts, StoreError> {
     if reply.len() != layers * REPLY_FIELDS {
         return Err(StoreError::Protocol(format!(
             "the script answered {} integers for {layers} layers",

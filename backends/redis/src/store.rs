@@ -12,7 +12,7 @@ use redis::{
     AsyncConnectionConfig, Client, Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind,
 };
 use tollgate_limiter::{
-    duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdict,
+    duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdicts,
 };
 
 use crate::error::{check_plausible, from_redis, name_conflict, RedisStoreError};
@@ -416,9 +416,9 @@ impl Store for RedisStore {
         "redis"
     }
 
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         if layers.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Verdicts::new());
         }
         let cmd = self.command(layers)?;
         let reply = within(self.deadline, self.evalsha(&cmd))

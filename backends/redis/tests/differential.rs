@@ -285,7 +285,7 @@ impl Harness {
             observed.push(Observed { expire_ms, state });
         }
         let after = server_time(results.next().expect("TIME"));
-        (verdicts, observed, before, after)
+        (verdicts.to_vec(), observed, before, after)
     }
 }
 

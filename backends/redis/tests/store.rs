@@ -34,9 +34,9 @@ async fn decide_one(
     cost: u64,
 ) -> Result<Verdict, StoreError> {
     let key = StoreKey::new(subject, policy, "subject", subject);
-    let mut verdicts = store.decide(&[LayerRequest { key, policy, cost }]).await?;
+    let verdicts = store.decide(&[LayerRequest { key, policy, cost }]).await?;
     assert_eq!(verdicts.len(), 1);
-    Ok(verdicts.remove(0))
+    Ok(verdicts[0])
 }
 
 fn policy(limit: Limit) -> Policy {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tollgate_limiter::{async_trait, LayerRequest, ManualClock, Store, StoreError, Verdict};
+use tollgate_limiter::{async_trait, LayerRequest, ManualClock, Store, StoreError, Verdicts};
 
 /// Refuses everything; only here so the crate docs compile.
 #[derive(Debug)]
@@ -20,7 +20,7 @@ impl Store for ExampleStore {
     fn kind(&self) -> &'static str {
         "example"
     }
-    async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         Err(StoreError::Unavailable("example store".into()))
     }
 }

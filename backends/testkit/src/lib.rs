@@ -27,6 +27,8 @@
 pub mod conformance;
 mod ready;
 pub use ready::ready;
+mod recorder;
+pub use recorder::AtomicRecorder;
 #[doc(hidden)]
 pub mod doc_support;
 pub mod redis_cluster;

@@ -1,6 +1,6 @@
 //! Stores for tests of what happens around a store: one that is down.
 
-use tollgate_limiter::{async_trait, LayerRequest, Store, StoreError, Verdict};
+use tollgate_limiter::{async_trait, LayerRequest, Store, StoreError, Verdicts};
 
 /// A store that is down: every call fails at once with
 /// [`StoreError::Unavailable`] (an outage: it counts towards the circuit
@@ -28,7 +28,7 @@ impl Store for DownStore {
     fn kind(&self) -> &'static str {
         "down"
     }
-    async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         Err(StoreError::Unavailable("test store is down".into()))
     }
 }

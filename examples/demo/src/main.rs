@@ -39,7 +39,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tollgate::config::LiveConfig;
 use tollgate::tower::{single_header_value, ClientIp, Identity, RateLimitLayer, Reply};
-use tollgate::{Clock, Context, HashKey, ManualClock, Subject, SystemClock, Timestamp};
+use tollgate::{Clock, Context, HashKey, ManualClock, MonotonicClock, Subject, Timestamp};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -289,7 +289,7 @@ async fn run() -> Result<(), Error> {
             .map_err(|_| format!("PORT={port:?}: not a port number (1-65535)"))?,
         (None, Err(_)) => 3000,
     };
-    let limiters = limiters(&args.config, Arc::new(SystemClock)).await?;
+    let limiters = limiters(&args.config, Arc::new(MonotonicClock::new())).await?;
     let addr = listen(SocketAddr::from(([127, 0, 0, 1], port)), app(&limiters)?).await?;
     for route in limiters.unbound_routes() {
         eprintln!("warning: [routes.{route}] is configured but no handler uses it");

@@ -45,7 +45,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 use tollgate::{
     async_trait, duration_micros, Clock, LayerRequest, Limit, State, Store, StoreError,
-    SystemClock, Verdict,
+    SystemClock, Verdicts,
 };
 
 /// How often one decision is retried after a deadlock or a row deleted
@@ -254,7 +254,7 @@ impl PgStore {
         &self,
         client: &mut Client,
         layers: &[LayerRequest<'_>],
-    ) -> Result<Option<Result<Vec<Verdict>, StoreError>>, tokio_postgres::Error> {
+    ) -> Result<Option<Result<Verdicts, StoreError>>, tokio_postgres::Error> {
         let keys: Vec<String> = layers.iter().map(|l| l.key.render()).collect();
         let mut sorted = keys.clone();
         sorted.sort();
@@ -403,7 +403,7 @@ impl Store for PgStore {
         "postgres"
     }
 
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Vec<Verdict>, StoreError> {
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         let work = async {
             let _permit = self.permits.acquire().await.map_err(closed)?;
             let mut client = self.checkout().await?;

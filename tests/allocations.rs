@@ -1,0 +1,110 @@
+//! A decision on the in-process store allocates nothing in steady state
+//! (existing keys, one to four layers, every counter algorithm), with the
+//! default features and with every feature on (`metrics` counting into a
+//! recorder, `tracing`, the blocked-key cache). The sliding log is left
+//! out: its log may grow.
+//!
+//! One test in this binary: the allocator's counts are process-wide.
+#![cfg(feature = "memory")]
+
+use std::alloc::System;
+use std::sync::Arc;
+use std::time::Duration;
+
+use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
+use tollgate::{
+    Context, Limit, Limiter, ManualClock, MemoryStore, Policy, Scope, Subject, Timestamp,
+};
+use tollgate_testkit::ready;
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+const KEYS: usize = 64;
+
+fn limits() -> Vec<(&'static str, Limit)> {
+    let hour = Duration::from_secs(3_600);
+    vec![
+        (
+            "token-bucket",
+            Limit::token_bucket(1_000, 1, Duration::from_secs(1)).unwrap(),
+        ),
+        (
+            "gcra",
+            Limit::gcra(1, Duration::from_secs(1), 1_000).unwrap(),
+        ),
+        (
+            "fixed-window",
+            Limit::fixed_window(1_000_000, hour).unwrap(),
+        ),
+        (
+            "sliding-window",
+            Limit::sliding_window(1_000_000, hour).unwrap(),
+        ),
+    ]
+}
+
+/// A limiter with `layers` layers of `limit`: per subject, per tenant,
+/// global, per route attribute (in that order).
+fn limiter(limit: &Limit, layers: usize, clock: &ManualClock) -> Limiter {
+    let store = MemoryStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let scopes = [
+        Scope::Subject,
+        Scope::Tenant,
+        Scope::Global,
+        Scope::Attribute("route".into()),
+    ];
+    let mut builder = Limiter::builder(Arc::new(store)).clock(Arc::new(clock.clone()));
+    for (i, scope) in scopes.into_iter().take(layers).enumerate() {
+        let policy = Policy::new(format!("layer-{i}"), limit.clone()).unwrap();
+        builder = builder.layer(format!("layer-{i}"), scope, policy);
+    }
+    #[cfg(feature = "blocked-cache")]
+    {
+        builder = builder.blocked_cache(tollgate::BlockedCacheConfig::default());
+    }
+    builder.build().unwrap()
+}
+
+#[test]
+fn steady_state_decisions_allocate_nothing() {
+    #[cfg(feature = "metrics")]
+    tollgate_testkit::AtomicRecorder::install();
+    let clock = ManualClock::new(Timestamp::from_micros(1_800_000_000_000_000));
+    let contexts: Vec<Context> = (0..KEYS)
+        .map(|i| {
+            Context::for_subject(Subject::new(format!("client-{i}")).unwrap())
+                .with_tenant(Subject::new(format!("tenant-{}", i % 4)).unwrap())
+                .with_attribute("route", Subject::new("search").unwrap())
+        })
+        .collect();
+    for (name, limit) in limits() {
+        for layers in 1..=4 {
+            let limiter = limiter(&limit, layers, &clock);
+            // Every key exists, every metric handle is made.
+            for ctx in &contexts {
+                assert!(ready(limiter.check(ctx, 1)).unwrap().is_allowed());
+            }
+            let region = Region::new(GLOBAL);
+            for round in 0..10 {
+                clock.advance(Duration::from_millis(1));
+                for ctx in &contexts {
+                    let d = ready(limiter.check(ctx, 1)).unwrap();
+                    assert!(d.is_allowed(), "{name}, {layers} layers, round {round}");
+                }
+            }
+            let stats = region.change();
+            assert_eq!(
+                (stats.allocations, stats.reallocations),
+                (0, 0),
+                "{name} with {layers} layers: {} decisions allocated {} times and reallocated {} times ({} bytes)",
+                10 * KEYS,
+                stats.allocations,
+                stats.reallocations,
+                stats.bytes_allocated
+            );
+        }
+    }
+}
