@@ -87,6 +87,12 @@ impl Context {
                 (value, value)
             }
         };
-        Some(StoreKey::new(tag, &layer.policy, scope, subject))
+        Some(StoreKey::of_layer(
+            tag,
+            &layer.policy,
+            scope,
+            subject,
+            &layer.middle,
+        ))
     }
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::decision::LayerInfo;
 use crate::policy::Policy;
+use crate::store::KeyMiddle;
 
 /// What a layer counts by.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -46,6 +47,8 @@ pub struct Layer {
     pub(crate) fallback: Option<Policy>,
     /// What its decisions report (names, mode, window), shared by all of them.
     pub(crate) info: &'static LayerInfo,
+    /// The part of its store keys that never changes, rendered and hashed.
+    pub(crate) middle: KeyMiddle,
 }
 
 impl Layer {
@@ -59,8 +62,10 @@ impl Layer {
             shadow: policy.is_shadow(),
             window: policy.limit().window(),
         });
+        let middle = KeyMiddle::new(&policy, scope.label());
         Layer {
             info,
+            middle,
             name,
             scope,
             policy: Arc::new(policy),

@@ -1,6 +1,7 @@
 //! The store contract: decide every layer of a request at once.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 
 use async_trait::async_trait;
 
@@ -35,7 +36,7 @@ use crate::verdicts::Verdicts;
 /// assert_eq!(key.tag(), "acme");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy)]
 pub struct StoreKey<'a> {
     tag: &'a str,
     policy: &'a str,
@@ -44,12 +45,117 @@ pub struct StoreKey<'a> {
     custom: bool,
     scope: &'a str,
     subject: &'a str,
+    /// A hash of the parts that are the same for every key of a layer
+    /// (policy, version, algorithm, scope): [`layer_hash`].
+    layer_hash: u64,
+    /// Those parts rendered (`:<policy>:v<version>:<algorithm>:<scope>:`),
+    /// when the key's layer has them ready: comparing a key is then three
+    /// comparisons.
+    middle: Option<&'a str>,
+}
+
+/// A layer's part of every key it makes: rendered and hashed once, when the
+/// layer is built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyMiddle {
+    text: Box<str>,
+    hash: u64,
+}
+
+impl KeyMiddle {
+    pub(crate) fn new(policy: &Policy, scope: &str) -> Self {
+        let key = StoreKey::new("", policy, scope, "");
+        let rendered = key.render();
+        // `{}` before, nothing after: what is left is the middle.
+        KeyMiddle {
+            text: rendered["{}".len()..].into(),
+            hash: key.layer_hash,
+        }
+    }
+}
+
+/// A fixed hash (FNV-1a) of a key's layer parts: the same for a key made by
+/// [`StoreKey::new`] and by a layer, so both find the same entry. Stores
+/// hash it again with their own keyed hasher, together with the tag and
+/// subject (which clients choose).
+fn layer_hash(policy: &str, version: u32, algorithm: &str, custom: bool, scope: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        // A separator that no part contains.
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    eat(policy.as_bytes());
+    eat(&version.to_le_bytes());
+    eat(algorithm.as_bytes());
+    eat(&[u8::from(custom)]);
+    eat(scope.as_bytes());
+    h
+}
+
+impl PartialEq for StoreKey<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            self.tag,
+            self.policy,
+            self.version,
+            self.algorithm,
+            self.custom,
+            self.scope,
+            self.subject,
+        ) == (
+            other.tag,
+            other.policy,
+            other.version,
+            other.algorithm,
+            other.custom,
+            other.scope,
+            other.subject,
+        )
+    }
+}
+
+impl Eq for StoreKey<'_> {}
+
+impl Hash for StoreKey<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.layer_hash);
+        self.tag.hash(state);
+        self.subject.hash(state);
+    }
 }
 
 impl<'a> StoreKey<'a> {
     /// A key from validated parts (subjects cannot contain `{`, `}` or white
     /// space; policy names hold only `A-Z a-z 0-9 _ - .`).
     pub fn new(tag: &'a str, policy: &'a Policy, scope: &'a str, subject: &'a str) -> Self {
+        let algorithm = policy.limit().key_code();
+        let custom = matches!(policy.limit(), Limit::Custom(_));
+        StoreKey {
+            tag,
+            policy: policy.name(),
+            version: policy.version(),
+            algorithm,
+            custom,
+            scope,
+            subject,
+            layer_hash: layer_hash(policy.name(), policy.version(), algorithm, custom, scope),
+            middle: None,
+        }
+    }
+
+    /// A key of a layer whose middle part is ready.
+    pub(crate) fn of_layer(
+        tag: &'a str,
+        policy: &'a Policy,
+        scope: &'a str,
+        subject: &'a str,
+        middle: &'a KeyMiddle,
+    ) -> Self {
         StoreKey {
             tag,
             policy: policy.name(),
@@ -58,6 +164,8 @@ impl<'a> StoreKey<'a> {
             custom: matches!(policy.limit(), Limit::Custom(_)),
             scope,
             subject,
+            layer_hash: middle.hash,
+            middle: Some(&middle.text),
         }
     }
 
@@ -101,6 +209,18 @@ impl<'a> StoreKey<'a> {
 
     /// Whether `rendered` is this key's text, without allocating.
     pub fn matches(&self, rendered: &str) -> bool {
+        if let Some(middle) = self.middle {
+            // `{` tag `}` middle subject
+            let bytes = rendered.as_bytes();
+            let tag_end = 1 + self.tag.len();
+            let middle_end = tag_end + 1 + middle.len();
+            return bytes.len() == middle_end + self.subject.len()
+                && bytes[0] == b'{'
+                && &bytes[1..tag_end] == self.tag.as_bytes()
+                && bytes[tag_end] == b'}'
+                && &bytes[tag_end + 1..middle_end] == middle.as_bytes()
+                && &bytes[middle_end..] == self.subject.as_bytes();
+        }
         let mut version = [0u8; 10];
         let version = format_u32(self.version, &mut version);
         let mut rest = rendered;
@@ -176,5 +296,63 @@ pub trait Store: Send + Sync + fmt::Debug {
     fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Option<Result<Verdicts, StoreError>> {
         let _ = layers;
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn policies() -> Vec<Policy> {
+        let window = Duration::from_secs(1);
+        vec![
+            Policy::new("p", Limit::gcra(1, window, 5).unwrap()).unwrap(),
+            Policy::new("p", Limit::gcra(1, window, 5).unwrap())
+                .unwrap()
+                .with_version(12),
+            Policy::new("p", Limit::fixed_window(5, window).unwrap()).unwrap(),
+            Policy::new("p.q-r_s", Limit::sliding_log(5, window).unwrap()).unwrap(),
+        ]
+    }
+
+    /// A key a layer makes (its middle rendered once) and the same key made
+    /// from its parts are equal, hash alike and match the same text; keys
+    /// differing in any part match nothing of the other.
+    #[test]
+    fn a_layers_keys_are_the_keys_of_their_parts() {
+        let hasher = std::collections::hash_map::RandomState::new();
+        let policies = policies();
+        let middles: Vec<(&Policy, &str, KeyMiddle)> = policies
+            .iter()
+            .flat_map(|p| ["subject", "tenant", "route"].map(|s| (p, s, KeyMiddle::new(p, s))))
+            .collect();
+        let mut all = Vec::new();
+        let pairs = [("t", "s"), ("acme", "key-7"), ("", ""), ("s", "t")];
+        for ((policy, scope, middle), (tag, subject)) in middles
+            .iter()
+            .flat_map(|m| pairs.iter().map(move |p| (m, p)))
+        {
+            let plain = StoreKey::new(tag, policy, scope, subject);
+            let layered = StoreKey::of_layer(tag, policy, scope, subject, middle);
+            assert_eq!(plain, layered);
+            assert_eq!(hasher.hash_one(plain), hasher.hash_one(layered));
+            let text = plain.render();
+            assert_eq!(layered.render(), text);
+            assert!(plain.matches(&text) && layered.matches(&text), "{text}");
+            all.push((plain, layered, text));
+        }
+        for (i, (plain, layered, _)) in all.iter().enumerate() {
+            for (j, (_, _, text)) in all.iter().enumerate() {
+                if i != j && plain != &all[j].0 {
+                    assert!(!plain.matches(text), "{plain} matched {text}");
+                    assert!(!layered.matches(text), "{layered} matched {text}");
+                }
+            }
+            assert!(!layered.matches(&format!("{}x", layered.render())));
+            assert!(!layered.matches(""));
+        }
     }
 }

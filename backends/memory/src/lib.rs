@@ -42,6 +42,7 @@
 //! # Ok(()) }
 //! ```
 
+mod slot;
 mod store;
 
 pub use store::{MemoryStore, MemoryStoreBuilder};

@@ -2,17 +2,18 @@
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use foldhash::fast::RandomState;
 use std::collections::HashMap;
 
+use crate::slot::{Slot, Snapshot};
 use hashbrown::HashTable;
 use smallvec::SmallVec;
 use tollgate_limiter::{
-    duration_micros, Clock, LayerRequest, MonotonicClock, Policy, State, Store, StoreError,
+    duration_micros, Clock, LayerRequest, Limit, MonotonicClock, Policy, State, Store, StoreError,
     StoreKey, Verdicts, WhenFull,
 };
 
@@ -89,14 +90,20 @@ struct Entry {
     key: Box<str>,
     /// The key's hash, kept so the table can grow without rehashing text.
     hash: u64,
-    state: State,
-    /// Microseconds; the entry is gone from this instant on.
-    expires_at: u64,
+    state: Slot,
+    /// Microseconds; the entry is gone from this instant on. Only raised
+    /// under the shard's shared lock (by a GCRA decision).
+    expires_at: AtomicU64,
     /// The policy's own budget, when it has one (the store's always counts).
     budget: Option<Arc<Budget>>,
 }
 
 impl Entry {
+    /// When the entry expires (µs).
+    fn expires_at(&self) -> u64 {
+        self.expires_at.load(Ordering::Relaxed)
+    }
+
     /// Whether the entry holds a unit of `budget` (the store's when `None`:
     /// every entry does).
     fn counts_for(&self, budget: Option<&Arc<Budget>>) -> bool {
@@ -142,8 +149,8 @@ impl Shard {
         if self.next_expiry <= now {
             let mut next = u64::MAX;
             self.entries.retain(|e| {
-                if e.expires_at > now || keep.contains(&e.hash) {
-                    next = next.min(e.expires_at);
+                if e.expires_at() > now || keep.contains(&e.hash) {
+                    next = next.min(e.expires_at());
                     true
                 } else {
                     release(e, total);
@@ -168,13 +175,13 @@ impl Shard {
             .entries
             .iter()
             .filter(|e| e.evictable_for(budget) && !keep.contains(&e.hash))
-            .min_by_key(|e| e.expires_at)
-            .map(|e| (e.hash, e.expires_at));
+            .min_by_key(|e| e.expires_at())
+            .map(|e| (e.hash, e.expires_at()));
         let Some((hash, expires_at)) = nearest else {
             return false;
         };
         if let Ok(found) = self.entries.find_entry(hash, |e| {
-            e.hash == hash && e.expires_at == expires_at && e.evictable_for(budget)
+            e.hash == hash && e.expires_at() == expires_at && e.evictable_for(budget)
         }) {
             let (entry, _) = found.remove();
             release(&entry, total);
@@ -195,7 +202,7 @@ impl Shard {
                     e.counts_for(budget)
                 }
             })
-            .map(|e| e.expires_at)
+            .map(|e| e.expires_at())
             .min()
     }
 
@@ -212,15 +219,15 @@ impl Shard {
         self.next_expiry = self.next_expiry.min(expires_at);
         match self.entries.find_mut(hash, |e| key.matches(&e.key)) {
             Some(entry) => {
-                entry.state = state;
-                entry.expires_at = expires_at;
+                entry.state.set(state);
+                *entry.expires_at.get_mut() = expires_at;
             }
             None => {
                 let entry = Entry {
                     key: key.render().into_boxed_str(),
                     hash,
-                    state,
-                    expires_at,
+                    state: Slot::new(state),
+                    expires_at: AtomicU64::new(expires_at),
                     budget: budget.cloned(),
                 };
                 self.entries.insert_unique(hash, entry, |e| e.hash);
@@ -239,9 +246,11 @@ fn release(entry: &Entry, total: &Budget) {
 
 /// One shard's lock on cache lines of its own: two threads locking
 /// neighbouring shards must not bounce one line between their cores
-/// (128 bytes: adjacent-line prefetching pairs 64-byte lines).
+/// (128 bytes: adjacent-line prefetching pairs 64-byte lines). A GCRA
+/// decision on an existing key takes it shared ([`Slot::gcra`]); every
+/// other decision, exclusive.
 #[repr(align(128))]
-struct Padded(Mutex<Shard>);
+struct Padded(RwLock<Shard>);
 
 /// The in-process store; see the [crate docs](crate).
 pub struct MemoryStore {
@@ -318,7 +327,7 @@ impl MemoryStoreBuilder {
         MemoryStore {
             shards: (0..self.shards)
                 .map(|_| {
-                    Padded(Mutex::new(Shard {
+                    Padded(RwLock::new(Shard {
                         entries: HashTable::new(),
                         sweep_at: MIN_SWEEP,
                         next_expiry: u64::MAX,
@@ -545,16 +554,30 @@ impl MemoryStore {
         if let [layer] = layers {
             // One layer, one lock: the common case, without the bookkeeping.
             let (hash, id) = self.locate(&layer.key);
+            if let Limit::Gcra(p) = layer.policy.limit() {
+                let shard = read(&self.shards[id]);
+                if let Some(entry) = shard.find(hash, &layer.key) {
+                    if let Some(t) = entry.state.gcra(p, now_us, layer.cost) {
+                        if let Some(next) = &t.next {
+                            let expires_at = now_us.saturating_add(duration_micros(next.ttl));
+                            entry.expires_at.fetch_max(expires_at, Ordering::Relaxed);
+                        }
+                        return Ok(Verdicts::one(t.verdict));
+                    }
+                }
+            }
             let mut shard = lock(&self.shards[id]);
             let shard = &mut *shard;
             // An existing key: one lookup, decided and written in place.
             if let Some(entry) = shard.entries.find_mut(hash, |e| layer.key.matches(&e.key)) {
-                let state = (entry.expires_at > now_us).then_some(&entry.state);
+                let snapshot = entry.state.read();
+                let state = (entry.expires_at() > now_us).then(|| snapshot.get());
                 let t = tollgate_algorithms::decide(layer.policy.limit(), state, now, layer.cost);
+                drop(snapshot);
                 if let Some(next) = t.next {
                     let expires_at = now_us.saturating_add(duration_micros(next.ttl));
-                    entry.state = next.state;
-                    entry.expires_at = expires_at;
+                    entry.state.set(next.state);
+                    *entry.expires_at.get_mut() = expires_at;
                     shard.next_expiry = shard.next_expiry.min(expires_at);
                 }
                 return Ok(Verdicts::one(t.verdict));
@@ -580,19 +603,25 @@ impl MemoryStore {
         order.sort_unstable();
         order.dedup();
         // Locks are taken in ascending shard order: no two decisions deadlock.
-        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 4]> =
+        let mut guards: SmallVec<[RwLockWriteGuard<'_, Shard>; 4]> =
             order.iter().map(|&i| lock(&self.shards[i])).collect();
         let slot = |id: usize| order.binary_search(&id).expect("locked shard");
         let mut present: SmallVec<[bool; 4]> = SmallVec::new();
         let layered = {
-            let states: SmallVec<[Option<&State>; 4]> = layers
+            let snapshots: SmallVec<[Option<Snapshot<'_>>; 4]> = layers
                 .iter()
                 .zip(&located)
                 .map(|(l, &(hash, id))| {
                     let found = guards[slot(id)].find(hash, &l.key);
                     present.push(found.is_some());
-                    found.filter(|e| e.expires_at > now_us).map(|e| &e.state)
+                    found
+                        .filter(|e| e.expires_at() > now_us)
+                        .map(|e| e.state.read())
                 })
+                .collect();
+            let states: SmallVec<[Option<&State>; 4]> = snapshots
+                .iter()
+                .map(|s| s.as_ref().map(Snapshot::get))
                 .collect();
             tollgate_algorithms::decide_layers(layers, &states, now)
         };
@@ -640,12 +669,20 @@ impl MemoryStore {
     }
 }
 
-/// Lock a shard. The code under the lock is pure arithmetic, so a poisoned
-/// lock still guards a consistent map.
-fn lock(shard: &Padded) -> MutexGuard<'_, Shard> {
+/// Lock a shard, exclusive. The code under the lock is pure arithmetic, so
+/// a poisoned lock still guards a consistent map.
+fn lock(shard: &Padded) -> RwLockWriteGuard<'_, Shard> {
     shard
         .0
-        .lock()
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Lock a shard, shared (for a GCRA decision on an existing key).
+fn read(shard: &Padded) -> RwLockReadGuard<'_, Shard> {
+    shard
+        .0
+        .read()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

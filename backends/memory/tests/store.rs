@@ -64,6 +64,41 @@ fn sixty_four_threads_on_one_key_admit_exactly_the_capacity() {
     }
 }
 
+/// A GCRA decision on an existing key is made under the shard's shared
+/// lock, with a compare-and-swap: many threads at once still admit
+/// exactly what the bucket holds, and refill exactly.
+#[test]
+fn an_existing_gcra_key_admits_exactly_under_contention() {
+    let clock = ManualClock::new(START);
+    let limit = Limit::gcra(10, Duration::from_secs(1), 1_000).unwrap();
+    let limiter = limiter(store(&clock, 1000), limit);
+    let hot = subject("hot");
+    assert!(
+        ready(limiter.check(&hot, 1)).unwrap().is_allowed(),
+        "the key exists"
+    );
+    let admit_at_once = || -> usize {
+        let barrier = Arc::new(Barrier::new(64));
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..64)
+                .map(|_| {
+                    let (limiter, barrier, hot) = (&limiter, barrier.clone(), &hot);
+                    s.spawn(move || {
+                        barrier.wait();
+                        (0..40)
+                            .filter(|_| ready(limiter.check(hot, 1)).unwrap().is_allowed())
+                            .count()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        })
+    };
+    assert_eq!(admit_at_once(), 999, "2,560 requests from 64 threads");
+    clock.advance(Duration::from_millis(1_000));
+    assert_eq!(admit_at_once(), 10, "one second refills ten");
+}
+
 #[test]
 fn layered_decisions_stay_atomic_across_threads() {
     // Three layers on different shards; the tenant layer is the tightest.
