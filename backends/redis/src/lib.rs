@@ -77,7 +77,12 @@ pub mod cluster;
 mod error;
 #[cfg(feature = "cluster")]
 mod holds;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
 pub mod script;
+#[cfg(not(feature = "internals"))]
+mod script;
+mod settings;
 mod store;
 
 #[cfg(feature = "cluster")]
@@ -85,7 +90,5 @@ mod store;
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use error::RedisStoreError;
 pub use script::SCRIPT;
-pub use store::{
-    ConnectionMode, RedisStore, RedisStoreBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE,
-    DEFAULT_PREFIX,
-};
+pub use settings::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_PREFIX};
+pub use store::{ConnectionMode, RedisStore, RedisStoreBuilder};

@@ -14,29 +14,11 @@ use tollgate_limiter::{LayerRequest, Limit, StoreError, Verdict, Verdicts};
 
 use crate::error::RedisStoreError;
 
-/// Helpers shared by every algorithm (exact integer division on doubles,
-/// TTL rounding, integer formatting).
-pub const COMMON: &str = include_str!("../lua/common.lua");
-/// The algorithm codes, named ([`Code`] on this side).
-pub const CODES: &str = include_str!("../lua/codes.lua");
-/// The token bucket function.
-pub const TOKEN_BUCKET: &str = include_str!("../lua/token_bucket.lua");
-/// The GCRA function.
-pub const GCRA: &str = include_str!("../lua/gcra.lua");
-/// The fixed window function.
-pub const FIXED_WINDOW: &str = include_str!("../lua/fixed_window.lua");
-/// The sliding window counter function.
-pub const SLIDING_WINDOW: &str = include_str!("../lua/sliding_window.lua");
-/// The sliding log function.
-pub const SLIDING_LOG: &str = include_str!("../lua/sliding_log.lua");
-/// The refunds of reservations (Redis Cluster: layers on several slots).
-pub const REFUND: &str = include_str!("../lua/refund.lua");
-/// The dispatcher: reads every layer, decides, writes all or nothing.
-pub const LAYERED: &str = include_str!("../lua/layered.lua");
-
-/// The script the store runs: [`COMMON`], [`CODES`], the five algorithms, [`REFUND`]
-/// and [`LAYERED`], in that order. Standalone and Cluster stores run the
-/// same script.
+/// The script the store runs: the files of `lua/` (the helpers of
+/// `common.lua`, the algorithm codes of `codes.lua`, the five algorithms,
+/// the refunds of `refund.lua` and the dispatcher `layered.lua`),
+/// concatenated in that order. Standalone and Cluster stores run the same
+/// script.
 pub const SCRIPT: &str = concat!(
     include_str!("../lua/common.lua"),
     "\n",
@@ -76,6 +58,7 @@ pub enum Code {
 
 impl Code {
     /// Every code with its name in `codes.lua`.
+    #[cfg(test)]
     pub const ALL: [(Code, &'static str); 5] = [
         (Code::TokenBucket, "TOKEN_BUCKET"),
         (Code::Gcra, "GCRA"),
@@ -85,8 +68,6 @@ impl Code {
     ];
 }
 
-/// Arguments before the first layer's: the caller's time and the allowed skew.
-pub const HEADER_ARGS: usize = 2;
 /// Arguments per layer: algorithm, cost and three parameters.
 pub const LAYER_ARGS: usize = 5;
 /// Integers per layer in the reply.
@@ -96,6 +77,104 @@ pub const REPLY_FIELDS: usize = 5;
 pub fn sha1() -> &'static str {
     static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SHA.get_or_init(|| redis::Script::new(SCRIPT).get_hash().to_string())
+}
+
+/// The caller's time and skew arguments of a call (empty: the server's
+/// `TIME`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TimeArgs {
+    pub(crate) now: Option<u64>,
+    pub(crate) max_skew: Option<u64>,
+}
+
+/// What a call asks of the script (`lua/layered.lua`'s last argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Decide, all or nothing (no argument).
+    Decide,
+    /// Decide, and report each layer's charge (Cluster reservations).
+    #[cfg(feature = "cluster")]
+    Reserve,
+    /// Judge without charging.
+    #[cfg(feature = "cluster")]
+    Peek,
+    /// Give back charges; each layer's arguments end with its charge.
+    #[cfg(feature = "cluster")]
+    Refund,
+}
+
+/// One `EVALSHA` of the script: every store builds its calls here, so the
+/// argument layout is written once.
+///
+/// `EVALSHA <sha> <numkeys> <keys…> <now> <max_skew> <layer args…> [mode]`
+pub(crate) struct ScriptCall(redis::Cmd);
+
+impl ScriptCall {
+    /// A call over `keys` (rendered Redis keys, one per layer) at `time`.
+    pub(crate) fn new<K: redis::ToRedisArgs>(
+        keys: impl ExactSizeIterator<Item = K>,
+        time: &TimeArgs,
+    ) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha1()).arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
+        }
+        match time.now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        match (time.now, time.max_skew) {
+            (Some(_), Some(skew)) => cmd.arg(skew),
+            _ => cmd.arg(""),
+        };
+        ScriptCall(cmd)
+    }
+
+    /// The next layer's arguments, in key order.
+    pub(crate) fn layer(mut self, args: &[u64]) -> Self {
+        for a in args {
+            self.0.arg(*a);
+        }
+        self
+    }
+
+    /// The command, asking for `mode`.
+    pub(crate) fn mode(self, mode: Mode) -> redis::Cmd {
+        let ScriptCall(mut cmd) = self;
+        if let Some(word) = mode.word() {
+            cmd.arg(word);
+        }
+        cmd
+    }
+}
+
+impl Mode {
+    /// The call's last argument (none to decide).
+    fn word(self) -> Option<&'static str> {
+        match self {
+            Mode::Decide => None,
+            #[cfg(feature = "cluster")]
+            Mode::Reserve => Some("reserve"),
+            #[cfg(feature = "cluster")]
+            Mode::Peek => Some("peek"),
+            #[cfg(feature = "cluster")]
+            Mode::Refund => Some("refund"),
+        }
+    }
+}
+
+/// Whether `sha`, the digest a server computed for `SCRIPT LOAD`, is the
+/// script's.
+pub(crate) fn check_digest(sha: &str) -> Result<(), redis::RedisError> {
+    if sha != sha1() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "SCRIPT LOAD answered another digest than the script's SHA-1",
+            sha.to_string(),
+        )));
+    }
+    Ok(())
 }
 
 /// One layer's script arguments: algorithm code, cost and the algorithm's
@@ -181,22 +260,15 @@ pub fn parse_reply(reply: &[i64], layers: usize) -> Result<Verdicts, StoreError>
 mod tests {
     use super::*;
 
+    const CODES: &str = include_str!("../lua/codes.lua");
+    const LAYERED: &str = include_str!("../lua/layered.lua");
+
     #[test]
-    fn script_is_the_concatenation_of_the_files() {
-        for part in [
-            COMMON,
-            CODES,
-            TOKEN_BUCKET,
-            GCRA,
-            FIXED_WINDOW,
-            SLIDING_WINDOW,
-            SLIDING_LOG,
-            REFUND,
-            LAYERED,
-        ] {
-            assert!(SCRIPT.contains(part));
-        }
+    fn the_digest_is_the_scripts() {
         assert_eq!(sha1().len(), 40);
+        assert!(SCRIPT.contains(CODES) && SCRIPT.ends_with(LAYERED));
+        assert!(check_digest(sha1()).is_ok());
+        assert!(check_digest(&"0".repeat(40)).is_err());
     }
 
     /// One code per algorithm, the same number on both sides: `codes.lua`

@@ -1,7 +1,6 @@
 //! The store: one `EVALSHA` per decision, under a deadline.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,19 +10,11 @@ use redis::aio::{
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind,
 };
-use tollgate_limiter::{
-    duration_micros, Clock, LayerRequest, Store, StoreError, StoreKey, Verdicts,
-};
+use tollgate_limiter::{LayerRequest, Store, StoreError, Verdicts};
 
-use crate::error::{check_plausible, from_redis, name_conflict, RedisStoreError};
-use crate::script::{self, layer_args, parse_reply, LAYER_ARGS, SCRIPT};
-
-/// The key prefix when none is configured.
-pub const DEFAULT_PREFIX: &str = "tollgate";
-/// How long a decision may take, end to end, by default.
-pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
-/// How long establishing a connection may take by default.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+use crate::error::{from_redis, name_conflict, RedisStoreError};
+use crate::script::{check_digest, layer_args, parse_reply, Mode, ScriptCall, SCRIPT};
+use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
 
 /// How the store talks to Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,10 +40,7 @@ pub enum ConnectionMode {
 pub struct RedisStore {
     conn: Conn,
     mode: ConnectionMode,
-    prefix: Arc<str>,
-    clock: Option<Arc<dyn Clock>>,
-    max_skew: Option<Duration>,
-    deadline: Duration,
+    decides: Decides,
 }
 
 #[derive(Clone)]
@@ -65,11 +53,8 @@ impl fmt::Debug for RedisStore {
     // The URL is left out on purpose: it may hold a password.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
-            .field("prefix", &self.prefix)
             .field("mode", &self.mode)
-            .field("deadline", &self.deadline)
-            .field("clock", &self.clock)
-            .field("max_skew", &self.max_skew)
+            .field("decides", &self.decides)
             .finish()
     }
 }
@@ -78,36 +63,22 @@ impl fmt::Debug for RedisStore {
 #[derive(Clone)]
 pub struct RedisStoreBuilder {
     url: String,
-    prefix: String,
     mode: ConnectionMode,
-    deadline: Duration,
-    connect_timeout: Duration,
-    clock: Option<Arc<dyn Clock>>,
-    max_skew: Option<Duration>,
+    settings: Settings,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL is left out on purpose: it may hold a password.
         f.debug_struct("RedisStoreBuilder")
-            .field("prefix", &self.prefix)
             .field("mode", &self.mode)
-            .field("deadline", &self.deadline)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("clock", &self.clock)
-            .field("max_skew", &self.max_skew)
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisStoreBuilder {
-    /// The text before every key (default `tollgate`): keys are
-    /// `<prefix>:{tag}:<policy>:v<version>:<scope>:<subject>`. Tests use a
-    /// unique prefix to share one server. 1–64 characters of
-    /// `A-Z a-z 0-9 _ - . :`.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
+    settings_setters!();
 
     /// How to connect (default [`ConnectionMode::Multiplexed`]).
     pub fn connection_mode(mut self, mode: ConnectionMode) -> Self {
@@ -115,46 +86,12 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The longest a decision may take, waiting for a connection and a
-    /// script reload included (default 50 ms). Past it the decision fails
-    /// with [`StoreError::Timeout`]; nothing is queued for later.
-    pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
-    }
-
-    /// The longest establishing a connection may take (default 1 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Decide with this clock's time instead of the Redis server's `TIME`
-    /// (the default, which gives every key one clock whatever the app
-    /// servers' clocks say). Tests pass a
-    /// [`ManualClock`](tollgate_limiter::ManualClock).
-    ///
-    /// A time before 2020 or after 2100 fails the decision with
-    /// [`StoreError::ImplausibleTime`](tollgate_limiter::StoreError::ImplausibleTime); see also
-    /// [`max_skew`](RedisStoreBuilder::max_skew).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = Some(clock);
-        self
-    }
-
-    /// With a [`clock`](RedisStoreBuilder::clock): fail a decision whose time
-    /// is further than `max_skew` from the server's `TIME` (checked inside
-    /// the script) with [`RedisStoreError::ClockSkew`]. Unchecked by default.
-    pub fn max_skew(mut self, max_skew: Duration) -> Self {
-        self.max_skew = Some(max_skew);
-        self
-    }
-
-    fn validate(&self) -> Result<Client, StoreError> {
-        check_prefix(&self.prefix)?;
+    fn validate(&self) -> Result<(Client, Decides), StoreError> {
+        let decides = self.settings.checked()?;
         // The parser's message does not repeat the URL (it may hold a password).
-        Client::open(self.url.as_str())
-            .map_err(|e| RedisStoreError::InvalidUrl(e.to_string()).into())
+        let client = Client::open(self.url.as_str())
+            .map_err(|e| StoreError::from(RedisStoreError::InvalidUrl(e.to_string())))?;
+        Ok((client, decides))
     }
 
     fn connection_config(&self) -> AsyncConnectionConfig {
@@ -162,13 +99,13 @@ impl RedisStoreBuilder {
         // every call, and a timed-out request must not tear the connection
         // down (the other requests pipelined on it are fine).
         AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
+            .set_connection_timeout(Some(self.settings.connect_timeout))
             .set_response_timeout(None)
     }
 
     fn manager_config(&self) -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
+            .set_connection_timeout(Some(self.settings.connect_timeout))
             .set_response_timeout(None)
             // Reconnection is retried in the background, quickly at first;
             // decisions meanwhile fail at their deadline instead of waiting.
@@ -176,23 +113,12 @@ impl RedisStoreBuilder {
             .set_max_delay(Duration::from_secs(1))
     }
 
-    fn store(self, conn: Conn) -> RedisStore {
-        RedisStore {
-            conn,
-            mode: self.mode,
-            prefix: self.prefix.into(),
-            clock: self.clock,
-            max_skew: self.max_skew,
-            deadline: self.deadline,
-        }
-    }
-
     /// Connect now (every pool connection, or the multiplexed one) and load
     /// the script, within the connect timeout. Fails when Redis cannot be
     /// reached; use [`build`](RedisStoreBuilder::build) to start without it.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        let client = self.validate()?;
-        let timeout = self.connect_timeout;
+        let (client, decides) = self.validate()?;
+        let timeout = self.settings.connect_timeout;
         let conn = match self.mode {
             ConnectionMode::Multiplexed => {
                 let manager = ConnectionManager::new_with_config(client, self.manager_config());
@@ -210,7 +136,11 @@ impl RedisStoreBuilder {
                 Conn::Pool(within(timeout, pool).await?.map_err(from_redis)?)
             }
         };
-        let store = self.store(conn);
+        let store = RedisStore {
+            conn,
+            mode: self.mode,
+            decides,
+        };
         within(timeout, store.load_script()).await??;
         Ok(store)
     }
@@ -220,7 +150,7 @@ impl RedisStoreBuilder {
     /// [`StoreError::Timeout`] or [`StoreError::Unavailable`] until Redis
     /// answers. Must be called inside a Tokio runtime.
     pub fn build(self) -> Result<RedisStore, StoreError> {
-        let client = self.validate()?;
+        let (client, decides) = self.validate()?;
         let conn = match self.mode {
             ConnectionMode::Multiplexed => Conn::Multiplexed(
                 ConnectionManager::new_lazy_with_config(client, self.manager_config())
@@ -233,7 +163,11 @@ impl RedisStoreBuilder {
                 }))
             }
         };
-        Ok(self.store(conn))
+        Ok(RedisStore {
+            conn,
+            mode: self.mode,
+            decides,
+        })
     }
 
     fn pool_builder(&self, size: u32) -> bb8::Builder<PoolManager> {
@@ -242,7 +176,7 @@ impl RedisStoreBuilder {
             // A PING per checkout would double the round trips; broken
             // connections are found by has_broken instead.
             .test_on_check_out(false)
-            .connection_timeout(self.deadline)
+            .connection_timeout(self.settings.deadline)
     }
 }
 
@@ -263,32 +197,12 @@ impl RedisStore {
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),
-            prefix: DEFAULT_PREFIX.to_string(),
             mode: ConnectionMode::Multiplexed,
-            deadline: DEFAULT_DEADLINE,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            clock: None,
-            max_skew: None,
+            settings: Settings::default(),
         }
     }
 
-    /// The Redis key holding `key`'s state: `<prefix>:<key>`.
-    pub fn redis_key(&self, key: &StoreKey<'_>) -> String {
-        use std::fmt::Write;
-        let mut text = String::with_capacity(self.prefix.len() + 64);
-        let _ = write!(text, "{}:{key}", self.prefix);
-        text
-    }
-
-    /// The key prefix.
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// The per-decision deadline.
-    pub fn deadline(&self) -> Duration {
-        self.deadline
-    }
+    settings_getters!();
 
     /// How the store talks to Redis.
     pub fn connection_mode(&self) -> ConnectionMode {
@@ -312,32 +226,12 @@ impl RedisStore {
 
     /// The `EVALSHA` command deciding `layers`.
     fn command(&self, layers: &[LayerRequest<'_>]) -> Result<Cmd, StoreError> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script::sha1()).arg(layers.len());
+        let keys = layers.iter().map(|l| self.redis_key(&l.key));
+        let mut call = ScriptCall::new(keys, &self.decides.time_args()?);
         for layer in layers {
-            cmd.arg(self.redis_key(&layer.key));
+            call = call.layer(&layer_args(layer)?);
         }
-        match &self.clock {
-            None => {
-                cmd.arg("").arg("");
-            }
-            Some(clock) => {
-                let now = clock.now();
-                check_plausible(now)?;
-                cmd.arg(now.as_micros());
-                match self.max_skew {
-                    Some(skew) => cmd.arg(duration_micros(skew)),
-                    None => cmd.arg(""),
-                };
-            }
-        }
-        for layer in layers {
-            let args: [u64; LAYER_ARGS] = layer_args(layer)?;
-            for a in args {
-                cmd.arg(a);
-            }
-        }
-        Ok(cmd)
+        Ok(call.mode(Mode::Decide))
     }
 
     async fn checkout<'a>(
@@ -345,7 +239,7 @@ impl RedisStore {
         pool: &'a bb8::Pool<PoolManager>,
     ) -> Result<bb8::PooledConnection<'a, PoolManager>, StoreError> {
         pool.get().await.map_err(|e| match e {
-            bb8::RunError::TimedOut => StoreError::Timeout(self.deadline),
+            bb8::RunError::TimedOut => StoreError::Timeout(self.decides.deadline),
             bb8::RunError::User(e) => from_redis(e),
         })
     }
@@ -383,31 +277,7 @@ async fn load<C: ConnectionLike + Send>(con: &mut C) -> RedisResult<()> {
         .arg(SCRIPT)
         .query_async(con)
         .await?;
-    if sha != script::sha1() {
-        return Err(RedisError::from((
-            ErrorKind::UnexpectedReturnType,
-            "SCRIPT LOAD answered another digest than the script's SHA-1",
-            sha,
-        )));
-    }
-    Ok(())
-}
-
-/// A key prefix keeps the key layout and the Cluster hash tag: 1–64
-/// characters of `A-Z a-z 0-9 _ - . :` (no braces).
-pub(crate) fn check_prefix(prefix: &str) -> Result<(), StoreError> {
-    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
-    if prefix.is_empty() || prefix.len() > 64 || !prefix.chars().all(ok) {
-        return Err(RedisStoreError::InvalidPrefix(prefix.to_string()).into());
-    }
-    Ok(())
-}
-
-/// Await `f` for at most `limit`.
-async fn within<F: std::future::Future>(limit: Duration, f: F) -> Result<F::Output, StoreError> {
-    tokio::time::timeout(limit, f)
-        .await
-        .map_err(|_| StoreError::Timeout(limit))
+    check_digest(&sha)
 }
 
 #[async_trait]
@@ -421,7 +291,7 @@ impl Store for RedisStore {
             return Ok(Verdicts::new());
         }
         let cmd = self.command(layers)?;
-        let reply = within(self.deadline, self.evalsha(&cmd))
+        let reply = within(self.decides.deadline, self.evalsha(&cmd))
             .await?
             .map_err(|e| name_conflict(e, |i| layers.get(i).map(|l| l.policy.name())))?;
         parse_reply(&reply, layers.len())

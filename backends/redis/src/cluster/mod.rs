@@ -1,0 +1,262 @@
+//! The Redis Cluster store: slot-aware layered decisions.
+//!
+//! The layers of a request are grouped by hash slot (the `{tag}` of their
+//! keys). The keys of one slot are decided by **one** script call — the
+//! same script as the standalone store — all-or-nothing, so layers that
+//! share a tag (per-key and per-tenant layers both tagged `{tenant}`) cost
+//! one round trip, exactly as on a single server.
+//!
+//! Groups on different slots cannot run in one script (Redis Cluster runs a
+//! script on one node). They are **reserved in turn**, in slot order: each
+//! group is decided and, when it admits, charged. When a group denies, the
+//! groups already charged are **refunded** (see `tollgate_algorithms::refund`) and the
+//! groups not reached are judged without a charge (`peek`), so every layer
+//! reports a verdict and the request is denied having charged nothing.
+//!
+//! What that costs and guarantees:
+//!
+//! - one round trip per slot group when admitted; when denied, one per
+//!   group plus the refunds (sent concurrently, awaited within the
+//!   deadline, finished in the background past it);
+//! - **never over-admission**: every key only ever admits against its own
+//!   atomic script, and a refund never gives back more than the state would
+//!   hold without the charge;
+//! - **brief under-admission under contention**: while a reservation is
+//!   pending (between its charge and its refund) other requests see it
+//!   charged, and a refund that cannot prove what is still owed (a window
+//!   rolled over, a bucket that would have been full meanwhile) gives back
+//!   less or nothing. A decision that fails (deadline, node down) after
+//!   charging some groups refunds them in the background; a charge whose
+//!   outcome is unknown (the call timed out) may stay — under-admission.
+//!
+//! Scripts reach every master: [`connect`](RedisClusterStoreBuilder::connect)
+//! loads the script on all masters, and a `NOSCRIPT` from any node (a
+//! promoted replica, a node that received a slot, a `SCRIPT FLUSH`) is
+//! answered by sending the whole script with `EVAL` through the same route,
+//! which caches it on that node.
+//!
+//! Redirections and retries are the store's own, within the decision's
+//! deadline: `MOVED` and `ASK` are followed, `TRYAGAIN` (a multi-key group
+//! whose keys a slot migration has split between two nodes, until they are
+//! together again) and `CLUSTERDOWN` (a failover in progress) are retried
+//! after short pauses. A call is resent **only** when Redis answered that it
+//! did not run it; after a dropped connection it may have run, so it is not
+//! resent: no reservation is charged twice, no refund given twice.
+//!
+//! Replication is asynchronous in Redis Cluster: a charge a master
+//! acknowledged but had not yet sent to its replica is lost when the
+//! replica takes over. Up to that many requests can pass again after a
+//! failover.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use tokio::time::Instant;
+use tollgate_limiter::{LayerRequest, Store, StoreError, Verdicts};
+
+use crate::error::{from_redis, name_conflict, RedisStoreError};
+use crate::holds::Holds;
+use crate::script::{check_digest, layer_args, parse_reply, Mode, ScriptCall, LAYER_ARGS, SCRIPT};
+use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
+
+mod redirects;
+mod reservations;
+mod slots;
+
+use redirects::call;
+use slots::slot_groups;
+pub use slots::{hash_slot, SLOT_COUNT};
+
+/// The Redis Cluster store; see the [module docs](self).
+#[derive(Clone)]
+pub struct RedisClusterStore {
+    conn: ClusterConnection,
+    /// This process's reservations in flight, per key.
+    holds: Arc<Holds>,
+    decides: Decides,
+}
+
+impl fmt::Debug for RedisClusterStore {
+    // The node URLs are left out on purpose: they may hold a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisClusterStore")
+            .field("decides", &self.decides)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RedisClusterStore`]; see [`RedisClusterStore::builder`].
+#[derive(Clone)]
+pub struct RedisClusterStoreBuilder {
+    nodes: Vec<String>,
+    settings: Settings,
+}
+
+impl fmt::Debug for RedisClusterStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisClusterStoreBuilder")
+            .field("nodes", &self.nodes.len())
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl RedisClusterStoreBuilder {
+    settings_setters!();
+
+    /// Connect to the cluster (discovering every node from the initial
+    /// ones) and load the script on every master, within the connect
+    /// timeout.
+    pub async fn connect(self) -> Result<RedisClusterStore, StoreError> {
+        let decides = self.settings.checked()?;
+        let client = self.client()?;
+        let timeout = self.settings.connect_timeout;
+        let conn = within(timeout, client.get_async_connection())
+            .await?
+            .map_err(from_redis)?;
+        let store = RedisClusterStore {
+            conn,
+            holds: Arc::default(),
+            decides,
+        };
+        within(timeout, store.load_script()).await??;
+        Ok(store)
+    }
+
+    fn client(&self) -> Result<ClusterClient, StoreError> {
+        ClusterClientBuilder::new(self.nodes.iter().map(String::as_str))
+            .connection_timeout(self.settings.connect_timeout)
+            // The client resends nothing itself: after a dropped connection
+            // it cannot know whether a script ran, and a resent reservation
+            // would charge twice, a resent refund give back twice. The store
+            // retries only what Redis answered it did not run (`call`).
+            .retries(0)
+            // No response timeout inside redis-rs: the deadline bounds every call.
+            .build()
+            // The parser's message does not repeat the URLs.
+            .map_err(|e| RedisStoreError::InvalidUrl(e.to_string()).into())
+    }
+}
+
+impl RedisClusterStore {
+    /// A builder for a store on the cluster reachable through `nodes`
+    /// (`redis://[user:password@]host:port/` each; any subset of the nodes
+    /// will do, the rest are discovered).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tollgate_limiter::StoreError> {
+    /// use tollgate_redis::cluster::RedisClusterStore;
+    ///
+    /// let store = RedisClusterStore::builder(["redis://10.0.0.1:6379/", "redis://10.0.0.2:6379/"])
+    ///     .connect()
+    ///     .await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub fn builder<I, S>(nodes: I) -> RedisClusterStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisClusterStoreBuilder {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+            settings: Settings::default(),
+        }
+    }
+
+    settings_getters!();
+
+    /// `SCRIPT LOAD` the script on every master (done by
+    /// [`connect`](RedisClusterStoreBuilder::connect); nodes that lack it
+    /// later get it on their first `NOSCRIPT`).
+    pub async fn load_script(&self) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(SCRIPT);
+        let routing = RoutingInfo::MultiNode((
+            MultipleNodeRoutingInfo::AllMasters,
+            Some(ResponsePolicy::AllSucceeded),
+        ));
+        let sha = self
+            .conn
+            .clone()
+            .route_command(cmd, routing)
+            .await
+            .map_err(from_redis)?;
+        let sha: String = redis::from_redis_value(sha)
+            .map_err(|e| StoreError::Protocol(format!("SCRIPT LOAD: {e}")))?;
+        check_digest(&sha).map_err(from_redis)
+    }
+
+    /// Await `f` until `deadline`.
+    async fn until<F: std::future::Future>(
+        &self,
+        deadline: Instant,
+        f: F,
+    ) -> Result<F::Output, StoreError> {
+        tokio::time::timeout_at(deadline, f)
+            .await
+            .map_err(|_| StoreError::Timeout(self.decides.deadline))
+    }
+}
+
+/// The script call deciding the layers of `group` (all on one slot) in
+/// `mode`.
+fn group_call(
+    keys: &[String],
+    args: &[[u64; LAYER_ARGS]],
+    group: &[usize],
+    time: &crate::script::TimeArgs,
+    mode: Mode,
+) -> redis::Cmd {
+    let mut call = ScriptCall::new(group.iter().map(|&i| keys[i].as_str()), time);
+    for &i in group {
+        call = call.layer(&args[i]);
+    }
+    call.mode(mode)
+}
+
+#[async_trait]
+impl Store for RedisClusterStore {
+    fn kind(&self) -> &'static str {
+        "redis-cluster"
+    }
+
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        if layers.is_empty() {
+            return Ok(Verdicts::new());
+        }
+        let deadline = Instant::now() + self.decides.deadline;
+        let args = layers
+            .iter()
+            .map(layer_args)
+            .collect::<Result<Vec<_>, _>>()?;
+        let time = self.decides.time_args()?;
+        let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
+        let groups = slot_groups(&keys);
+        if let [group] = &groups[..] {
+            // One slot: one call, exactly as the standalone store decides.
+            let cmd = group_call(&keys, &args, group, &time, Mode::Decide);
+            let reply = self
+                .until(deadline, call(self.conn.clone(), cmd))
+                .await?
+                .map_err(|e| in_group(e, layers, group))?;
+            return parse_reply(&reply, layers.len());
+        }
+        self.decide_across_slots(layers, keys, args, groups, time, deadline)
+            .await
+    }
+}
+
+/// A conflict in a call over `group` names the policy of the layer at
+/// that position of the group.
+fn in_group(e: StoreError, layers: &[LayerRequest<'_>], group: &[usize]) -> StoreError {
+    name_conflict(e, |i| {
+        group
+            .get(i)
+            .and_then(|&layer| layers.get(layer))
+            .map(|l| l.policy.name())
+    })
+}

@@ -1,0 +1,210 @@
+//! What the standalone and Cluster stores share: their settings (key
+//! prefix, deadline, connect timeout, clock and allowed skew), the setters
+//! of their builders, key rendering, the time arguments of a script call,
+//! and the deadline.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_limiter::{duration_micros, Clock, StoreError, StoreKey};
+
+use crate::error::{check_plausible, RedisStoreError};
+use crate::script::TimeArgs;
+
+/// The key prefix when none is configured.
+pub const DEFAULT_PREFIX: &str = "tollgate";
+/// How long a decision may take, end to end, by default.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
+/// How long establishing a connection may take by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A builder's settings, before they are checked.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) prefix: String,
+    pub(crate) deadline: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+    pub(crate) max_skew: Option<Duration>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            prefix: DEFAULT_PREFIX.to_string(),
+            deadline: DEFAULT_DEADLINE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            clock: None,
+            max_skew: None,
+        }
+    }
+}
+
+impl fmt::Debug for Settings {
+    // Nothing here holds a secret (URLs are kept elsewhere, and never shown).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("prefix", &self.prefix)
+            .field("deadline", &self.deadline)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("clock", &self.clock)
+            .field("max_skew", &self.max_skew)
+            .finish()
+    }
+}
+
+impl Settings {
+    /// The settings a store decides with, once the prefix is checked.
+    pub(crate) fn checked(&self) -> Result<Decides, StoreError> {
+        check_prefix(&self.prefix)?;
+        Ok(Decides {
+            prefix: self.prefix.as_str().into(),
+            deadline: self.deadline,
+            clock: self.clock.clone(),
+            max_skew: self.max_skew,
+        })
+    }
+}
+
+/// The setters every Redis store builder has (on a `settings` field).
+macro_rules! settings_setters {
+    () => {
+        /// The text before every key (default `tollgate`): keys are
+        /// `<prefix>:{tag}:<policy>:v<version>:<algorithm>:<scope>:<subject>`.
+        /// 1–64 characters of `A-Z a-z 0-9 _ - . :` (no braces, so the
+        /// `{tag}` alone decides a key's Cluster slot). Tests use a unique
+        /// prefix to share one server.
+        pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+            self.settings.prefix = prefix.into();
+            self
+        }
+
+        /// The longest a decision may take, end to end (default 50 ms):
+        /// waiting for a connection, every round trip, a script reload,
+        /// redirections and retries included. Past it the decision fails
+        /// with [`StoreError::Timeout`](tollgate_limiter::StoreError::Timeout);
+        /// nothing is queued for later.
+        pub fn deadline(mut self, deadline: std::time::Duration) -> Self {
+            self.settings.deadline = deadline;
+            self
+        }
+
+        /// The longest establishing a connection may take (default 1 s).
+        pub fn connect_timeout(mut self, timeout: std::time::Duration) -> Self {
+            self.settings.connect_timeout = timeout;
+            self
+        }
+
+        /// Decide with this clock's time instead of the Redis server's
+        /// `TIME` (the default, which gives every key one clock whatever
+        /// the app servers' clocks say). Tests pass a
+        /// [`ManualClock`](tollgate_limiter::ManualClock).
+        ///
+        /// A time before 2020 or after 2100 fails the decision with
+        /// [`StoreError::ImplausibleTime`](tollgate_limiter::StoreError::ImplausibleTime);
+        /// see also `max_skew`.
+        pub fn clock(mut self, clock: std::sync::Arc<dyn tollgate_limiter::Clock>) -> Self {
+            self.settings.clock = Some(clock);
+            self
+        }
+
+        /// With a `clock`: fail a decision whose time is further than
+        /// `max_skew` from the server's `TIME` (checked inside the script)
+        /// with [`RedisStoreError::ClockSkew`](crate::RedisStoreError::ClockSkew).
+        /// Unchecked by default.
+        pub fn max_skew(mut self, max_skew: std::time::Duration) -> Self {
+            self.settings.max_skew = Some(max_skew);
+            self
+        }
+    };
+}
+pub(crate) use settings_setters;
+
+/// The getters every Redis store has (on a `decides` field).
+macro_rules! settings_getters {
+    () => {
+        /// The Redis key holding `key`'s state: `<prefix>:<key>`.
+        pub fn redis_key(&self, key: &tollgate_limiter::StoreKey<'_>) -> String {
+            self.decides.redis_key(key)
+        }
+
+        /// The key prefix.
+        pub fn prefix(&self) -> &str {
+            &self.decides.prefix
+        }
+
+        /// The per-decision deadline.
+        pub fn deadline(&self) -> std::time::Duration {
+            self.decides.deadline
+        }
+    };
+}
+pub(crate) use settings_getters;
+
+/// What a store decides with: its settings, checked.
+#[derive(Clone)]
+pub(crate) struct Decides {
+    pub(crate) prefix: Arc<str>,
+    pub(crate) deadline: Duration,
+    clock: Option<Arc<dyn Clock>>,
+    max_skew: Option<Duration>,
+}
+
+impl fmt::Debug for Decides {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decides")
+            .field("prefix", &self.prefix)
+            .field("deadline", &self.deadline)
+            .field("clock", &self.clock)
+            .field("max_skew", &self.max_skew)
+            .finish()
+    }
+}
+
+impl Decides {
+    /// The Redis key holding `key`'s state: `<prefix>:<key>`.
+    pub(crate) fn redis_key(&self, key: &StoreKey<'_>) -> String {
+        use std::fmt::Write;
+        let mut text = String::with_capacity(self.prefix.len() + 64);
+        let _ = write!(text, "{}:{key}", self.prefix);
+        text
+    }
+
+    /// The time arguments of every call of one decision: the caller's
+    /// time (read once, so every call of a decision is judged at the same
+    /// instant) and the allowed skew, or empty for the server's `TIME`.
+    pub(crate) fn time_args(&self) -> Result<TimeArgs, StoreError> {
+        match &self.clock {
+            None => Ok(TimeArgs::default()),
+            Some(clock) => {
+                let now = clock.now();
+                check_plausible(now)?;
+                Ok(TimeArgs {
+                    now: Some(now.as_micros()),
+                    max_skew: self.max_skew.map(duration_micros),
+                })
+            }
+        }
+    }
+}
+
+/// A key prefix keeps the key layout and the Cluster hash tag: 1–64
+/// characters of `A-Z a-z 0-9 _ - . :` (no braces).
+fn check_prefix(prefix: &str) -> Result<(), StoreError> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
+    if prefix.is_empty() || prefix.len() > 64 || !prefix.chars().all(ok) {
+        return Err(RedisStoreError::InvalidPrefix(prefix.to_string()).into());
+    }
+    Ok(())
+}
+
+/// Await `f` for at most `limit`.
+pub(crate) async fn within<F: std::future::Future>(
+    limit: Duration,
+    f: F,
+) -> Result<F::Output, StoreError> {
+    tokio::time::timeout(limit, f)
+        .await
+        .map_err(|_| StoreError::Timeout(limit))
+}
