@@ -178,16 +178,32 @@ pub enum Error {
         /// What the layer keys on.
         scope: String,
     },
+}
+
+/// A limiter that cannot work, refused when it is built
+/// ([`LimiterBuilder::build`](crate::LimiterBuilder::build)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
     /// The limiter has no layers.
-    #[error("a limiter needs at least one layer")]
+    #[error("a limiter needs at least one layer: add one with LimiterBuilder::layer")]
     NoLayers,
-    /// A layer falls back to the emergency store but the limiter has none.
-    #[error("layer {0:?} falls back to an emergency store on store failure; give the limiter one with LimiterBuilder::fallback_store")]
-    NoFallbackStore(String),
     /// Two layers share a name.
     #[error("two layers are named {0:?}; layer names must be unique")]
     DuplicateLayer(String),
-    /// The store failed (and no failure mode turned that into a decision).
-    #[error(transparent)]
-    Store(#[from] StoreError),
+    /// Two layers count with the same policy (name and version) and scope:
+    /// they would share one counter, and every request would be charged
+    /// twice against it.
+    #[error("layers {first:?} and {second:?} both count policy {policy:?} by the same scope, so they would share one counter: give one of them another scope or policy")]
+    SharedCounter {
+        /// The earlier layer.
+        first: String,
+        /// The later layer.
+        second: String,
+        /// The policy both count.
+        policy: String,
+    },
+    /// A layer falls back to the emergency store but the limiter has none.
+    #[error("layer {0:?} falls back to an emergency store on store failure; give the limiter one with LimiterBuilder::fallback_store")]
+    NoFallbackStore(String),
 }

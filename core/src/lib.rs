@@ -34,7 +34,7 @@ pub use blocked::BlockedCacheConfig;
 pub use budget::{KeyBudget, WhenFull};
 pub use context::Context;
 pub use decision::{Decision, LayerDecision, Source};
-pub use error::{Error, HashKeyError, PolicyError, StoreError, SubjectError};
+pub use error::{BuildError, Error, HashKeyError, PolicyError, StoreError, SubjectError};
 pub use failure::{BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure};
 pub use layer::{Layer, Scope};
 pub use limit::{

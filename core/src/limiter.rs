@@ -1,6 +1,6 @@
 //! The limiter: ordered layers decided together in one store call.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use crate::algorithm::Verdict;
 use crate::context::Context;
 use crate::decision::{Decision, LayerDecision, Source};
-use crate::error::{Error, StoreError};
+use crate::error::{BuildError, Error, StoreError};
 use crate::failure::{Admission, BreakerConfig, BreakerState, CircuitBreaker, OnStoreFailure};
 use crate::layer::{Layer, Scope};
 use crate::observe::{self, LimiterMetrics};
@@ -667,26 +667,26 @@ impl LimiterBuilder {
     }
 
     /// Check the layers and build the limiter.
-    pub fn build(self) -> Result<Limiter, Error> {
+    pub fn build(self) -> Result<Limiter, BuildError> {
         if self.layers.is_empty() {
-            return Err(Error::NoLayers);
+            return Err(BuildError::NoLayers);
         }
         let mut names = HashSet::new();
-        let mut counters = HashSet::new();
+        let mut counters: HashMap<(&str, u32, &Scope), &str> = HashMap::new();
         for layer in &self.layers {
             if !names.insert(layer.name.clone()) {
-                return Err(Error::DuplicateLayer(layer.name.to_string()));
+                return Err(BuildError::DuplicateLayer(layer.name.to_string()));
             }
-            // Two layers with the same policy and scope would share one counter.
-            if !counters.insert((
-                layer.policy.name().to_string(),
-                layer.policy.version(),
-                layer.scope.clone(),
-            )) {
-                return Err(Error::DuplicateLayer(layer.name.to_string()));
+            let counter = (layer.policy.name(), layer.policy.version(), &layer.scope);
+            if let Some(first) = counters.insert(counter, &layer.name) {
+                return Err(BuildError::SharedCounter {
+                    first: first.to_string(),
+                    second: layer.name.to_string(),
+                    policy: layer.policy.name().to_string(),
+                });
             }
             if layer.fallback.is_some() && self.fallback.is_none() {
-                return Err(Error::NoFallbackStore(layer.name.to_string()));
+                return Err(BuildError::NoFallbackStore(layer.name.to_string()));
             }
         }
         let policies: Vec<&str> = self.layers.iter().map(|l| l.policy.name()).collect();
@@ -709,5 +709,82 @@ impl LimiterBuilder {
             has_shadow,
             metrics,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::failure::Fallback;
+    use crate::limit::Limit;
+
+    #[derive(Debug)]
+    struct Nowhere;
+
+    #[async_trait::async_trait]
+    impl Store for Nowhere {
+        fn kind(&self) -> &'static str {
+            "nowhere"
+        }
+        async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+            Err(StoreError::Unavailable("nowhere".into()))
+        }
+    }
+
+    fn policy(name: &str) -> Policy {
+        Policy::new(
+            name,
+            Limit::fixed_window(5, Duration::from_secs(1)).unwrap(),
+        )
+        .unwrap()
+    }
+
+    fn builder() -> LimiterBuilder {
+        Limiter::builder(Arc::new(Nowhere))
+    }
+
+    /// What cannot work is refused when the limiter is built, with an error
+    /// that names the layers at fault.
+    #[test]
+    fn limiters_that_cannot_work_are_refused_when_built() {
+        assert_eq!(builder().build().unwrap_err(), BuildError::NoLayers);
+        let twice = builder()
+            .layer("a", Scope::Subject, policy("p"))
+            .layer("a", Scope::Tenant, policy("q"))
+            .build();
+        assert_eq!(twice.unwrap_err(), BuildError::DuplicateLayer("a".into()));
+        let shared = builder()
+            .layer("a", Scope::Subject, policy("p"))
+            .layer("b", Scope::Subject, policy("p"))
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            shared,
+            BuildError::SharedCounter {
+                first: "a".into(),
+                second: "b".into(),
+                policy: "p".into()
+            }
+        );
+        assert!(shared.to_string().contains("share one counter"), "{shared}");
+        // Another scope, or another version, is another counter.
+        assert!(builder()
+            .layer("a", Scope::Subject, policy("p"))
+            .layer("b", Scope::Tenant, policy("p"))
+            .layer("c", Scope::Subject, policy("p").with_version(2))
+            .build()
+            .is_ok());
+        let fallback = policy("p")
+            .with_on_failure(OnStoreFailure::Fallback(Fallback::Share { instances: 2 }))
+            .unwrap();
+        assert_eq!(
+            builder()
+                .layer("a", Scope::Subject, fallback)
+                .build()
+                .unwrap_err(),
+            BuildError::NoFallbackStore("a".into())
+        );
     }
 }

@@ -107,6 +107,6 @@ pub enum BuildError {
         route: String,
         /// Why.
         #[source]
-        source: tollgate_limiter::Error,
+        source: tollgate_limiter::BuildError,
     },
 }
