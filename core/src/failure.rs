@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::error::PolicyError;
 use crate::limit::Limit;
-use crate::time::{duration_micros, Clock, SystemClock};
+use crate::time::{duration_micros, Clock, MonotonicClock};
 
 /// A policy's answer when the store cannot decide.
 ///
@@ -120,9 +120,10 @@ pub(crate) enum Admission {
 }
 
 impl CircuitBreaker {
-    /// A closed breaker on the system clock.
+    /// A closed breaker on a [`MonotonicClock`](crate::MonotonicClock)
+    /// (as the limiter's): a step of the wall clock cannot open or close it.
     pub fn new(config: BreakerConfig) -> Self {
-        CircuitBreaker::with_clock(config, Arc::new(SystemClock))
+        CircuitBreaker::with_clock(config, Arc::new(MonotonicClock::new()))
     }
 
     /// A closed breaker reading time from `clock`.

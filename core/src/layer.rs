@@ -41,8 +41,8 @@ impl Scope {
 pub struct Layer {
     pub(crate) name: Arc<str>,
     pub(crate) scope: Scope,
-    /// Shared with every decision it makes: a decision clones a pointer,
-    /// not the policy.
+    /// Shared by the limiter's clones (a decision refers to the layer's
+    /// `info` instead).
     pub(crate) policy: Arc<Policy>,
     pub(crate) fallback: Option<Policy>,
     /// What its decisions report (names, mode, window), shared by all of them.
