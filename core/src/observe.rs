@@ -36,14 +36,6 @@ use crate::layer::Layer;
 /// When a store call started (only measured with the `metrics` feature).
 pub(crate) type Started = Option<std::time::Instant>;
 
-pub(crate) fn start() -> Started {
-    if cfg!(feature = "metrics") {
-        Some(std::time::Instant::now())
-    } else {
-        None
-    }
-}
-
 /// Describe every metric once (units and help text); called when a
 /// limiter is built, and harmless to call again.
 pub fn describe() {
@@ -156,26 +148,18 @@ pub fn unidentified(reason: &'static str, warning: Option<&'static str>) {
     let _ = (reason, warning);
 }
 
-pub(crate) fn store_call(store: &'static str, started: Started, error: Option<&StoreError>) {
+/// A store call failed with `error`.
+fn store_error(store: &'static str, error: &StoreError) {
     #[cfg(feature = "metrics")]
-    {
-        if let Some(started) = started {
-            metrics::histogram!("tollgate_store_latency_seconds", "store" => store)
-                .record(started.elapsed().as_secs_f64());
-        }
-        if let Some(e) = error {
-            metrics::counter!("tollgate_store_errors_total", "store" => store, "class" => e.class()).increment(1);
-        }
-    }
+    metrics::counter!("tollgate_store_errors_total", "store" => store, "class" => error.class())
+        .increment(1);
     #[cfg(feature = "tracing")]
-    if let Some(e) = error {
-        tracing::warn!(
-            store,
-            error_class = e.class(),
-            "rate-limit store failed; applying each policy's failure mode"
-        );
-    }
-    let _ = (store, started, error);
+    tracing::warn!(
+        store,
+        error_class = error.class(),
+        "rate-limit store failed; applying each policy's failure mode"
+    );
+    let _ = (store, error);
 }
 
 pub(crate) fn breaker(store: &'static str, state: BreakerState, error: Option<&StoreError>) {
@@ -266,7 +250,7 @@ impl LimiterMetrics {
 
     /// When a store call started (only measured with the `metrics` feature).
     pub(crate) fn start(&self) -> Started {
-        start()
+        cfg!(feature = "metrics").then(std::time::Instant::now)
     }
 
     /// A store call ended (`started`: when it started, if it was timed).
@@ -284,7 +268,9 @@ impl LimiterMetrics {
                 )
                 .record(started.elapsed().as_secs_f64());
         }
-        store_call(store, None, error);
+        if let Some(error) = error {
+            store_error(store, error);
+        }
         let _ = started;
     }
 

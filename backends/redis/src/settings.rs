@@ -3,7 +3,6 @@
 //! of their builders, key rendering, the time arguments of a script call,
 //! and the deadline.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,8 +18,9 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(50);
 /// How long establishing a connection may take by default.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A builder's settings, before they are checked.
-#[derive(Clone)]
+/// A builder's settings, before they are checked. Nothing here holds a
+/// secret (URLs are kept elsewhere, and never shown).
+#[derive(Debug, Clone)]
 pub(crate) struct Settings {
     pub(crate) prefix: String,
     pub(crate) deadline: Duration,
@@ -38,19 +38,6 @@ impl Default for Settings {
             clock: None,
             max_skew: None,
         }
-    }
-}
-
-impl fmt::Debug for Settings {
-    // Nothing here holds a secret (URLs are kept elsewhere, and never shown).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("prefix", &self.prefix)
-            .field("deadline", &self.deadline)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("clock", &self.clock)
-            .field("max_skew", &self.max_skew)
-            .finish()
     }
 }
 
@@ -143,23 +130,12 @@ macro_rules! settings_getters {
 pub(crate) use settings_getters;
 
 /// What a store decides with: its settings, checked.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct Decides {
     pub(crate) prefix: Arc<str>,
     pub(crate) deadline: Duration,
     clock: Option<Arc<dyn Clock>>,
     max_skew: Option<Duration>,
-}
-
-impl fmt::Debug for Decides {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Decides")
-            .field("prefix", &self.prefix)
-            .field("deadline", &self.deadline)
-            .field("clock", &self.clock)
-            .field("max_skew", &self.max_skew)
-            .finish()
-    }
 }
 
 impl Decides {
