@@ -5,22 +5,29 @@ use tollgate_limiter::{Gcra, State, Stored, Transition, Verdict};
 use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
-/// GCRA over the state `[TAT µs, last µs, 0]`.
+/// GCRA over the state `[TAT µs, 0, 0]`: one integer (stored in Redis as
+/// one, which Redis keeps without a separate allocation).
 ///
 /// The theoretical arrival time (TAT) is when the key is back to full. A
 /// request of `cost` moves it `cost × interval` later; it is admitted when the
-/// new TAT is at most `burst × interval` ahead of the effective time. `last`
-/// keeps the effective time monotonic, so a backward clock cannot make the
-/// bucket look emptier.
+/// new TAT is at most `burst × interval` ahead of now.
+///
+/// No other time is kept, and none is needed against a clock that steps
+/// back: every write leaves the TAT after the time it was made at, so a
+/// clock read earlier than a past decision finds the TAT ahead of it and
+/// starts from the TAT, exactly as from that decision's time: it never
+/// refills twice. Until the clock catches up it measures the TAT from an
+/// earlier instant, so it admits less (never more) than a bucket that
+/// keeps its latest time would.
 pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transition {
     let now = crate::bounded(now);
     let interval = p.interval_us();
     let tolerance = p.burst() * interval;
-    let (tat, last) = match state {
-        Some([tat, last, _]) => (tat, last),
-        None => (now, now),
+    let tat = match state {
+        Some([tat, _, _]) => tat,
+        None => now,
     };
-    let t = now.max(last);
+    let t = now;
     let base = tat.max(t);
     let new_tat = base.saturating_add(cost * interval);
     if new_tat - t <= tolerance {
@@ -33,7 +40,7 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
                 retry_after: None,
             },
             next: Some(Stored {
-                state: State::Cells([new_tat, t, 0]),
+                state: State::Cells([new_tat, 0, 0]),
                 ttl: ttl_until(new_tat, now),
             }),
         }
@@ -55,14 +62,15 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
 }
 
 /// The charge moved the TAT `cost × interval` later, to `mark`. Without it,
-/// the TAT could have been raised to the effective time since; only what is
-/// still ahead of the effective time is owed, and the TAT never goes below
-/// the effective time.
-pub fn gcra_refund(p: &Gcra, [tat, last, _]: [u64; 3], now: u64, c: Charge) -> Refund {
-    if last < c.at {
-        return Refund::NOTHING;
-    }
-    let t = now.max(last);
+/// the TAT could have been raised to now since; only what is still ahead of
+/// now is owed, and the TAT never goes below now.
+///
+/// A state recreated since the charge (the charged one expired) needs no
+/// check of its own: a GCRA state expires only once its TAT has passed, so
+/// by then `mark` is not ahead of now and nothing is owed. (That holds on
+/// the clock that expires keys; with a caller's clock, within its skew.)
+pub fn gcra_refund(p: &Gcra, [tat, _, _]: [u64; 3], now: u64, c: Charge) -> Refund {
+    let t = now;
     let give = (c.cost * p.interval_us()).min(c.mark.saturating_sub(t));
     if give == 0 {
         return Refund::NOTHING;
@@ -71,5 +79,5 @@ pub fn gcra_refund(p: &Gcra, [tat, last, _]: [u64; 3], now: u64, c: Charge) -> R
     if lowered >= tat {
         return Refund::NOTHING;
     }
-    Refund::cells(tat - lowered, [lowered, last, 0])
+    Refund::cells(tat - lowered, [lowered, 0, 0])
 }

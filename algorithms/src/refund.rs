@@ -44,10 +44,11 @@ use crate::{
 pub struct Charge {
     /// The units charged.
     pub cost: u64,
-    /// The effective time (µs) the charge was made at.
+    /// The effective time (µs) the charge was made at; token bucket: the
+    /// remainder it wrote; GCRA: 0 (unused).
     pub at: u64,
-    /// Token bucket: the scaled level the charge left; GCRA: the TAT it
-    /// wrote; other algorithms: 0.
+    /// Token bucket: when full again, as the charge wrote it; GCRA: the
+    /// TAT it wrote; other algorithms: 0.
     pub mark: u64,
 }
 
@@ -56,7 +57,14 @@ impl Charge {
     /// `next` (the reference for the script's `reserve` reply).
     pub fn of(limit: &Limit, next: &State, cost: u64) -> Option<Charge> {
         let (at, mark) = match (limit, next) {
-            (Limit::TokenBucket(_) | Limit::Gcra(_), State::Cells([first, at, _])) => (*at, *first),
+            // The token bucket's refund, like GCRA's, needs the instant
+            // it wrote (when full again) and its remainder.
+            (Limit::TokenBucket(_), State::Cells([full_at, remainder, _])) => {
+                (*remainder, *full_at)
+            }
+            // GCRA's refund needs no time: its state expires only after
+            // the TAT it wrote.
+            (Limit::Gcra(_), State::Cells([tat, _, _])) => (0, *tat),
             (Limit::FixedWindow(_), State::Cells([_, at, _])) => (*at, 0),
             (Limit::SlidingWindow(_), State::Cells([_, _, at])) => (*at, 0),
             (Limit::SlidingLog(_), State::Log(entries)) => (*entries.back()?, 0),
@@ -227,12 +235,37 @@ mod tests {
         // 300 ms later 3 of the 4 intervals have passed anyway.
         let r = refund(&g, Some(&charged), T0 + 300_000, c);
         assert_eq!(r.given, 100_000);
-        assert_eq!(r.next, Some(State::Cells([T0 + 300_000, T0, 0])));
+        assert_eq!(r.next, Some(State::Cells([T0 + 300_000, 0, 0])));
     }
 
+    /// A charged state that expired and was made anew owes nothing: the
+    /// state expires only when the algorithm says it is as good as new.
     #[test]
-    fn a_recreated_state_owes_nothing() {
+    fn a_state_recreated_after_expiry_owes_nothing() {
         for limit in every_algorithm() {
+            let t = crate::decide(&limit, None, Timestamp::from_micros(T0), 2);
+            let next = t.next.expect("admitted");
+            let c = Charge::of(&limit, &next.state, 2).expect("built-in");
+            let expired = T0 + next.ttl.as_micros() as u64;
+            let (recreated, _) = charge(&limit, None, expired, 1);
+            assert_eq!(
+                refund(&limit, Some(&recreated), expired, c),
+                Refund::NOTHING,
+                "{}",
+                limit.algorithm_name()
+            );
+        }
+    }
+
+    /// Algorithms that keep their state's time also refuse a state older
+    /// than the charge (GCRA and the token bucket keep no time: see their
+    /// refunds).
+    #[test]
+    fn a_state_older_than_the_charge_owes_nothing() {
+        for limit in every_algorithm() {
+            if matches!(limit, Limit::Gcra(_) | Limit::TokenBucket(_)) {
+                continue;
+            }
             let (_, c) = charge(&limit, None, T0 + 1_000, 1);
             let (recreated, _) = charge(&limit, None, T0, 1);
             assert_eq!(

@@ -5,49 +5,49 @@ use tollgate_limiter::{State, Stored, TokenBucket, Transition, Verdict};
 use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
-/// Token bucket over the state `[scaled tokens, last µs, 0]`.
+/// Token bucket over the state `[full at µs, remainder, 0]`.
 ///
 /// A new key starts full. Tokens are scaled by the period `P` (in µs), so a
 /// refill of `R` per period adds exactly `R` scaled tokens per microsecond
 /// and any partial interval refills the exact fraction.
+///
+/// The state is when the bucket is full again, `A` (rounded up to the
+/// microsecond), and what rounding up added, `r` (`0 ≤ r < R`): at `t`
+/// before `A` the bucket holds `full + r − (A − t) × R` scaled tokens, from
+/// `A` on it is full. Nothing else is kept — no "last seen" time — so the
+/// state is as small as GCRA's (one integer when `r` is 0, which it always
+/// is when `R` divides `P`). Against a clock that steps back it behaves as
+/// GCRA does: every write leaves `A` after the time it was made at, and a
+/// charge moves `A` by the same amount whatever the clock read, so it never
+/// refills twice; until the clock catches up it admits less, never more.
 pub fn token_bucket(p: &TokenBucket, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transition {
     let now = crate::bounded(now);
     let (period, refill) = (p.period_us(), p.refill());
     let full = p.capacity() * period;
-    let (stored, last) = match state {
-        Some([level, last, _]) => (level.min(full), last),
-        None => (full, now),
-    };
-    let t = now.max(last);
-    // Refill since `last`, capped at full; the elapsed time is capped first so
-    // the product cannot overflow after a long idle.
-    let to_full = (full - stored).div_ceil(refill);
-    let elapsed = t - last;
-    let level = if elapsed >= to_full {
-        full
-    } else {
-        stored + elapsed * refill
-    };
+    let level = level_at(full, refill, state, now);
     let need = cost * period;
     if level >= need {
         let left = level - need;
-        let reset_at = t.saturating_add((full - left).div_ceil(refill));
+        // left < full (need is at least one period), so the bucket is full
+        // again after `until_full` ≥ 1 µs.
+        let (until_full, remainder) = refill_time(full - left, refill);
+        let full_at = now.saturating_add(until_full);
         Transition {
             verdict: Verdict {
                 allowed: true,
                 limit: p.capacity(),
                 remaining: left / period,
-                reset_after: after(reset_at, now),
+                reset_after: after(full_at, now),
                 retry_after: None,
             },
             next: Some(Stored {
-                state: State::Cells([left, t, 0]),
-                ttl: ttl_until(reset_at, now),
+                state: State::Cells([full_at, remainder, 0]),
+                ttl: ttl_until(full_at, now),
             }),
         }
     } else {
-        let retry_at = t.saturating_add((need - level).div_ceil(refill));
-        let reset_at = t.saturating_add((full - level).div_ceil(refill));
+        let retry_at = now.saturating_add((need - level).div_ceil(refill));
+        let reset_at = now.saturating_add((full - level).div_ceil(refill));
         Transition {
             verdict: Verdict {
                 allowed: false,
@@ -61,34 +61,68 @@ pub fn token_bucket(p: &TokenBucket, state: Option<[u64; 3]>, now: u64, cost: u6
     }
 }
 
-/// Without the charge the bucket held `cost × period` more at `at`. It can
-/// only have wasted refill (by being full) once
-/// `(full − left − cost × period) / refill` had passed, so after `elapsed`
-/// it still holds at least `min(cost × period, full − left − elapsed ×
-/// refill)` more than the charged state.
-pub fn token_bucket_refund(
-    p: &TokenBucket,
-    [level, last, _]: [u64; 3],
-    now: u64,
-    c: Charge,
-) -> Refund {
+/// The scaled level at `now` of a bucket of `full` refilling `refill` per
+/// µs, in `state` (`None`: full).
+fn level_at(full: u64, refill: u64, state: Option<[u64; 3]>, now: u64) -> u64 {
+    let Some([full_at, remainder, _]) = state else {
+        return full;
+    };
+    if now >= full_at {
+        return full;
+    }
+    let until_full = full_at - now;
+    // Compared first, so the product cannot overflow: this far from full
+    // the bucket is empty (only a state written under other parameters).
+    if until_full >= (full + remainder).div_ceil(refill) {
+        return 0;
+    }
+    let deficit = (until_full * refill).saturating_sub(remainder);
+    full - deficit.min(full)
+}
+
+/// How long a bucket `deficit` scaled tokens short of full takes to refill
+/// (whole µs, rounded up), and what the rounding adds.
+fn refill_time(deficit: u64, refill: u64) -> (u64, u64) {
+    let until_full = deficit.div_ceil(refill);
+    (until_full, until_full * refill - deficit)
+}
+
+/// Without the charge the bucket would be full `cost × period` scaled
+/// tokens sooner. Counted in scaled tokens since the epoch (`A × R − r`,
+/// GCRA's TAT in finer units), the charge moved that instant `cost ×
+/// period` later, to the mark it wrote (`A = c.mark`, `r = c.at`); without
+/// it, the instant could have been raised to now since (the bucket full,
+/// wasting refill), so only what is still ahead of now is owed, and the
+/// bucket never goes above full. A state recreated since the charge owes
+/// nothing without a check: it expires only once full, when the mark is no
+/// longer ahead.
+pub fn token_bucket_refund(p: &TokenBucket, state: [u64; 3], now: u64, c: Charge) -> Refund {
     let (period, refill) = (p.period_us(), p.refill());
     let full = p.capacity() * period;
-    let stored = level.min(full);
-    if last < c.at || c.mark >= full {
+    let (mark_at, mark_remainder) = (c.mark, c.at);
+    if mark_at <= now {
         return Refund::NOTHING;
     }
-    let elapsed = now.max(last) - c.at;
-    let room = full - c.mark;
-    // Compared first, so the product cannot overflow.
-    if elapsed >= room.div_ceil(refill) {
-        return Refund::NOTHING;
-    }
-    let give = (c.cost * period)
-        .min(room - elapsed * refill)
-        .min(full - stored);
+    // Ahead of now by (mark_at − now) × R − r scaled tokens; compared first
+    // so the product cannot overflow (a charge is at most `full` ahead).
+    let ahead_us = mark_at - now;
+    let owed_cap = c.cost * period;
+    let ahead = if ahead_us > (full + mark_remainder).div_ceil(refill) {
+        owed_cap
+    } else {
+        (ahead_us * refill).saturating_sub(mark_remainder)
+    };
+    let level = level_at(full, refill, Some(state), now);
+    let give = owed_cap.min(ahead).min(full - level);
     if give == 0 {
         return Refund::NOTHING;
     }
-    Refund::cells(give, [stored + give, last, 0])
+    let left = level + give;
+    let next = if left == full {
+        [now, 0, 0]
+    } else {
+        let (until_full, remainder) = refill_time(full - left, refill);
+        [now + until_full, remainder, 0]
+    };
+    Refund::cells(give, next)
 }

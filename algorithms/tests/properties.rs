@@ -126,7 +126,8 @@ proptest! {
     }
 
     /// With an emission interval of whole microseconds, GCRA is the token
-    /// bucket: both admit exactly the same requests.
+    /// bucket: both admit exactly the same requests, the clock stepping
+    /// back included (neither keeps a time besides when it is full again).
     #[test]
     fn gcra_and_token_bucket_agree(capacity in 1u64..20, rate in 1u64..50, interval_ms in 1u64..100, s in steps(5, 200_000)) {
         let period = Duration::from_millis(interval_ms * rate);

@@ -29,6 +29,28 @@ impl Scope {
             Scope::Attribute(name) => name,
         }
     }
+
+    /// The scope as the limiter writes it in store keys
+    /// ([`StoreKey`](crate::StoreKey)): `s`, `t`, `g`, or `a.` and the
+    /// attribute's name with `%` and `:` escaped (`%25`, `%3A`), so no
+    /// scope holds a `:` and no two scopes read the same.
+    ///
+    /// ```
+    /// use tollgate_limiter::Scope;
+    /// assert_eq!(Scope::Subject.key_label(), "s");
+    /// assert_eq!(Scope::Attribute("route".into()).key_label(), "a.route");
+    /// assert_eq!(Scope::Attribute("a:b".into()).key_label(), "a.a%3Ab");
+    /// ```
+    pub fn key_label(&self) -> String {
+        match self {
+            Scope::Subject => "s".to_string(),
+            Scope::Tenant => "t".to_string(),
+            Scope::Global => "g".to_string(),
+            Scope::Attribute(name) => {
+                format!("a.{}", name.replace('%', "%25").replace(':', "%3A"))
+            }
+        }
+    }
 }
 
 /// One layer: a name, what it counts by, and its policy.
@@ -62,7 +84,7 @@ impl Layer {
             shadow: policy.is_shadow(),
             window: policy.limit().window(),
         });
-        let middle = KeyMiddle::new(&policy, scope.label());
+        let middle = KeyMiddle::new(&policy, scope.key_label());
         Layer {
             info,
             middle,

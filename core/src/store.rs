@@ -12,7 +12,12 @@ use crate::verdicts::Verdicts;
 
 /// Where one layer's state lives, without the store's prefix. Rendered
 /// ([`StoreKey::render`], or `Display`) it reads
-/// `{tag}:<policy>:v<version>:<algorithm>:<scope>:<subject>`.
+/// `{tag}:<policy>:v<version>:<algorithm>:<scope>:<subject>`, or, when the
+/// subject is the tag (a key of its own slot, the usual case), without the
+/// repeated `:<subject>`: `{tag}:<policy>:v<version>:<algorithm>:<scope>`.
+/// No part before the subject contains `:`, so the two forms never meet.
+/// The limiter's scopes are short ([`Scope::key_label`](crate::Scope::key_label):
+/// `s`, `t`, `g`, `a.<attribute>`): a key is most of what Redis stores.
 ///
 /// The algorithm is part of the key, so a state is only ever read by the
 /// algorithm that wrote it: swapping a policy's algorithm starts every
@@ -30,10 +35,13 @@ use crate::verdicts::Verdicts;
 /// # use std::time::Duration;
 /// # use tollgate_limiter::{Limit, Policy, StoreKey};
 /// let policy = Policy::new("search", Limit::fixed_window(5, Duration::from_secs(1))?)?;
-/// let key = StoreKey::new("acme", &policy, "subject", "key-7");
-/// assert_eq!(key.to_string(), "{acme}:search:v1:fw:subject:key-7");
-/// assert!(key.matches("{acme}:search:v1:fw:subject:key-7"));
+/// let key = StoreKey::new("acme", &policy, "s", "key-7");
+/// assert_eq!(key.to_string(), "{acme}:search:v1:fw:s:key-7");
+/// assert!(key.matches("{acme}:search:v1:fw:s:key-7"));
 /// assert_eq!(key.tag(), "acme");
+/// // A subject that is its own tag is written once.
+/// let own = StoreKey::new("key-7", &policy, "s", "key-7");
+/// assert_eq!(own.to_string(), "{key-7}:search:v1:fw:s");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy)]
@@ -48,7 +56,7 @@ pub struct StoreKey<'a> {
     /// A hash of the parts that are the same for every key of a layer
     /// (policy, version, algorithm, scope): [`layer_hash`].
     layer_hash: u64,
-    /// Those parts rendered (`:<policy>:v<version>:<algorithm>:<scope>:`),
+    /// Those parts rendered (`:<policy>:v<version>:<algorithm>:<scope>`),
     /// when the key's layer has them ready: comparing a key is then three
     /// comparisons.
     middle: Option<&'a str>,
@@ -60,17 +68,26 @@ pub struct StoreKey<'a> {
 pub(crate) struct KeyMiddle {
     text: Box<str>,
     hash: u64,
+    /// The scope as keys write it ([`Scope::key_label`](crate::Scope::key_label)).
+    scope: Box<str>,
 }
 
 impl KeyMiddle {
-    pub(crate) fn new(policy: &Policy, scope: &str) -> Self {
-        let key = StoreKey::new("", policy, scope, "");
+    pub(crate) fn new(policy: &Policy, scope: String) -> Self {
+        let key = StoreKey::new("", policy, &scope, "");
         let rendered = key.render();
-        // `{}` before, nothing after: what is left is the middle.
+        // `{}` before, no subject after (it is the tag): what is left is
+        // the middle.
         KeyMiddle {
             text: rendered["{}".len()..].into(),
             hash: key.layer_hash,
+            scope: scope.into(),
         }
+    }
+
+    /// The scope as keys write it.
+    pub(crate) fn scope(&self) -> &str {
+        &self.scope
     }
 }
 
@@ -180,17 +197,25 @@ impl<'a> StoreKey<'a> {
         let version = format_u32(self.version, &mut version);
         let parts = self.parts(version);
         let mut out = String::with_capacity(
-            parts.iter().map(|p| p.len()).sum::<usize>() + self.subject.len(),
+            parts.iter().map(|p| p.len()).sum::<usize>() + 1 + self.subject.len(),
         );
         for part in parts {
             out.push_str(part);
         }
-        out.push_str(self.subject);
+        if !self.subject_is_tag() {
+            out.push(':');
+            out.push_str(self.subject);
+        }
         out
     }
 
+    /// Whether the subject is the tag, and so not written again.
+    fn subject_is_tag(&self) -> bool {
+        self.subject == self.tag
+    }
+
     /// Every piece of the rendered key before the subject.
-    fn parts<'s>(&'s self, version: &'s str) -> [&'s str; 12] {
+    fn parts<'s>(&'s self, version: &'s str) -> [&'s str; 11] {
         [
             "{",
             self.tag,
@@ -203,8 +228,15 @@ impl<'a> StoreKey<'a> {
             self.algorithm,
             ":",
             self.scope,
-            ":",
         ]
+    }
+
+    /// What follows the parts: nothing, or `:` and the subject.
+    fn rest_matches(&self, rest: &str) -> bool {
+        if self.subject_is_tag() {
+            return rest.is_empty();
+        }
+        rest.strip_prefix(':') == Some(self.subject)
     }
 
     /// Whether `rendered` is this key's text, without allocating.
@@ -214,12 +246,12 @@ impl<'a> StoreKey<'a> {
             let bytes = rendered.as_bytes();
             let tag_end = 1 + self.tag.len();
             let middle_end = tag_end + 1 + middle.len();
-            return bytes.len() == middle_end + self.subject.len()
+            return bytes.len() >= middle_end
                 && bytes[0] == b'{'
                 && &bytes[1..tag_end] == self.tag.as_bytes()
                 && bytes[tag_end] == b'}'
                 && &bytes[tag_end + 1..middle_end] == middle.as_bytes()
-                && &bytes[middle_end..] == self.subject.as_bytes();
+                && self.rest_matches(&rendered[middle_end..]);
         }
         let mut version = [0u8; 10];
         let version = format_u32(self.version, &mut version);
@@ -230,13 +262,24 @@ impl<'a> StoreKey<'a> {
                 None => return false,
             }
         }
-        rest == self.subject
+        self.rest_matches(rest)
     }
 }
 
 impl fmt::Display for StoreKey<'_> {
+    /// The rendered key, written piece by piece (no allocation), so a
+    /// store can write it straight into a command buffer.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.render())
+        let mut version = [0u8; 10];
+        let version = format_u32(self.version, &mut version);
+        for part in self.parts(version) {
+            f.write_str(part)?;
+        }
+        if !self.subject_is_tag() {
+            f.write_str(":")?;
+            f.write_str(self.subject)?;
+        }
+        Ok(())
     }
 }
 
@@ -327,7 +370,9 @@ mod tests {
         let policies = policies();
         let middles: Vec<(&Policy, &str, KeyMiddle)> = policies
             .iter()
-            .flat_map(|p| ["subject", "tenant", "route"].map(|s| (p, s, KeyMiddle::new(p, s))))
+            .flat_map(|p| {
+                ["subject", "tenant", "route"].map(|s| (p, s, KeyMiddle::new(p, s.to_string())))
+            })
             .collect();
         let mut all = Vec::new();
         let pairs = [("t", "s"), ("acme", "key-7"), ("", ""), ("s", "t")];

@@ -9,6 +9,10 @@
 //! - `cargo xtask bench`: every criterion bench (the in-process cases once
 //!   more with `metrics` on), then the summary report with the in-process
 //!   goals; `cargo xtask bench-report` prints the report of the latest runs.
+//! - `cargo xtask soak`: the Redis soak, minutes long and not in CI: the
+//!   Rust↔Lua differential at a million operations per algorithm, and a
+//!   million concurrent decisions per algorithm on standalone Redis and on
+//!   the Cluster.
 //! - `cargo xtask package`: packages every publishable crate as the
 //!   registry would receive it (path dependencies must carry versions), and
 //!   checks that the packaged facade builds.
@@ -47,10 +51,11 @@ fn main() {
         "bench" => bench(&args[1..]),
         "bench-report" => bench_report().map(|report| println!("{report}")),
         "redis-check" => ensure_redis_server(),
+        "soak" => soak(),
         "package" => package(),
         "custom-store" => custom_store(),
         _ => {
-            eprintln!("usage: cargo xtask <test|features|bench|bench-report|package|redis-check|custom-store>");
+            eprintln!("usage: cargo xtask <test|features|bench|bench-report|soak|package|redis-check|custom-store>");
             exit(2);
         }
     };
@@ -97,6 +102,46 @@ fn on_path(program: &str) -> bool {
     env::var_os("PATH")
         .map(|paths| env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
         .unwrap_or(false)
+}
+
+/// The Redis soak (minutes; not in CI): the Rust↔Lua differential at a
+/// million operations per algorithm (10 sequences of 100,000), and a
+/// million concurrent decisions per algorithm on standalone Redis and on
+/// the Cluster, each key admitting exactly its capacity.
+fn soak() -> Result {
+    ensure_redis_server()?;
+    run(
+        "differential, 1,000,000 operations per algorithm",
+        cargo()
+            .args([
+                "test",
+                "-p",
+                "tollgate-redis",
+                "--features",
+                "cluster",
+                "--test",
+                "differential",
+            ])
+            .env("TOLLGATE_SOAK_OPS", "100000")
+            .env("TOLLGATE_SOAK_CASES", "10"),
+    )?;
+    run(
+        "1,000,000 concurrent decisions per algorithm, standalone and Cluster",
+        cargo().args([
+            "test",
+            "-p",
+            "tollgate-redis",
+            "--features",
+            "cluster",
+            "--test",
+            "soak",
+            "--",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ]),
+    )
 }
 
 /// `redis-server` must exist: tests start their own instances on free ports.

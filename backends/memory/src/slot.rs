@@ -67,35 +67,31 @@ impl Slot {
     /// the state is not GCRA's cells (the caller decides under the
     /// exclusive lock instead).
     ///
-    /// The decision is the reference algorithm's on the cells read; it
+    /// The decision is the reference algorithm's on the TAT read; it
     /// commits with a compare-and-swap of the theoretical arrival time
     /// (TAT), and is made again when another thread moved it first, so
     /// admissions are exact: each moves the TAT on from the one before.
     /// Under the shared lock only this path writes, and it only ever raises
-    /// the TAT, so a TAT read is never a recycled one. `last` (the effective
-    /// time) is raised after the TAT; reading it before another thread
-    /// raised it gives an earlier effective time, which never admits more.
-    /// An expired GCRA state decides exactly as no state would (its TAT is
-    /// in the past), so expiry needs no check here.
+    /// the TAT, so a TAT read is never a recycled one. An expired GCRA
+    /// state decides exactly as no state would (its TAT is in the past), so
+    /// expiry needs no check here.
     pub(crate) fn gcra(&self, p: &Gcra, now: u64, cost: u64) -> Option<Transition> {
-        let Slot::Cells([tat, last, _]) = self else {
+        let Slot::Cells([tat, _, _]) = self else {
             return None;
         };
         loop {
             let seen = tat.load(Ordering::Acquire);
-            let since = last.load(Ordering::Acquire);
-            let t = tollgate_algorithms::gcra(p, Some([seen, since, 0]), now, cost);
+            let t = tollgate_algorithms::gcra(p, Some([seen, 0, 0]), now, cost);
             let Some(next) = &t.next else {
                 return Some(t);
             };
-            let State::Cells([new_tat, new_last, _]) = next.state else {
+            let State::Cells([new_tat, _, _]) = next.state else {
                 return None;
             };
             if tat
                 .compare_exchange(seen, new_tat, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                last.fetch_max(new_last, Ordering::AcqRel);
                 return Some(t);
             }
         }

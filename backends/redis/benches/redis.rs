@@ -1,22 +1,33 @@
-//! Redis store throughput and latency, side by side with the raw script call.
+//! The Redis store side by side with a hand-written token-bucket script,
+//! in one run, on one redis-server the bench starts itself.
 //!
-//! Starts its own redis-server (the testkit harness) and measures, at
-//! concurrency 1, 16 and 64 over 10,000 keys (token bucket, 100 per second
-//! per key, so every decision admits and writes):
+//! Every case decides over 10,000 keys with a quota no decision exceeds, so
+//! every decision admits and writes (the expensive path):
 //!
-//! - `store/multiplexed`: `RedisStore::decide`, one multiplexed connection;
-//! - `store/pool16`: `RedisStore::decide`, a bb8 pool of 16 connections;
-//! - `raw-script`: the same `EVALSHA` sent through the redis crate on one
-//!   multiplexed connection, without the store (the ceiling).
+//! - `limiter/fcall`: `Limiter::check` on a `RedisStore` (multiplexed
+//!   connection), one token-bucket layer, the code run as a Redis function
+//!   (`FCALL`, the default on Redis 7);
+//! - `limiter/evalsha`: the same with `Scripting::Eval` (the script form,
+//!   as on Redis 6.2);
+//! - `limiter/fcall-3layers`: three layers (subject, tenant, global), one
+//!   call;
+//! - `raw-fcall`: the same `FCALL` the store sends for one layer, through
+//!   redis-rs alone (no limiter, no store): what the client path costs;
+//!   `raw-fcall+deadline` the same under a `tokio::time::timeout`, as the
+//!   store bounds every call: what the deadline's timer costs;
+//! - `classic-script`: the classic token bucket users write by hand
+//!   (`fixtures/classic_token_bucket.lua`, a hash per key, `EVALSHA`)
+//!   through redis-rs on one multiplexed connection — the peer.
 //!
-//! The stores run with a 2 s deadline, so waiting (for a pool connection,
-//! behind other requests) shows up as latency rather than as timeouts.
-//! Criterion reports decisions per second (`thrpt`). After it, the bench
-//! prints p50/p99 latency and decisions/s from a fixed run of each case, and
-//! `MEMORY USAGE` per key for every algorithm (and for the hash encoding the
-//! counter states could have used).
+//! Criterion reports decisions per second (`thrpt`) at concurrency 1, 16
+//! and 64. After it the bench prints, from fixed runs: decisions/s and
+//! p50/p99 latency per case and concurrency with the ratio to the classic
+//! script; Redis CPU per call (`INFO commandstats` `usec_per_call`) per
+//! algorithm, one and three layers, beside the classic script's, in
+//! interleaved rounds; and `MEMORY USAGE` per key.
 //!
 //! Run: `cargo bench -p tollgate-redis --bench redis`
+//! (only the reports, without criterion: `REPORTS_ONLY=1 cargo bench -p tollgate-redis --bench redis`)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,76 +35,74 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use redis::aio::MultiplexedConnection;
 use tokio::runtime::Runtime;
-use tollgate_limiter::{LayerRequest, Limit, Policy, Store, StoreKey};
-use tollgate_redis::script::{layer_args, sha1};
-use tollgate_redis::{ConnectionMode, RedisStore};
+use tollgate_limiter::{
+    Context, LayerRequest, Limit, Limiter, Policy, Scope, Store, StoreKey, Subject,
+};
+use tollgate_redis::{RedisStore, Scripting};
 use tollgate_testkit::redis_server::RedisServer;
 
 const KEYS: usize = 10_000;
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
-const POOL_SIZE: u32 = 16;
 /// Decisions per case in the latency run.
 const LATENCY_RUN: usize = 40_000;
+/// Decisions per case and round in the Redis CPU report.
+const COST_RUN: usize = 40_000;
+/// Rounds of the Redis CPU report (interleaved; the median is printed).
+const COST_ROUNDS: usize = 5;
+/// The classic script users write by hand: a hash per key, `HMGET`,
+/// `HSET`, `PEXPIRE` (a copy of the peers' fixture).
+const CLASSIC: &str = include_str!("fixtures/classic_token_bucket.lua");
 
 #[derive(Clone)]
 enum Target {
-    Store(Arc<RedisStore>),
-    Raw(MultiplexedConnection, Arc<Vec<String>>),
-}
-
-struct Workload {
-    policy: Policy,
-    subjects: Vec<String>,
-    args: [u64; 5],
-}
-
-impl Workload {
-    fn new() -> Workload {
-        let policy = Policy::new(
-            "bench",
-            Limit::token_bucket(100, 100, Duration::from_secs(1)).expect("valid"),
-        )
-        .expect("valid");
-        let subjects: Vec<String> = (0..KEYS).map(|i| format!("s{i}")).collect();
-        let key = StoreKey::new("s0", &policy, "subject", "s0");
-        let args = layer_args(&LayerRequest {
-            key,
-            policy: &policy,
-            cost: 1,
-        })
-        .expect("built-in");
-        Workload {
-            policy,
-            subjects,
-            args,
-        }
-    }
+    Limiter(Limiter, Arc<Vec<Context>>),
+    Classic(MultiplexedConnection, Arc<Vec<String>>, String),
+    /// Tollgate's `FCALL` as the store sends it, through redis-rs alone;
+    /// with `true`, under a deadline as the store puts every call (what
+    /// the timer costs).
+    RawFcall(MultiplexedConnection, Arc<Vec<String>>, bool),
 }
 
 /// One decision on key `i`.
-async fn decide(target: &mut Target, w: &Workload, i: usize) {
+async fn decide(target: &mut Target, i: usize) {
     match target {
-        Target::Store(store) => {
-            let s = &w.subjects[i];
-            let key = StoreKey::new(s, &w.policy, "subject", s);
-            let v = store
-                .decide(&[LayerRequest {
-                    key,
-                    policy: &w.policy,
-                    cost: 1,
-                }])
+        Target::Limiter(limiter, contexts) => {
+            let d = limiter.check(&contexts[i], 1).await.expect("decision");
+            assert!(d.is_allowed() && d.store_error().is_none(), "{d:?}");
+        }
+        Target::Classic(con, keys, sha) => {
+            let reply: Vec<i64> = redis::cmd("EVALSHA")
+                .arg(sha.as_str())
+                .arg(1)
+                .arg(&keys[i])
+                .arg(1_000_000)
+                .arg(1_000_000)
+                .arg(1)
+                .query_async(con)
                 .await
                 .expect("decision");
-            assert!(v[0].allowed);
+            assert_eq!(reply[0], 1);
         }
-        Target::Raw(con, keys) => {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(sha1()).arg(1).arg(&keys[i]).arg("").arg("");
-            for a in w.args {
+        Target::RawFcall(con, keys, deadline) => {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(tollgate_redis::function_name())
+                .arg(1)
+                .arg(&keys[i])
+                .arg("")
+                .arg("");
+            // Token bucket (code 1), cost 1, the bench's big bucket.
+            for a in [1u64, 1, 1_000_000, 1_000_000, 1_000_000] {
                 cmd.arg(a);
             }
-            let reply: Vec<i64> = cmd.query_async(con).await.expect("decision");
-            assert_eq!(reply[0], 1);
+            let call = cmd.query_async::<Vec<i64>>(con);
+            let reply = if *deadline {
+                tokio::time::timeout(Duration::from_secs(2), call)
+                    .await
+                    .expect("in time")
+            } else {
+                call.await
+            };
+            assert_eq!(reply.expect("decision")[0], 1);
         }
     }
 }
@@ -102,7 +111,6 @@ async fn decide(target: &mut Target, w: &Workload, i: usize) {
 /// and each decision's latency when `record`.
 async fn run(
     target: &Target,
-    w: &Arc<Workload>,
     concurrency: usize,
     total: u64,
     record: bool,
@@ -110,7 +118,7 @@ async fn run(
     let started = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
         .map(|t| {
-            let (mut target, w) = (target.clone(), w.clone());
+            let mut target = target.clone();
             let share =
                 total / concurrency as u64 + u64::from((t as u64) < total % concurrency as u64);
             tokio::spawn(async move {
@@ -118,7 +126,7 @@ async fn run(
                 for j in 0..share as usize {
                     let i = (t * 7919 + j * concurrency) % KEYS;
                     let at = Instant::now();
-                    decide(&mut target, &w, i).await;
+                    decide(&mut target, i).await;
                     if record {
                         latencies.push(at.elapsed());
                     }
@@ -139,7 +147,68 @@ struct Setup {
     _server: RedisServer,
     url: String,
     targets: Vec<(&'static str, Target)>,
-    workload: Arc<Workload>,
+}
+
+/// A quota no decision of the bench exceeds.
+fn roomy(name: &str, limit: Limit) -> Policy {
+    Policy::new(name, limit).expect("valid")
+}
+
+fn big_bucket() -> Limit {
+    Limit::token_bucket(1_000_000, 1_000_000, Duration::from_secs(1)).expect("valid")
+}
+
+/// A limiter over `store` with one token-bucket layer, or three.
+fn limiter(store: RedisStore, three: bool) -> Limiter {
+    let mut builder = Limiter::builder(Arc::new(store) as Arc<dyn Store>).layer(
+        "key",
+        Scope::Subject,
+        roomy("api", big_bucket()),
+    );
+    if three {
+        builder = builder
+            .layer("tenant", Scope::Tenant, roomy("tenant", big_bucket()))
+            .layer("all", Scope::Global, roomy("all", big_bucket()));
+    }
+    builder.build().expect("valid limiter")
+}
+
+/// The 10,000 requests: subjects of 16 characters, each its own tenant
+/// (so three layers need one call on standalone Redis).
+fn contexts() -> Vec<Context> {
+    (0..KEYS)
+        .map(|i| {
+            let s = Subject::new(format!("key-{i:012}")).expect("valid");
+            Context::for_subject(s.clone()).with_tenant(s)
+        })
+        .collect()
+}
+
+async fn store(url: &str, prefix: &str, scripting: Scripting) -> RedisStore {
+    RedisStore::builder(url)
+        .prefix(prefix)
+        .scripting(scripting)
+        // Long enough that queueing shows as latency (p99), not as failed
+        // decisions.
+        .deadline(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("connect")
+}
+
+async fn classic(url: &str) -> (MultiplexedConnection, String) {
+    let mut con = redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(CLASSIC)
+        .query_async(&mut con)
+        .await
+        .expect("SCRIPT LOAD");
+    (con, sha)
 }
 
 fn setup() -> Setup {
@@ -150,43 +219,39 @@ fn setup() -> Setup {
         .expect("runtime");
     let server = RedisServer::start();
     let url = server.url().to_string();
-    let workload = Arc::new(Workload::new());
+    let contexts = Arc::new(contexts());
     let targets = rt.block_on(async {
-        let store = |prefix: &'static str, mode| {
-            let url = url.clone();
-            async move {
-                RedisStore::builder(url)
-                    .prefix(prefix)
-                    .connection_mode(mode)
-                    // Long enough that queueing shows as latency (p99), not
-                    // as failed decisions.
-                    .deadline(Duration::from_secs(2))
-                    .connect()
-                    .await
-                    .expect("connect")
-            }
-        };
-        let multiplexed = store("bench-mx", ConnectionMode::Multiplexed).await;
-        let pool = store("bench-pool", ConnectionMode::Pool { size: POOL_SIZE }).await;
-        let raw = redis::Client::open(url.as_str())
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
-        let keys: Vec<String> = workload
-            .subjects
-            .iter()
-            .map(|s| {
-                format!(
-                    "bench-raw:{}",
-                    StoreKey::new(s, &workload.policy, "subject", s)
-                )
-            })
+        let fcall = store(&url, "tollgate", Scripting::Auto).await;
+        assert!(fcall.uses_functions(), "Redis 7 runs functions");
+        let evalsha = store(&url, "bench-eval", Scripting::Eval).await;
+        let three = store(&url, "bench-3", Scripting::Auto).await;
+        let (con, sha) = classic(&url).await;
+        let keys: Vec<String> = (0..KEYS).map(|i| format!("tb:key-{i:012}")).collect();
+        let raw_keys: Vec<String> = (0..KEYS)
+            .map(|i| format!("bench-raw:{{key-{i:012}}}:api:v1:tb:s"))
             .collect();
         vec![
-            ("store/multiplexed", Target::Store(Arc::new(multiplexed))),
-            ("store/pool16", Target::Store(Arc::new(pool))),
-            ("raw-script", Target::Raw(raw, Arc::new(keys))),
+            (
+                "limiter/fcall",
+                Target::Limiter(limiter(fcall, false), contexts.clone()),
+            ),
+            (
+                "limiter/evalsha",
+                Target::Limiter(limiter(evalsha, false), contexts.clone()),
+            ),
+            (
+                "limiter/fcall-3layers",
+                Target::Limiter(limiter(three, true), contexts.clone()),
+            ),
+            (
+                "raw-fcall",
+                Target::RawFcall(con.clone(), Arc::new(raw_keys.clone()), false),
+            ),
+            (
+                "raw-fcall+deadline",
+                Target::RawFcall(con.clone(), Arc::new(raw_keys), true),
+            ),
+            ("classic-script", Target::Classic(con, Arc::new(keys), sha)),
         ]
     });
     Setup {
@@ -194,7 +259,6 @@ fn setup() -> Setup {
         _server: server,
         url,
         targets,
-        workload,
     }
 }
 
@@ -202,19 +266,16 @@ fn throughput(c: &mut Criterion, setup: &Setup) {
     for &concurrency in &CONCURRENCY {
         let mut group = c.benchmark_group(format!("redis/concurrency-{concurrency}"));
         group.throughput(Throughput::Elements(1));
-        group.sample_size(20);
+        group.sample_size(10);
         group.warm_up_time(Duration::from_secs(1));
-        group.measurement_time(Duration::from_secs(4));
+        group.measurement_time(Duration::from_secs(3));
         for (name, target) in &setup.targets {
             group.bench_function(BenchmarkId::from_parameter(name), |b| {
                 b.iter_custom(|iters| {
                     // Every task gets work even when criterion asks for
                     // fewer iterations than tasks; scale back to `iters`.
                     let n = iters.max(concurrency as u64);
-                    let (elapsed, _) =
-                        setup
-                            .rt
-                            .block_on(run(target, &setup.workload, concurrency, n, false));
+                    let (elapsed, _) = setup.rt.block_on(run(target, concurrency, n, false));
                     elapsed.mul_f64(iters as f64 / n as f64)
                 })
             });
@@ -228,43 +289,150 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i]
 }
 
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn latency_report(setup: &Setup) {
     println!();
-    println!("latency ({LATENCY_RUN} decisions per case, {KEYS} keys, token bucket, all admitted)");
     println!(
-        "{:<20} {:>5} {:>14} {:>10} {:>10}",
-        "target", "conc", "decisions/s", "p50 µs", "p99 µs"
+        "end to end ({LATENCY_RUN} decisions per case, {KEYS} keys, all admitted; \
+         ratio: decisions/s over the classic script's at the same concurrency)"
+    );
+    println!(
+        "{:<24} {:>5} {:>12} {:>8} {:>8} {:>7}",
+        "target", "conc", "decisions/s", "p50 µs", "p99 µs", "ratio"
     );
     for &concurrency in &CONCURRENCY {
+        let mut rows = Vec::new();
         for (name, target) in &setup.targets {
-            let (elapsed, mut latencies) = setup.rt.block_on(run(
-                target,
-                &setup.workload,
-                concurrency,
-                LATENCY_RUN as u64,
-                true,
-            ));
+            let (elapsed, mut latencies) =
+                setup
+                    .rt
+                    .block_on(run(target, concurrency, LATENCY_RUN as u64, true));
             latencies.sort_unstable();
-            println!(
-                "{:<20} {:>5} {:>14.0} {:>10} {:>10}",
-                name,
-                concurrency,
+            rows.push((
+                *name,
                 LATENCY_RUN as f64 / elapsed.as_secs_f64(),
-                percentile(&latencies, 0.50).as_micros(),
-                percentile(&latencies, 0.99).as_micros(),
+                percentile(&latencies, 0.50),
+                percentile(&latencies, 0.99),
+            ));
+        }
+        let classic = rows
+            .iter()
+            .find(|r| r.0 == "classic-script")
+            .map_or(1.0, |r| r.1);
+        for (name, rate, p50, p99) in rows {
+            println!(
+                "{name:<24} {concurrency:>5} {rate:>12.0} {:>8} {:>8} {:>7.2}",
+                p50.as_micros(),
+                p99.as_micros(),
+                rate / classic
             );
         }
     }
 }
 
+/// `usec_per_call` of `command` in `INFO commandstats`.
+async fn usec_per_call(con: &mut MultiplexedConnection, command: &str) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|line| {
+            line.strip_prefix(&format!("cmdstat_{command}:"))?
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("usec_per_call="))?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no {command} in INFO commandstats"))
+}
+
+/// Redis CPU per call for each algorithm (one layer, functions), one layer
+/// through the script form, three layers, and the classic script, in
+/// interleaved rounds at concurrency 16.
+fn cost_report(setup: &Setup) {
+    let second = Duration::from_secs(1);
+    let limits = [
+        ("token bucket", big_bucket()),
+        (
+            "gcra",
+            Limit::gcra(1_000_000, second, 1_000_000).expect("valid"),
+        ),
+        (
+            "fixed window",
+            Limit::fixed_window(1_000_000, second).expect("valid"),
+        ),
+        (
+            "sliding window",
+            Limit::sliding_window(1_000_000, second).expect("valid"),
+        ),
+    ];
+    setup.rt.block_on(async {
+        let url = setup.url.as_str();
+        let mut admin = classic(url).await.0;
+        let mut cases: Vec<(String, &'static str, Target)> = Vec::new();
+        for (name, limit) in &limits {
+            let store = store(url, "bench-cost", Scripting::Auto).await;
+            let limiter = Limiter::builder(Arc::new(store) as Arc<dyn Store>)
+                .layer("key", Scope::Subject, roomy("api", limit.clone()))
+                .build()
+                .expect("valid");
+            cases.push((
+                format!("{name}, 1 layer, fcall"),
+                "fcall",
+                Target::Limiter(limiter, Arc::new(contexts())),
+            ));
+        }
+        for (name, _) in &setup.targets {
+            let (label, command) = match *name {
+                "limiter/evalsha" => ("token bucket, 1 layer, evalsha", "evalsha"),
+                "limiter/fcall-3layers" => ("token bucket, 3 layers, fcall", "fcall"),
+                "classic-script" => ("classic token bucket (evalsha)", "evalsha"),
+                _ => continue,
+            };
+            let target = setup
+                .targets
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| t.clone())
+                .expect("target");
+            cases.push((label.to_string(), command, target));
+        }
+        let mut seen: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+        for _ in 0..COST_ROUNDS {
+            for (i, (_, command, target)) in cases.iter().enumerate() {
+                let _: () = redis::cmd("CONFIG")
+                    .arg("RESETSTAT")
+                    .query_async(&mut admin)
+                    .await
+                    .expect("RESETSTAT");
+                run(target, 16, COST_RUN as u64, false).await;
+                seen[i].push(usec_per_call(&mut admin, command).await);
+            }
+        }
+        let classic = median(seen.last().expect("the classic case").clone());
+        println!();
+        println!(
+            "Redis CPU per call (INFO commandstats usec_per_call, median of {COST_ROUNDS} \
+             interleaved rounds of {COST_RUN} decisions at concurrency 16)"
+        );
+        println!("{:<36} {:>8} {:>9}", "call", "µs", "vs classic");
+        for ((label, _, _), rounds) in cases.iter().zip(seen) {
+            let us = median(rounds);
+            println!("{label:<36} {us:>8.2} {:>9.2}", us / classic);
+        }
+    });
+}
+
 fn memory_report(setup: &Setup) {
     let second = Duration::from_secs(1);
     let cases = [
-        (
-            "token_bucket",
-            Limit::token_bucket(100, 100, second).unwrap(),
-            1,
-        ),
+        ("token_bucket", big_bucket(), 1),
         ("gcra", Limit::gcra(100, second, 100).unwrap(), 1),
         ("fixed_window", Limit::fixed_window(100, second).unwrap(), 1),
         (
@@ -284,92 +452,87 @@ fn memory_report(setup: &Setup) {
         ),
     ];
     setup.rt.block_on(async {
+        // The default prefix, a policy named `api`, the limiter's scope.
         let store = RedisStore::builder(setup.url.as_str())
-            .prefix("bench-mem")
             .connect()
             .await
             .expect("connect");
-        let mut con = redis::Client::open(setup.url.as_str())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut con = classic(&setup.url).await.0;
         println!();
-        println!("MEMORY USAGE per key (bytes, key name included)");
-        let mut counter_key = None;
-        for (n, (name, limit, cost)) in cases.into_iter().enumerate() {
-            let policy = Policy::new(name.split(' ').next().unwrap(), limit).unwrap();
-            // A realistic subject length, and a fresh key per case.
-            let subject = format!("user-{}", 123_456 + n);
-            let key = StoreKey::new(&subject, &policy, "subject", &subject);
-            store
-                .decide(&[LayerRequest {
-                    key,
-                    policy: &policy,
-                    cost,
-                }])
-                .await
-                .expect("decision");
-            let redis_key = store.redis_key(&key);
-            let bytes: i64 = redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(&redis_key)
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            println!("{name:<28} {bytes:>6}   {redis_key}");
-            if name == "token_bucket" {
-                counter_key = Some(redis_key);
+        println!(
+            "MEMORY USAGE per key (bytes, key name included; default prefix, policy `api`, \
+             subject scope)"
+        );
+        let scope = Scope::Subject.key_label();
+        for subject_len in [16, 34] {
+            for (n, (name, limit, cost)) in cases.iter().enumerate() {
+                let policy = Policy::new("api", limit.clone()).unwrap();
+                // A fresh subject of the length wanted per case (34: a
+                // `Subject::hashed` API key's length).
+                let subject: String =
+                    format!("{n}{}", "x".repeat(subject_len))[..subject_len].to_string();
+                let key = StoreKey::new(&subject, &policy, &scope, &subject);
+                store
+                    .decide(&[LayerRequest {
+                        key,
+                        policy: &policy,
+                        cost: *cost,
+                    }])
+                    .await
+                    .expect("decision");
+                let redis_key = store.redis_key(&key);
+                let bytes: i64 = redis::cmd("MEMORY")
+                    .arg("USAGE")
+                    .arg(&redis_key)
+                    .arg("SAMPLES")
+                    .arg(0)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                println!("{name:<28} {bytes:>6}   {redis_key}");
+                let _: () = redis::cmd("DEL")
+                    .arg(&redis_key)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
             }
         }
-        // The alternative encoding for counter states: a hash of three fields.
-        let key = counter_key.expect("token bucket key");
-        let text: String = redis::cmd("GET")
+        // The classic script's hash, for comparison.
+        let (mut con, sha) = classic(&setup.url).await;
+        let key = format!("tb:{}", "x".repeat(16));
+        let _: Vec<i64> = redis::cmd("EVALSHA")
+            .arg(&sha)
+            .arg(1)
             .arg(&key)
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        let cells: Vec<&str> = text.split(' ').collect();
-        let hash_key = format!("{key}:as-hash");
-        let _: () = redis::cmd("HSET")
-            .arg(&hash_key)
-            .arg("a")
-            .arg(cells[0])
-            .arg("b")
-            .arg(cells[1])
-            .arg("c")
-            .arg(cells[2])
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        let _: () = redis::cmd("PEXPIRE")
-            .arg(&hash_key)
-            .arg(60_000)
+            .arg(100)
+            .arg(100)
+            .arg(1)
             .query_async(&mut con)
             .await
             .unwrap();
         let bytes: i64 = redis::cmd("MEMORY")
             .arg("USAGE")
-            .arg(&hash_key)
+            .arg(&key)
             .arg("SAMPLES")
             .arg(0)
             .query_async(&mut con)
             .await
             .unwrap();
-        println!(
-            "{:<28} {bytes:>6}   (same cells as a hash: a/b/c fields)",
-            "token_bucket as hash"
-        );
+        println!("{:<28} {bytes:>6}   {key}", "classic script (hash)");
     });
 }
 
 fn main() {
+    let reports_only = std::env::var_os("REPORTS_ONLY").is_some();
     let mut c = Criterion::default().configure_from_args();
     let setup = setup();
-    throughput(&mut c, &setup);
+    if !reports_only {
+        throughput(&mut c, &setup);
+    }
     latency_report(&setup);
+    cost_report(&setup);
     memory_report(&setup);
-    c.final_summary();
+    if !reports_only {
+        c.final_summary();
+    }
 }

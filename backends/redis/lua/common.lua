@@ -9,9 +9,22 @@
 -- quotient by one where needed. The result is bit-identical to the Rust
 -- reference (tollgate-algorithms), which uses u64 arithmetic.
 
+-- The library functions every call uses, as locals: a local is read
+-- directly, a global through two table lookups (`math`, then `floor`).
+-- They are set by the first call (`bind`): Redis loads a function library
+-- in an environment without `math` and `string`. (`redis.call` stays a
+-- global: it is not there at load time either, and it is Redis's to set.)
+local floor, max, min, format, match, tonumber
+
+local function bind()
+  floor, max, min = math.floor, math.max, math.min
+  format, match = string.format, string.match
+  tonumber = _G.tonumber
+end
+
 -- floor(a / b) exactly, for integers a >= 0 (or small negatives) and b > 0.
 local function fdiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   local r = a - q * b
   if r < 0 then
     q = q - 1
@@ -54,7 +67,9 @@ local function ttl_ms(reset_at, now)
 end
 
 -- An integer as decimal text. tostring() would give 14 significant digits
--- and an exponent ("1.78e+15"), losing the microseconds.
+-- and an exponent ("1.78e+15"), losing the microseconds; '%d' goes through
+-- a 64-bit C long, exact for every integer below 2^53 and cheaper than a
+-- float format.
 local function int(x)
-  return string.format('%.0f', x)
+  return format('%d', x)
 end

@@ -3,22 +3,19 @@
 -- This file defines one function; the store runs it through layered.lua,
 -- which holds the KEYS/ARGV layout (one layer = one call of this function).
 --
---   fixed_window(limit, window_us, _, cells, now, cost)
+--   fixed_window(limit, window_us, _, count, last, _, now, cost)
 --
 -- Layer ARGV: algorithm 3, cost, limit, window_us, 0.
--- State: cells {count, last µs, 0}, stored as the string "a b c"; nil: none.
+-- State: cells {count, last µs}, stored as the string "a b"; nil: none.
 --   The count belongs to the aligned window holding last.
 -- Returns: allowed (boolean), limit, remaining, reset_after µs,
---   retry_after µs (-1 when admitted), and when admitted the next cells and
---   the TTL in milliseconds.
-local function fixed_window(limit, w, _, cells, now, cost)
-  local stored, last
-  if cells then
-    stored, last = cells[1], cells[2]
-  else
+--   retry_after µs (-1 when admitted), and when admitted the TTL in
+--   milliseconds and the next cells (a, b, c). No table is built.
+local function fixed_window(limit, w, _, stored, last, _, now, cost)
+  if not stored then
     stored, last = 0, now
   end
-  local t = math.max(now, last)
+  local t = max(now, last)
   local start = t - mod(t, w)
   local count = 0
   if last >= start then
@@ -35,9 +32,9 @@ local function fixed_window(limit, w, _, cells, now, cost)
     reset_after = after(t, now)
   end
   -- max() only guards a count written under a larger limit.
-  local remaining = math.max(limit - count_after, 0)
+  local remaining = max(limit - count_after, 0)
   if allowed then
-    return true, limit, remaining, reset_after, -1, { count_after, t, 0 }, ttl_ms(stop, now)
+    return true, limit, remaining, reset_after, -1, ttl_ms(stop, now), count_after, t, 0
   end
   return false, limit, remaining, reset_after, after(stop, now)
 end

@@ -1,10 +1,13 @@
 -- Tollgate: decide every layer of one request in one call, all-or-nothing.
 --
--- The store runs one script: common.lua, codes.lua, the five algorithm
--- files, refund.lua and this dispatcher, concatenated in that order
--- (src/script.rs). Each algorithm
--- lives in exactly one file; a single-policy decision is this same script
--- with one layer, so there is one source of truth per algorithm.
+-- common.lua, codes.lua, the five algorithm files, refund.lua and this
+-- dispatcher are concatenated in that order (src/script.rs) into one body
+-- that defines `decide(KEYS, ARGV)`. On Redis 7 the store loads the body as
+-- a function library (FUNCTION LOAD, then FCALL), so the helpers and tables
+-- are made once per load; elsewhere, or when asked to, it runs the same body
+-- as a script (EVALSHA) ending in `return decide(KEYS, ARGV)`. Each
+-- algorithm lives in exactly one file; a single-policy decision is this
+-- same code with one layer, so there is one source of truth per algorithm.
 --
 -- KEYS[i]  the state of layer i (distinct keys).
 -- ARGV[1]  the caller's time in µs since the Unix epoch, or "" to read the
@@ -26,18 +29,20 @@
 -- one. Without it the script decides as above (the standalone store).
 --   'reserve'  decide as above; the reply has 7 integers per layer: the 5,
 --              then what the charge needs to be refunded: the effective
---              time it charged at (µs) and a mark (token bucket: the scaled
---              level left; GCRA: the TAT written; otherwise 0); 0 0 when
---              nothing was charged.
+--              time it charged at (µs; GCRA: 0) and a mark (token bucket:
+--              the scaled level left; GCRA: the TAT written; otherwise 0);
+--              0 0 when nothing was charged.
 --   'peek'     judge every layer, write nothing; the reply is the one a
 --              denial gives (admitting layers report remaining + cost).
 --   'refund'   give back reservations (refund.lua). KEYS: the layers'
 --              keys; ARGV after the time: per layer algorithm, cost, p1, p2,
 --              p3, at, mark; then 'refund'. Reply: per layer what was given
 --              back. Not idempotent: the store sends a refund at most once.
--- Errors: "TOLLGATE_CONFLICT <i> <wrong_type|not_a_state>" when the i-th
---   key holds data Tollgate did not write (nothing is written, that key is
---   left as it was; a refund gives nothing back from such a key);
+-- Errors: "TOLLGATE_CONFLICT <i> not_a_state" when the i-th key holds a
+--   value Tollgate did not write, and Redis's own WRONGTYPE when a key
+--   holds another type (the store finds which with TYPE); either way
+--   nothing is written and the key is left as it was (a refund gives
+--   nothing back from such a key);
 --   "TOLLGATE_SKEW <caller µs> <server µs> <max skew µs>" when the
 --   caller's time is too far from the server's; "TOLLGATE_ARGS <why>" for
 --   arguments this script does not understand.
@@ -67,6 +72,30 @@ local REFUNDS = {
   [FIXED_WINDOW] = refund_fixed_window,
   [SLIDING_WINDOW] = refund_sliding_window,
 }
+-- How each counter state is stored: the number of cells kept (trailing
+-- cells an algorithm does not use are not written), the pattern that reads
+-- them back and the format that writes them (one string.format per state).
+local CELLS = {
+  [TOKEN_BUCKET] = 2,
+  [GCRA] = 1,
+  [FIXED_WINDOW] = 2,
+  [SLIDING_WINDOW] = 3,
+}
+local PATTERNS = { '^(%d+)$', '^(%d+) (%d+)$', '^(%d+) (%d+) (%d+)$' }
+local FORMATS = { '%d', '%d %d', '%d %d %d' }
+-- The token bucket leaves its second cell (the remainder) out when it is
+-- 0: one integer, which Redis keeps inside the key's object.
+-- The cell holding a time (µs since the Unix epoch), which a state
+-- Tollgate wrote always has from 2020 to 2101 (clocks are checked to read
+-- 2020–2100; a TAT runs ahead by at most the longest recovery, 14 days):
+-- a value whose time is not is someone else's numbers.
+local TIME_CELL = {
+  [TOKEN_BUCKET] = 1,
+  [GCRA] = 1,
+  [FIXED_WINDOW] = 2,
+  [SLIDING_WINDOW] = 3,
+}
+local EARLIEST, LATEST = 1577836800000000, 4133980800000000
 
 -- Lists up to this length are read whole; longer ones by binary search
 -- with LINDEX, so a large log costs O(log n) reads.
@@ -76,38 +105,57 @@ local PUSH_CHUNK = 1000
 -- Added to every TTL: Redis's millisecond truncation (see above).
 local TTL_MARGIN_MS = 1
 
+-- Per-layer results of the call being decided. Loaded as a function
+-- library these tables are made once and reused by every call (Redis runs
+-- one call at a time); as a script they are made once per call.
+local codes, allowed, ttls, cell_a, cell_b, cell_c, logs = {}, {}, {}, {}, {}, {}, {}
+
 local function server_time()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- A counter state, or nil when the key is missing. A key holding anything
--- else (another type, or a string that is not three integers) was not
--- written by Tollgate: nil and what was found ('wrong_type', 'not_a_state'),
--- and the caller answers TOLLGATE_CONFLICT without touching the key.
-local function read_cells(key)
-  local v = redis.pcall('GET', key)
+-- The counter state of algorithm `code` at `key`: its cells as numbers
+-- (cells not stored are 0); nil when the key is missing; false when the
+-- key holds a string that is not such a state (data Tollgate did not
+-- write: the caller answers TOLLGATE_CONFLICT without touching the key).
+-- A key of another type fails the GET with WRONGTYPE before anything is
+-- written, which the store reports as a conflict too (no pcall on this
+-- path).
+local function read_cells(key, code)
+  local v = redis.call('GET', key)
   if not v then
     return nil
   end
-  if type(v) ~= 'string' then
-    return nil, 'wrong_type'
+  local a, b, c = match(v, PATTERNS[CELLS[code]])
+  if not a and code == TOKEN_BUCKET then
+    a = match(v, PATTERNS[1])
   end
-  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
   if not a then
-    return nil, 'not_a_state'
+    return false
   end
-  return { tonumber(a), tonumber(b), tonumber(c) }
+  a, b, c = tonumber(a), tonumber(b or 0), tonumber(c or 0)
+  local t = TIME_CELL[code]
+  local at = (t == 1 and a) or (t == 2 and b) or c
+  if at < EARLIEST or at >= LATEST then
+    return false
+  end
+  return a, b, c
 end
 
--- A sliding log as { n, at(i) } (n = 0 when the key is missing), or nil
--- and what was found when the key holds something Tollgate did not write
--- (another type, or a list whose ends are not timestamps).
-local function read_log(key)
-  local n = redis.pcall('LLEN', key)
-  if type(n) ~= 'number' then
-    return nil, 'wrong_type'
+local function write_cells(key, code, ttl, a, b, c)
+  local n = CELLS[code]
+  if code == TOKEN_BUCKET and b == 0 then
+    n = 1
   end
+  redis.call('SET', key, format(FORMATS[n], a, b, c), 'PX', ttl)
+end
+
+-- A sliding log as { n, at(i) } (n = 0 when the key is missing), or false
+-- when the key holds a list whose ends are not timestamps. Another type
+-- fails the LLEN with WRONGTYPE, as for counter states.
+local function read_log(key)
+  local n = redis.call('LLEN', key)
   local log
   if n <= READ_WHOLE then
     local items = {}
@@ -130,7 +178,7 @@ local function read_log(key)
     }
   end
   if n > 0 and not (log.at(1) and log.at(n)) then
-    return nil, 'not_a_state'
+    return false
   end
   return log
 end
@@ -142,7 +190,7 @@ local function write_log(key, next, cost, ttl)
   local stamp = int(next.t)
   local left = cost
   while left > 0 do
-    local chunk = math.min(left, PUSH_CHUNK)
+    local chunk = min(left, PUSH_CHUNK)
     local args = {}
     for j = 1, chunk do
       args[j] = stamp
@@ -150,53 +198,36 @@ local function write_log(key, next, cost, ttl)
     redis.call('RPUSH', key, unpack(args))
     left = left - chunk
   end
-  redis.call('PEXPIRE', key, ttl + TTL_MARGIN_MS)
+  redis.call('PEXPIRE', key, ttl)
 end
 
-local mode = 'decide'
-local layers = #KEYS
-if #ARGV == 2 + 5 * layers then
-  mode = 'decide'
-elseif #ARGV == 3 + 5 * layers and (ARGV[#ARGV] == 'reserve' or ARGV[#ARGV] == 'peek') then
-  mode = ARGV[#ARGV]
-elseif #ARGV == 3 + 7 * layers and ARGV[#ARGV] == 'refund' then
-  mode = 'refund'
-else
-  return redis.error_reply('TOLLGATE_ARGS expected 2 arguments and 5 per key')
-end
-
-local now
-if ARGV[1] == '' then
-  now = server_time()
-else
-  now = tonumber(ARGV[1])
-  if not now then
-    return redis.error_reply('TOLLGATE_ARGS the time must be an integer number of microseconds')
+-- What a refund finds at a key: 'none', 'state' or 'foreign' (another
+-- type, checked with TYPE: refunds are rare, and must not fail).
+local function refund_target(key, code)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then
+    return 'none'
   end
-  if ARGV[2] ~= '' then
-    local server = server_time()
-    local max_skew = tonumber(ARGV[2])
-    if math.abs(now - server) > max_skew then
-      return redis.error_reply('TOLLGATE_SKEW ' .. int(now) .. ' ' .. int(server) .. ' ' .. ARGV[2])
-    end
+  if (code == LOG and kind == 'list') or (code ~= LOG and kind == 'string') then
+    return 'state'
   end
+  return 'foreign'
 end
 
-if mode == 'refund' then
+local function refund(KEYS, ARGV, now)
   local reply = {}
-  for i = 1, layers do
+  for i = 1, #KEYS do
     local key = KEYS[i]
     local base = 2 + 7 * (i - 1)
     local code = tonumber(ARGV[base + 1])
     local cost = tonumber(ARGV[base + 2])
     local p1, p2, p3 = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
     local at, mark = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
+    reply[i] = 0
+    local target = refund_target(key, code)
     if code == LOG then
       -- A list Tollgate did not write is left alone.
-      local _, foreign = read_log(key)
-      if foreign then
-        reply[i] = 0
-      else
+      if target == 'state' and read_log(key) then
         reply[i] = refund_sliding_log(key, cost, at)
       end
     else
@@ -204,113 +235,189 @@ if mode == 'refund' then
       if not run then
         return redis.error_reply('TOLLGATE_ARGS unknown algorithm ' .. tostring(ARGV[base + 1]))
       end
-      local given, cells = run(p1, p2, p3, read_cells(key), now, cost, at, mark)
-      -- The state keeps its expiry: a refund only brings it closer to new.
-      -- A key without one is left alone (nothing is stored without a TTL).
-      local ttl = redis.call('PTTL', key)
-      if cells and ttl > 0 then
-        redis.call('SET', key, int(cells[1]) .. ' ' .. int(cells[2]) .. ' ' .. int(cells[3]), 'PX', ttl)
-        reply[i] = given
-      else
-        reply[i] = 0
+      if target == 'state' then
+        local a, b, c = read_cells(key, code)
+        -- The state keeps its expiry: a refund only brings it closer to
+        -- new. A key without one is left alone (nothing is stored without
+        -- a TTL).
+        local ttl = redis.call('PTTL', key)
+        if a and ttl > 0 then
+          local given, na, nb, nc = run(p1, p2, p3, a, b, c, now, cost, at, mark)
+          if na then
+            write_cells(key, code, ttl, na, nb, nc)
+            reply[i] = given
+          end
+        end
       end
     end
   end
   return reply
 end
 
-local reply = {}
-local writes = {}
-local all_allowed = true
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local base = 2 + 5 * (i - 1)
-  local code = tonumber(ARGV[base + 1])
+-- Judge layer i (its key, algorithm code and cost; its three parameters
+-- are ARGV[p], ARGV[p + 1], ARGV[p + 2]) at `now`: admitted (1/0), limit,
+-- remaining, reset_after, retry_after, and when admitted the TTL and the
+-- next state (cells a, b, c; for the log, its write in a). On a bad
+-- argument or a foreign value: nil and the error reply.
+local function judge(i, key, code, cost, ARGV, p, now)
   local run = ALGORITHMS[code]
   if not run then
-    return redis.error_reply('TOLLGATE_ARGS unknown algorithm ' .. tostring(ARGV[base + 1]))
+    return nil, redis.error_reply('TOLLGATE_ARGS unknown algorithm ' .. tostring(ARGV[p - 2]))
   end
-  local cost = tonumber(ARGV[base + 2])
-  local p1, p2, p3 = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
-  local state, foreign
+  local p1, p2, p3 = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
+  local ok, limit, remaining, reset_after, retry_after, ttl, a, b, c
   if code == LOG then
-    state, foreign = read_log(key)
+    local log = read_log(key)
+    if log == false then
+      -- Nothing has been written yet: the whole call changes nothing.
+      return nil, redis.error_reply('TOLLGATE_CONFLICT ' .. i .. ' not_a_state')
+    end
+    ok, limit, remaining, reset_after, retry_after, a, ttl = run(p1, p2, p3, log, now, cost)
   else
-    state, foreign = read_cells(key)
+    a, b, c = read_cells(key, code)
+    if a == false then
+      return nil, redis.error_reply('TOLLGATE_CONFLICT ' .. i .. ' not_a_state')
+    end
+    ok, limit, remaining, reset_after, retry_after, ttl, a, b, c =
+      run(p1, p2, p3, a, b, c, now, cost)
   end
-  if foreign then
-    -- Nothing has been written yet: the whole call changes nothing.
-    return redis.error_reply('TOLLGATE_CONFLICT ' .. i .. ' ' .. foreign)
-  end
-  local allowed, limit, remaining, reset_after, retry_after, next, ttl =
-    run(p1, p2, p3, state, now, cost)
-  if allowed then
-    writes[i] = { key = key, log = code == LOG, next = next, ttl = ttl,
-                  cost = cost, code = code }
-  else
-    all_allowed = false
-  end
-  local r = 5 * (i - 1)
-  reply[r + 1] = allowed and 1 or 0
-  reply[r + 2] = limit
-  reply[r + 3] = remaining
-  reply[r + 4] = reset_after
-  reply[r + 5] = retry_after
+  return ok and 1 or 0, limit, remaining, reset_after, retry_after, ttl, a, b, c
 end
 
--- Peeking writes nothing: report as a denial does.
-if mode == 'peek' then
-  all_allowed = false
-end
-
-if all_allowed then
-  for i = 1, #KEYS do
-    local w = writes[i]
-    if w.log then
-      write_log(w.key, w.next, w.cost, w.ttl)
+-- The one entry point: KEYS and ARGV as described above.
+local function decide(KEYS, ARGV)
+  if not floor then
+    bind()
+  end
+  local layers = #KEYS
+  local nargs = #ARGV
+  local mode = 'decide'
+  if nargs ~= 2 + 5 * layers then
+    local last = ARGV[nargs]
+    if nargs == 3 + 5 * layers and (last == 'reserve' or last == 'peek') then
+      mode = last
+    elseif nargs == 3 + 7 * layers and last == 'refund' then
+      mode = 'refund'
     else
-      local c = w.next
-      redis.call('SET', w.key, int(c[1]) .. ' ' .. int(c[2]) .. ' ' .. int(c[3]), 'PX', w.ttl + TTL_MARGIN_MS)
+      return redis.error_reply('TOLLGATE_ARGS expected 2 arguments and 5 per key')
     end
   end
-else
-  -- Nothing was charged: admitting layers give the cost back.
-  for i = 1, #KEYS do
-    local r = 5 * (i - 1)
-    if reply[r + 1] == 1 then
-      local cost = tonumber(ARGV[2 + 5 * (i - 1) + 2])
-      reply[r + 3] = math.min(reply[r + 3] + cost, reply[r + 2])
-    end
-  end
-end
 
-if mode == 'reserve' then
-  -- Append each layer's charge (at, mark), as refund_* expect them.
-  local out = {}
-  for i = 1, #KEYS do
-    local r = 5 * (i - 1)
-    for j = 1, 5 do
-      out[7 * (i - 1) + j] = reply[r + j]
+  local now
+  if ARGV[1] == '' then
+    now = server_time()
+  else
+    now = tonumber(ARGV[1])
+    if not now then
+      return redis.error_reply('TOLLGATE_ARGS the time must be an integer number of microseconds')
     end
-    local at, mark = 0, 0
-    local w = writes[i]
-    if all_allowed and w then
-      local c = w.next
-      if w.log then
-        at = c.t
-      elseif w.code == SLIDING_WINDOW then
-        at = c[3]
-      else
-        at = c[2]
-        if w.code == TOKEN_BUCKET or w.code == GCRA then
-          mark = c[1]
-        end
+    if ARGV[2] ~= '' then
+      local server = server_time()
+      local max_skew = tonumber(ARGV[2])
+      if now - server > max_skew or server - now > max_skew then
+        return redis.error_reply('TOLLGATE_SKEW ' .. int(now) .. ' ' .. int(server) .. ' ' .. ARGV[2])
       end
     end
-    out[7 * (i - 1) + 6] = at
-    out[7 * (i - 1) + 7] = mark
   end
-  return out
+
+  if mode == 'refund' then
+    return refund(KEYS, ARGV, now)
+  end
+
+  if layers == 1 and mode == 'decide' then
+    -- One layer (most decisions): no per-layer bookkeeping.
+    local code = tonumber(ARGV[3])
+    local ok, limit, remaining, reset_after, retry_after, ttl, a, b, c =
+      judge(1, KEYS[1], code, tonumber(ARGV[4]), ARGV, 5, now)
+    if not ok then
+      return limit
+    end
+    if ok == 1 then
+      if code == LOG then
+        write_log(KEYS[1], a, tonumber(ARGV[4]), ttl + TTL_MARGIN_MS)
+      else
+        write_cells(KEYS[1], code, ttl + TTL_MARGIN_MS, a, b, c)
+      end
+    end
+    return { ok, limit, remaining, reset_after, retry_after }
+  end
+
+  local reply = {}
+  local all_allowed = true
+  for i = 1, layers do
+    local base = 2 + 5 * (i - 1)
+    local code = tonumber(ARGV[base + 1])
+    local ok, limit, remaining, reset_after, retry_after, ttl, a, b, c =
+      judge(i, KEYS[i], code, tonumber(ARGV[base + 2]), ARGV, base + 3, now)
+    if not ok then
+      return limit
+    end
+    codes[i], allowed[i], ttls[i], cell_a[i], cell_b[i], cell_c[i] = code, ok, ttl, a, b, c
+    if ok == 0 then
+      all_allowed = false
+    end
+    local r = 5 * (i - 1)
+    reply[r + 1] = ok
+    reply[r + 2] = limit
+    reply[r + 3] = remaining
+    reply[r + 4] = reset_after
+    reply[r + 5] = retry_after
+  end
+
+  -- Peeking writes nothing: report as a denial does.
+  if mode == 'peek' then
+    all_allowed = false
+  end
+
+  if all_allowed then
+    for i = 1, layers do
+      local code = codes[i]
+      if code == LOG then
+        write_log(KEYS[i], cell_a[i], tonumber(ARGV[2 + 5 * (i - 1) + 2]), ttls[i] + TTL_MARGIN_MS)
+      else
+        write_cells(KEYS[i], code, ttls[i] + TTL_MARGIN_MS, cell_a[i], cell_b[i], cell_c[i])
+      end
+    end
+  else
+    -- Nothing was charged: admitting layers give the cost back.
+    for i = 1, layers do
+      local r = 5 * (i - 1)
+      if reply[r + 1] == 1 then
+        local cost = tonumber(ARGV[2 + 5 * (i - 1) + 2])
+        reply[r + 3] = min(reply[r + 3] + cost, reply[r + 2])
+      end
+    end
+  end
+
+  if mode == 'reserve' then
+    -- Append each layer's charge (at, mark), as refund_* expect them.
+    local out = {}
+    for i = 1, layers do
+      local r = 5 * (i - 1)
+      for j = 1, 5 do
+        out[7 * (i - 1) + j] = reply[r + j]
+      end
+      local at, mark = 0, 0
+      if all_allowed then
+        local code = codes[i]
+        if code == LOG then
+          at = cell_a[i].t
+        elseif code == SLIDING_WINDOW then
+          at = cell_c[i]
+        elseif code == GCRA then
+          mark = cell_a[i]
+        elseif code == TOKEN_BUCKET then
+          at, mark = cell_b[i], cell_a[i]
+        else
+          at = cell_b[i]
+        end
+      end
+      out[7 * (i - 1) + 6] = at
+      out[7 * (i - 1) + 7] = mark
+    end
+    return out
+  end
+
+  return reply
 end
 
-return reply

@@ -19,7 +19,7 @@ local function sliding_log(limit, w, _, log, now, cost)
   local n = log.n
   local t = now
   if n > 0 then
-    t = math.max(now, log.at(n))
+    t = max(now, log.at(n))
   end
   -- Entries at or before t − W have aged out: binary search for the first
   -- live one (Rust: partition_point).
@@ -47,5 +47,5 @@ local function sliding_log(limit, w, _, log, now, cost)
     reset_at = log.at(n) + w
   end
   -- max() only guards a log written under a larger limit.
-  return false, limit, math.max(limit - live, 0), after(reset_at, now), after(retry_at, now)
+  return false, limit, max(limit - live, 0), after(reset_at, now), after(retry_at, now)
 end

@@ -3,7 +3,7 @@
 -- This file defines one function; the store runs it through layered.lua,
 -- which holds the KEYS/ARGV layout (one layer = one call of this function).
 --
---   sliding_window(limit, window_us, _, cells, now, cost)
+--   sliding_window(limit, window_us, _, cur, prev, last, now, cost)
 --
 -- Layer ARGV: algorithm 4, cost, limit, window_us, 0.
 -- State: cells {current count, previous count, last µs}, stored as the
@@ -11,8 +11,8 @@
 -- A request passes when prev × (W − e) + (cur + cost) × W ≤ limit × W, with e
 -- the elapsed part of the current window.
 -- Returns: allowed (boolean), limit, remaining, reset_after µs,
---   retry_after µs (-1 when admitted), and when admitted the next cells and
---   the TTL in milliseconds.
+--   retry_after µs (-1 when admitted), and when admitted the TTL in
+--   milliseconds and the next cells (a, b, c). No table is built.
 
 -- The earliest instant a denied request of cost passes.
 local function sliding_window_retry_at(limit, w, prev, cur, cost, start)
@@ -20,7 +20,7 @@ local function sliding_window_retry_at(limit, w, prev, cur, cost, start)
   -- prev × (W − e') ≤ (limit − cur − cost) × W.
   if limit >= cur + cost and prev > 0 then
     local spare = (limit - cur - cost) * w
-    local e_min = w - math.min(fdiv(spare, prev), w)
+    local e_min = w - min(fdiv(spare, prev), w)
     if e_min < w then
       return start + e_min
     end
@@ -29,19 +29,16 @@ local function sliding_window_retry_at(limit, w, prev, cur, cost, start)
   -- cur × (W − e') ≤ (limit − cost) × W.
   local e_next = 0
   if cur ~= 0 then
-    e_next = w - math.min(fdiv((limit - cost) * w, cur), w)
+    e_next = w - min(fdiv((limit - cost) * w, cur), w)
   end
   return start + w + e_next
 end
 
-local function sliding_window(limit, w, _, cells, now, cost)
-  local stored_cur, stored_prev, last
-  if cells then
-    stored_cur, stored_prev, last = cells[1], cells[2], cells[3]
-  else
+local function sliding_window(limit, w, _, stored_cur, stored_prev, last, now, cost)
+  if not stored_cur then
     stored_cur, stored_prev, last = 0, 0, now
   end
-  local t = math.max(now, last)
+  local t = max(now, last)
   local start = t - mod(t, w)
   local last_start = last - mod(last, w)
   local prev, cur
@@ -76,7 +73,7 @@ local function sliding_window(limit, w, _, cells, now, cost)
   end
   if allowed then
     return true, limit, remaining, after(reset_at, now), -1,
-      { cur_after, prev, t }, ttl_ms(reset_at, now)
+      ttl_ms(reset_at, now), cur_after, prev, t
   end
   local retry_at = sliding_window_retry_at(limit, w, prev, cur, cost, start)
   return false, limit, remaining, after(reset_at, now), after(retry_at, now)

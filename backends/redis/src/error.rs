@@ -32,6 +32,11 @@ pub enum RedisStoreError {
         /// The configured bound.
         max_skew: Duration,
     },
+    /// The store was built with
+    /// [`Scripting::Functions`](crate::Scripting::Functions) and the server
+    /// has no Redis Functions (before Redis 7.0).
+    #[error("this Redis server has no Redis Functions (FUNCTION LOAD and FCALL came with Redis 7.0): upgrade Redis, or build the store with Scripting::Auto or Scripting::Eval to run the same code with EVALSHA")]
+    NoFunctions,
     /// A layer's cost is outside `1..=capacity` (the limiter checks this
     /// before calling a store; other callers must too).
     #[error("cost {cost} is outside 1..={capacity} for policy {policy:?}")]
@@ -77,6 +82,10 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
     match e.kind() {
         ErrorKind::Extension if e.code() == Some("TOLLGATE_SKEW") => skew_error(&e),
         ErrorKind::Extension if e.code() == Some("TOLLGATE_CONFLICT") => conflict_error(&e),
+        ErrorKind::Extension if e.code() == Some("WRONGTYPE") => crate::conflicts::unlocated(),
+        ErrorKind::Client if e.detail() == Some(crate::scripting::NO_FUNCTIONS) => {
+            RedisStoreError::NoFunctions.into()
+        }
         ErrorKind::Io
         | ErrorKind::AuthenticationFailed
         | ErrorKind::ClusterConnectionNotFound
@@ -124,6 +133,10 @@ pub(crate) fn name_conflict<'a>(
     policy_of: impl Fn(usize) -> Option<&'a str>,
 ) -> StoreError {
     match error {
+        // Not located yet (WRONGTYPE): the store asks the keys' types.
+        StoreError::Conflict { policy, found } if policy.is_empty() => {
+            StoreError::Conflict { policy, found }
+        }
         StoreError::Conflict { policy, found } => {
             let named = policy
                 .parse::<usize>()

@@ -1,39 +1,57 @@
 //! Tollgate's Redis stores: standalone Redis ([`RedisStore`]) and, with the
 //! `cluster` feature, Redis Cluster (`cluster::RedisClusterStore`: the same
-//! script per hash slot, reserve-and-refund across slots; see the `cluster`
+//! code per hash slot, reserve-and-refund across slots; see the `cluster`
 //! module and `docs/cluster.md`).
 //!
-//! Every decision is **one** `EVALSHA` of one Lua script, whatever the number
-//! of layers: the script reads every layer's state, decides each one, and
-//! writes every layer only if all of them admit (all-or-nothing; a denied
-//! request charges nothing). Redis runs a script atomically, so concurrent
-//! decisions on one key behave as if they ran one after another.
+//! Every decision is **one** call of one Lua program, whatever the number
+//! of layers: it reads every layer's state, decides each one, and writes
+//! every layer only if all of them admit (all-or-nothing; a denied request
+//! charges nothing). Redis runs it atomically, so concurrent decisions on
+//! one key behave as if they ran one after another.
 //!
+//! - **Functions.** On Redis 7.0 and later the code is loaded once as a
+//!   function library ([`function_library`], named after its own digest,
+//!   so two releases sharing a Redis each keep theirs) and every decision
+//!   is an `FCALL`: the code's helpers and tables are made once per load,
+//!   not once per call. Before 7.0, or with [`Scripting::Eval`], the same
+//!   code runs as a script ([`SCRIPT`], `EVALSHA`). The store finds out at
+//!   connect ([`Scripting::Auto`], the default). A server that lost the
+//!   code (restart, failover, `FUNCTION FLUSH`, `SCRIPT FLUSH`) gets it
+//!   again at the first call that misses it, and that call is sent once
+//!   more.
 //! - **Same answers as Rust.** Each algorithm is a Lua function in
 //!   `lua/<algorithm>.lua`, a line-by-line port of the reference in
 //!   `tollgate-algorithms` in exact integer arithmetic; a differential test
 //!   checks on long random sequences that verdicts and stored states agree
 //!   bit for bit, and that the TTLs agree to the millisecond.
-//! - **Time.** By default the script reads the server's `TIME`, so every key
+//! - **Time.** By default the code reads the server's `TIME`, so every key
 //!   is judged by one clock whatever the app servers' clocks say. A
 //!   [`clock`](RedisStoreBuilder::clock) can supply the time instead (tests,
 //!   replays); implausible times are refused, and
 //!   [`max_skew`](RedisStoreBuilder::max_skew) bounds its distance from the
 //!   server's.
-//! - **Keys.** `<prefix>:{tag}:<policy>:v<version>:<scope>:<subject>`
-//!   (prefix `tollgate` by default). Every write sets a TTL: the
+//! - **Keys.** `<prefix>:{tag}:<policy>:v<version>:<algorithm>:<scope>:<subject>`
+//!   (prefix `tollgate` by default; the scope is `s`, `t`, `g` or
+//!   `a.<attribute>`), without the `:<subject>` when the subject is its own
+//!   tag: `tollgate:{key-7}:api:v1:gcra:s`. Every write sets a TTL: the
 //!   algorithm's (until the state is back to new, in milliseconds, rounded
 //!   up) plus one millisecond, because Redis counts a TTL from its clock
 //!   truncated to the millisecond; no key lives without one, and none
 //!   outlives [`MAX_RECOVERY`](tollgate_limiter::MAX_RECOVERY) by more than that
-//!   millisecond. Counter states are the string `"a b c"` (smaller than a
-//!   hash); the sliding log is a list of timestamps.
+//!   millisecond.
+//! - **States.** The smallest exact encoding per algorithm: GCRA one
+//!   integer (its theoretical arrival time, which Redis keeps inside the
+//!   key's object), the token bucket one too (when it is full again) with a
+//!   remainder after it when its refill does not divide its period
+//!   (`"a b"`), the fixed window two integers, the sliding window counter
+//!   three; the sliding log is a list of timestamps. A value of another shape, or whose time is not between
+//!   2020 and 2101, or a key of another type, is someone else's data: the
+//!   decision fails with [`StoreError::Conflict`] and the value is left as
+//!   it was.
 //! - **Deadlines.** Every decision is bounded by a deadline (50 ms by
-//!   default) covering waiting for a connection and reloading the script;
+//!   default) covering waiting for a connection and reloading the code;
 //!   connecting is bounded by a connect timeout (1 s). A stalled or dead
 //!   Redis costs a request at most the deadline, never a queue.
-//! - **Scripts.** `EVALSHA` in steady state; after `NOSCRIPT` (restart,
-//!   `SCRIPT FLUSH`) the store loads the script and retries once.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -58,22 +76,28 @@
 //! Custom algorithms ([`Limit::Custom`](tollgate_limiter::Limit::Custom)) have no
 //! Lua counterpart: the store answers [`StoreError::Unsupported`] for them.
 //!
-//! Requirements: Redis 5.0 or later (scripts read `TIME` before writing,
-//! which needs effects replication, the default since 5.0). Keep
-//! `maxmemory-policy noeviction` (Redis's default): under an evicting policy
-//! every Tollgate key is a candidate (they all have TTLs), and an evicted
-//! counter hands out its capacity again; under `noeviction` a full Redis
-//! fails decisions with [`StoreError::Unavailable`], which the policy's
-//! failure mode handles.
+//! Requirements: Redis 7.0 or later for functions; the script form needs
+//! Redis 5.0 or later (the code reads `TIME` before writing, which needs
+//! effects replication, the default since 5.0). Only Redis 7.0 is tested
+//! here: the script form is tested by forcing it
+//! ([`Scripting::Eval`]) on 7.0; Redis 6.2 itself is declared, not tested.
+//! Keep `maxmemory-policy noeviction` (Redis's default): under an evicting
+//! policy every Tollgate key is a candidate (they all have TTLs), and an
+//! evicted counter hands out its capacity again; under `noeviction` a full
+//! Redis fails decisions with [`StoreError::Unavailable`], which the
+//! policy's failure mode handles (and fails `connect`, since `FUNCTION
+//! LOAD` is a write).
 //!
 //! [`StoreError::Unsupported`]: tollgate_limiter::StoreError::Unsupported
 //! [`StoreError::Unavailable`]: tollgate_limiter::StoreError::Unavailable
+//! [`StoreError::Conflict`]: tollgate_limiter::StoreError::Conflict
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub mod cluster;
+mod conflicts;
 mod error;
 #[cfg(feature = "cluster")]
 mod holds;
@@ -82,6 +106,7 @@ mod holds;
 pub mod script;
 #[cfg(not(feature = "internals"))]
 mod script;
+mod scripting;
 mod settings;
 mod store;
 
@@ -89,6 +114,7 @@ mod store;
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use error::RedisStoreError;
-pub use script::SCRIPT;
+pub use script::{function_library, function_name, library_name, SCRIPT};
+pub use scripting::Scripting;
 pub use settings::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_PREFIX};
 pub use store::{ConnectionMode, RedisStore, RedisStoreBuilder};

@@ -13,31 +13,79 @@ use std::time::Duration;
 use tollgate_limiter::{LayerRequest, Limit, StoreError, Verdict, Verdicts};
 
 use crate::error::RedisStoreError;
+use crate::scripting::Style;
 
-/// The script the store runs: the files of `lua/` (the helpers of
-/// `common.lua`, the algorithm codes of `codes.lua`, the five algorithms,
-/// the refunds of `refund.lua` and the dispatcher `layered.lua`),
-/// concatenated in that order. Standalone and Cluster stores run the same
-/// script.
-pub const SCRIPT: &str = concat!(
-    include_str!("../lua/common.lua"),
-    "\n",
-    include_str!("../lua/codes.lua"),
-    "\n",
-    include_str!("../lua/token_bucket.lua"),
-    "\n",
-    include_str!("../lua/gcra.lua"),
-    "\n",
-    include_str!("../lua/fixed_window.lua"),
-    "\n",
-    include_str!("../lua/sliding_window.lua"),
-    "\n",
-    include_str!("../lua/sliding_log.lua"),
-    "\n",
-    include_str!("../lua/refund.lua"),
-    "\n",
-    include_str!("../lua/layered.lua"),
-);
+/// The files of `lua/`, concatenated: the helpers of `common.lua`, the
+/// algorithm codes of `codes.lua`, the five algorithms, the refunds of
+/// `refund.lua` and the dispatcher `layered.lua`, which defines
+/// `decide(KEYS, ARGV)`.
+macro_rules! body {
+    () => {
+        concat!(
+            include_str!("../lua/common.lua"),
+            "\n",
+            include_str!("../lua/codes.lua"),
+            "\n",
+            include_str!("../lua/token_bucket.lua"),
+            "\n",
+            include_str!("../lua/gcra.lua"),
+            "\n",
+            include_str!("../lua/fixed_window.lua"),
+            "\n",
+            include_str!("../lua/sliding_window.lua"),
+            "\n",
+            include_str!("../lua/sliding_log.lua"),
+            "\n",
+            include_str!("../lua/refund.lua"),
+            "\n",
+            include_str!("../lua/layered.lua"),
+        )
+    };
+}
+
+/// The code both forms run: it defines `decide(KEYS, ARGV)` (see
+/// `lua/layered.lua` for the arguments and the reply).
+const BODY: &str = body!();
+
+/// The script form, for `EVALSHA` (Redis before 7.0, or
+/// [`Scripting::Eval`](crate::Scripting::Eval)): the code, then a call of
+/// `decide`. Standalone and Cluster stores run the same code.
+pub const SCRIPT: &str = concat!(body!(), "\nreturn decide(KEYS, ARGV)\n");
+
+/// The function library form, for `FUNCTION LOAD` and `FCALL` (Redis 7.0
+/// and later): the same code, registering `decide` as the function
+/// [`function_name`]. Its library is named [`library_name`].
+///
+/// A store loads it itself (`FUNCTION LOAD REPLACE`); it is public for
+/// operators who load it ahead of time, for example where the store's user
+/// may call functions but not load them.
+pub fn function_library() -> &'static str {
+    static LIBRARY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        format!(
+            "#!lua name={}\n{BODY}\nredis.register_function('{}', decide)\n",
+            library_name(),
+            function_name()
+        )
+    })
+}
+
+/// The function library's name: `tollgate_` and the first 16 hex digits
+/// of the SHA-1 of its code, so each release's code has its own name and
+/// processes of two releases sharing a Redis each call their own.
+pub fn library_name() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let sha = redis::Script::new(BODY).get_hash().to_string();
+        format!("tollgate_{}", &sha[..16])
+    })
+}
+
+/// The function that decides: `tollgate_decide_` and the same digits.
+pub fn function_name() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| format!("tollgate_decide_{}", &library_name()["tollgate_".len()..]))
+}
 
 /// The algorithm codes the script knows (`lua/codes.lua` names them the
 /// same way; a test checks the two agree).
@@ -103,20 +151,34 @@ pub(crate) enum Mode {
     Refund,
 }
 
-/// One `EVALSHA` of the script: every store builds its calls here, so the
-/// argument layout is written once.
+/// One call of the code (`FCALL` of the function or `EVALSHA` of the
+/// script): every store builds its calls here, so the argument layout is
+/// written once.
 ///
-/// `EVALSHA <sha> <numkeys> <keys…> <now> <max_skew> <layer args…> [mode]`
+/// `FCALL <function> <numkeys> <keys…> <now> <max_skew> <layer args…> [mode]`
+/// (`EVALSHA <sha> …` the same way).
 pub(crate) struct ScriptCall(redis::Cmd);
 
 impl ScriptCall {
     /// A call over `keys` (rendered Redis keys, one per layer) at `time`.
     pub(crate) fn new<K: redis::ToRedisArgs>(
+        style: Style,
         keys: impl ExactSizeIterator<Item = K>,
         time: &TimeArgs,
     ) -> Self {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(sha1()).arg(keys.len());
+        let mut cmd = match style {
+            Style::Fcall => {
+                let mut cmd = redis::cmd("FCALL");
+                cmd.arg(function_name());
+                cmd
+            }
+            Style::Evalsha => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(sha1());
+                cmd
+            }
+        };
+        cmd.arg(keys.len());
         for key in keys {
             cmd.arg(key);
         }
@@ -162,6 +224,19 @@ impl Mode {
             Mode::Refund => Some("refund"),
         }
     }
+}
+
+/// Whether `name`, what a server answered to `FUNCTION LOAD`, is the
+/// library's.
+pub(crate) fn check_library(name: &str) -> Result<(), redis::RedisError> {
+    if name != library_name() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "FUNCTION LOAD answered another library name than the library's",
+            name.to_string(),
+        )));
+    }
+    Ok(())
 }
 
 /// Whether `sha`, the digest a server computed for `SCRIPT LOAD`, is the
@@ -266,9 +341,26 @@ mod tests {
     #[test]
     fn the_digest_is_the_scripts() {
         assert_eq!(sha1().len(), 40);
-        assert!(SCRIPT.contains(CODES) && SCRIPT.ends_with(LAYERED));
+        assert!(SCRIPT.contains(CODES) && SCRIPT.contains(LAYERED));
+        assert!(SCRIPT.ends_with("return decide(KEYS, ARGV)\n"));
         assert!(check_digest(sha1()).is_ok());
         assert!(check_digest(&"0".repeat(40)).is_err());
+    }
+
+    /// The library is the script's code under a name made from it, and
+    /// registers the function the calls name.
+    #[test]
+    fn the_library_holds_the_same_code() {
+        let library = function_library();
+        assert!(library.starts_with(&format!("#!lua name={}\n", library_name())));
+        assert!(library.contains(BODY) && SCRIPT.starts_with(BODY));
+        assert!(library.contains(&format!("register_function('{}', decide)", function_name())));
+        assert_eq!(library_name().len(), "tollgate_".len() + 16);
+        assert!(library_name()
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+        assert!(check_library(library_name()).is_ok());
+        assert!(check_library("tollgate_0").is_err());
     }
 
     /// One code per algorithm, the same number on both sides: `codes.lua`

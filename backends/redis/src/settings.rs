@@ -10,6 +10,7 @@ use tollgate_limiter::{duration_micros, Clock, StoreError, StoreKey};
 
 use crate::error::{check_plausible, RedisStoreError};
 use crate::script::TimeArgs;
+use crate::scripting::{Runner, Scripting};
 
 /// The key prefix when none is configured.
 pub const DEFAULT_PREFIX: &str = "tollgate";
@@ -27,6 +28,7 @@ pub(crate) struct Settings {
     pub(crate) connect_timeout: Duration,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) max_skew: Option<Duration>,
+    pub(crate) scripting: Scripting,
 }
 
 impl Default for Settings {
@@ -37,6 +39,7 @@ impl Default for Settings {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             clock: None,
             max_skew: None,
+            scripting: Scripting::Auto,
         }
     }
 }
@@ -50,6 +53,7 @@ impl Settings {
             deadline: self.deadline,
             clock: self.clock.clone(),
             max_skew: self.max_skew,
+            runner: Arc::new(Runner::new(self.scripting)),
         })
     }
 }
@@ -58,7 +62,8 @@ impl Settings {
 macro_rules! settings_setters {
     () => {
         /// The text before every key (default `tollgate`): keys are
-        /// `<prefix>:{tag}:<policy>:v<version>:<algorithm>:<scope>:<subject>`.
+        /// `<prefix>:{tag}:<policy>:v<version>:<algorithm>:<scope>:<subject>`
+        /// (see [`StoreKey`](tollgate_limiter::StoreKey)).
         /// 1–64 characters of `A-Z a-z 0-9 _ - . :` (no braces, so the
         /// `{tag}` alone decides a key's Cluster slot). Tests use a unique
         /// prefix to share one server.
@@ -104,6 +109,17 @@ macro_rules! settings_setters {
             self.settings.max_skew = Some(max_skew);
             self
         }
+
+        /// How to run the Lua code (default
+        /// [`Scripting::Auto`](crate::Scripting::Auto): a function library
+        /// and `FCALL` on Redis 7.0 and later, `EVALSHA` before). Both run
+        /// the same code and decide alike; the library costs Redis less CPU
+        /// per call. [`Scripting::Eval`](crate::Scripting::Eval) forces
+        /// `EVALSHA` (for example for an ACL user without `FCALL`).
+        pub fn scripting(mut self, scripting: crate::Scripting) -> Self {
+            self.settings.scripting = scripting;
+            self
+        }
     };
 }
 pub(crate) use settings_setters;
@@ -121,6 +137,14 @@ macro_rules! settings_getters {
             &self.decides.prefix
         }
 
+        /// Whether calls go to the function library (`FCALL`) rather than
+        /// the script (`EVALSHA`): true unless the store was built with
+        /// [`Scripting::Eval`](crate::Scripting::Eval) or found that its
+        /// server has no functions.
+        pub fn uses_functions(&self) -> bool {
+            self.decides.runner.style() == crate::scripting::Style::Fcall
+        }
+
         /// The per-decision deadline.
         pub fn deadline(&self) -> std::time::Duration {
             self.decides.deadline
@@ -136,15 +160,23 @@ pub(crate) struct Decides {
     pub(crate) deadline: Duration,
     clock: Option<Arc<dyn Clock>>,
     max_skew: Option<Duration>,
+    /// How calls are sent, shared by the store's clones.
+    pub(crate) runner: Arc<Runner>,
 }
 
 impl Decides {
     /// The Redis key holding `key`'s state: `<prefix>:<key>`.
     pub(crate) fn redis_key(&self, key: &StoreKey<'_>) -> String {
-        use std::fmt::Write;
-        let mut text = String::with_capacity(self.prefix.len() + 64);
-        let _ = write!(text, "{}:{key}", self.prefix);
-        text
+        self.key_arg(key).to_string()
+    }
+
+    /// The same key as a command argument, written into the command's
+    /// buffer without a `String` of its own.
+    pub(crate) fn key_arg<'a>(&'a self, key: &'a StoreKey<'a>) -> KeyArg<'a> {
+        KeyArg {
+            prefix: &self.prefix,
+            key,
+        }
     }
 
     /// The time arguments of every call of one decision: the caller's
@@ -183,4 +215,22 @@ pub(crate) async fn within<F: std::future::Future>(
     tokio::time::timeout(limit, f)
         .await
         .map_err(|_| StoreError::Timeout(limit))
+}
+
+/// A rendered Redis key, `<prefix>:<key>`, as a command argument.
+pub(crate) struct KeyArg<'a> {
+    prefix: &'a str,
+    key: &'a StoreKey<'a>,
+}
+
+impl std::fmt::Display for KeyArg<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.prefix, self.key)
+    }
+}
+
+impl redis::ToRedisArgs for KeyArg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        out.write_arg_fmt(self);
+    }
 }

@@ -1,4 +1,4 @@
-//! The store: one `EVALSHA` per decision, under a deadline.
+//! The store: one `FCALL` (or `EVALSHA`) per decision, under a deadline.
 
 use std::fmt;
 use std::time::Duration;
@@ -7,13 +7,13 @@ use async_trait::async_trait;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
-use redis::{
-    AsyncConnectionConfig, Client, Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind,
-};
+use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, RedisResult};
 use tollgate_limiter::{LayerRequest, Store, StoreError, Verdicts};
 
+use crate::conflicts;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
-use crate::script::{check_digest, layer_args, parse_reply, Mode, ScriptCall, SCRIPT};
+use crate::script::{layer_args, parse_reply, Mode, ScriptCall};
+use crate::scripting::Style;
 use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
 
 /// How the store talks to Redis.
@@ -88,6 +88,7 @@ impl RedisStoreBuilder {
 
     fn validate(&self) -> Result<(Client, Decides), StoreError> {
         let decides = self.settings.checked()?;
+
         // The parser's message does not repeat the URL (it may hold a password).
         let client = Client::open(self.url.as_str())
             .map_err(|e| StoreError::from(RedisStoreError::InvalidUrl(e.to_string())))?;
@@ -114,7 +115,9 @@ impl RedisStoreBuilder {
     }
 
     /// Connect now (every pool connection, or the multiplexed one) and load
-    /// the script, within the connect timeout. Fails when Redis cannot be
+    /// the code (the function library, or the script; see
+    /// [`scripting`](RedisStoreBuilder::scripting)), within the connect
+    /// timeout. Fails when Redis cannot be
     /// reached; use [`build`](RedisStoreBuilder::build) to start without it.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let (client, decides) = self.validate()?;
@@ -146,7 +149,7 @@ impl RedisStoreBuilder {
     }
 
     /// Build without connecting: connections open on first use (and the
-    /// script loads on the first `NOSCRIPT`). Decisions fail with
+    /// code loads at the first call that finds it missing). Decisions fail with
     /// [`StoreError::Timeout`] or [`StoreError::Unavailable`] until Redis
     /// answers. Must be called inside a Tokio runtime.
     pub fn build(self) -> Result<RedisStore, StoreError> {
@@ -209,14 +212,17 @@ impl RedisStore {
         self.mode
     }
 
-    /// `SCRIPT LOAD` the script (done by [`connect`](RedisStoreBuilder::connect);
-    /// decisions also reload it on `NOSCRIPT`).
+    /// Load the code: `FUNCTION LOAD REPLACE` of the function library, or
+    /// `SCRIPT LOAD` of the script (done by
+    /// [`connect`](RedisStoreBuilder::connect); a decision that finds the
+    /// code missing also loads it, and is sent again once).
     pub async fn load_script(&self) -> Result<(), StoreError> {
+        let runner = &self.decides.runner;
         match &self.conn {
-            Conn::Multiplexed(manager) => load(&mut manager.clone()).await,
+            Conn::Multiplexed(manager) => runner.load(&mut manager.clone()).await,
             Conn::Pool(pool) => {
                 let mut pooled = self.checkout(pool).await?;
-                let result = load(&mut pooled.con).await;
+                let result = runner.load(&mut pooled.con).await;
                 pooled.check(&result);
                 result
             }
@@ -224,10 +230,16 @@ impl RedisStore {
         .map_err(from_redis)
     }
 
-    /// The `EVALSHA` command deciding `layers`.
-    fn command(&self, layers: &[LayerRequest<'_>]) -> Result<Cmd, StoreError> {
-        let keys = layers.iter().map(|l| self.redis_key(&l.key));
-        let mut call = ScriptCall::new(keys, &self.decides.time_args()?);
+    /// The command deciding `layers`, sent as `style`: keys and numbers
+    /// are written straight into its buffer.
+    fn command(
+        &self,
+        style: Style,
+        layers: &[LayerRequest<'_>],
+        time: &crate::script::TimeArgs,
+    ) -> Result<Cmd, StoreError> {
+        let keys = layers.iter().map(|l| self.decides.key_arg(&l.key));
+        let mut call = ScriptCall::new(style, keys, time);
         for layer in layers {
             call = call.layer(&layer_args(layer)?);
         }
@@ -244,40 +256,57 @@ impl RedisStore {
         })
     }
 
-    async fn evalsha(&self, cmd: &Cmd) -> Result<Vec<i64>, StoreError> {
+    /// Decide `layers` in one call (loading the code first where the
+    /// server lost it); a key of another type is named by policy.
+    async fn call(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        let time = self.decides.time_args()?;
+        let runner = &*self.decides.runner;
+        let style = runner.style();
+        let cmd = self.command(style, layers, &time)?;
+        // Only a store that fell back to the script builds the call again;
+        // its arguments were checked above.
+        let rebuild = |style| {
+            self.command(style, layers, &time)
+                .unwrap_or_else(|_| cmd.clone())
+        };
         match &self.conn {
-            Conn::Multiplexed(manager) => evalsha(&mut manager.clone(), cmd).await,
+            Conn::Multiplexed(manager) => {
+                let mut con = manager.clone();
+                let result = runner.call(&mut con, &cmd, style, rebuild).await;
+                self.answer(&mut con, result, layers).await
+            }
             Conn::Pool(pool) => {
                 let mut pooled = self.checkout(pool).await?;
-                let result = evalsha(&mut pooled.con, cmd).await;
+                let result = runner.call(&mut pooled.con, &cmd, style, rebuild).await;
                 pooled.check(&result);
-                result
+                self.answer(&mut pooled.con, result, layers).await
             }
         }
-        .map_err(from_redis)
     }
-}
 
-/// `EVALSHA`; on `NOSCRIPT` (the server lost the script: restart, failover,
-/// `SCRIPT FLUSH`) load it and retry once.
-async fn evalsha<C: ConnectionLike + Send>(con: &mut C, cmd: &Cmd) -> RedisResult<Vec<i64>> {
-    match cmd.query_async::<Vec<i64>>(con).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            load(con).await?;
-            cmd.query_async(con).await
+    /// The verdicts of a call's `result`, or its error with the conflicting
+    /// layer named.
+    async fn answer<C: ConnectionLike + Send>(
+        &self,
+        con: &mut C,
+        result: RedisResult<Vec<i64>>,
+        layers: &[LayerRequest<'_>],
+    ) -> Result<Verdicts, StoreError> {
+        match result {
+            Ok(reply) => parse_reply(&reply, layers.len()),
+            Err(e) => {
+                let e = from_redis(e);
+                if conflicts::is_unlocated(&e) {
+                    // Rare: the keys are rendered again.
+                    let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
+                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    let layers: Vec<&LayerRequest<'_>> = layers.iter().collect();
+                    return Err(conflicts::locate(con, &layers, &keys).await);
+                }
+                Err(name_conflict(e, |i| layers.get(i).map(|l| l.policy.name())))
+            }
         }
-        other => other,
     }
-}
-
-/// `SCRIPT LOAD`, checking the digest the server computed.
-async fn load<C: ConnectionLike + Send>(con: &mut C) -> RedisResult<()> {
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(SCRIPT)
-        .query_async(con)
-        .await?;
-    check_digest(&sha)
 }
 
 #[async_trait]
@@ -290,11 +319,7 @@ impl Store for RedisStore {
         if layers.is_empty() {
             return Ok(Verdicts::new());
         }
-        let cmd = self.command(layers)?;
-        let reply = within(self.decides.deadline, self.evalsha(&cmd))
-            .await?
-            .map_err(|e| name_conflict(e, |i| layers.get(i).map(|l| l.policy.name())))?;
-        parse_reply(&reply, layers.len())
+        within(self.decides.deadline, self.call(layers)).await?
     }
 }
 

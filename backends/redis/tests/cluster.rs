@@ -277,7 +277,7 @@ impl Monitor {
         Monitor(reader)
     }
 
-    /// Script calls (`evalsha reserve`, `eval peek`, …) since the last call,
+    /// Calls (`fcall reserve`, `eval peek`, …) since the last call,
     /// up to a marker sent by `send`.
     fn calls(&mut self, prefix: &str, send: impl FnOnce(&str)) -> Vec<String> {
         let marker = unique("marker");
@@ -380,14 +380,14 @@ async fn a_decision_is_one_script_call_per_slot_group() {
     assert!(shared_tag.check(&ctx, 1).await.unwrap().is_allowed());
     assert_eq!(
         calls(&mut monitors),
-        ["evalsha decide"],
+        ["fcall decide"],
         "two layers, one tag"
     );
 
     assert!(across.check(&ctx, 1).await.unwrap().is_allowed());
     assert_eq!(
         calls(&mut monitors),
-        ["evalsha reserve", "evalsha reserve"],
+        ["fcall reserve", "fcall reserve"],
         "two slots, admitted"
     );
 
@@ -400,7 +400,7 @@ async fn a_decision_is_one_script_call_per_slot_group() {
     );
     assert_eq!(
         calls(&mut monitors),
-        ["evalsha refund", "evalsha reserve", "evalsha reserve"],
+        ["fcall refund", "fcall reserve", "fcall reserve"],
         "two slots, the second denies: the first is refunded"
     );
 }
@@ -576,13 +576,14 @@ async fn a_slot_migrating_under_traffic_surfaces_no_error_and_admits_nothing_ext
 /// The decisions of a run: when, whether the store decided, allowed.
 type Log = Arc<Mutex<Vec<(Duration, bool, bool)>>>;
 
-/// On the test's own cluster: `SCRIPT FLUSH` on every node, then decisions
-/// across slots load the script where it is missing (`NOSCRIPT` from any
-/// node). Then a master is killed (`SIGKILL`) under load. Its replica is
-/// promoted by automatic failover; meanwhile every decision on its keys
-/// fails closed (503, never an admission), and afterwards decisions resume —
-/// on a node that never loaded the script (it is flushed there first), so
-/// through `NOSCRIPT` and `EVAL`. Prints the gap.
+/// On the test's own cluster: `FUNCTION FLUSH` and `SCRIPT FLUSH` on every
+/// node, then decisions across slots load the library where it is missing
+/// (`Function not found` from any node). Then a master is killed
+/// (`SIGKILL`) under load. Its replica is promoted by automatic failover;
+/// meanwhile every decision on its keys fails closed (503, never an
+/// admission), and afterwards decisions resume — on a node whose functions
+/// are flushed as it takes over, so through loading the library there.
+/// Prints the gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_killed_under_load_is_survived_by_failover() {
     let mut cluster = RedisCluster::start();
@@ -624,6 +625,9 @@ async fn a_master_killed_under_load_is_survived_by_failover() {
         .unwrap();
     assert!(exact.check(&ctx, 1).await.unwrap().is_allowed());
     for node in 0..cluster.nodes().len() {
+        // Replicas refuse FUNCTION FLUSH (READONLY); their masters' flush
+        // reaches them by replication.
+        let _ = cluster.command(node, &["FUNCTION", "FLUSH"]);
         assert_eq!(
             cluster.command(node, &["SCRIPT", "FLUSH"]).unwrap(),
             Reply::Status("OK".into())
@@ -632,7 +636,7 @@ async fn a_master_killed_under_load_is_survived_by_failover() {
     let mut admitted = 1;
     for _ in 0..5 {
         let d = exact.check(&ctx, 1).await.unwrap();
-        assert!(d.store_error().is_none(), "after SCRIPT FLUSH: {d:?}");
+        assert!(d.store_error().is_none(), "after the flush: {d:?}");
         admitted += usize::from(d.is_allowed());
     }
     assert_eq!(admitted, 3, "exactly the capacity, across the flush");
@@ -706,6 +710,12 @@ async fn a_master_killed_under_load_is_survived_by_failover() {
         cluster.wait_for_failover(victim, victim_slot)
     });
     assert_eq!(promoted, replica);
+    // The promoted replica got the library by replication; take it away,
+    // under load, so decisions resume through loading it there.
+    assert_eq!(
+        cluster.command(promoted, &["FUNCTION", "FLUSH"]).unwrap(),
+        Reply::Status("OK".into())
+    );
     // Decisions resume: wait for a run of store decisions after the failover.
     let resumed = Instant::now() + Duration::from_secs(10);
     loop {

@@ -1,5 +1,6 @@
 //! The store conformance suite on the Redis store (multiplexed connection and
-//! bb8 pool), against a real redis-server, time from the manual clock.
+//! bb8 pool, function library; and the script form), against a real
+//! redis-server, time from the manual clock.
 
 mod common;
 
@@ -37,6 +38,41 @@ mod pool {
             .await,
         ) as Arc<dyn Store>
     });
+}
+
+/// The script form (`EVALSHA`, as on Redis 6.2) passes the same suite.
+mod eval {
+    use super::*;
+    use tollgate_redis::Scripting;
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        Arc::new(
+            common::store_with(
+                RedisServer::shared().url(),
+                clock,
+                ConnectionMode::Multiplexed,
+                Scripting::Eval,
+            )
+            .await,
+        ) as Arc<dyn Store>
+    });
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn foreign_values_are_conflicts() {
+        let store = common::store_with(
+            RedisServer::shared().url(),
+            ManualClock::new(tollgate_testkit::conformance::START),
+            ConnectionMode::Multiplexed,
+            Scripting::Eval,
+        )
+        .await;
+        let foreign = common::RedisForeign {
+            con: common::raw(RedisServer::shared().url()).await,
+            prefix: store.prefix().to_string(),
+        };
+        tollgate_testkit::conformance::foreign_values_are_conflicts(Arc::new(store), &foreign)
+            .await;
+    }
 }
 
 /// Data Tollgate did not write (another application sharing the Redis and

@@ -16,7 +16,7 @@ use tollgate_limiter::{
     Store, StoreError, StoreKey, Subject, SystemClock, Timestamp, Transition, Verdict,
     MAX_RECOVERY, MAX_WINDOW,
 };
-use tollgate_redis::{ConnectionMode, RedisStore, RedisStoreError};
+use tollgate_redis::{ConnectionMode, RedisStore, RedisStoreError, Scripting};
 use tollgate_testkit::conformance::{self, every_algorithm, fresh_subject, single, unique, START};
 use tollgate_testkit::redis_server::RedisServer;
 
@@ -182,18 +182,22 @@ impl Monitor {
     }
 }
 
-/// A three-layer decision is one script call, admitted or denied, with
-/// either connection mode: one EVALSHA and no other client command (no
-/// PING per pool checkout, no SCRIPT LOAD, no second round trip).
+/// A three-layer decision is one call, admitted or denied, with either
+/// connection mode and either way of running the code: one FCALL (or one
+/// EVALSHA with `Scripting::Eval`) and no other client command (no PING
+/// per pool checkout, no load, no second round trip).
 #[tokio::test]
 async fn a_three_layer_decision_is_one_script_call() {
     // Its own server: the counts are server-wide.
     let server = RedisServer::start();
     let mut admin = common::raw(server.url()).await;
     let mut monitor = Monitor::start(&server);
-    for mode in MODES {
-        let store: Arc<dyn Store> =
-            Arc::new(common::store_at(server.url(), ManualClock::new(START), mode).await);
+    let ways = [(Scripting::Auto, "fcall"), (Scripting::Eval, "evalsha")];
+    for (mode, (scripting, command)) in MODES.into_iter().flat_map(|m| ways.map(|w| (m, w))) {
+        let store =
+            common::store_with(server.url(), ManualClock::new(START), mode, scripting).await;
+        assert_eq!(store.uses_functions(), command == "fcall");
+        let store: Arc<dyn Store> = Arc::new(store);
         let second = Duration::from_secs(1);
         let limiter = Limiter::builder(store)
             .layer(
@@ -227,67 +231,170 @@ async fn a_three_layer_decision_is_one_script_call() {
             assert_eq!(decision.is_allowed(), expect_allowed, "{mode:?}");
             assert_eq!(decision.store_error(), None, "{mode:?}");
             let calls = command_calls(&mut admin).await;
-            assert_eq!(calls.get("evalsha"), Some(&1), "{mode:?}: {calls:?}");
-            assert_eq!(calls.get("eval"), None, "{mode:?}: {calls:?}");
-            assert_eq!(calls.get("script|load"), None, "{mode:?}: {calls:?}");
+            assert_eq!(calls.get(command), Some(&1), "{mode:?}: {calls:?}");
+            for other in ["fcall", "evalsha", "eval", "script|load", "function|load"] {
+                if other != command {
+                    assert_eq!(calls.get(other), None, "{mode:?}: {calls:?}");
+                }
+            }
             assert_eq!(
                 monitor.client_commands(&mut admin).await,
-                vec!["evalsha".to_string()],
+                vec![command.to_string()],
                 "{mode:?}: the commands one decision sent"
             );
         }
     }
 }
 
-/// After `SCRIPT FLUSH` the next decision reloads the script and succeeds,
-/// on the state the key already had; a store built lazily loads it on its
-/// first decision.
+/// After `FUNCTION FLUSH` (functions) or `SCRIPT FLUSH` (the script) the
+/// next decision reloads the code and succeeds, on the state the key
+/// already had; a store built lazily loads it on its first decision.
 #[tokio::test]
-async fn decisions_survive_script_flush() {
+async fn decisions_survive_function_and_script_flush() {
     let server = RedisServer::start();
     let mut admin = common::raw(server.url()).await;
     for mode in MODES {
-        let store: Arc<dyn Store> =
-            Arc::new(common::store_at(server.url(), ManualClock::new(START), mode).await);
+        for scripting in [Scripting::Auto, Scripting::Functions, Scripting::Eval] {
+            let store =
+                common::store_with(server.url(), ManualClock::new(START), mode, scripting).await;
+            let limiter = single(
+                Arc::new(store),
+                Limit::fixed_window(5, Duration::from_secs(60)).unwrap(),
+            );
+            let ctx = fresh_subject();
+            assert_eq!(
+                limiter.check(&ctx, 1).await.unwrap().layers()[0].remaining,
+                4
+            );
+            flush_code(&mut admin).await;
+            let after = limiter.check(&ctx, 1).await.expect("reloaded and retried");
+            assert_eq!(after.store_error(), None, "{mode:?} {scripting:?}");
+            assert_eq!(
+                after.layers()[0].remaining,
+                3,
+                "{mode:?} {scripting:?}: the state was kept"
+            );
+        }
+    }
+    for scripting in [Scripting::Auto, Scripting::Eval] {
+        flush_code(&mut admin).await;
+        let lazy = RedisStore::builder(server.url())
+            .prefix(unique("lazy"))
+            .scripting(scripting)
+            .build()
+            .expect("valid configuration");
         let limiter = single(
-            store,
-            Limit::fixed_window(5, Duration::from_secs(60)).unwrap(),
+            Arc::new(lazy),
+            Limit::gcra(1, Duration::from_secs(1), 1).unwrap(),
         );
-        let ctx = fresh_subject();
-        assert_eq!(
-            limiter.check(&ctx, 1).await.unwrap().layers()[0].remaining,
-            4
-        );
-        let _: () = redis::cmd("SCRIPT")
+        let d = limiter.check(&fresh_subject(), 1).await.unwrap();
+        assert!(d.is_allowed() && d.store_error().is_none(), "{d:?}");
+    }
+}
+
+/// Forget every function and script the server holds.
+async fn flush_code(admin: &mut redis::aio::MultiplexedConnection) {
+    for what in ["FUNCTION", "SCRIPT"] {
+        let _: () = redis::cmd(what)
             .arg("FLUSH")
-            .query_async(&mut admin)
+            .query_async(admin)
             .await
             .unwrap();
-        let after = limiter.check(&ctx, 1).await.expect("reloaded and retried");
+    }
+}
+
+/// `FUNCTION FLUSH` and `SCRIPT FLUSH` every few milliseconds while four tasks
+/// decide on one key: no decision fails, and the key admits exactly as
+/// many as were sent (its limit is not reached), each counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_under_load_loses_no_decision_and_counts_each_once() {
+    let server = RedisServer::start();
+    let mut admin = common::raw(server.url()).await;
+    for scripting in [Scripting::Auto, Scripting::Eval] {
+        // A generous deadline: the test is about reloading, not speed.
+        let store = RedisStore::builder(server.url())
+            .prefix(unique("flush"))
+            .clock(Arc::new(ManualClock::new(START)) as Arc<dyn Clock>)
+            .deadline(Duration::from_secs(2))
+            .scripting(scripting)
+            .connect()
+            .await
+            .expect("connect");
+        let limit = Limit::fixed_window(10_000, Duration::from_secs(600)).unwrap();
+        let limiter = single(Arc::new(store), limit);
+        let ctx = fresh_subject();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flusher = {
+            let done = done.clone();
+            let mut admin = admin.clone();
+            tokio::spawn(async move {
+                // Flushes a few milliseconds apart: a decision is sent
+                // again once after a reload, so two flushes inside one
+                // decision's reload and resend would fail it.
+                let mut flushes = 0;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    flush_code(&mut admin).await;
+                    flushes += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                flushes
+            })
+        };
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let (limiter, ctx) = (limiter.clone(), ctx.clone());
+                tokio::spawn(async move {
+                    for _ in 0..250 {
+                        let d = limiter.check(&ctx, 1).await.expect("decided");
+                        assert!(
+                            d.is_allowed() && d.store_error().is_none(),
+                            "{scripting:?}: {d:?}"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("no decision failed");
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let flushes = flusher.await.unwrap();
+        assert!(flushes >= 3, "{scripting:?}: only {flushes} flushes");
+        let d = limiter.check(&ctx, 1).await.unwrap();
         assert_eq!(
-            after.layers()[0].remaining,
-            3,
-            "{mode:?}: the state was kept"
+            d.layers()[0].remaining,
+            10_000 - 1_001,
+            "{scripting:?}: every decision counted once"
         );
     }
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut admin)
+    let _ = &mut admin;
+}
+
+/// `Scripting::Functions` is what it says; the library and the script are
+/// the same code, so a key written through one is read through the other.
+#[tokio::test]
+async fn functions_and_the_script_share_states() {
+    let url = RedisServer::shared().url();
+    let prefix = unique("both");
+    let make = |scripting| {
+        RedisStore::builder(url)
+            .prefix(prefix.clone())
+            .clock(Arc::new(ManualClock::new(START)) as Arc<dyn Clock>)
+            .scripting(scripting)
+            .connect()
+    };
+    let functions = make(Scripting::Functions)
         .await
-        .unwrap();
-    let lazy = RedisStore::builder(server.url())
-        .prefix(unique("lazy"))
-        .build()
-        .expect("valid configuration");
-    let limiter = single(
-        Arc::new(lazy),
-        Limit::gcra(1, Duration::from_secs(1), 1).unwrap(),
-    );
-    assert!(limiter
-        .check(&fresh_subject(), 1)
-        .await
-        .unwrap()
-        .is_allowed());
+        .expect("Redis 7 has functions");
+    assert!(functions.uses_functions());
+    let script = make(Scripting::Eval).await.expect("connect");
+    assert!(!script.uses_functions());
+    let policy = policy(Limit::gcra(10, Duration::from_secs(1), 10).unwrap());
+    let subject = unique("s");
+    for (i, store) in [&functions, &script, &functions].into_iter().enumerate() {
+        let v = decide_one(store, &policy, &subject, 2).await.unwrap();
+        assert_eq!(v.remaining, 10 - 2 * (i as u64 + 1));
+    }
 }
 
 /// After the conformance workload (and decisions at the largest windows
@@ -598,34 +705,42 @@ async fn custom_algorithms_are_unsupported() {
     );
 }
 
-/// Keys are `<prefix>:{tag}:<policy>:v<version>:<algorithm>:<scope>:<subject>`, and
-/// only the configured prefix is touched.
+/// Keys are `<prefix>:{tag}:<policy>:v<version>:<algorithm>:<scope>:<subject>`,
+/// without the `:<subject>` when the subject is the tag, with the short
+/// scopes; only the configured prefix is touched.
 #[tokio::test]
 async fn keys_follow_the_documented_layout() {
     let store = common::store(ManualClock::new(START)).await;
     let prefix = store.prefix().to_string();
-    let policy = Policy::new(
-        unique("layout"),
-        Limit::fixed_window(5, Duration::from_secs(60)).unwrap(),
-    )
-    .unwrap()
-    .with_version(3);
+    let policy =
+        |name: &str, limit: Limit| Policy::new(unique(name), limit).unwrap().with_version(3);
+    let minute = Duration::from_secs(60);
+    let (key, tenant, route) = (
+        policy("key", Limit::fixed_window(5, minute).unwrap()),
+        policy("tenant", Limit::gcra(5, minute, 5).unwrap()),
+        policy("route", Limit::token_bucket(5, 5, minute).unwrap()),
+    );
     let limiter = Limiter::builder(Arc::new(store))
-        .layer("key", Scope::Subject, policy.clone())
+        .layer("key", Scope::Subject, key.clone())
+        .layer("tenant", Scope::Tenant, tenant.clone())
+        .layer("route", Scope::Attribute("route:x".into()), route.clone())
         .build()
         .unwrap();
     let ctx = Context::for_subject(Subject::new("user-1").unwrap())
-        .with_tenant(Subject::new("acme").unwrap());
+        .with_tenant(Subject::new("acme").unwrap())
+        .with_attribute("route", Subject::new("/a").unwrap())
+        .with_attribute("route:x", Subject::new("/b").unwrap());
     limiter.check(&ctx, 1).await.unwrap();
     let mut con = common::raw(RedisServer::shared().url()).await;
-    let keys = common::keys_under(&mut con, &prefix).await;
-    assert_eq!(
-        keys,
-        vec![format!(
-            "{prefix}:{{acme}}:{}:v3:fw:subject:user-1",
-            policy.name()
-        )]
-    );
+    let mut keys = common::keys_under(&mut con, &prefix).await;
+    keys.sort();
+    let mut expected = vec![
+        format!("{prefix}:{{acme}}:{}:v3:fw:s:user-1", key.name()),
+        format!("{prefix}:{{acme}}:{}:v3:gcra:t", tenant.name()),
+        format!("{prefix}:{{/b}}:{}:v3:tb:a.route%3Ax", route.name()),
+    ];
+    expected.sort();
+    assert_eq!(keys, expected);
 }
 
 /// Bad configuration is reported before any connection.
@@ -664,22 +779,37 @@ async fn bad_configuration_is_refused() {
 
 /// A Redis out of memory refuses the script's writes: the decision fails as
 /// `Unavailable` (the failure mode decides), never as a silent admission.
+/// Connecting fails the same way with functions (`FUNCTION LOAD` is a
+/// write); a store built without connecting gets the same answer from its
+/// decisions, and so does the script form (`SCRIPT LOAD` is not a write).
 #[tokio::test]
 async fn a_full_server_is_unavailable() {
     let server =
         RedisServer::start_with_args(&["--maxmemory", "1", "--maxmemory-policy", "noeviction"]);
-    let store = common::store_at(
+    let refused = RedisStore::builder(server.url()).connect().await;
+    assert!(
+        matches!(refused, Err(StoreError::Unavailable(ref m)) if m.contains("OOM")),
+        "{refused:?}"
+    );
+    let lazy = RedisStore::builder(server.url())
+        .clock(Arc::new(ManualClock::new(START)) as Arc<dyn Clock>)
+        .build()
+        .unwrap();
+    let script = common::store_with(
         server.url(),
         ManualClock::new(START),
         ConnectionMode::Multiplexed,
+        Scripting::Eval,
     )
     .await;
     let policy = policy(Limit::gcra(10, Duration::from_secs(1), 10).unwrap());
-    let err = decide_one(&store, &policy, "s", 1)
-        .await
-        .expect_err("out of memory");
-    assert!(
-        matches!(err, StoreError::Unavailable(ref m) if m.contains("OOM")),
-        "{err:?}"
-    );
+    for store in [&lazy, &script] {
+        let err = decide_one(store, &policy, "s", 1)
+            .await
+            .expect_err("out of memory");
+        assert!(
+            matches!(err, StoreError::Unavailable(ref m) if m.contains("OOM")),
+            "{err:?}"
+        );
+    }
 }

@@ -29,11 +29,13 @@
 //!   charging some groups refunds them in the background; a charge whose
 //!   outcome is unknown (the call timed out) may stay — under-admission.
 //!
-//! Scripts reach every master: [`connect`](RedisClusterStoreBuilder::connect)
-//! loads the script on all masters, and a `NOSCRIPT` from any node (a
-//! promoted replica, a node that received a slot, a `SCRIPT FLUSH`) is
-//! answered by sending the whole script with `EVAL` through the same route,
-//! which caches it on that node.
+//! The code reaches every master: [`connect`](RedisClusterStoreBuilder::connect)
+//! loads it on all masters (the function library, or the script; see
+//! [`scripting`](RedisClusterStoreBuilder::scripting)), and a node that
+//! lacks it (a promoted replica, a node that received a slot, a `FUNCTION
+//! FLUSH` or `SCRIPT FLUSH`) gets it on the spot: `FUNCTION LOAD REPLACE`
+//! on that node and the `FCALL` once more, or for the script the whole
+//! script with `EVAL` through the same route, which caches it there.
 //!
 //! Redirections and retries are the store's own, within the decision's
 //! deadline: `MOVED` and `ASK` are followed, `TRYAGAIN` (a multi-key group
@@ -58,9 +60,11 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use tokio::time::Instant;
 use tollgate_limiter::{LayerRequest, Store, StoreError, Verdicts};
 
+use crate::conflicts;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::holds::Holds;
-use crate::script::{check_digest, layer_args, parse_reply, Mode, ScriptCall, LAYER_ARGS, SCRIPT};
+use crate::script::{layer_args, parse_reply, Mode, ScriptCall, LAYER_ARGS};
+use crate::scripting::{check_load, is_unknown_command, no_functions, Runner, Style};
 use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
 
 mod redirects;
@@ -109,7 +113,7 @@ impl RedisClusterStoreBuilder {
     settings_setters!();
 
     /// Connect to the cluster (discovering every node from the initial
-    /// ones) and load the script on every master, within the connect
+    /// ones) and load the code on every master, within the connect
     /// timeout.
     pub async fn connect(self) -> Result<RedisClusterStore, StoreError> {
         let decides = self.settings.checked()?;
@@ -169,25 +173,46 @@ impl RedisClusterStore {
 
     settings_getters!();
 
-    /// `SCRIPT LOAD` the script on every master (done by
+    /// Load the code on every master: `FUNCTION LOAD REPLACE` of the
+    /// function library, or `SCRIPT LOAD` of the script (done by
     /// [`connect`](RedisClusterStoreBuilder::connect); nodes that lack it
-    /// later get it on their first `NOSCRIPT`).
+    /// later get it at their first call).
     pub async fn load_script(&self) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(SCRIPT);
-        let routing = RoutingInfo::MultiNode((
-            MultipleNodeRoutingInfo::AllMasters,
-            Some(ResponsePolicy::AllSucceeded),
-        ));
-        let sha = self
-            .conn
-            .clone()
-            .route_command(cmd, routing)
-            .await
-            .map_err(from_redis)?;
-        let sha: String = redis::from_redis_value(sha)
-            .map_err(|e| StoreError::Protocol(format!("SCRIPT LOAD: {e}")))?;
-        check_digest(&sha).map_err(from_redis)
+        loop {
+            let style = self.style();
+            let routing = RoutingInfo::MultiNode((
+                MultipleNodeRoutingInfo::AllMasters,
+                Some(ResponsePolicy::AllSucceeded),
+            ));
+            let answer = match self
+                .conn
+                .clone()
+                .route_command(Runner::load_command(style), routing)
+                .await
+            {
+                Ok(answer) => answer,
+                Err(e) if style == Style::Fcall && is_unknown_command(&e) => {
+                    if self.decides.runner.fall_back() {
+                        continue;
+                    }
+                    return Err(from_redis(no_functions()));
+                }
+                Err(e) => return Err(from_redis(e)),
+            };
+            let answer: String = redis::from_redis_value(answer)
+                .map_err(|e| StoreError::Protocol(format!("loading the code: {e}")))?;
+            return check_load(style, &answer).map_err(from_redis);
+        }
+    }
+
+    /// How calls are sent now.
+    fn style(&self) -> Style {
+        self.decides.runner.style()
+    }
+
+    /// The store's runner, for a call.
+    fn runner(&self) -> Arc<Runner> {
+        self.decides.runner.clone()
     }
 
     /// Await `f` until `deadline`.
@@ -202,16 +227,17 @@ impl RedisClusterStore {
     }
 }
 
-/// The script call deciding the layers of `group` (all on one slot) in
-/// `mode`.
+/// The call deciding the layers of `group` (all on one slot) in `mode`,
+/// sent as `style`.
 fn group_call(
     keys: &[String],
     args: &[[u64; LAYER_ARGS]],
     group: &[usize],
     time: &crate::script::TimeArgs,
     mode: Mode,
+    style: Style,
 ) -> redis::Cmd {
-    let mut call = ScriptCall::new(group.iter().map(|&i| keys[i].as_str()), time);
+    let mut call = ScriptCall::new(style, group.iter().map(|&i| keys[i].as_str()), time);
     for &i in group {
         call = call.layer(&args[i]);
     }
@@ -236,17 +262,30 @@ impl Store for RedisClusterStore {
         let time = self.decides.time_args()?;
         let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
         let groups = slot_groups(&keys);
-        if let [group] = &groups[..] {
+        let result = if let [group] = &groups[..] {
             // One slot: one call, exactly as the standalone store decides.
-            let cmd = group_call(&keys, &args, group, &time, Mode::Decide);
-            let reply = self
-                .until(deadline, call(self.conn.clone(), cmd))
+            let cmd = group_call(&keys, &args, group, &time, Mode::Decide, self.style());
+            self.until(deadline, call(self.conn.clone(), cmd, self.runner()))
                 .await?
-                .map_err(|e| in_group(e, layers, group))?;
-            return parse_reply(&reply, layers.len());
+                .map_err(|e| in_group(e, layers, group))
+                .and_then(|reply| parse_reply(&reply, layers.len()))
+        } else {
+            self.decide_across_slots(layers, keys, args, groups, time, deadline)
+                .await
+        };
+        match result {
+            Err(e) if conflicts::is_unlocated(&e) => {
+                // A key of another type: name its layer (rare; keys again).
+                let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let layers: Vec<&LayerRequest<'_>> = layers.iter().collect();
+                let mut conn = self.conn.clone();
+                self.until(deadline, conflicts::locate(&mut conn, &layers, &keys))
+                    .await
+                    .map_or_else(Err, Err)
+            }
+            other => other,
         }
-        self.decide_across_slots(layers, keys, args, groups, time, deadline)
-            .await
     }
 }
 

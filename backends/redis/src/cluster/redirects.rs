@@ -1,15 +1,20 @@
-//! Sending a script call to the cluster: redirections (`MOVED`, `ASK`),
-//! retries of what Redis answered it did not run, and `NOSCRIPT`.
+//! Sending a call to the cluster: redirections (`MOVED`, `ASK`), retries
+//! of what Redis answered it did not run, and nodes that lack the code.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tollgate_limiter::StoreError;
 
+use super::slots::hash_slot;
 use crate::error::from_redis;
 use crate::script::SCRIPT;
+use crate::scripting::{
+    check_load, is_missing_function, is_unknown_command, no_functions, Runner, Style,
+};
 
 /// The longest pause between two attempts of a call Redis answered it did
 /// not run (`TRYAGAIN` while a slot moves, `CLUSTERDOWN` during a failover):
@@ -26,22 +31,32 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_millis(20);
 ///   nodes of a moving slot), `CLUSTERDOWN` and `MASTERDOWN` (a failover in
 ///   progress), `LOADING`, `READONLY` (a stale map sent it to a replica), no
 ///   connection to the slot's node yet: after a short, growing pause;
-/// - `NOSCRIPT` (this node never loaded the script: a promoted replica, the
-///   target of a slot move, a flushed cache): the whole script with `EVAL`
-///   through the same route, which also caches it on that node.
+/// - the node lacks the code (a promoted replica, the target of a slot
+///   move, a `FUNCTION FLUSH` or `SCRIPT FLUSH`): for `FCALL`, `FUNCTION
+///   LOAD REPLACE` on that node and the call once more; for `EVALSHA`
+///   (`NOSCRIPT`), the whole script with `EVAL` through the same route,
+///   which also caches it on that node. A node without functions at all
+///   (before Redis 7.0) turns an `Auto` store to the script.
 ///
 /// Anything else is returned: after an I/O error the call may have run, so
 /// it is not resent (a lost reservation is under-admission; a resent one
 /// would charge twice). The caller's deadline bounds the loop.
-pub(crate) async fn call(mut conn: ClusterConnection, cmd: Cmd) -> Result<Vec<i64>, StoreError> {
+pub(crate) async fn call(
+    mut conn: ClusterConnection,
+    cmd: Cmd,
+    runner: Arc<Runner>,
+) -> Result<Vec<i64>, StoreError> {
+    let style = style_of(&cmd);
     let mut eval: Option<Cmd> = None;
+    let mut loaded = false;
     let mut target: Option<(Redirect, String, u16)> = None;
     let mut pause = Duration::from_millis(1);
     let mut attempts = 0u32;
     loop {
         attempts += 1;
         let current = eval.as_ref().unwrap_or(&cmd);
-        let result = match target.take() {
+        let sent_to = target.take();
+        let result = match sent_to.clone() {
             None => current.query_async::<Vec<i64>>(&mut conn).await,
             Some((redirect, host, port)) => send_to(&mut conn, current, redirect, host, port).await,
         };
@@ -49,6 +64,33 @@ pub(crate) async fn call(mut conn: ClusterConnection, cmd: Cmd) -> Result<Vec<i6
             Ok(reply) => return Ok(reply),
             Err(e) => e,
         };
+        if style == Style::Fcall && eval.is_none() {
+            if is_missing_function(&e) && !loaded {
+                // Load where the call went, then send it there again.
+                let node = match &sent_to {
+                    Some((_, host, port)) => SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port: *port,
+                    },
+                    None => SingleNodeRoutingInfo::SpecificNode(Route::new(
+                        slot_of(&cmd),
+                        SlotAddr::Master,
+                    )),
+                };
+                load_at(&mut conn, node).await.map_err(from_redis)?;
+                loaded = true;
+                target = sent_to;
+                continue;
+            }
+            if is_unknown_command(&e) {
+                if !runner.fall_back() {
+                    return Err(from_redis(no_functions()));
+                }
+                eval = Some(eval_of(&cmd));
+                target = sent_to;
+                continue;
+            }
+        }
         let wait = match e.kind() {
             ErrorKind::Server(ServerErrorKind::NoScript) if eval.is_none() => {
                 eval = Some(eval_of(&cmd));
@@ -126,7 +168,37 @@ async fn send_to(
     Ok(redis::from_redis_value(reply.extract_error()?)?)
 }
 
-/// `EVAL <script> …` with the arguments of `EVALSHA <sha> …`.
+/// The style a call was built in (its first word).
+fn style_of(cmd: &Cmd) -> Style {
+    match cmd.args_iter().next() {
+        Some(redis::Arg::Simple(b"FCALL")) => Style::Fcall,
+        _ => Style::Evalsha,
+    }
+}
+
+/// The slot of a call's keys (all in one slot): its first key's, the
+/// fourth word (`FCALL <function> <numkeys> <key> …`).
+fn slot_of(cmd: &Cmd) -> u16 {
+    match cmd.args_iter().nth(3) {
+        Some(redis::Arg::Simple(key)) => hash_slot(key),
+        _ => 0,
+    }
+}
+
+/// `FUNCTION LOAD REPLACE` of the library on one node.
+async fn load_at(conn: &mut ClusterConnection, node: SingleNodeRoutingInfo) -> RedisResult<()> {
+    let answer = conn
+        .route_command(
+            Runner::load_command(Style::Fcall),
+            RoutingInfo::SingleNode(node),
+        )
+        .await?;
+    let name: String = redis::from_redis_value(answer)?;
+    check_load(Style::Fcall, &name)
+}
+
+/// `EVAL <script> …` with the arguments of `EVALSHA <sha> …` (or of
+/// `FCALL <function> …`).
 fn eval_of(evalsha: &Cmd) -> Cmd {
     let mut eval = redis::cmd("EVAL");
     eval.arg(SCRIPT);
@@ -142,6 +214,18 @@ fn eval_of(evalsha: &Cmd) -> Cmd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_knows_its_style_and_slot() {
+        let mut fcall = redis::cmd("FCALL");
+        fcall.arg("f").arg(1).arg("p:{tag}:x").arg("");
+        assert_eq!(style_of(&fcall), Style::Fcall);
+        assert_eq!(slot_of(&fcall), hash_slot(b"tag"));
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg("sha").arg(1).arg("p:{other}:x");
+        assert_eq!(style_of(&evalsha), Style::Evalsha);
+        assert_eq!(slot_of(&evalsha), hash_slot(b"other"));
+    }
 
     #[test]
     fn eval_carries_the_evalsha_arguments() {

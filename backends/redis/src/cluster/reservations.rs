@@ -1,6 +1,7 @@
 //! Layers on several slots: reserved group by group, in slot order, and
 //! refunded when a later group denies (see the [module docs](super)).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::cluster_async::ClusterConnection;
@@ -12,6 +13,7 @@ use super::redirects::call;
 use super::{group_call, in_group, RedisClusterStore};
 use crate::holds::Held;
 use crate::script::{parse_reply, Mode, ScriptCall, TimeArgs, LAYER_ARGS, REPLY_FIELDS};
+use crate::scripting::{Runner, Style};
 
 /// Passes of a cross-slot decision denied only where other decisions of
 /// this process hold reservations (each after those settle), within the
@@ -79,15 +81,16 @@ impl RedisClusterStore {
         let mut verdicts: Vec<Option<Verdict>> = vec![None; layers.len()];
         let mut reserved = Reservations {
             conn: self.conn.clone(),
+            runner: self.runner(),
             time: time.clone(),
             timeout: self.decides.deadline,
             groups: Vec::new(),
         };
         let mut denied = None;
         for (g, group) in groups.iter().enumerate() {
-            let cmd = group_call(keys, args, group, time, Mode::Reserve);
+            let cmd = group_call(keys, args, group, time, Mode::Reserve, self.style());
             let reply = self
-                .until(deadline, call(self.conn.clone(), cmd))
+                .until(deadline, call(self.conn.clone(), cmd, self.runner()))
                 .await
                 .and_then(|reply| reply.map_err(|e| in_group(e, layers, group)))
                 .and_then(|reply| parse_reserve(&reply, group.len()));
@@ -103,6 +106,7 @@ impl RedisClusterStore {
                         &mut reserved,
                         Reservations {
                             conn: self.conn.clone(),
+                            runner: self.runner(),
                             time: time.clone(),
                             timeout: self.decides.deadline,
                             groups: Vec::new(),
@@ -168,9 +172,9 @@ impl RedisClusterStore {
             .collect();
         let refunds = reserved.refund();
         for group in &groups[denied + 1..] {
-            let cmd = group_call(keys, args, group, time, Mode::Peek);
+            let cmd = group_call(keys, args, group, time, Mode::Peek, self.style());
             let peeked = self
-                .until(deadline, call(self.conn.clone(), cmd))
+                .until(deadline, call(self.conn.clone(), cmd, self.runner()))
                 .await
                 .and_then(|reply| reply)
                 .and_then(|reply| parse_reply(&reply, group.len()));
@@ -255,6 +259,7 @@ struct ReservedGroup {
 /// when the cluster can still take the refund.
 struct Reservations {
     conn: ClusterConnection,
+    runner: Arc<Runner>,
     time: TimeArgs,
     timeout: Duration,
     groups: Vec<ReservedGroup>,
@@ -270,12 +275,13 @@ impl Reservations {
         std::mem::take(&mut self.groups)
             .into_iter()
             .map(|group| {
-                let cmd = refund_call(&group, &self.time);
-                let (conn, timeout) = (self.conn.clone(), self.timeout);
+                let cmd = refund_call(&group, &self.time, self.runner.style());
+                let (conn, runner, timeout) =
+                    (self.conn.clone(), self.runner.clone(), self.timeout);
                 runtime.spawn(async move {
                     // A refund that fails leaves its charge: under-admission
                     // until the state's TTL, never over-admission.
-                    let _ = tokio::time::timeout(timeout, call(conn, cmd)).await;
+                    let _ = tokio::time::timeout(timeout, call(conn, cmd, runner)).await;
                 })
             })
             .collect()
@@ -287,6 +293,7 @@ impl Drop for Reservations {
         if !self.groups.is_empty() {
             let held = Reservations {
                 conn: self.conn.clone(),
+                runner: self.runner.clone(),
                 time: self.time.clone(),
                 timeout: self.timeout,
                 groups: std::mem::take(&mut self.groups),
@@ -296,10 +303,10 @@ impl Drop for Reservations {
     }
 }
 
-/// `EVALSHA … refund` giving back one group's charges. Sent at most once
+/// The `refund` call giving back one group's charges. Sent at most once
 /// (see [`call`]): a refund is not idempotent.
-fn refund_call(group: &ReservedGroup, time: &TimeArgs) -> redis::Cmd {
-    let mut call = ScriptCall::new(group.keys.iter().map(String::as_str), time);
+fn refund_call(group: &ReservedGroup, time: &TimeArgs, style: Style) -> redis::Cmd {
+    let mut call = ScriptCall::new(style, group.keys.iter().map(String::as_str), time);
     for (args, (at, mark)) in &group.layers {
         call = call.layer(args).layer(&[*at, *mark]);
     }

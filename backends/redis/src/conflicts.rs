@@ -1,0 +1,60 @@
+//! Naming the layer whose key holds data Tollgate did not write.
+//!
+//! The script reports a value it cannot read as `TOLLGATE_CONFLICT <i>`; a
+//! key of another type fails the script's first read with Redis's own
+//! `WRONGTYPE` (the script does not catch errors: `pcall` would cost every
+//! call), which does not say which key. Then, and only then, the store asks
+//! `TYPE` of each key of the call to name it.
+
+use redis::aio::ConnectionLike;
+use tollgate_limiter::{LayerRequest, Limit, StoreError};
+
+use crate::error::from_redis;
+
+/// What `from_redis` makes of `WRONGTYPE`: a conflict not yet located (the
+/// empty policy name).
+pub(crate) fn unlocated() -> StoreError {
+    StoreError::Conflict {
+        policy: String::new(),
+        found: "wrong type".to_string(),
+    }
+}
+
+/// Whether `e` is a conflict the script could not locate.
+pub(crate) fn is_unlocated(e: &StoreError) -> bool {
+    matches!(e, StoreError::Conflict { policy, .. } if policy.is_empty())
+}
+
+/// The Redis type a layer's state has: a list for the sliding log, a
+/// string otherwise.
+fn expected_type(layer: &LayerRequest<'_>) -> &'static str {
+    match layer.policy.limit() {
+        Limit::SlidingLog(_) => "list",
+        _ => "string",
+    }
+}
+
+/// The conflict naming the first of `layers` (with their rendered `keys`)
+/// whose key holds another type; a protocol error if none does any more
+/// (the key changed again meanwhile).
+pub(crate) async fn locate<C: ConnectionLike + Send>(
+    con: &mut C,
+    layers: &[&LayerRequest<'_>],
+    keys: &[&str],
+) -> StoreError {
+    for (layer, key) in layers.iter().zip(keys) {
+        let kind: String = match redis::cmd("TYPE").arg(*key).query_async(con).await {
+            Ok(kind) => kind,
+            Err(e) => return from_redis(e),
+        };
+        if kind != "none" && kind != expected_type(layer) {
+            return StoreError::Conflict {
+                policy: layer.policy.name().to_string(),
+                found: "wrong type".to_string(),
+            };
+        }
+    }
+    StoreError::Protocol(
+        "WRONGTYPE from the script, but no key of the call holds another type now".to_string(),
+    )
+}
