@@ -15,7 +15,12 @@
 //! (`thrpt`); after it, the bench prints decisions/s, p50 and p99 latency of
 //! a fixed run of each case, with the cluster's ratio to standalone.
 //!
+//! Then Redis CPU per call (`INFO commandstats` `usec_per_call` of `FCALL`)
+//! on the standalone server and on each Cluster master after the same
+//! one-layer run.
+//!
 //! Run: `cargo bench -p tollgate-redis --features cluster --bench cluster`
+//! (`REPORTS_ONLY=1` for the fixed runs alone)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +30,7 @@ use tokio::runtime::Runtime;
 use tollgate_limiter::{LayerRequest, Limit, Policy, Store, StoreKey};
 use tollgate_redis::cluster::RedisClusterStore;
 use tollgate_redis::RedisStore;
-use tollgate_testkit::redis_cluster::RedisCluster;
+use tollgate_testkit::redis_cluster::{RedisCluster, Reply, MASTERS};
 use tollgate_testkit::redis_server::RedisServer;
 
 const KEYS: usize = 10_000;
@@ -61,12 +66,12 @@ struct Target {
 async fn decide(target: &Target, w: &Workload, i: usize) {
     let s = &w.subjects[i];
     let key = LayerRequest {
-        key: StoreKey::new(s, &w.per_key, "subject", s),
+        key: StoreKey::new(s, &w.per_key, "s", s),
         policy: &w.per_key,
         cost: 1,
     };
     let global = LayerRequest {
-        key: StoreKey::new("global", &w.global, "global", "global"),
+        key: StoreKey::new("global", &w.global, "g", "global"),
         policy: &w.global,
         cost: 1,
     };
@@ -262,10 +267,89 @@ fn report(setup: &Setup) {
     }
 }
 
+/// `usec_per_call` and `calls` of `FCALL` in an `INFO commandstats` text.
+fn fcall_stats(info: &str) -> Option<(f64, u64)> {
+    let stats = info
+        .lines()
+        .find_map(|l| l.trim_end().strip_prefix("cmdstat_fcall:"))?;
+    let field = |name: &str| {
+        stats
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(name))
+            .map(str::to_string)
+    };
+    Some((
+        field("usec_per_call=")?.parse().ok()?,
+        field("calls=")?.parse().ok()?,
+    ))
+}
+
+/// Redis CPU per call (`INFO commandstats`), one layer, concurrency 16:
+/// the standalone server and each Cluster master, after the same run.
+fn cost_report(setup: &Setup) {
+    let text = |reply: Reply| match reply {
+        Reply::Bulk(Some(bytes)) => String::from_utf8(bytes).expect("text"),
+        other => panic!("INFO answered {other:?}"),
+    };
+    let cluster = &setup._cluster;
+    let standalone = std::cell::RefCell::new(
+        redis::Client::open(setup._server.url())
+            .expect("url")
+            .get_connection()
+            .expect("connect"),
+    );
+    let reset = |node: Option<usize>| match node {
+        Some(n) => {
+            cluster
+                .command(n, &["CONFIG", "RESETSTAT"])
+                .expect("RESETSTAT");
+        }
+        None => redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query::<()>(&mut *standalone.borrow_mut())
+            .expect("RESETSTAT"),
+    };
+    let info = |node: Option<usize>| match node {
+        Some(n) => text(cluster.command(n, &["INFO", "commandstats"]).expect("INFO")),
+        None => redis::cmd("INFO")
+            .arg("commandstats")
+            .query::<String>(&mut *standalone.borrow_mut())
+            .expect("INFO"),
+    };
+    println!();
+    println!("Redis CPU per call (INFO commandstats, FCALL, one layer, {FIXED_RUN} decisions at concurrency 16)");
+    for (name, target) in setup.targets.iter().filter(|(_, t)| t.layers == 1) {
+        reset(None);
+        for m in 0..MASTERS {
+            reset(Some(m));
+        }
+        setup
+            .rt
+            .block_on(run(target, &setup.workload, 16, FIXED_RUN as u64, false));
+        if *name == "standalone" {
+            if let Some((us, calls)) = fcall_stats(&info(None)) {
+                println!("{:<24} {us:>6.2} µs  ({calls} calls)", "standalone");
+            }
+        } else {
+            for m in 0..MASTERS {
+                if let Some((us, calls)) = fcall_stats(&info(Some(m))) {
+                    println!(
+                        "{:<24} {us:>6.2} µs  ({calls} calls)",
+                        format!("cluster master {m}")
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn main() {
     let mut c = Criterion::default().configure_from_args();
     let setup = setup();
-    throughput(&mut c, &setup);
+    if std::env::var_os("REPORTS_ONLY").is_none() {
+        throughput(&mut c, &setup);
+    }
     report(&setup);
+    cost_report(&setup);
     c.final_summary();
 }
