@@ -85,6 +85,7 @@ local PATTERNS = { '^(%d+)$', '^(%d+) (%d+)$', '^(%d+) (%d+) (%d+)$' }
 local FORMATS = { '%d', '%d %d', '%d %d %d' }
 -- The token bucket leaves its second cell (the remainder) out when it is
 -- 0: one integer, which Redis keeps inside the key's object.
+
 -- The cell holding a time (µs since the Unix epoch), which a state
 -- Tollgate wrote always has from 2020 to 2101 (clocks are checked to read
 -- 2020–2100; a TAT runs ahead by at most the longest recovery, 14 days):
@@ -108,7 +109,7 @@ local TTL_MARGIN_MS = 1
 -- Per-layer results of the call being decided. Loaded as a function
 -- library these tables are made once and reused by every call (Redis runs
 -- one call at a time); as a script they are made once per call.
-local codes, allowed, ttls, cell_a, cell_b, cell_c, logs = {}, {}, {}, {}, {}, {}, {}
+local codes, ttls, cell_a, cell_b, cell_c = {}, {}, {}, {}, {}
 
 local function server_time()
   local t = redis.call('TIME')
@@ -352,7 +353,7 @@ local function decide(KEYS, ARGV)
     if not ok then
       return limit
     end
-    codes[i], allowed[i], ttls[i], cell_a[i], cell_b[i], cell_c[i] = code, ok, ttl, a, b, c
+    codes[i], ttls[i], cell_a[i], cell_b[i], cell_c[i] = code, ttl, a, b, c
     if ok == 0 then
       all_allowed = false
     end
