@@ -110,37 +110,28 @@ fn on_path(program: &str) -> bool {
 /// the Cluster, each key admitting exactly its capacity.
 fn soak() -> Result {
     ensure_redis_server()?;
-    run(
-        "differential, 1,000,000 operations per algorithm",
-        cargo()
-            .args([
-                "test",
-                "-p",
-                "tollgate-redis",
-                "--features",
-                "cluster",
-                "--test",
-                "differential",
-            ])
-            .env("TOLLGATE_SOAK_OPS", "100000")
-            .env("TOLLGATE_SOAK_CASES", "10"),
-    )?;
-    run(
-        "1,000,000 concurrent decisions per algorithm, standalone and Cluster",
-        cargo().args([
+    let redis_test = |test: &str| {
+        let mut cmd = cargo();
+        cmd.args([
             "test",
             "-p",
             "tollgate-redis",
             "--features",
             "cluster",
             "--test",
-            "soak",
-            "--",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ]),
+            test,
+        ]);
+        cmd
+    };
+    run(
+        "differential, 1,000,000 operations per algorithm",
+        redis_test("differential")
+            .env("TOLLGATE_SOAK_OPS", "100000")
+            .env("TOLLGATE_SOAK_CASES", "10"),
+    )?;
+    run(
+        "1,000,000 concurrent decisions per algorithm, standalone and Cluster",
+        redis_test("soak").args(["--", "--ignored", "--nocapture", "--test-threads", "1"]),
     )
 }
 

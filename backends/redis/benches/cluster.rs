@@ -30,6 +30,7 @@ use tokio::runtime::Runtime;
 use tollgate_limiter::{LayerRequest, Limit, Policy, Store, StoreKey};
 use tollgate_redis::cluster::RedisClusterStore;
 use tollgate_redis::RedisStore;
+use tollgate_testkit::command_stats::command_stats;
 use tollgate_testkit::redis_cluster::{RedisCluster, Reply, MASTERS};
 use tollgate_testkit::redis_server::RedisServer;
 
@@ -267,23 +268,6 @@ fn report(setup: &Setup) {
     }
 }
 
-/// `usec_per_call` and `calls` of `FCALL` in an `INFO commandstats` text.
-fn fcall_stats(info: &str) -> Option<(f64, u64)> {
-    let stats = info
-        .lines()
-        .find_map(|l| l.trim_end().strip_prefix("cmdstat_fcall:"))?;
-    let field = |name: &str| {
-        stats
-            .split(',')
-            .find_map(|kv| kv.strip_prefix(name))
-            .map(str::to_string)
-    };
-    Some((
-        field("usec_per_call=")?.parse().ok()?,
-        field("calls=")?.parse().ok()?,
-    ))
-}
-
 /// Redis CPU per call (`INFO commandstats`), one layer, concurrency 16:
 /// the standalone server and each Cluster master, after the same run.
 fn cost_report(setup: &Setup) {
@@ -327,15 +311,20 @@ fn cost_report(setup: &Setup) {
             .rt
             .block_on(run(target, &setup.workload, 16, FIXED_RUN as u64, false));
         if *name == "standalone" {
-            if let Some((us, calls)) = fcall_stats(&info(None)) {
-                println!("{:<24} {us:>6.2} µs  ({calls} calls)", "standalone");
+            if let Some(f) = command_stats(&info(None)).get("fcall") {
+                println!(
+                    "{:<24} {:>6.2} µs  ({} calls)",
+                    "standalone", f.usec_per_call, f.calls
+                );
             }
         } else {
             for m in 0..MASTERS {
-                if let Some((us, calls)) = fcall_stats(&info(Some(m))) {
+                if let Some(f) = command_stats(&info(Some(m))).get("fcall") {
                     println!(
-                        "{:<24} {us:>6.2} µs  ({calls} calls)",
-                        format!("cluster master {m}")
+                        "{:<24} {:>6.2} µs  ({} calls)",
+                        format!("cluster master {m}"),
+                        f.usec_per_call,
+                        f.calls
                     );
                 }
             }

@@ -39,6 +39,7 @@ use tollgate_limiter::{
     Context, LayerRequest, Limit, Limiter, Policy, Scope, Store, StoreKey, Subject,
 };
 use tollgate_redis::{RedisStore, Scripting};
+use tollgate_testkit::command_stats::command_stats;
 use tollgate_testkit::redis_server::RedisServer;
 
 const KEYS: usize = 10_000;
@@ -341,15 +342,10 @@ async fn usec_per_call(con: &mut MultiplexedConnection, command: &str) -> f64 {
         .query_async(con)
         .await
         .expect("INFO");
-    info.lines()
-        .find_map(|line| {
-            line.strip_prefix(&format!("cmdstat_{command}:"))?
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("usec_per_call="))?
-                .parse()
-                .ok()
-        })
+    command_stats(&info)
+        .get(command)
         .unwrap_or_else(|| panic!("no {command} in INFO commandstats"))
+        .usec_per_call
 }
 
 /// Redis CPU per call for each algorithm (one layer, functions), one layer

@@ -10,6 +10,7 @@ use redis::aio::ConnectionLike;
 use tollgate_limiter::{LayerRequest, Limit, StoreError};
 
 use crate::error::from_redis;
+use crate::settings::Decides;
 
 /// What `from_redis` makes of `WRONGTYPE`: a conflict not yet located (the
 /// empty policy name).
@@ -34,16 +35,21 @@ fn expected_type(layer: &LayerRequest<'_>) -> &'static str {
     }
 }
 
-/// The conflict naming the first of `layers` (with their rendered `keys`)
-/// whose key holds another type; a protocol error if none does any more
-/// (the key changed again meanwhile).
+/// The conflict naming the first of `layers` whose key (as `decides`
+/// renders it) holds another type; a protocol error if none does any more
+/// (the key changed again meanwhile). Keys are rendered again here: this
+/// runs only after a `WRONGTYPE`.
 pub(crate) async fn locate<C: ConnectionLike + Send>(
     con: &mut C,
-    layers: &[&LayerRequest<'_>],
-    keys: &[&str],
+    layers: &[LayerRequest<'_>],
+    decides: &Decides,
 ) -> StoreError {
-    for (layer, key) in layers.iter().zip(keys) {
-        let kind: String = match redis::cmd("TYPE").arg(*key).query_async(con).await {
+    for layer in layers {
+        let kind: String = match redis::cmd("TYPE")
+            .arg(decides.key_arg(&layer.key))
+            .query_async(con)
+            .await
+        {
             Ok(kind) => kind,
             Err(e) => return from_redis(e),
         };

@@ -226,32 +226,6 @@ impl Mode {
     }
 }
 
-/// Whether `name`, what a server answered to `FUNCTION LOAD`, is the
-/// library's.
-pub(crate) fn check_library(name: &str) -> Result<(), redis::RedisError> {
-    if name != library_name() {
-        return Err(redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "FUNCTION LOAD answered another library name than the library's",
-            name.to_string(),
-        )));
-    }
-    Ok(())
-}
-
-/// Whether `sha`, the digest a server computed for `SCRIPT LOAD`, is the
-/// script's.
-pub(crate) fn check_digest(sha: &str) -> Result<(), redis::RedisError> {
-    if sha != sha1() {
-        return Err(redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "SCRIPT LOAD answered another digest than the script's SHA-1",
-            sha.to_string(),
-        )));
-    }
-    Ok(())
-}
-
 /// One layer's script arguments: algorithm code, cost and the algorithm's
 /// three parameters (see `lua/layered.lua`).
 ///
@@ -343,8 +317,6 @@ mod tests {
         assert_eq!(sha1().len(), 40);
         assert!(SCRIPT.contains(CODES) && SCRIPT.contains(LAYERED));
         assert!(SCRIPT.ends_with("return decide(KEYS, ARGV)\n"));
-        assert!(check_digest(sha1()).is_ok());
-        assert!(check_digest(&"0".repeat(40)).is_err());
     }
 
     /// The library is the script's code under a name made from it, and
@@ -359,8 +331,6 @@ mod tests {
         assert!(library_name()
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_'));
-        assert!(check_library(library_name()).is_ok());
-        assert!(check_library("tollgate_0").is_err());
     }
 
     /// One code per algorithm, the same number on both sides: `codes.lua`

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
-use crate::script::{check_digest, check_library, function_library, SCRIPT};
+use crate::script::{function_library, library_name, sha1, SCRIPT};
 
 /// How a store runs its Lua code; see
 /// [`RedisStoreBuilder::scripting`](crate::RedisStoreBuilder::scripting).
@@ -71,7 +71,7 @@ impl Runner {
 
     /// After the server said it has no functions: whether to go on with
     /// `EVALSHA` (only `Auto` does; from then on every call is `EVALSHA`).
-    pub(crate) fn fall_back(&self) -> bool {
+    fn fall_back(&self) -> bool {
         if self.scripting == Scripting::Auto {
             self.fell_back.store(true, Ordering::Relaxed);
             return true;
@@ -104,14 +104,24 @@ impl Runner {
             let style = self.style();
             match Self::load_command(style).query_async::<String>(con).await {
                 Ok(answer) => return check_load(style, &answer),
-                Err(e) if style == Style::Fcall && is_unknown_command(&e) => {
-                    if !self.fall_back() {
-                        return Err(no_functions());
-                    }
-                }
-                Err(e) => return Err(e),
+                Err(e) => self.fall_back_on(style, e)?,
             }
         }
+    }
+
+    /// After a load command or a call sent as `style` failed with `e`:
+    /// `Ok` to go on with the script (an `Auto` store whose server has no
+    /// functions just fell back to it), or the error to report. Every
+    /// store's fallback goes through here.
+    pub(crate) fn fall_back_on(&self, style: Style, e: RedisError) -> RedisResult<()> {
+        if style == Style::Fcall && is_unknown_command(&e) {
+            return if self.fall_back() {
+                Ok(())
+            } else {
+                Err(no_functions())
+            };
+        }
+        Err(e)
     }
 
     /// Send `cmd`, a call built as `style`; when the server lost the code
@@ -138,12 +148,28 @@ impl Runner {
     }
 }
 
-/// Whether `answer` to the load command of `style` names the store's code.
+/// Whether `answer` to the load command of `style` names the store's code:
+/// the library's name (`FUNCTION LOAD`) or the script's SHA-1 (`SCRIPT
+/// LOAD`).
 pub(crate) fn check_load(style: Style, answer: &str) -> RedisResult<()> {
-    match style {
-        Style::Fcall => check_library(answer),
-        Style::Evalsha => check_digest(answer),
+    let (expected, mismatch) = match style {
+        Style::Fcall => (
+            library_name(),
+            "FUNCTION LOAD answered another library name than the library's",
+        ),
+        Style::Evalsha => (
+            sha1(),
+            "SCRIPT LOAD answered another digest than the script's SHA-1",
+        ),
+    };
+    if answer != expected {
+        return Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            mismatch,
+            answer.to_string(),
+        )));
     }
+    Ok(())
 }
 
 /// Whether `e`, the answer to a call of `style`, says the server lacks the
@@ -182,4 +208,20 @@ pub(crate) fn no_functions() -> RedisError {
         "Redis Functions required",
         NO_FUNCTIONS.to_string(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_load_is_checked_against_the_code_it_loads() {
+        assert!(check_load(Style::Evalsha, sha1()).is_ok());
+        assert!(check_load(Style::Evalsha, &"0".repeat(40)).is_err());
+        assert!(check_load(Style::Fcall, library_name()).is_ok());
+        assert!(check_load(Style::Fcall, "tollgate_0").is_err());
+        // A digest is not a library name, nor the other way round.
+        assert!(check_load(Style::Fcall, sha1()).is_err());
+        assert!(check_load(Style::Evalsha, library_name()).is_err());
+    }
 }

@@ -23,7 +23,7 @@ pub enum ConnectionMode {
     /// One multiplexed connection shared by every decision (requests are
     /// pipelined on it), re-established in the background when it drops.
     /// The default: faster than the pool in the benchmark (see
-    /// `benches/redis.rs`).
+    /// `docs/benchmarks.md`).
     Multiplexed,
     /// A bb8 pool of `size` connections; each decision holds one for its
     /// call. A connection that fails with an I/O error is discarded.
@@ -297,11 +297,7 @@ impl RedisStore {
             Err(e) => {
                 let e = from_redis(e);
                 if conflicts::is_unlocated(&e) {
-                    // Rare: the keys are rendered again.
-                    let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
-                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    let layers: Vec<&LayerRequest<'_>> = layers.iter().collect();
-                    return Err(conflicts::locate(con, &layers, &keys).await);
+                    return Err(conflicts::locate(con, layers, &self.decides).await);
                 }
                 Err(name_conflict(e, |i| layers.get(i).map(|l| l.policy.name())))
             }

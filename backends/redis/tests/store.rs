@@ -17,6 +17,7 @@ use tollgate_limiter::{
     MAX_RECOVERY, MAX_WINDOW,
 };
 use tollgate_redis::{ConnectionMode, RedisStore, RedisStoreError, Scripting};
+use tollgate_testkit::command_stats::command_stats;
 use tollgate_testkit::conformance::{self, every_algorithm, fresh_subject, single, unique, START};
 use tollgate_testkit::redis_server::RedisServer;
 
@@ -115,12 +116,9 @@ async fn command_calls(con: &mut redis::aio::MultiplexedConnection) -> HashMap<S
         .query_async(con)
         .await
         .expect("INFO");
-    info.lines()
-        .filter_map(|line| {
-            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_string(), calls.parse().ok()?))
-        })
+    command_stats(&info)
+        .into_iter()
+        .map(|(name, stats)| (name, stats.calls))
         .collect()
 }
 

@@ -24,6 +24,7 @@
 //! # fn main() {}
 //! ```
 
+pub mod command_stats;
 pub mod conformance;
 mod ready;
 pub use ready::ready;

@@ -64,7 +64,7 @@ use crate::conflicts;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::holds::Holds;
 use crate::script::{layer_args, parse_reply, Mode, ScriptCall, LAYER_ARGS};
-use crate::scripting::{check_load, is_unknown_command, no_functions, Runner, Style};
+use crate::scripting::{check_load, Runner, Style};
 use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
 
 mod redirects;
@@ -178,30 +178,26 @@ impl RedisClusterStore {
     /// [`connect`](RedisClusterStoreBuilder::connect); nodes that lack it
     /// later get it at their first call).
     pub async fn load_script(&self) -> Result<(), StoreError> {
+        let runner = &self.decides.runner;
         loop {
-            let style = self.style();
+            let style = runner.style();
             let routing = RoutingInfo::MultiNode((
                 MultipleNodeRoutingInfo::AllMasters,
                 Some(ResponsePolicy::AllSucceeded),
             ));
-            let answer = match self
+            let sent = self
                 .conn
                 .clone()
                 .route_command(Runner::load_command(style), routing)
-                .await
-            {
-                Ok(answer) => answer,
-                Err(e) if style == Style::Fcall && is_unknown_command(&e) => {
-                    if self.decides.runner.fall_back() {
-                        continue;
-                    }
-                    return Err(from_redis(no_functions()));
+                .await;
+            match sent {
+                Ok(answer) => {
+                    let answer: String = redis::from_redis_value(answer)
+                        .map_err(|e| StoreError::Protocol(format!("loading the code: {e}")))?;
+                    return check_load(style, &answer).map_err(from_redis);
                 }
-                Err(e) => return Err(from_redis(e)),
-            };
-            let answer: String = redis::from_redis_value(answer)
-                .map_err(|e| StoreError::Protocol(format!("loading the code: {e}")))?;
-            return check_load(style, &answer).map_err(from_redis);
+                Err(e) => runner.fall_back_on(style, e).map_err(from_redis)?,
+            }
         }
     }
 
@@ -275,14 +271,13 @@ impl Store for RedisClusterStore {
         };
         match result {
             Err(e) if conflicts::is_unlocated(&e) => {
-                // A key of another type: name its layer (rare; keys again).
-                let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
-                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                let layers: Vec<&LayerRequest<'_>> = layers.iter().collect();
+                // A key of another type: name its layer (or time out).
                 let mut conn = self.conn.clone();
-                self.until(deadline, conflicts::locate(&mut conn, &layers, &keys))
-                    .await
-                    .map_or_else(Err, Err)
+                let located = self.until(
+                    deadline,
+                    conflicts::locate(&mut conn, layers, &self.decides),
+                );
+                Err(located.await.unwrap_or_else(|timeout| timeout))
             }
             other => other,
         }

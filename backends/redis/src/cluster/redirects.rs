@@ -12,9 +12,7 @@ use tollgate_limiter::StoreError;
 use super::slots::hash_slot;
 use crate::error::from_redis;
 use crate::script::SCRIPT;
-use crate::scripting::{
-    check_load, is_missing_function, is_unknown_command, no_functions, Runner, Style,
-};
+use crate::scripting::{check_load, is_missing_function, is_unknown_command, Runner, Style};
 
 /// The longest pause between two attempts of a call Redis answered it did
 /// not run (`TRYAGAIN` while a slot moves, `CLUSTERDOWN` during a failover):
@@ -83,9 +81,7 @@ pub(crate) async fn call(
                 continue;
             }
             if is_unknown_command(&e) {
-                if !runner.fall_back() {
-                    return Err(from_redis(no_functions()));
-                }
+                runner.fall_back_on(style, e).map_err(from_redis)?;
                 eval = Some(eval_of(&cmd));
                 target = sent_to;
                 continue;
