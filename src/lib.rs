@@ -41,7 +41,8 @@
 //! | `memory` (default) | [`MemoryStore`], the in-process store |
 //! | `metrics` | counters and histograms through the `metrics` facade ([`observe`]) |
 //! | `tracing` | log events (policy and error class, never keys) through `tracing` |
-//! | `redis` | [`redis::RedisStore`], standalone Redis: one script call per decision |
+//! | `redis` | [`redis::RedisStore`], standalone Redis or a primary found through Sentinel: one script call per decision |
+//! | `redis-tls` | `redis`, plus TLS (`rediss://`, a CA of your own, client certificates) over rustls for every Redis store (guide: `docs/operations.md`, "Redis in production") |
 //! | `redis-cluster` | `redis::RedisClusterStore`: slot-aware layered decisions on Redis Cluster (guide: `docs/cluster.md`) |
 //! | `blocked-cache` | long denials answered in-process without a store call |
 //! | `tower` | [`tower::RateLimitLayer`], for axum, tonic and hyper (guide: `docs/http.md`) |
@@ -62,7 +63,8 @@ pub mod algorithms {
 #[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
 pub use tollgate_memory::{MemoryStore, MemoryStoreBuilder};
 
-/// The Redis store (standalone): one Lua script call per decision.
+/// The Redis stores (standalone, Sentinel, and with `redis-cluster` the
+/// Cluster): one Lua call per decision.
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis {

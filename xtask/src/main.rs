@@ -31,6 +31,7 @@ use std::time::Instant;
 const FEATURES: &[&str] = &[
     "memory",
     "redis",
+    "redis-tls",
     "redis-cluster",
     "metrics",
     "tracing",

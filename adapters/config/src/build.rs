@@ -129,33 +129,108 @@ impl Config {
             }
             #[cfg(feature = "redis")]
             StoreSpec::Redis(spec) => {
-                use tollgate_redis::{ConnectionMode, RedisStore};
-                let mut builder = RedisStore::builder(spec.url.clone());
-                if let Some(prefix) = &spec.prefix {
-                    builder = builder.prefix(prefix.clone());
-                }
-                if let Some(d) = spec.deadline {
-                    builder = builder.deadline(d.0);
-                }
-                if let Some(d) = spec.connect_timeout {
-                    builder = builder.connect_timeout(d.0);
-                }
+                let mut builder = tollgate_redis::RedisStore::builder(spec.url.clone());
                 if let Some(size) = spec.pool_size {
-                    builder = builder.connection_mode(ConnectionMode::Pool { size });
+                    builder =
+                        builder.connection_mode(tollgate_redis::ConnectionMode::Pool { size });
                 }
-                let store = if spec.lazy {
-                    builder.build()
-                } else {
-                    builder.connect().await
-                };
-                let store = store.map_err(|source| BuildError::Store {
-                    kind: "redis",
-                    source,
-                })?;
-                Ok(Arc::new(store))
+                redis_store(builder, &spec.options, "redis").await
+            }
+            #[cfg(feature = "redis")]
+            StoreSpec::RedisSentinel(spec) => {
+                let mut builder = tollgate_redis::RedisStore::sentinel(
+                    spec.sentinels.clone(),
+                    spec.service.clone(),
+                )
+                .primary_db(spec.db);
+                if let Some(password) = &spec.password {
+                    builder = builder.primary_auth(spec.username.as_deref(), password);
+                }
+                redis_store(builder, &spec.options, "redis-sentinel").await
             }
             #[cfg(not(feature = "redis"))]
-            StoreSpec::Redis(_) => Err(BuildError::RedisNotEnabled),
+            StoreSpec::Redis(_) | StoreSpec::RedisSentinel(_) => Err(BuildError::RedisNotEnabled),
         }
     }
+}
+
+/// A Redis store from `builder` with the file's shared `options`.
+#[cfg(feature = "redis")]
+async fn redis_store(
+    mut builder: tollgate_redis::RedisStoreBuilder,
+    options: &crate::RedisOptions,
+    kind: &'static str,
+) -> Result<Arc<dyn Store>, BuildError> {
+    if let Some(prefix) = &options.prefix {
+        builder = builder.prefix(prefix.clone());
+    }
+    if let Some(d) = options.deadline {
+        builder = builder.deadline(d.0);
+    }
+    if let Some(d) = options.connect_timeout {
+        builder = builder.connect_timeout(d.0);
+    }
+    if let Some(replicas) = options.replica_ack {
+        let timeout = options
+            .replica_ack_timeout
+            .map_or(DEFAULT_REPLICA_ACK_TIMEOUT, |d| d.0);
+        builder = builder.replica_ack(replicas, timeout);
+    }
+    builder = with_tls(builder, options)?;
+    let store = if options.lazy {
+        builder.build()
+    } else {
+        builder.connect().await
+    };
+    let store = store.map_err(|source| BuildError::Store { kind, source })?;
+    Ok(Arc::new(store))
+}
+
+/// How long `replica_ack` waits when the file does not say.
+#[cfg(feature = "redis")]
+const DEFAULT_REPLICA_ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(20);
+
+#[cfg(feature = "tls")]
+fn with_tls(
+    builder: tollgate_redis::RedisStoreBuilder,
+    options: &crate::RedisOptions,
+) -> Result<tollgate_redis::RedisStoreBuilder, BuildError> {
+    let read =
+        |field: &'static str, path: &Option<String>| -> Result<Option<Vec<u8>>, BuildError> {
+            path.as_ref()
+                .map(|p| {
+                    std::fs::read(p).map_err(|source| BuildError::TlsFile {
+                        field,
+                        path: p.clone(),
+                        source,
+                    })
+                })
+                .transpose()
+        };
+    let ca = read("ca_file", &options.ca_file)?;
+    let cert = read("client_cert_file", &options.client_cert_file)?;
+    let key = read("client_key_file", &options.client_key_file)?;
+    if ca.is_none() && cert.is_none() {
+        return Ok(builder);
+    }
+    let mut tls = tollgate_redis::Tls::new();
+    if let Some(ca) = ca {
+        tls = tls.ca_pem(ca);
+    }
+    if let (Some(cert), Some(key)) = (cert, key) {
+        tls = tls.client_pem(cert, key);
+    }
+    Ok(builder.tls(tls))
+}
+
+#[cfg(all(feature = "redis", not(feature = "tls")))]
+fn with_tls(
+    builder: tollgate_redis::RedisStoreBuilder,
+    options: &crate::RedisOptions,
+) -> Result<tollgate_redis::RedisStoreBuilder, BuildError> {
+    let any = options.ca_file.is_some() || options.client_cert_file.is_some();
+    if any {
+        return Err(BuildError::TlsNotEnabled);
+    }
+    Ok(builder)
 }

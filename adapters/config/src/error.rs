@@ -87,9 +87,24 @@ impl fmt::Display for Invalid<'_> {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BuildError {
-    /// `store.kind = "redis"` but this build has no Redis store.
-    #[error("store.kind: \"redis\" needs the Redis store; enable the `redis` feature of `tollgate` (or `tollgate-config`)")]
+    /// `store.kind = "redis"` or `"redis-sentinel"` but this build has no
+    /// Redis store.
+    #[error("store.kind: \"redis\" and \"redis-sentinel\" need the Redis store; enable the `redis` feature of `tollgate` (or `tollgate-config`)")]
     RedisNotEnabled,
+    /// The file sets TLS options but this build has no TLS for Redis.
+    #[error("store: ca_file, client_cert_file and client_key_file need TLS; enable the `redis-tls` feature of `tollgate` (or `tls` of `tollgate-config`)")]
+    TlsNotEnabled,
+    /// A TLS file named in the configuration could not be read.
+    #[error("store.{field}: cannot read {path:?}: {source}")]
+    TlsFile {
+        /// `ca_file`, `client_cert_file` or `client_key_file`.
+        field: &'static str,
+        /// The path as written.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The store could not be opened (for Redis: not reachable within the
     /// connect timeout, or a bad URL or prefix).
     #[error("store: could not open the {kind} store: {source}")]

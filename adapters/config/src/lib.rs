@@ -84,7 +84,7 @@ pub use error::{BuildError, ConfigError};
 #[cfg(feature = "watch")]
 pub use live::Watch;
 pub use live::{LiveConfig, LiveRoute, ReloadError, ReloadReport, UnknownRoute};
-pub use spec::{MemorySpec, RedisSpec, StoreSpec};
+pub use spec::{MemorySpec, RedisOptions, RedisSentinelSpec, RedisSpec, StoreSpec};
 
 /// A validated configuration file; build the limiters with [`Config::build`].
 #[derive(Debug, Clone, PartialEq)]

@@ -26,14 +26,17 @@ pub enum StoreSpec {
     Memory(MemorySpec),
     /// `kind = "redis"`: a standalone Redis server.
     Redis(RedisSpec),
+    /// `kind = "redis-sentinel"`: a primary found through Redis Sentinel.
+    RedisSentinel(RedisSentinelSpec),
 }
 
 impl StoreSpec {
-    /// `memory` or `redis`.
+    /// `memory`, `redis` or `redis-sentinel`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreSpec::Memory(_) => "memory",
             StoreSpec::Redis(_) => "redis",
+            StoreSpec::RedisSentinel(_) => "redis-sentinel",
         }
     }
 }
@@ -52,37 +55,110 @@ pub struct MemorySpec {
 }
 
 /// `[store] kind = "redis"`.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisSpec {
-    /// `redis://[user:password@]host:port/db` (never logged: it may hold a password).
+    /// `redis://[user:password@]host:port/db`, or `rediss://` for TLS
+    /// (never logged: it may hold a password).
     pub url: String,
-    /// Text before every key (default `tollgate`).
-    pub prefix: Option<String>,
-    /// Longest a decision may take, for example `"50ms"` (the default).
-    pub deadline: Option<DurationSpec>,
-    /// Longest connecting may take (default `"1s"`).
-    pub connect_timeout: Option<DurationSpec>,
     /// A pool of this many connections instead of one multiplexed connection.
     pub pool_size: Option<u32>,
-    /// Start without Redis and connect on first use (default `false`: the
-    /// build fails when Redis cannot be reached).
-    #[serde(default)]
-    pub lazy: bool,
+    /// What every Redis store takes.
+    pub options: RedisOptions,
 }
 
 impl fmt::Debug for RedisSpec {
     // The URL is left out on purpose: it may hold a password.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisSpec")
-            .field("prefix", &self.prefix)
-            .field("deadline", &self.deadline)
-            .field("connect_timeout", &self.connect_timeout)
             .field("pool_size", &self.pool_size)
-            .field("lazy", &self.lazy)
+            .field("options", &self.options)
             .finish_non_exhaustive()
     }
+}
+
+/// `[store] kind = "redis-sentinel"`: the primary of a service, found
+/// through Redis Sentinel and followed across failovers.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisSentinelSpec {
+    /// The sentinels, `redis://[:password@]host:port` each (`rediss://`
+    /// reaches the sentinels and the primary with TLS).
+    pub sentinels: Vec<String>,
+    /// The service (master) name the sentinels monitor.
+    pub service: String,
+    /// The primary's user (default: the default user).
+    pub username: Option<String>,
+    /// The primary's password (never logged).
+    pub password: Option<String>,
+    /// The primary's database (default 0).
+    pub db: i64,
+    /// What every Redis store takes.
+    pub options: RedisOptions,
+}
+
+impl fmt::Debug for RedisSentinelSpec {
+    // Addresses may hold passwords; the password is secret.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSentinelSpec")
+            .field("sentinels", &self.sentinels.len())
+            .field("service", &self.service)
+            .field("username", &self.username)
+            .field("db", &self.db)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every Redis store in the file takes besides its address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisOptions {
+    /// Text before every key (default `tollgate`).
+    pub prefix: Option<String>,
+    /// Longest a decision may take, for example `"50ms"` (the default).
+    pub deadline: Option<DurationSpec>,
+    /// Longest connecting may take (default `"1s"`).
+    pub connect_timeout: Option<DurationSpec>,
+    /// Start without Redis and connect on first use (default `false`: the
+    /// build fails when Redis cannot be reached).
+    pub lazy: bool,
+    /// A PEM file with the CA to trust for TLS instead of the system's.
+    pub ca_file: Option<String>,
+    /// A PEM file with the client certificate for mutual TLS (with
+    /// `client_key_file`).
+    pub client_cert_file: Option<String>,
+    /// A PEM file with the client certificate's private key.
+    pub client_key_file: Option<String>,
+    /// Wait for this many replicas to acknowledge every charge (with
+    /// `replica_ack_timeout`).
+    pub replica_ack: Option<u32>,
+    /// How long to wait for them (default `"20ms"`).
+    pub replica_ack_timeout: Option<DurationSpec>,
+}
+
+/// Every field of the two Redis kinds, read at once; each kind then
+/// refuses what is not its own.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RedisFields {
+    url: Option<String>,
+    pool_size: Option<u32>,
+    sentinels: Option<Vec<String>>,
+    service: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+    db: Option<i64>,
+    prefix: Option<String>,
+    deadline: Option<DurationSpec>,
+    connect_timeout: Option<DurationSpec>,
+    #[serde(default)]
+    lazy: bool,
+    ca_file: Option<String>,
+    client_cert_file: Option<String>,
+    client_key_file: Option<String>,
+    replica_ack: Option<u32>,
+    replica_ack_timeout: Option<DurationSpec>,
 }
 
 #[derive(Deserialize)]
@@ -274,56 +350,167 @@ fn store(errors: &mut Vec<PolicyError>, value: Value) -> Option<StoreSpec> {
             }
             Some(StoreSpec::Memory(spec))
         }
-        Some("redis") => {
-            let spec = de::<RedisSpec>(errors, "store", rest)?;
-            let scheme_ok = ["redis://", "rediss://", "unix://", "redis+unix://"]
-                .iter()
-                .any(|s| spec.url.starts_with(s));
-            if !scheme_ok {
-                errors.push(field_error(
-                    "store.url",
-                    "must start with redis://, rediss:// or unix:// (for example \"redis://127.0.0.1:6379/\")",
-                ));
-            }
-            if let Some(prefix) = &spec.prefix {
-                let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
-                if prefix.is_empty() || prefix.len() > 64 || !prefix.chars().all(ok) {
-                    errors.push(field_error(
-                        "store.prefix",
-                        format!("{prefix:?} must be 1-64 characters of A-Z a-z 0-9 _ - . :"),
-                    ));
-                }
-            }
-            if let Some(d) = spec.deadline {
-                check_duration(errors, "store.deadline", d.0, MAX_DEADLINE);
-            }
-            if let Some(d) = spec.connect_timeout {
-                check_duration(errors, "store.connect_timeout", d.0, MAX_DEADLINE);
-            }
-            if let Some(n) = spec.pool_size {
-                if n == 0 || n > 1024 {
-                    errors.push(field_error(
-                        "store.pool_size",
-                        format!("{n} must be between 1 and 1024"),
-                    ));
-                }
-            }
-            Some(StoreSpec::Redis(spec))
+        Some(kind @ ("redis" | "redis-sentinel")) => {
+            let fields = de::<RedisFields>(errors, "store", rest)?;
+            redis_store(errors, kind, fields)
         }
         Some(other) => {
             errors.push(field_error(
                 "store.kind",
-                format!("{other:?} is not a store; write \"memory\" or \"redis\""),
+                format!(
+                    "{other:?} is not a store; write \"memory\", \"redis\" or \"redis-sentinel\""
+                ),
             ));
             None
         }
         None => {
             errors.push(field_error(
                 "store.kind",
-                "missing or not a string; write kind = \"memory\" or kind = \"redis\"",
+                "missing or not a string; write kind = \"memory\", \"redis\" or \"redis-sentinel\"",
             ));
             None
         }
+    }
+}
+
+/// A `redis` or `redis-sentinel` store: its own fields required, the
+/// other kind's refused, the shared options checked.
+fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Option<StoreSpec> {
+    let refuse = |errors: &mut Vec<PolicyError>, field: &str, present: bool, why: &str| {
+        if present {
+            errors.push(field_error(&format!("store.{field}"), why));
+        }
+    };
+    let scheme_ok = |url: &str| {
+        ["redis://", "rediss://", "unix://", "redis+unix://"]
+            .iter()
+            .any(|s| url.starts_with(s))
+    };
+    let options = redis_options(errors, &f);
+    if kind == "redis" {
+        let for_sentinel = "is for kind = \"redis-sentinel\"";
+        refuse(errors, "sentinels", f.sentinels.is_some(), for_sentinel);
+        refuse(errors, "service", f.service.is_some(), for_sentinel);
+        let in_url = "is for kind = \"redis-sentinel\"; with kind = \"redis\" put it in the url";
+        refuse(errors, "username", f.username.is_some(), in_url);
+        refuse(errors, "password", f.password.is_some(), in_url);
+        refuse(errors, "db", f.db.is_some(), in_url);
+        let Some(url) = f.url else {
+            errors.push(field_error(
+                "store.url",
+                "missing; write url = \"redis://127.0.0.1:6379/\"",
+            ));
+            return None;
+        };
+        if !scheme_ok(&url) {
+            errors.push(field_error(
+                "store.url",
+                "must start with redis://, rediss:// or unix:// (for example \"redis://127.0.0.1:6379/\")",
+            ));
+        }
+        if let Some(n) = f.pool_size {
+            if n == 0 || n > 1024 {
+                errors.push(field_error(
+                    "store.pool_size",
+                    format!("{n} must be between 1 and 1024"),
+                ));
+            }
+        }
+        return Some(StoreSpec::Redis(RedisSpec {
+            url,
+            pool_size: f.pool_size,
+            options,
+        }));
+    }
+    refuse(
+        errors,
+        "url",
+        f.url.is_some(),
+        "is for kind = \"redis\"; a Sentinel store takes sentinels and service",
+    );
+    refuse(
+        errors,
+        "pool_size",
+        f.pool_size.is_some(),
+        "is for kind = \"redis\"; a Sentinel store keeps one multiplexed connection to the primary",
+    );
+    let sentinels = f.sentinels.unwrap_or_default();
+    if sentinels.is_empty() {
+        errors.push(field_error(
+            "store.sentinels",
+            "missing or empty; write sentinels = [\"redis://10.0.0.1:26379\", ...]",
+        ));
+    }
+    for (i, url) in sentinels.iter().enumerate() {
+        if !["redis://", "rediss://"].iter().any(|s| url.starts_with(s)) {
+            errors.push(field_error(
+                &format!("store.sentinels[{i}]"),
+                "must start with redis:// or rediss://",
+            ));
+        }
+    }
+    let service = f.service.unwrap_or_default();
+    if service.is_empty() {
+        errors.push(field_error(
+            "store.service",
+            "missing; write the name the sentinels monitor (service = \"mymaster\")",
+        ));
+    }
+    Some(StoreSpec::RedisSentinel(RedisSentinelSpec {
+        sentinels,
+        service,
+        username: f.username,
+        password: f.password,
+        db: f.db.unwrap_or(0),
+        options,
+    }))
+}
+
+/// The options both Redis kinds share, checked.
+fn redis_options(errors: &mut Vec<PolicyError>, f: &RedisFields) -> RedisOptions {
+    if let Some(prefix) = &f.prefix {
+        let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
+        if prefix.is_empty() || prefix.len() > 64 || !prefix.chars().all(ok) {
+            errors.push(field_error(
+                "store.prefix",
+                format!("{prefix:?} must be 1-64 characters of A-Z a-z 0-9 _ - . :"),
+            ));
+        }
+    }
+    if let Some(d) = f.deadline {
+        check_duration(errors, "store.deadline", d.0, MAX_DEADLINE);
+    }
+    if let Some(d) = f.connect_timeout {
+        check_duration(errors, "store.connect_timeout", d.0, MAX_DEADLINE);
+    }
+    if f.client_cert_file.is_some() != f.client_key_file.is_some() {
+        errors.push(field_error(
+            "store.client_cert_file",
+            "client_cert_file and client_key_file go together (mutual TLS needs both)",
+        ));
+    }
+    if f.replica_ack == Some(0) {
+        errors.push(field_error(
+            "store.replica_ack",
+            "must be at least 1 (leave it out to not wait for replicas)",
+        ));
+    }
+    if f.replica_ack_timeout.is_some() && f.replica_ack.is_none() {
+        errors.push(field_error(
+            "store.replica_ack_timeout",
+            "needs replica_ack (how many replicas to wait for)",
+        ));
+    }
+    RedisOptions {
+        prefix: f.prefix.clone(),
+        deadline: f.deadline,
+        connect_timeout: f.connect_timeout,
+        lazy: f.lazy,
+        ca_file: f.ca_file.clone(),
+        client_cert_file: f.client_cert_file.clone(),
+        client_key_file: f.client_key_file.clone(),
+        replica_ack: f.replica_ack,
+        replica_ack_timeout: f.replica_ack_timeout,
     }
 }
 

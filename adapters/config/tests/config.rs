@@ -380,3 +380,126 @@ connect_timeout = "200ms"
         );
     }
 }
+
+#[test]
+fn redis_kinds_refuse_each_others_fields() {
+    let list = errors(
+        r#"
+[store]
+kind = "redis-sentinel"
+url = "redis://127.0.0.1:6379/"
+pool_size = 4
+sentinels = ["127.0.0.1:26379"]
+client_cert_file = "client.crt"
+replica_ack = 0
+"#,
+    );
+    has(&list, "store.url: is for kind = \"redis\"");
+    has(&list, "store.pool_size: is for kind = \"redis\"");
+    has(&list, "store.sentinels[0]: must start with redis://");
+    has(&list, "store.service: missing");
+    has(
+        &list,
+        "store.client_cert_file: client_cert_file and client_key_file go together",
+    );
+    has(&list, "store.replica_ack: must be at least 1");
+    assert_eq!(list.len(), 6, "{list:#?}");
+
+    let list = errors(
+        r#"
+[store]
+kind = "redis"
+url = "redis://127.0.0.1:6379/"
+service = "limits"
+password = "secret"
+replica_ack_timeout = "10ms"
+"#,
+    );
+    has(&list, "store.service: is for kind = \"redis-sentinel\"");
+    has(
+        &list,
+        "store.password: is for kind = \"redis-sentinel\"; with kind = \"redis\" put it in the url",
+    );
+    has(&list, "store.replica_ack_timeout: needs replica_ack");
+    // The password itself is never repeated.
+    assert!(list.iter().all(|e| !e.contains("secret")), "{list:#?}");
+}
+
+#[test]
+fn a_sentinel_store_parses() {
+    let config = Config::from_toml_str(
+        r#"
+[store]
+kind = "redis-sentinel"
+sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"]
+service = "limits"
+username = "tollgate"
+password = "secret"
+db = 2
+replica_ack = 1
+replica_ack_timeout = "15ms"
+"#,
+    )
+    .expect("valid");
+    let StoreSpec::RedisSentinel(spec) = config.store() else {
+        panic!("expected a Sentinel store, got {:?}", config.store());
+    };
+    assert_eq!(config.store().kind(), "redis-sentinel");
+    assert_eq!(
+        (spec.sentinels.len(), spec.service.as_str(), spec.db),
+        (2, "limits", 2)
+    );
+    assert_eq!(spec.options.replica_ack, Some(1));
+    assert!(!format!("{spec:?}").contains("secret"));
+}
+
+/// `kind = "redis-sentinel"` against real sentinels: the route's limiter
+/// decides on the primary they name.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_store_decides_through_real_sentinels() {
+    use tollgate_testkit::redis_sentinel::{RedisSentinels, SERVICE};
+
+    let group = RedisSentinels::start();
+    let sentinels: Vec<String> = group
+        .sentinel_urls()
+        .iter()
+        .map(|u| format!("{u:?}"))
+        .collect();
+    let text = format!(
+        r#"
+[store]
+kind = "redis-sentinel"
+sentinels = [{}]
+service = "{SERVICE}"
+prefix = "config-sentinel"
+
+[policies.p]
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+
+[routes.r]
+layers = [{{ scope = "subject", policy = "p" }}]
+"#,
+        sentinels.join(", ")
+    );
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let limiters = Config::from_toml_str(&text)
+        .expect("valid")
+        .build(Arc::new(clock))
+        .await
+        .expect("builds through the sentinels");
+    let route = limiters.route("r").unwrap();
+    let ctx = Context::for_subject(Subject::new("a").unwrap());
+    let mut admitted = 0;
+    for _ in 0..3 {
+        if route.limiter().check(&ctx, 1).await.unwrap().is_allowed() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 2);
+    // The subject's state is on the primary the sentinels name.
+    let keys = group.primary().command(&["KEYS", "config-sentinel:{a}:*"]);
+    assert_eq!(keys.strings().len(), 1, "{keys:?}");
+}

@@ -37,6 +37,39 @@ pub enum RedisStoreError {
     /// has no Redis Functions (before Redis 7.0).
     #[error("this Redis server has no Redis Functions (FUNCTION LOAD and FCALL came with Redis 7.0): upgrade Redis, or build the store with Scripting::Auto or Scripting::Eval to run the same code with EVALSHA")]
     NoFunctions,
+    /// A charge was not acknowledged by enough replicas within the
+    /// [`replica_ack`](crate::RedisStore::builder) timeout: it is on the
+    /// primary, and would be lost if the primary died now.
+    #[error("the charge was acknowledged by {acknowledged} of the {wanted} replicas replica_ack asks for within {timeout:?}: check the replicas' health and link (INFO replication), or lower replica_ack")]
+    NotReplicated {
+        /// Replicas that acknowledged in time.
+        acknowledged: u64,
+        /// Replicas asked for.
+        wanted: u32,
+        /// How long the store waited.
+        timeout: Duration,
+    },
+    /// The `replica_ack` setting cannot be honoured.
+    #[error("invalid replica_ack: {0}")]
+    InvalidReplicaAck(String),
+    /// The Redis user lacks a permission Tollgate needs (found at connect,
+    /// where the store tries every command it uses on a key under its
+    /// prefix).
+    #[error("the Redis user lacks a permission Tollgate needs ({0}); grant the rule in docs/operations.md, \"Redis in production\", for this key prefix")]
+    NoPermission(String),
+    /// The TLS handshake failed: most often the server's certificate is not
+    /// signed by a CA the store trusts, or the server wants a client
+    /// certificate.
+    #[error("TLS with Redis failed: {0}; if the server's certificate is signed by your own CA pass it with Tls::ca_pem, and if the server requires client certificates (tls-auth-clients) pass one with Tls::client_pem")]
+    Tls(String),
+    /// No Sentinel named a reachable primary for the service.
+    #[error("no Sentinel named a reachable primary for service {service:?}: {detail}")]
+    NoPrimary {
+        /// The Sentinel service (master) name.
+        service: String,
+        /// What the last attempt found.
+        detail: String,
+    },
     /// A layer's cost is outside `1..=capacity` (the limiter checks this
     /// before calling a store; other callers must too).
     #[error("cost {cost} is outside 1..={capacity} for policy {policy:?}")]

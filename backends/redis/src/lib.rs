@@ -1,7 +1,12 @@
-//! Tollgate's Redis stores: standalone Redis ([`RedisStore`]) and, with the
-//! `cluster` feature, Redis Cluster (`cluster::RedisClusterStore`: the same
-//! code per hash slot, reserve-and-refund across slots; see the `cluster`
-//! module and `docs/cluster.md`).
+//! Tollgate's Redis stores: standalone Redis ([`RedisStore::builder`]), a
+//! primary found through Redis Sentinel and followed across failovers
+//! ([`RedisStore::sentinel`]) and, with the `cluster` feature, Redis Cluster
+//! (`cluster::RedisClusterStore`: the same code per hash slot,
+//! reserve-and-refund across slots; see the `cluster` module and
+//! `docs/cluster.md`). With the `tls` feature every store speaks TLS
+//! (`rediss://`, `Tls`); [`AclRule`] is the least-privilege ACL rule of a
+//! store's user, checked at connect; `replica_ack` waits for replicas after
+//! each charge (`docs/operations.md`, "Redis in production").
 //!
 //! Every decision is **one** call of one Lua program, whatever the number
 //! of layers: it reads every layer's state, decides each one, and writes
@@ -94,6 +99,8 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod acl;
+mod client;
 #[cfg(feature = "cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub mod cluster;
@@ -101,15 +108,21 @@ mod conflicts;
 mod error;
 #[cfg(feature = "cluster")]
 mod holds;
+mod permissions;
+mod replication;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod script;
 #[cfg(not(feature = "internals"))]
 mod script;
 mod scripting;
+mod sentinel;
 mod settings;
 mod store;
+#[cfg(feature = "tls")]
+mod tls;
 
+pub use acl::AclRule;
 #[cfg(feature = "cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
@@ -118,3 +131,6 @@ pub use script::{function_library, function_name, library_name, SCRIPT};
 pub use scripting::Scripting;
 pub use settings::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_PREFIX};
 pub use store::{ConnectionMode, RedisStore, RedisStoreBuilder};
+#[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+pub use tls::Tls;

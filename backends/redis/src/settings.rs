@@ -9,6 +9,7 @@ use std::time::Duration;
 use tollgate_limiter::{duration_micros, Clock, StoreError, StoreKey};
 
 use crate::error::{check_plausible, RedisStoreError};
+use crate::replication::ReplicaAck;
 use crate::script::TimeArgs;
 use crate::scripting::{Runner, Scripting};
 
@@ -29,6 +30,9 @@ pub(crate) struct Settings {
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) max_skew: Option<Duration>,
     pub(crate) scripting: Scripting,
+    pub(crate) replica_ack: Option<ReplicaAck>,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<crate::Tls>,
 }
 
 impl Default for Settings {
@@ -40,6 +44,9 @@ impl Default for Settings {
             clock: None,
             max_skew: None,
             scripting: Scripting::Auto,
+            replica_ack: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 }
@@ -48,7 +55,11 @@ impl Settings {
     /// The settings a store decides with, once the prefix is checked.
     pub(crate) fn checked(&self) -> Result<Decides, StoreError> {
         check_prefix(&self.prefix)?;
+        if let Some(ack) = self.replica_ack {
+            ack.check(self.deadline)?;
+        }
         Ok(Decides {
+            replica_ack: self.replica_ack,
             prefix: self.prefix.as_str().into(),
             deadline: self.deadline,
             clock: self.clock.clone(),
@@ -120,6 +131,31 @@ macro_rules! settings_setters {
             self.settings.scripting = scripting;
             self
         }
+
+        /// After every decision that charged, wait until `replicas`
+        /// replicas have acknowledged it (Redis `WAIT`), for at most
+        /// `timeout`; off by default. A charge not acknowledged in time
+        /// fails the decision with
+        /// [`RedisStoreError::NotReplicated`](crate::RedisStoreError::NotReplicated)
+        /// (its failure mode decides), so an admitted decision is one whose
+        /// charge survives the primary's death. `replicas` must be at least
+        /// 1 and `timeout` at least 1 ms and shorter than the deadline. It
+        /// costs a round trip to the replicas per admitted decision, and
+        /// on a multiplexed connection a `WAIT` holds up the calls queued
+        /// behind it: see `docs/operations.md`, "Redis in production".
+        pub fn replica_ack(mut self, replicas: u32, timeout: std::time::Duration) -> Self {
+            self.settings.replica_ack = Some(crate::replication::ReplicaAck { replicas, timeout });
+            self
+        }
+
+        /// TLS beyond the `rediss://` URL: a CA of its own, a client
+        /// certificate (see [`Tls`](crate::Tls)).
+        #[cfg(feature = "tls")]
+        #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+        pub fn tls(mut self, tls: crate::Tls) -> Self {
+            self.settings.tls = Some(tls);
+            self
+        }
     };
 }
 pub(crate) use settings_setters;
@@ -160,6 +196,8 @@ pub(crate) struct Decides {
     pub(crate) deadline: Duration,
     clock: Option<Arc<dyn Clock>>,
     max_skew: Option<Duration>,
+    /// Wait for replicas after a charge (off: `None`).
+    pub(crate) replica_ack: Option<ReplicaAck>,
     /// How calls are sent, shared by the store's clones.
     pub(crate) runner: Arc<Runner>,
 }

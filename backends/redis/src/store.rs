@@ -7,13 +7,18 @@ use async_trait::async_trait;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
+use std::sync::Arc;
+
 use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, RedisResult};
 use tollgate_limiter::{LayerRequest, Store, StoreError, Verdicts};
 
+use crate::client::{self, connect_error};
 use crate::conflicts;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
+use crate::permissions::{first_refusal, probe_commands};
 use crate::script::{layer_args, parse_reply, Mode, ScriptCall};
 use crate::scripting::Style;
+use crate::sentinel::{Sentinel, SentinelTarget};
 use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
 
 /// How the store talks to Redis.
@@ -47,6 +52,14 @@ pub struct RedisStore {
 enum Conn {
     Multiplexed(ConnectionManager),
     Pool(bb8::Pool<PoolManager>),
+    Sentinel(Arc<Sentinel>),
+}
+
+/// Where the store's server is.
+#[derive(Clone)]
+enum Target {
+    Url(String),
+    Sentinel(SentinelTarget),
 }
 
 impl fmt::Debug for RedisStore {
@@ -62,9 +75,19 @@ impl fmt::Debug for RedisStore {
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`].
 #[derive(Clone)]
 pub struct RedisStoreBuilder {
-    url: String,
+    target: Target,
     mode: ConnectionMode,
     settings: Settings,
+    /// A Sentinel-only setter called on a URL store, reported at build.
+    misused: Option<&'static str>,
+}
+
+/// What a checked builder connects through (built once, at connect: the
+/// size difference does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Source {
+    Client(Client),
+    Sentinel(Arc<Sentinel>),
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -86,13 +109,56 @@ impl RedisStoreBuilder {
         self
     }
 
-    fn validate(&self) -> Result<(Client, Decides), StoreError> {
-        let decides = self.settings.checked()?;
+    /// Log in to the Sentinel-managed primary as `username` (`None`: the
+    /// default user) with `password`; a store built with
+    /// [`RedisStore::sentinel`] only (a URL carries its own credentials).
+    pub fn primary_auth(mut self, username: Option<&str>, password: &str) -> Self {
+        match &mut self.target {
+            Target::Sentinel(target) => {
+                target.username = username.map(str::to_string);
+                target.password = Some(password.to_string());
+            }
+            Target::Url(_) => self.misused = Some("primary_auth"),
+        }
+        self
+    }
 
-        // The parser's message does not repeat the URL (it may hold a password).
-        let client = Client::open(self.url.as_str())
-            .map_err(|e| StoreError::from(RedisStoreError::InvalidUrl(e.to_string())))?;
-        Ok((client, decides))
+    /// Use database `db` on the Sentinel-managed primary (default 0); a
+    /// store built with [`RedisStore::sentinel`] only (a URL carries its
+    /// own database).
+    pub fn primary_db(mut self, db: i64) -> Self {
+        match &mut self.target {
+            Target::Sentinel(target) => target.db = db,
+            Target::Url(_) => self.misused = Some("primary_db"),
+        }
+        self
+    }
+
+    fn validate(&self) -> Result<(Source, Decides), StoreError> {
+        if let Some(setter) = self.misused {
+            return Err(RedisStoreError::InvalidUrl(format!(
+                "{setter} is for stores built with RedisStore::sentinel; put the credentials and database in the URL"
+            ))
+            .into());
+        }
+        let decides = self.settings.checked()?;
+        let source = match &self.target {
+            Target::Url(url) => Source::Client(client::open(url, &self.settings)?),
+            Target::Sentinel(target) => {
+                if let ConnectionMode::Pool { .. } = self.mode {
+                    return Err(RedisStoreError::InvalidUrl(
+                        "a Sentinel store uses one multiplexed connection to the primary: leave the connection mode at Multiplexed".into(),
+                    )
+                    .into());
+                }
+                Source::Sentinel(Arc::new(Sentinel::new(
+                    target,
+                    &self.settings,
+                    self.connection_config(),
+                )?))
+            }
+        };
+        Ok((source, decides))
     }
 
     fn connection_config(&self) -> AsyncConnectionConfig {
@@ -120,15 +186,32 @@ impl RedisStoreBuilder {
     /// timeout. Fails when Redis cannot be
     /// reached; use [`build`](RedisStoreBuilder::build) to start without it.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        let (client, decides) = self.validate()?;
+        let (source, decides) = self.validate()?;
         let timeout = self.settings.connect_timeout;
-        let conn = match self.mode {
-            ConnectionMode::Multiplexed => {
-                let manager = ConnectionManager::new_with_config(client, self.manager_config());
-                let manager = within(timeout, manager).await?.map_err(from_redis)?;
-                Conn::Multiplexed(manager)
+        let conn = match (source, self.mode) {
+            (Source::Sentinel(sentinel), _) => {
+                within(timeout, sentinel.connection()).await??;
+                Conn::Sentinel(sentinel)
             }
-            ConnectionMode::Pool { size } => {
+            (Source::Client(client), ConnectionMode::Multiplexed) => {
+                let manager =
+                    ConnectionManager::new_with_config(client.clone(), self.manager_config());
+                match within(timeout, manager).await {
+                    Ok(manager) => Conn::Multiplexed(manager.map_err(connect_error)?),
+                    // The manager retries until the timeout, which hides
+                    // why: one plain attempt names it (a certificate that
+                    // does not verify, a refused login, …).
+                    Err(timed_out) => {
+                        let config = self.connection_config();
+                        let attempt = client.get_multiplexed_async_connection_with_config(&config);
+                        return Err(match within(timeout, attempt).await {
+                            Ok(Err(e)) => connect_error(e),
+                            _ => timed_out,
+                        });
+                    }
+                }
+            }
+            (Source::Client(client), ConnectionMode::Pool { size }) => {
                 let pool = self
                     .pool_builder(size)
                     .min_idle(Some(size.max(1)))
@@ -136,7 +219,7 @@ impl RedisStoreBuilder {
                         client,
                         config: self.connection_config(),
                     });
-                Conn::Pool(within(timeout, pool).await?.map_err(from_redis)?)
+                Conn::Pool(within(timeout, pool).await?.map_err(connect_error)?)
             }
         };
         let store = RedisStore {
@@ -145,6 +228,7 @@ impl RedisStoreBuilder {
             decides,
         };
         within(timeout, store.load_script()).await??;
+        within(timeout, store.check_permissions()).await??;
         Ok(store)
     }
 
@@ -153,13 +237,14 @@ impl RedisStoreBuilder {
     /// [`StoreError::Timeout`] or [`StoreError::Unavailable`] until Redis
     /// answers. Must be called inside a Tokio runtime.
     pub fn build(self) -> Result<RedisStore, StoreError> {
-        let (client, decides) = self.validate()?;
-        let conn = match self.mode {
-            ConnectionMode::Multiplexed => Conn::Multiplexed(
+        let (source, decides) = self.validate()?;
+        let conn = match (source, self.mode) {
+            (Source::Sentinel(sentinel), _) => Conn::Sentinel(sentinel),
+            (Source::Client(client), ConnectionMode::Multiplexed) => Conn::Multiplexed(
                 ConnectionManager::new_lazy_with_config(client, self.manager_config())
                     .map_err(from_redis)?,
             ),
-            ConnectionMode::Pool { size } => {
+            (Source::Client(client), ConnectionMode::Pool { size }) => {
                 Conn::Pool(self.pool_builder(size).build_unchecked(PoolManager {
                     client,
                     config: self.connection_config(),
@@ -199,9 +284,52 @@ impl RedisStore {
     /// ```
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
-            url: url.into(),
+            target: Target::Url(url.into()),
             mode: ConnectionMode::Multiplexed,
             settings: Settings::default(),
+            misused: None,
+        }
+    }
+
+    /// A builder for a store on the primary of `service`, found through
+    /// Redis Sentinel at `sentinels` (`redis://[:password@]host:port`, or
+    /// `rediss://` with the `tls` feature, which then reaches the primary
+    /// over TLS too). The store follows failovers: a call that finds the
+    /// primary gone or demoted drops its connection, and the next
+    /// decision asks the sentinels again (see `docs/operations.md`,
+    /// "Redis in production"). The primary's own credentials and
+    /// database: [`primary_auth`](RedisStoreBuilder::primary_auth),
+    /// [`primary_db`](RedisStoreBuilder::primary_db).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tollgate_limiter::StoreError> {
+    /// use tollgate_redis::RedisStore;
+    ///
+    /// let store = RedisStore::sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "limits",
+    /// )
+    /// .primary_auth(Some("tollgate"), "secret")
+    /// .connect()
+    /// .await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub fn sentinel<I, S>(sentinels: I, service: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder {
+            target: Target::Sentinel(SentinelTarget {
+                sentinels: sentinels.into_iter().map(Into::into).collect(),
+                service: service.into(),
+                username: None,
+                password: None,
+                db: 0,
+            }),
+            mode: ConnectionMode::Multiplexed,
+            settings: Settings::default(),
+            misused: None,
         }
     }
 
@@ -226,8 +354,38 @@ impl RedisStore {
                 pooled.check(&result);
                 result
             }
+            Conn::Sentinel(sentinel) => {
+                let (generation, mut con) = sentinel.connection().await?;
+                let result = runner.load(&mut con).await;
+                if let Err(e) = &result {
+                    sentinel.check(generation, e);
+                }
+                result
+            }
         }
-        .map_err(from_redis)
+        .map_err(connect_error)
+    }
+
+    /// Try every command the store sends (see `permissions`): a Redis user
+    /// without one fails here, with the command named.
+    async fn check_permissions(&self) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for cmd in probe_commands(&self.decides, self.decides.runner.style()) {
+            pipe.add_command(cmd);
+        }
+        let answers: RedisResult<Vec<RedisResult<redis::Value>>> = match &self.conn {
+            Conn::Multiplexed(manager) => pipe.query_async(&mut manager.clone()).await,
+            Conn::Pool(pool) => {
+                let mut pooled = self.checkout(pool).await?;
+                pipe.query_async(&mut pooled.con).await
+            }
+            Conn::Sentinel(sentinel) => {
+                let (_, mut con) = sentinel.connection().await?;
+                pipe.query_async(&mut con).await
+            }
+        };
+        first_refusal(&answers.map_err(connect_error)?)
     }
 
     /// The command deciding `layers`, sent as `style`: keys and numbers
@@ -281,6 +439,14 @@ impl RedisStore {
                 pooled.check(&result);
                 self.answer(&mut pooled.con, result, layers).await
             }
+            Conn::Sentinel(sentinel) => {
+                let (generation, mut con) = sentinel.connection().await?;
+                let result = runner.call(&mut con, &cmd, style, rebuild).await;
+                if let Err(e) = &result {
+                    sentinel.check(generation, e);
+                }
+                self.answer(&mut con, result, layers).await
+            }
         }
     }
 
@@ -293,7 +459,16 @@ impl RedisStore {
         layers: &[LayerRequest<'_>],
     ) -> Result<Verdicts, StoreError> {
         match result {
-            Ok(reply) => parse_reply(&reply, layers.len()),
+            Ok(reply) => {
+                let verdicts = parse_reply(&reply, layers.len())?;
+                // A decision charged only when every layer admitted.
+                if let Some(ack) = &self.decides.replica_ack {
+                    if verdicts.iter().all(|v| v.allowed) {
+                        ack.wait(con).await?;
+                    }
+                }
+                Ok(verdicts)
+            }
             Err(e) => {
                 let e = from_redis(e);
                 if conflicts::is_unlocated(&e) {

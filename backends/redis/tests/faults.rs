@@ -3,37 +3,26 @@
 //! limiter under load, injects the fault, asserts the configured failure mode
 //! exactly, and prints what it observed (latency maximum, time to recover).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tollgate_limiter::{
-    BreakerConfig, Context, Fallback, Limit, Limiter, OnStoreFailure, Policy, Scope, Source,
-    Subject,
+    BreakerConfig, Fallback, Limit, Limiter, OnStoreFailure, Policy, Scope, Source,
 };
 use tollgate_memory::MemoryStore;
 use tollgate_redis::RedisStore;
 use tollgate_testkit::conformance::unique;
 use tollgate_testkit::redis_server::RedisServer;
 
+mod common;
+use common::load::{max_latency, recovered, Load, Seen, CLIENTS};
+
 /// The store's per-decision deadline in these tests.
 const DEADLINE: Duration = Duration::from_millis(50);
 /// What a decision may take beyond the deadline on a busy two-core machine.
 const MARGIN: Duration = Duration::from_millis(150);
-/// Concurrent clients driving the limiter.
-const CLIENTS: usize = 8;
 /// Emergency limit of the fallback tests, per client.
 const FALLBACK_LIMIT: u64 = 5;
-
-/// One decision as a client saw it.
-#[derive(Debug, Clone, Copy)]
-struct Seen {
-    /// When it started, from the start of the run.
-    at: Duration,
-    latency: Duration,
-    allowed: bool,
-    source: Source,
-}
 
 async fn limiter(server: &RedisServer, mode: OnStoreFailure) -> Limiter {
     let store = RedisStore::builder(server.url())
@@ -60,92 +49,6 @@ async fn limiter(server: &RedisServer, mode: OnStoreFailure) -> Limiter {
         })
         .build()
         .unwrap()
-}
-
-/// Drives `CLIENTS` concurrent clients until stopped; every decision is recorded.
-struct Load {
-    start: Instant,
-    stop: Arc<AtomicBool>,
-    seen: Arc<Mutex<Vec<(usize, Seen)>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(limiter: &Limiter) -> Load {
-        let start = Instant::now();
-        let stop = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let tasks = (0..CLIENTS)
-            .map(|client| {
-                let (limiter, stop, seen) = (limiter.clone(), stop.clone(), seen.clone());
-                let ctx = Context::for_subject(Subject::new(unique("client")).unwrap());
-                tokio::spawn(async move {
-                    while !stop.load(Ordering::Relaxed) {
-                        let t0 = Instant::now();
-                        let d = limiter.check(&ctx, 1).await.expect("no input errors");
-                        let s = Seen {
-                            at: t0 - start,
-                            latency: t0.elapsed(),
-                            allowed: d.is_allowed(),
-                            source: d.layers()[0].source,
-                        };
-                        seen.lock().unwrap().push((client, s));
-                        // A client paces itself a little, as real ones do.
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
-                })
-            })
-            .collect();
-        Load {
-            start,
-            stop,
-            seen,
-            tasks,
-        }
-    }
-
-    fn now(&self) -> Duration {
-        self.start.elapsed()
-    }
-
-    async fn finish(self) -> Vec<(usize, Seen)> {
-        self.stop.store(true, Ordering::Relaxed);
-        for task in self.tasks {
-            task.await.expect("client task");
-        }
-        Arc::try_unwrap(self.seen)
-            .expect("tasks done")
-            .into_inner()
-            .unwrap()
-    }
-}
-
-/// Waits until a decision after `since` came from the store; the time it took.
-async fn recovered(load: &Load, since: Duration, limit: Duration) -> Duration {
-    let t0 = Instant::now();
-    loop {
-        if load
-            .seen
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(_, s)| s.at >= since && s.source == Source::Store)
-        {
-            return t0.elapsed();
-        }
-        assert!(
-            t0.elapsed() < limit,
-            "decisions did not come back from the store within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-fn max_latency(seen: &[(usize, Seen)]) -> Duration {
-    seen.iter()
-        .map(|(_, s)| s.latency)
-        .max()
-        .unwrap_or_default()
 }
 
 fn assert_bounded(name: &str, seen: &[(usize, Seen)]) {

@@ -6,6 +6,9 @@
 //! - [`redis_server`]: real `redis-server` processes on free loopback ports,
 //!   started per test or shared by a test binary (no Redis mock, and no
 //!   silent skip when Redis is missing).
+//! - [`redis_sentinel`]: a primary, a replica and three sentinels, for
+//!   failover tests; [`tls_certificates`]: a CA and certificates for TLS
+//!   servers, made at run time.
 //! - [`DownStore`]: a store that is down, for tests of failure modes,
 //!   breakers, metrics and logs.
 //!
@@ -33,6 +36,9 @@ pub use recorder::AtomicRecorder;
 #[doc(hidden)]
 pub mod doc_support;
 pub mod redis_cluster;
+pub mod redis_sentinel;
 pub mod redis_server;
+pub mod resp;
 mod stores;
+pub mod tls_certificates;
 pub use stores::DownStore;

@@ -38,13 +38,15 @@
 //! ```
 
 use std::fmt;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::redis_server::{RedisServer, INSTALL_HINT, SERVER_ENV};
+use crate::resp::call;
+pub use crate::resp::Reply;
+use crate::tls_certificates::TestCertificates;
 
 /// Masters in a cluster from [`RedisCluster::start`].
 pub const MASTERS: usize = 3;
@@ -62,37 +64,6 @@ const POLL: Duration = Duration::from_millis(20);
 /// Attempts to start one node when its cluster bus port was taken between
 /// choosing it and the server binding it.
 const NODE_ATTEMPTS: usize = 3;
-
-/// A reply to a command sent with [`RedisCluster::command`] (RESP2).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reply {
-    /// `+OK` and other simple strings.
-    Status(String),
-    /// `-ERR …` and other error replies.
-    Error(String),
-    /// `:<n>`.
-    Int(i64),
-    /// `$<len>`; `None` for the null bulk string.
-    Bulk(Option<Vec<u8>>),
-    /// `*<len>`; `None` for the null array.
-    Array(Option<Vec<Reply>>),
-}
-
-impl Reply {
-    /// The reply as text (status, error or bulk string).
-    pub fn text(&self) -> Option<String> {
-        match self {
-            Reply::Status(s) | Reply::Error(s) => Some(s.clone()),
-            Reply::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
-            _ => None,
-        }
-    }
-
-    /// Whether the reply is an error.
-    pub fn is_error(&self) -> bool {
-        matches!(self, Reply::Error(_))
-    }
-}
 
 /// One node of the cluster.
 pub struct ClusterNode {
@@ -171,9 +142,28 @@ impl RedisCluster {
     /// When `redis-server` is not installed (the message gives the install
     /// command), or the cluster is not ready within 30 seconds.
     pub fn start() -> RedisCluster {
+        RedisCluster::start_with(None)
+    }
+
+    /// The same cluster with TLS everywhere: every node also listens with
+    /// TLS (see [`tls_urls`](RedisCluster::tls_urls)), presenting `certs`'
+    /// server certificate and asking clients for one signed by its CA
+    /// (Redis's default), and the cluster bus and replication run over TLS
+    /// (`tls-cluster`, `tls-replication`). The harness itself forms the
+    /// cluster over the plain ports.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](RedisCluster::start).
+    pub fn start_tls(certs: &TestCertificates) -> RedisCluster {
+        RedisCluster::start_with(Some(certs))
+    }
+
+    fn start_with(tls: Option<&TestCertificates>) -> RedisCluster {
         let new_enough = check_binary();
-        let servers: Vec<(RedisServer, u16)> =
-            (0..2 * MASTERS).map(|_| start_node(new_enough)).collect();
+        let servers: Vec<(RedisServer, u16)> = (0..2 * MASTERS)
+            .map(|_| start_node(new_enough, tls))
+            .collect();
         let mut nodes = Vec::with_capacity(servers.len());
         for (i, (server, bus_port)) in servers.into_iter().enumerate() {
             let id = call_text(server.addr(), &["CLUSTER", "MYID"]);
@@ -294,6 +284,15 @@ impl RedisCluster {
     /// roles change after a failover: see [`master_for_slot`](RedisCluster::master_for_slot)).
     pub fn nodes(&self) -> &[ClusterNode] {
         &self.nodes
+    }
+
+    /// Every node's TLS URL (`rediss://127.0.0.1:<tls port>/`) for a
+    /// cluster from [`start_tls`](RedisCluster::start_tls); empty otherwise.
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.server.tls_url())
+            .collect()
     }
 
     /// Every node's URL, killed ones included (a client's list of initial
@@ -662,7 +661,7 @@ fn check_binary() -> bool {
 /// the default, port + 10000, is out of range for the upper ephemeral
 /// ports); older servers use port + 10000, and the harness's own retries
 /// skip ports whose bus port does not exist.
-fn start_node(new_enough: bool) -> (RedisServer, u16) {
+fn start_node(new_enough: bool, tls: Option<&TestCertificates>) -> (RedisServer, u16) {
     let timeout = NODE_TIMEOUT_MS.to_string();
     let mut last_panic = None;
     for _ in 0..NODE_ATTEMPTS {
@@ -685,7 +684,14 @@ fn start_node(new_enough: bool) -> (RedisServer, u16) {
         }
         // The only expected failure is the bus port being taken meanwhile;
         // RedisServer panics on a failed start, so catch that and retry.
-        match std::panic::catch_unwind(|| RedisServer::start_with_args(&args)) {
+        if tls.is_some() {
+            args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+        }
+        let start = || match tls {
+            Some(certs) => RedisServer::start_tls(certs, &args),
+            None => RedisServer::start_with_args(&args),
+        };
+        match std::panic::catch_unwind(start) {
             Ok(server) => {
                 let bus = if new_enough {
                     bus
@@ -726,61 +732,6 @@ fn call_ok(addr: SocketAddr, args: &[&str]) {
     );
 }
 
-/// One command on a fresh connection (RESP2 array of bulk strings).
-fn call(addr: SocketAddr, args: &[&str]) -> std::io::Result<Reply> {
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    stream.set_nodelay(true)?;
-    let mut request = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        request.extend_from_slice(arg.as_bytes());
-        request.extend_from_slice(b"\r\n");
-    }
-    (&stream).write_all(&request)?;
-    read_reply(&mut BufReader::new(stream))
-}
-
-fn read_reply(reader: &mut impl BufRead) -> std::io::Result<Reply> {
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Err(bad("connection closed"));
-    }
-    let line = line.trim_end_matches(['\r', '\n']);
-    let (kind, rest) = line.split_at(1.min(line.len()));
-    let number = || rest.parse::<i64>().map_err(|_| bad("a bad length"));
-    Ok(match kind {
-        "+" => Reply::Status(rest.to_string()),
-        "-" => Reply::Error(rest.to_string()),
-        ":" => Reply::Int(number()?),
-        "$" => {
-            let len = number()?;
-            if len < 0 {
-                Reply::Bulk(None)
-            } else {
-                let mut buf = vec![0u8; len as usize + 2];
-                std::io::Read::read_exact(reader, &mut buf)?;
-                buf.truncate(len as usize);
-                Reply::Bulk(Some(buf))
-            }
-        }
-        "*" => {
-            let len = number()?;
-            if len < 0 {
-                Reply::Array(None)
-            } else {
-                let mut items = Vec::with_capacity(len as usize);
-                for _ in 0..len {
-                    items.push(read_reply(reader)?);
-                }
-                Reply::Array(Some(items))
-            }
-        }
-        _ => return Err(bad("an unknown reply type")),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -799,21 +750,6 @@ e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0
         assert!(nodes[1].owns(5461) && nodes[1].owns(10922) && !nodes[1].owns(5460));
         assert!(nodes[2].has_flag("myself") && nodes[2].owns(7000) && !nodes[2].owns(7001));
         assert_eq!(nodes[2].migrating.len(), 1);
-    }
-
-    #[test]
-    fn replies_parse() {
-        let mut input: &[u8] = b"*3\r\n+OK\r\n:42\r\n$3\r\nabc\r\n";
-        assert_eq!(
-            read_reply(&mut input).unwrap(),
-            Reply::Array(Some(vec![
-                Reply::Status("OK".into()),
-                Reply::Int(42),
-                Reply::Bulk(Some(b"abc".to_vec())),
-            ]))
-        );
-        let mut input: &[u8] = b"-MOVED 1 127.0.0.1:1\r\n";
-        assert!(read_reply(&mut input).unwrap().is_error());
     }
 
     #[test]

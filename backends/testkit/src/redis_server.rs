@@ -33,6 +33,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::tls_certificates::TestCertificates;
+
 /// The environment variable naming the `redis-server` binary to run
 /// (default: `redis-server` from `PATH`).
 pub const SERVER_ENV: &str = "TOLLGATE_REDIS_SERVER";
@@ -72,6 +74,10 @@ pub struct RedisServer {
     url: String,
     /// The extra arguments it was started with, for [`restart`](RedisServer::restart).
     extra: Vec<String>,
+    /// The configuration file's text it was started with (sentinels need one).
+    config: Option<String>,
+    /// The TLS port, for servers started with [`start_tls`](RedisServer::start_tls).
+    tls_port: Option<u16>,
 }
 
 impl fmt::Debug for RedisServer {
@@ -103,11 +109,45 @@ impl RedisServer {
     ///
     /// As [`start`](RedisServer::start).
     pub fn start_with_args(extra: &[&str]) -> RedisServer {
+        RedisServer::start_configured(extra, None)
+    }
+
+    /// Start a server that also listens with TLS on a second free port
+    /// (see [`tls_url`](RedisServer::tls_url)), presenting `certs`' server
+    /// certificate and trusting its CA, with `extra` arguments after (for
+    /// example `["--tls-auth-clients", "no"]`; Redis's default asks every
+    /// TLS client for a certificate). The plain port stays open, for the
+    /// harness and for tests that look at what a store wrote.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](RedisServer::start); also when this `redis-server` was
+    /// built without TLS.
+    pub fn start_tls(certs: &TestCertificates, extra: &[&str]) -> RedisServer {
+        let tls_port = free_port();
+        let tls_port_text = tls_port.to_string();
+        let cert_args = certs.server_args();
+        let mut args: Vec<&str> = vec!["--tls-port", &tls_port_text];
+        args.extend(cert_args.iter().map(String::as_str));
+        args.extend_from_slice(extra);
+        let mut server = RedisServer::start_configured(&args, None);
+        server.tls_port = Some(tls_port);
+        server
+    }
+
+    /// Start a server with `config` as its configuration file (written in
+    /// its working directory and given first, as `redis-server --sentinel`
+    /// needs) and `extra` arguments after the defaults.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](RedisServer::start).
+    pub fn start_configured(extra: &[&str], config: Option<&str>) -> RedisServer {
         let binary = server_binary();
         let mut last_error = String::new();
         for _ in 0..START_ATTEMPTS {
             let port = free_port();
-            match RedisServer::try_start(&binary, port, extra) {
+            match RedisServer::try_start(&binary, port, extra, config) {
                 Ok(server) => return server,
                 Err(e) => last_error = e,
             }
@@ -127,13 +167,26 @@ impl RedisServer {
         SHARED.get_or_init(RedisServer::start)
     }
 
-    fn try_start(binary: &str, port: u16, extra: &[&str]) -> Result<RedisServer, String> {
+    fn try_start(
+        binary: &str,
+        port: u16,
+        extra: &[&str],
+        config: Option<&str>,
+    ) -> Result<RedisServer, String> {
         let dir = temp_dir(port)?;
         let port_text = port.to_string();
         let dir_text = dir.to_string_lossy().into_owned();
         let log = dir.join("redis.log");
         let log_text = log.to_string_lossy().into_owned();
-        let mut args: Vec<&str> = vec![
+        let config_file = dir.join("redis.conf");
+        let config_text = config_file.to_string_lossy().into_owned();
+        let mut args: Vec<&str> = Vec::new();
+        if let Some(text) = config {
+            std::fs::write(&config_file, text)
+                .map_err(|e| format!("cannot write {config_text}: {e}"))?;
+            args.push(&config_text);
+        }
+        args.extend([
             "--bind",
             "127.0.0.1",
             "--port",
@@ -148,7 +201,7 @@ impl RedisServer {
             &dir_text,
             "--logfile",
             &log_text,
-        ];
+        ]);
         args.extend_from_slice(extra);
         let mut watchdog = Command::new("sh")
             .arg("-c")
@@ -179,6 +232,8 @@ impl RedisServer {
             url: format!("redis://127.0.0.1:{port}/"),
             dir,
             extra: extra.iter().map(|a| a.to_string()).collect(),
+            config: config.map(str::to_string),
+            tls_port: None,
         };
         match server.wait_ready() {
             Ok(()) => Ok(server),
@@ -225,6 +280,18 @@ impl RedisServer {
         &self.url
     }
 
+    /// The TLS URL, `rediss://127.0.0.1:<tls port>/`, for a server from
+    /// [`start_tls`](RedisServer::start_tls).
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port
+            .map(|port| format!("rediss://127.0.0.1:{port}/"))
+    }
+
+    /// The TLS port, for a server from [`start_tls`](RedisServer::start_tls).
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
     /// The server's loopback address.
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
@@ -243,6 +310,18 @@ impl RedisServer {
     /// The server's working directory (its log is `redis.log` in it).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Send one command over a fresh plain connection (setup in tests:
+    /// `ACL SETUSER`, `CONFIG SET`, …); an error reply is a
+    /// [`Reply::Error`](crate::resp::Reply::Error).
+    ///
+    /// # Panics
+    ///
+    /// When the server cannot be reached.
+    pub fn command(&self, args: &[&str]) -> crate::resp::Reply {
+        crate::resp::call(self.addr(), args)
+            .unwrap_or_else(|e| panic!("redis-server on port {}: {e}", self.port))
     }
 
     /// Whether the server answers `PING` now.
@@ -298,8 +377,9 @@ impl RedisServer {
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
         let mut last_error = String::new();
         for _ in 0..START_ATTEMPTS {
-            match RedisServer::try_start(&binary, self.port, &extra) {
-                Ok(fresh) => {
+            match RedisServer::try_start(&binary, self.port, &extra, self.config.as_deref()) {
+                Ok(mut fresh) => {
+                    fresh.tls_port = self.tls_port;
                     // The old watchdog has finished, so dropping the old
                     // value (stopping it again) does nothing more.
                     drop(std::mem::replace(self, fresh));

@@ -60,9 +60,11 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInf
 use tokio::time::Instant;
 use tollgate_limiter::{LayerRequest, Store, StoreError, Verdicts};
 
+use crate::client::connect_error;
 use crate::conflicts;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::holds::Holds;
+use crate::permissions::{first_refusal, probe_commands};
 use crate::script::{layer_args, parse_reply, Mode, ScriptCall, LAYER_ARGS};
 use crate::scripting::{check_load, Runner, Style};
 use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
@@ -117,22 +119,40 @@ impl RedisClusterStoreBuilder {
     /// timeout.
     pub async fn connect(self) -> Result<RedisClusterStore, StoreError> {
         let decides = self.settings.checked()?;
+        if decides.replica_ack.is_some() {
+            return Err(RedisStoreError::InvalidReplicaAck(
+                "the Cluster store does not wait for replicas yet; use it with a standalone or Sentinel store".into(),
+            )
+            .into());
+        }
         let client = self.client()?;
         let timeout = self.settings.connect_timeout;
         let conn = within(timeout, client.get_async_connection())
             .await?
-            .map_err(from_redis)?;
+            .map_err(connect_error)?;
         let store = RedisClusterStore {
             conn,
             holds: Arc::default(),
             decides,
         };
         within(timeout, store.load_script()).await??;
+        within(timeout, store.check_permissions()).await??;
         Ok(store)
     }
 
     fn client(&self) -> Result<ClusterClient, StoreError> {
-        ClusterClientBuilder::new(self.nodes.iter().map(String::as_str))
+        // Each URL is checked as the standalone store checks its one
+        // (rediss:// needs the `tls` feature, TLS settings need rediss://).
+        for url in &self.nodes {
+            crate::client::connection_info(url, &self.settings)?;
+        }
+        let builder = ClusterClientBuilder::new(self.nodes.iter().map(String::as_str));
+        #[cfg(feature = "tls")]
+        let builder = match &self.settings.tls {
+            Some(tls) => builder.certs(tls.certificates()),
+            None => builder,
+        };
+        builder
             .connection_timeout(self.settings.connect_timeout)
             // The client resends nothing itself: after a dropped connection
             // it cannot know whether a script ran, and a resent reservation
@@ -196,9 +216,24 @@ impl RedisClusterStore {
                         .map_err(|e| StoreError::Protocol(format!("loading the code: {e}")))?;
                     return check_load(style, &answer).map_err(from_redis);
                 }
-                Err(e) => runner.fall_back_on(style, e).map_err(from_redis)?,
+                Err(e) => runner.fall_back_on(style, e).map_err(connect_error)?,
             }
         }
+    }
+
+    /// Try every command the store sends (see `permissions`), one at a
+    /// time (the probe's keys share one slot, its keyless commands go to
+    /// any node): a Redis user without one fails here, with the command
+    /// named.
+    async fn check_permissions(&self) -> Result<(), StoreError> {
+        let mut answers = Vec::new();
+        for cmd in probe_commands(&self.decides, self.style()) {
+            answers.push(
+                cmd.query_async::<redis::Value>(&mut self.conn.clone())
+                    .await,
+            );
+        }
+        first_refusal(&answers)
     }
 
     /// How calls are sent now.

@@ -1,0 +1,75 @@
+//! The permission check at connect: every command a store sends, inside
+//! its code or around it, tried once on keys under its prefix, so a Redis
+//! user that lacks one fails at connect with the command named, not at
+//! the first decision that needs it.
+
+use redis::{Cmd, RedisResult, Value};
+use tollgate_limiter::StoreError;
+
+use crate::client::is_no_permission;
+use crate::error::RedisStoreError;
+use crate::script::{ScriptCall, TimeArgs};
+use crate::scripting::Style;
+use crate::settings::Decides;
+
+/// The probe's keys are the store's own, under its prefix, in a hash tag
+/// no state key has (state keys carry a policy and a version after the
+/// tag). Their last command gives them a TTL of 1 ms (`DEL` is not a
+/// command the store needs), so they are gone at once.
+const PROBE_TTL_MS: u64 = 10_000;
+
+/// The commands of the probe, in the order a decision could need them:
+/// the code's call (zero layers: it reads the server's time and decides
+/// nothing), then what the code runs on a counter (a string) and on a
+/// sliding log (a list), `TYPE` (conflicts are located with it), and
+/// `WAIT` when the store waits for replicas. Loading the code
+/// (`FUNCTION LOAD` or `SCRIPT LOAD`) is checked by the load itself.
+pub(crate) fn probe_commands(decides: &Decides, style: Style) -> Vec<Cmd> {
+    let string = format!("{}:{{tollgate-probe}}:s", decides.prefix);
+    let list = format!("{}:{{tollgate-probe}}:l", decides.prefix);
+    let keyless: [&str; 0] = [];
+    let mut commands = vec![
+        ScriptCall::new(style, keyless.iter(), &TimeArgs::default())
+            .mode(crate::script::Mode::Decide),
+        redis::cmd("TIME"),
+    ];
+    let mut push = |args: &[&str]| {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        commands.push(cmd);
+    };
+    let ttl = PROBE_TTL_MS.to_string();
+    push(&["SET", &string, "0", "PX", &ttl]);
+    push(&["GET", &string]);
+    push(&["PTTL", &string]);
+    push(&["TYPE", &string]);
+    push(&["PEXPIRE", &string, "1"]);
+    push(&["RPUSH", &list, "0"]);
+    push(&["PEXPIRE", &list, &ttl]);
+    push(&["LLEN", &list]);
+    push(&["LRANGE", &list, "0", "-1"]);
+    push(&["LINDEX", &list, "0"]);
+    push(&["LTRIM", &list, "0", "-1"]);
+    push(&["LREM", &list, "0", "-"]);
+    push(&["PEXPIRE", &list, "1"]);
+    if decides.replica_ack.is_some() {
+        // Zero replicas are always enough: this returns at once.
+        push(&["WAIT", "0", "1"]);
+    }
+    commands
+}
+
+/// The first refusal among the probe's `answers`, as the error a user
+/// can act on. Other errors are not the probe's business.
+pub(crate) fn first_refusal(answers: &[RedisResult<Value>]) -> Result<(), StoreError> {
+    for answer in answers {
+        if let Err(e) = answer {
+            if is_no_permission(e) {
+                return Err(RedisStoreError::NoPermission(e.to_string()).into());
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! Least privilege: a Redis user with exactly [`AclRule`] runs the
+//! conformance suite (function library, and the script form), and a user
+//! with any one permission fewer fails at connect with that permission
+//! named.
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+
+use tollgate_limiter::{Clock, ManualClock, Store, StoreError};
+use tollgate_redis::{AclRule, RedisStore, RedisStoreError, Scripting};
+use tollgate_testkit::conformance::unique;
+use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::resp::Reply;
+
+/// Every store here has a prefix under this one: the rule's key pattern.
+const PREFIX: &str = "acl";
+
+fn server() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+/// Create (or replace) `user` with password `pw` and exactly `rule`.
+fn set_user(user: &str, rule: &str) {
+    let mut args = vec!["ACL", "SETUSER", user, "reset", "on", ">pw"];
+    args.extend(rule.split_whitespace());
+    let reply = server().command(&args);
+    assert_eq!(reply, Reply::Status("OK".into()), "ACL SETUSER {rule}");
+}
+
+fn url(user: &str) -> String {
+    format!("redis://{user}:pw@127.0.0.1:{}/", server().port())
+}
+
+async fn connect_as(user: &str, scripting: Scripting) -> Result<RedisStore, StoreError> {
+    RedisStore::builder(url(user))
+        .prefix(format!("{PREFIX}:{}", unique("t")))
+        .scripting(scripting)
+        .connect()
+        .await
+}
+
+mod functions {
+    use super::*;
+
+    fn user() -> &'static str {
+        static USER: OnceLock<()> = OnceLock::new();
+        USER.get_or_init(|| set_user("tollgate-fn", &AclRule::new(PREFIX).to_string()));
+        "tollgate-fn"
+    }
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        Arc::new(
+            RedisStore::builder(url(user()))
+                .prefix(format!("{PREFIX}:{}", unique("t")))
+                .clock(Arc::new(clock) as Arc<dyn Clock>)
+                .connect()
+                .await
+                .expect("connect with exactly the documented rule"),
+        ) as Arc<dyn Store>
+    });
+}
+
+mod eval {
+    use super::*;
+
+    fn user() -> &'static str {
+        static USER: OnceLock<()> = OnceLock::new();
+        USER.get_or_init(|| {
+            let rule = AclRule::new(PREFIX).scripting(Scripting::Eval).to_string();
+            set_user("tollgate-eval", &rule)
+        });
+        "tollgate-eval"
+    }
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        Arc::new(
+            RedisStore::builder(url(user()))
+                .prefix(format!("{PREFIX}:{}", unique("t")))
+                .scripting(Scripting::Eval)
+                .clock(Arc::new(clock) as Arc<dyn Clock>)
+                .connect()
+                .await
+                .expect("connect with exactly the documented rule"),
+        ) as Arc<dyn Store>
+    });
+}
+
+/// Each permission of the rule, removed alone, fails the connect with a
+/// `NoPermission` naming it.
+async fn one_fewer_fails_at_connect(rule: AclRule, scripting: Scripting, user: &str) {
+    let rule = rule.to_string();
+    let grants: Vec<&str> = rule
+        .split_whitespace()
+        .filter(|w| w.starts_with('+') || w.starts_with('~'))
+        .collect();
+    assert!(grants.len() >= 14, "{rule}");
+    for missing in grants {
+        let fewer: Vec<&str> = rule.split_whitespace().filter(|w| *w != missing).collect();
+        set_user(user, &fewer.join(" "));
+        let error = connect_as(user, scripting)
+            .await
+            .expect_err(&format!("connect without {missing} must fail"));
+        let Some(RedisStoreError::NoPermission(detail)) = RedisStoreError::of(&error) else {
+            panic!("without {missing}: expected NoPermission, got {error:?}");
+        };
+        let named = match missing.strip_prefix('+') {
+            Some(command) => command.split('|').next_back().unwrap().to_string(),
+            None => "key".to_string(),
+        };
+        assert!(
+            detail.to_lowercase().contains(&named),
+            "without {missing}: the error names it: {detail}"
+        );
+        assert!(error.to_string().contains("docs/operations.md"), "{error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_permission_fewer_fails_at_connect_with_functions() {
+    one_fewer_fails_at_connect(AclRule::new(PREFIX), Scripting::Auto, "fewer-fn").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_permission_fewer_fails_at_connect_with_the_script() {
+    let rule = AclRule::new(PREFIX).scripting(Scripting::Eval);
+    one_fewer_fails_at_connect(rule, Scripting::Eval, "fewer-eval").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_replicas_needs_wait() {
+    let rule = AclRule::new(PREFIX).replica_ack(true).to_string();
+    set_user("fewer-wait", &rule.replace(" +wait", ""));
+    let error = RedisStore::builder(url("fewer-wait"))
+        .prefix(format!("{PREFIX}:{}", unique("t")))
+        .replica_ack(1, std::time::Duration::from_millis(10))
+        .connect()
+        .await
+        .expect_err("WAIT is not granted");
+    assert!(
+        matches!(RedisStoreError::of(&error), Some(RedisStoreError::NoPermission(d)) if d.contains("wait")),
+        "{error:?}"
+    );
+}

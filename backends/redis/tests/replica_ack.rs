@@ -1,0 +1,195 @@
+//! Replica acknowledgement (`replica_ack`) with a real primary and
+//! replica: charges acknowledged with it on survive the primary's death
+//! (the promoted replica holds every one); with it off a charge the
+//! replica never received is lost; with it on, a replica that does not
+//! acknowledge fails the decision within the bound instead of admitting.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tollgate_limiter::{
+    Clock, Context, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope, Store, StoreKey,
+    Subject,
+};
+use tollgate_redis::{RedisStore, RedisStoreError};
+use tollgate_testkit::conformance::{unique, START};
+use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::resp::Reply;
+
+/// Requests a key may make: the capacity of the policy.
+const CAPACITY: u64 = 20;
+/// How long a decision waits for the replica.
+const ACK_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// A primary and a replica following it, with the link up.
+fn primary_and_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]);
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(replication(&replica).contains("master_link_status:up")
+        && replication(&primary).contains("state=online"))
+    {
+        assert!(Instant::now() < deadline, "the replica did not sync");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Right after its first sync a replica may take a moment to answer
+    // the acknowledgement requests `WAIT` sends: wait for one here, so the
+    // tests start from steady replication.
+    let acked = primary.command(&["WAIT", "1", "10000"]);
+    assert_eq!(acked, Reply::Int(1), "the replica acknowledges");
+    (primary, replica)
+}
+
+fn replication(server: &RedisServer) -> String {
+    server
+        .command(&["INFO", "replication"])
+        .text()
+        .unwrap_or_default()
+}
+
+/// A limiter of `CAPACITY` requests per hour on `url`, at the manual clock.
+async fn limiter(url: &str, prefix: &str, clock: &ManualClock, ack: bool) -> Limiter {
+    let mut builder = RedisStore::builder(url)
+        .prefix(prefix)
+        .deadline(Duration::from_secs(2))
+        .clock(Arc::new(clock.clone()) as Arc<dyn Clock>);
+    if ack {
+        builder = builder.replica_ack(1, ACK_TIMEOUT);
+    }
+    let store = builder.connect().await.expect("connect");
+    let policy = Policy::new(
+        "login",
+        Limit::token_bucket(CAPACITY, CAPACITY, Duration::from_secs(3600)).unwrap(),
+    )
+    .unwrap();
+    Limiter::builder(Arc::new(store))
+        .layer("user", Scope::Subject, policy)
+        .build()
+        .unwrap()
+}
+
+/// Kill the primary and promote the replica, as a failover would.
+fn fail_over(primary: &RedisServer, replica: &RedisServer) {
+    primary.kill();
+    let reply = replica.command(&["REPLICAOF", "NO", "ONE"]);
+    assert_eq!(reply, Reply::Status("OK".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_charges_survive_the_primary() {
+    let (primary, replica) = primary_and_replica();
+    let clock = ManualClock::new(START);
+    let prefix = unique("ack");
+    let ctx = Context::for_subject(Subject::new("alice").unwrap());
+    let on_primary = limiter(primary.url(), &prefix, &clock, true).await;
+    for i in 0..CAPACITY {
+        let decision = on_primary.check(&ctx, 1).await.expect("acknowledged");
+        assert!(decision.is_allowed(), "request {i}: {decision:?}");
+    }
+    // Killed right after the last acknowledged decision.
+    fail_over(&primary, &replica);
+    let on_replica = limiter(replica.url(), &prefix, &clock, false).await;
+    let decision = on_replica.check(&ctx, 1).await.unwrap();
+    assert!(
+        !decision.is_allowed(),
+        "every acknowledged charge is on the promoted replica"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unacknowledged_charges_are_lost_and_acknowledgement_refuses_them() {
+    let (primary, replica) = primary_and_replica();
+    // The replica falls behind for good: its link to the primary is cut
+    // (it follows a port nobody listens on), as a lagging replica would.
+    let reply = replica.command(&["REPLICAOF", "127.0.0.1", "1"]);
+    assert_eq!(reply, Reply::Status("OK".into()));
+    let clock = ManualClock::new(START);
+    let prefix = unique("ack");
+    let ctx = Context::for_subject(Subject::new("bob").unwrap());
+
+    // With acknowledgement on, no charge is admitted that no replica holds.
+    let acked = limiter(primary.url(), &prefix, &clock, true).await;
+    let started = Instant::now();
+    let decision = acked.check(&ctx, 1).await.unwrap();
+    let waited = started.elapsed();
+    // The failure mode (fail closed, the default) decides: denied.
+    assert!(
+        !decision.is_allowed() && decision.failed_closed(),
+        "{decision:?}"
+    );
+    assert!(
+        waited >= ACK_TIMEOUT && waited < ACK_TIMEOUT + Duration::from_millis(500),
+        "WAIT is bounded by its timeout: {waited:?}"
+    );
+    let store = RedisStore::builder(primary.url())
+        .prefix(unique("ack"))
+        .deadline(Duration::from_millis(500))
+        .replica_ack(1, Duration::from_millis(50))
+        .connect()
+        .await
+        .unwrap();
+    let policy = Policy::new("login", Limit::gcra(1, Duration::from_secs(1), 5).unwrap()).unwrap();
+    let key = StoreKey::new("carol", &policy, "subject", "carol");
+    let error = store
+        .decide(&[LayerRequest {
+            key,
+            policy: &policy,
+            cost: 1,
+        }])
+        .await
+        .expect_err("not acknowledged");
+    assert!(
+        matches!(
+            RedisStoreError::of(&error),
+            Some(RedisStoreError::NotReplicated {
+                acknowledged: 0,
+                wanted: 1,
+                ..
+            })
+        ),
+        "{error:?}"
+    );
+
+    // With it off, the primary admits, and the charges die with it.
+    let plain = limiter(primary.url(), &prefix, &clock, false).await;
+    for i in 0..CAPACITY - 1 {
+        let decision = plain.check(&ctx, 1).await.unwrap();
+        assert!(decision.is_allowed(), "request {i}");
+    }
+    fail_over(&primary, &replica);
+    let on_replica = limiter(replica.url(), &prefix, &clock, false).await;
+    let decision = on_replica.check(&ctx, 1).await.unwrap();
+    assert_eq!(
+        decision.layers()[0].remaining,
+        CAPACITY - 1,
+        "the promoted replica never saw the charges: the key starts full again"
+    );
+}
+
+#[test]
+fn settings_that_cannot_be_honoured_are_refused() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    for (replicas, timeout) in [
+        (0, Duration::from_millis(10)),
+        (1, Duration::ZERO),
+        (1, Duration::from_millis(50)),
+    ] {
+        let error = RedisStore::builder("redis://127.0.0.1:1/")
+            .deadline(Duration::from_millis(50))
+            .replica_ack(replicas, timeout)
+            .build()
+            .expect_err("refused");
+        assert!(
+            matches!(
+                RedisStoreError::of(&error),
+                Some(RedisStoreError::InvalidReplicaAck(_))
+            ),
+            "{error:?}"
+        );
+    }
+}

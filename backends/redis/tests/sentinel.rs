@@ -1,0 +1,167 @@
+//! The Sentinel store against real processes on loopback — a primary, a
+//! replica and three `redis-server --sentinel` — : the conformance suite,
+//! and the primary killed under load: the failure mode decides while no
+//! primary answers, decisions come back from the store after the
+//! promotion, and the gap is printed.
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tollgate_limiter::{
+    Clock, Limit, Limiter, ManualClock, OnStoreFailure, Policy, Scope, Source, Store,
+};
+use tollgate_redis::{RedisStore, RedisStoreError};
+use tollgate_testkit::conformance::unique;
+use tollgate_testkit::redis_sentinel::{RedisSentinels, DOWN_AFTER_MS, SERVICE};
+
+use common::load::{max_latency, recovered, Load};
+
+/// The store's deadline in the failover test.
+const DEADLINE: Duration = Duration::from_millis(50);
+
+fn group() -> &'static RedisSentinels {
+    static GROUP: OnceLock<RedisSentinels> = OnceLock::new();
+    GROUP.get_or_init(RedisSentinels::start)
+}
+
+mod conformance {
+    use super::*;
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        Arc::new(
+            RedisStore::sentinel(group().sentinel_urls(), SERVICE)
+                .prefix(unique("sen"))
+                .clock(Arc::new(clock) as Arc<dyn Clock>)
+                .connect()
+                .await
+                .expect("connect through the sentinels"),
+        ) as Arc<dyn Store>
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_service_is_named_in_the_error() {
+    let error = RedisStore::sentinel(group().sentinel_urls(), "no-such-service")
+        .connect()
+        .await
+        .expect_err("no sentinel monitors it");
+    match RedisStoreError::of(&error) {
+        Some(RedisStoreError::NoPrimary { service, detail }) => {
+            assert_eq!(service, "no-such-service");
+            assert!(detail.contains("does not monitor"), "{detail}");
+        }
+        _ => panic!("expected NoPrimary, got {error:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_sentinels_fail_within_the_connect_timeout() {
+    let started = std::time::Instant::now();
+    let error = RedisStore::sentinel(["redis://127.0.0.1:1/"], SERVICE)
+        .connect_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(
+            RedisStoreError::of(&error),
+            Some(RedisStoreError::NoPrimary { .. })
+        ) || matches!(error, tollgate_limiter::StoreError::Timeout(_)),
+        "{error:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_only_settings_are_refused_on_a_url_store() {
+    let error = RedisStore::builder("redis://127.0.0.1:6379/")
+        .primary_db(1)
+        .build()
+        .expect_err("primary_db on a URL store");
+    assert!(
+        error.to_string().contains("RedisStore::sentinel"),
+        "{error}"
+    );
+}
+
+/// Kill the primary under load: every decision is bounded by the
+/// deadline, the failure mode decides while there is no primary, and the
+/// store decides again once the sentinels promoted the replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_fails_over_and_decisions_resume() {
+    let group = RedisSentinels::start();
+    let store = RedisStore::sentinel(group.sentinel_urls(), SERVICE)
+        .prefix(unique("failover"))
+        .deadline(DEADLINE)
+        .connect_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect through the sentinels");
+    let policy = Policy::new(
+        "api",
+        Limit::token_bucket(1_000_000, 1_000_000, Duration::from_secs(1)).unwrap(),
+    )
+    .unwrap()
+    .with_on_failure(OnStoreFailure::FailClosed)
+    .unwrap();
+    let limiter = Limiter::builder(Arc::new(store))
+        .layer("client", Scope::Subject, policy)
+        .build()
+        .unwrap();
+
+    let load = Load::start(&limiter);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    group.primary().kill();
+    let killed_at = load.now();
+    let promotion = tokio::task::spawn_blocking(move || {
+        let took = group.wait_for_failover();
+        (group, took)
+    });
+    let (group, promoted_after) = promotion.await.expect("failover");
+    let back_after = recovered(&load, load.now(), Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let seen = load.finish().await;
+
+    let before: Vec<_> = seen.iter().filter(|(_, s)| s.at < killed_at).collect();
+    assert!(
+        before.iter().any(|(_, s)| s.source == Source::Store),
+        "the store decided before the kill"
+    );
+    let during: Vec<_> = seen
+        .iter()
+        .filter(|(_, s)| s.at > killed_at + DEADLINE && s.source != Source::Store)
+        .collect();
+    assert!(!during.is_empty(), "some decisions met no primary");
+    assert!(
+        during.iter().all(|(_, s)| !s.allowed),
+        "fail-closed denies while there is no primary"
+    );
+    let last_failed = during.iter().map(|(_, s)| s.at).max().unwrap();
+    let first_back = seen
+        .iter()
+        .filter(|(_, s)| s.at > killed_at && s.source == Source::Store)
+        .map(|(_, s)| s.at)
+        .min()
+        .expect("decisions came back from the store");
+    let slowest = max_latency(&seen);
+    println!(
+        "Sentinel failover (down-after {DOWN_AFTER_MS} ms): {} decisions; \
+         the sentinels promoted the replica {promoted_after:?} after the kill was noticed; \
+         first store decision {:?} after the kill (last failure-mode decision at {:?}); \
+         decisions back {back_after:?} after the promotion; slowest decision {slowest:?}",
+        seen.len(),
+        first_back - killed_at,
+        last_failed - killed_at,
+    );
+    assert!(
+        slowest <= DEADLINE + Duration::from_millis(150),
+        "a decision took {slowest:?}, past the deadline"
+    );
+    drop(group);
+}

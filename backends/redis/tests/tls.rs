@@ -1,0 +1,163 @@
+//! TLS against real `redis-server --tls-port` processes, with a CA and
+//! certificates this test makes itself: the conformance suite over mutual
+//! TLS (standalone and the 6-node Cluster with TLS on its bus and
+//! replication), and a clear error for a certificate that does not verify,
+//! a missing client certificate, and settings that contradict the URL.
+#![cfg(feature = "tls")]
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tollgate_limiter::{Clock, ManualClock, Store, StoreError};
+use tollgate_redis::{RedisStore, RedisStoreError, Tls};
+use tollgate_testkit::conformance::unique;
+use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::tls_certificates::TestCertificates;
+
+/// One CA and one TLS server (client certificates required, Redis's
+/// default) for the whole test binary.
+fn server() -> &'static (TestCertificates, RedisServer) {
+    static SERVER: OnceLock<(TestCertificates, RedisServer)> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let certs = TestCertificates::generate();
+        let server = RedisServer::start_tls(&certs, &[]);
+        (certs, server)
+    })
+}
+
+/// The CA and a client certificate of `certs`.
+fn mutual(certs: &TestCertificates) -> Tls {
+    Tls::new()
+        .ca_pem(certs.ca_pem())
+        .client_pem(certs.client_cert_pem(), certs.client_key_pem())
+}
+
+fn tls_url() -> String {
+    server().1.tls_url().expect("a TLS server")
+}
+
+async fn connect(tls: Option<Tls>) -> Result<RedisStore, StoreError> {
+    let mut builder = RedisStore::builder(tls_url()).prefix(unique("tls"));
+    if let Some(tls) = tls {
+        builder = builder.tls(tls);
+    }
+    builder.connect().await
+}
+
+/// The error's own kind, for the assertions below.
+fn tls_error(result: Result<RedisStore, StoreError>) -> String {
+    let error = result.expect_err("the connection must be refused");
+    match RedisStoreError::of(&error) {
+        Some(RedisStoreError::Tls(detail)) => {
+            let message = error.to_string();
+            assert!(message.contains("Tls::ca_pem"), "{message}");
+            detail.clone()
+        }
+        _ => panic!("expected a TLS error, got {error:?}"),
+    }
+}
+
+mod conformance {
+    use super::*;
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        let (certs, _) = server();
+        Arc::new(
+            RedisStore::builder(tls_url())
+                .tls(mutual(certs))
+                .prefix(unique("tls"))
+                .clock(Arc::new(clock) as Arc<dyn Clock>)
+                .connect()
+                .await
+                .expect("connect over mutual TLS"),
+        ) as Arc<dyn Store>
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_certificate_from_an_unknown_ca_is_refused_by_name() {
+    let stranger = TestCertificates::generate();
+    let detail = tls_error(connect(Some(mutual(&stranger))).await);
+    assert!(detail.contains("certificate"), "{detail}");
+    // Not in the system's trust store either.
+    let detail = tls_error(connect(None).await);
+    assert!(detail.contains("certificate"), "{detail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_wants_a_client_certificate_refuses_a_store_without_one() {
+    let (certs, _) = server();
+    let result = connect(Some(Tls::new().ca_pem(certs.ca_pem()))).await;
+    tls_error(result);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_client_authentication_the_ca_alone_is_enough() {
+    let certs = TestCertificates::generate();
+    let server = RedisServer::start_tls(&certs, &["--tls-auth-clients", "no"]);
+    let store = RedisStore::builder(server.tls_url().expect("TLS"))
+        .tls(Tls::new().ca_pem(certs.ca_pem()))
+        .connect()
+        .await
+        .expect("server-only TLS");
+    assert_eq!(store.prefix(), "tollgate");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_settings_need_a_rediss_url() {
+    let (certs, server) = server();
+    let error = RedisStore::builder(server.url())
+        .tls(mutual(certs))
+        .build()
+        .expect_err("redis:// with TLS settings");
+    assert!(
+        matches!(RedisStoreError::of(&error), Some(RedisStoreError::InvalidUrl(m)) if m.contains("rediss://")),
+        "{error}"
+    );
+}
+
+/// A plain decision round trip, for the Cluster below.
+#[cfg(feature = "cluster")]
+mod cluster {
+    use super::*;
+    use tollgate_redis::cluster::RedisClusterStore;
+    use tollgate_testkit::redis_cluster::RedisCluster;
+
+    fn cluster() -> &'static (TestCertificates, RedisCluster) {
+        static CLUSTER: OnceLock<(TestCertificates, RedisCluster)> = OnceLock::new();
+        CLUSTER.get_or_init(|| {
+            let certs = TestCertificates::generate();
+            let cluster = RedisCluster::start_tls(&certs);
+            (certs, cluster)
+        })
+    }
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        let (certs, cluster) = cluster();
+        Arc::new(
+            RedisClusterStore::builder(cluster.tls_urls())
+                .tls(mutual(certs))
+                .prefix(unique("tlsc"))
+                .deadline(Duration::from_secs(2))
+                .clock(Arc::new(clock) as Arc<dyn Clock>)
+                .connect()
+                .await
+                .expect("connect to the TLS cluster"),
+        ) as Arc<dyn Store>
+    });
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unknown_ca_is_refused_by_name() {
+        let (_, cluster) = cluster();
+        let stranger = TestCertificates::generate();
+        let error = RedisClusterStore::builder(cluster.tls_urls())
+            .tls(mutual(&stranger))
+            .connect()
+            .await
+            .expect_err("the cluster's certificates must not verify");
+        assert!(
+            matches!(RedisStoreError::of(&error), Some(RedisStoreError::Tls(_))),
+            "{error:?}"
+        );
+    }
+}
