@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
+use redis::Cmd;
 use tollgate_limiter::StoreError;
 
 use crate::error::{from_redis, RedisStoreError};
@@ -44,13 +45,21 @@ impl ReplicaAck {
         &self,
         con: &mut C,
     ) -> Result<(), StoreError> {
+        let acknowledged: u64 = self.command().query_async(con).await.map_err(from_redis)?;
+        self.judge(acknowledged)
+    }
+
+    /// `WAIT <replicas> <timeout ms>`, for a store that routes it itself
+    /// (the Cluster: to the master that took the charge).
+    pub(crate) fn command(&self) -> Cmd {
         let millis = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
-        let acknowledged: u64 = redis::cmd("WAIT")
-            .arg(self.replicas)
-            .arg(millis)
-            .query_async(con)
-            .await
-            .map_err(from_redis)?;
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(self.replicas).arg(millis);
+        cmd
+    }
+
+    /// `WAIT`'s answer: enough replicas, or the decision fails.
+    pub(crate) fn judge(&self, acknowledged: u64) -> Result<(), StoreError> {
         if acknowledged < u64::from(self.replicas) {
             return Err(RedisStoreError::NotReplicated {
                 acknowledged,

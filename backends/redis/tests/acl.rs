@@ -143,3 +143,96 @@ async fn waiting_for_replicas_needs_wait() {
         "{error:?}"
     );
 }
+
+/// The Cluster rule: a user with exactly it (on every node) decides across
+/// slots, and each permission removed alone fails the connect naming it.
+#[cfg(feature = "cluster")]
+mod cluster {
+    use super::*;
+    use tollgate_limiter::{Context, Limit, Limiter, Policy, Scope, Subject};
+    use tollgate_redis::cluster::RedisClusterStore;
+    use tollgate_testkit::redis_cluster::RedisCluster;
+
+    fn set_cluster_user(cluster: &RedisCluster, user: &str, rule: &str) {
+        for node in 0..cluster.nodes().len() {
+            let mut args = vec!["ACL", "SETUSER", user, "reset", "on", ">pw"];
+            args.extend(rule.split_whitespace());
+            assert_eq!(
+                cluster.command(node, &args),
+                Ok(Reply::Status("OK".into())),
+                "ACL SETUSER on node {node}"
+            );
+        }
+    }
+
+    async fn connect(
+        cluster: &RedisCluster,
+        user: &str,
+        scripting: Scripting,
+    ) -> Result<RedisClusterStore, StoreError> {
+        let urls = cluster
+            .nodes()
+            .iter()
+            .map(|n| format!("redis://{user}:pw@127.0.0.1:{}/", n.port()));
+        RedisClusterStore::builder(urls)
+            .prefix(format!("{PREFIX}:{}", unique("c")))
+            .scripting(scripting)
+            .deadline(std::time::Duration::from_secs(2))
+            .connect()
+            .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn exactly_the_rule_decides_and_one_fewer_fails_at_connect() {
+        let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+            .await
+            .unwrap();
+        for scripting in [Scripting::Auto, Scripting::Eval] {
+            let rule = AclRule::new(PREFIX)
+                .scripting(scripting)
+                .cluster(true)
+                .to_string();
+            set_cluster_user(&cluster, "tollgate-c", &rule);
+            let store = connect(&cluster, "tollgate-c", scripting)
+                .await
+                .expect("connect with exactly the rule");
+            // Two layers on different slots: reserve-and-refund across nodes.
+            let policy = Policy::new(
+                "acl",
+                Limit::fixed_window(2, std::time::Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap();
+            let limiter = Limiter::builder(Arc::new(store))
+                .layer("user", Scope::Subject, policy.clone())
+                .layer("all", Scope::Global, policy)
+                .build()
+                .unwrap();
+            let ctx = Context::for_subject(Subject::new(unique("u")).unwrap());
+            let mut admitted = 0;
+            for _ in 0..3 {
+                let d = limiter.check(&ctx, 1).await.unwrap();
+                assert!(d.store_error().is_none(), "{d:?}");
+                admitted += u32::from(d.is_allowed());
+            }
+            assert_eq!(admitted, 2);
+
+            for missing in rule
+                .split_whitespace()
+                .filter(|w| w.starts_with('+') || w.starts_with('~'))
+            {
+                let fewer: Vec<&str> = rule.split_whitespace().filter(|w| *w != missing).collect();
+                set_cluster_user(&cluster, "fewer-c", &fewer.join(" "));
+                let error = connect(&cluster, "fewer-c", scripting)
+                    .await
+                    .expect_err(&format!("connect without {missing} must fail"));
+                assert!(
+                    matches!(
+                        RedisStoreError::of(&error),
+                        Some(RedisStoreError::NoPermission(_))
+                    ),
+                    "without {missing}: expected NoPermission, got {error:?}"
+                );
+            }
+        }
+    }
+}

@@ -193,3 +193,73 @@ fn settings_that_cannot_be_honoured_are_refused() {
         );
     }
 }
+
+/// The Cluster store waits on the master that took the charge: the
+/// replica promoted after that master's death holds every acknowledged
+/// charge.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_charges_survive_a_cluster_failover() {
+    use tollgate_redis::cluster::RedisClusterStore;
+    use tollgate_testkit::redis_cluster::RedisCluster;
+
+    let mut cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let prefix = unique("ackc");
+    let clock = ManualClock::new(START);
+    let cluster_limiter = |cluster: &RedisCluster, ack: bool| {
+        let mut builder = RedisClusterStore::builder(cluster.urls())
+            .prefix(prefix.clone())
+            .deadline(Duration::from_secs(2))
+            .clock(Arc::new(clock.clone()) as Arc<dyn Clock>);
+        if ack {
+            builder = builder.replica_ack(1, ACK_TIMEOUT);
+        }
+        async move {
+            let store = builder.connect().await.expect("connect to the cluster");
+            let policy = Policy::new(
+                "login",
+                Limit::token_bucket(CAPACITY, CAPACITY, Duration::from_secs(3600)).unwrap(),
+            )
+            .unwrap();
+            Limiter::builder(Arc::new(store))
+                .layer("user", Scope::Subject, policy)
+                .build()
+                .unwrap()
+        }
+    };
+    let ctx = Context::for_subject(Subject::new("dave").unwrap());
+    let key = format!("{prefix}:{{dave}}:login:v1:tb:s");
+    let master = cluster.master_for_slot(cluster.keyslot(&key));
+    // Steady replication first (see `primary_and_replica`).
+    assert_eq!(
+        cluster.command(master, &["WAIT", "1", "10000"]),
+        Ok(Reply::Int(1))
+    );
+    let acked = cluster_limiter(&cluster, true).await;
+    for i in 0..CAPACITY {
+        let decision = acked.check(&ctx, 1).await.expect("acknowledged");
+        assert!(decision.is_allowed(), "request {i}: {decision:?}");
+    }
+    // The state is on the master about to die.
+    assert_eq!(
+        cluster.command(master, &["EXISTS", &key]),
+        Ok(Reply::Int(1)),
+        "{key}"
+    );
+    let slot = cluster.keyslot(&key);
+    cluster.kill(master);
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.wait_for_failover(master, slot);
+        cluster
+    })
+    .await
+    .unwrap();
+    let after = cluster_limiter(&cluster, false).await;
+    let decision = after.check(&ctx, 1).await.unwrap();
+    assert!(
+        !decision.is_allowed() && decision.store_error().is_none(),
+        "the promoted replica holds every acknowledged charge: {decision:?}"
+    );
+}

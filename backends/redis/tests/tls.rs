@@ -116,7 +116,65 @@ async fn tls_settings_need_a_rediss_url() {
     );
 }
 
-/// A plain decision round trip, for the Cluster below.
+/// Sentinel over TLS: the sentinels and the primary they name are
+/// reached with the store's TLS settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_store_speaks_tls_to_the_sentinels_and_the_primary() {
+    use tollgate_limiter::{Context, Limit, Limiter, Policy, Scope, Subject};
+    use tollgate_testkit::redis_sentinel::{RedisSentinels, SERVICE};
+
+    let certs = TestCertificates::generate();
+    let group = tokio::task::spawn_blocking(move || {
+        let group = RedisSentinels::start_tls(&certs);
+        (certs, group)
+    })
+    .await
+    .unwrap();
+    let (certs, group) = group;
+    let prefix = unique("tlss");
+    let store = RedisStore::sentinel(group.tls_sentinel_urls(), SERVICE)
+        .tls(mutual(&certs))
+        .prefix(prefix.clone())
+        .connect()
+        .await
+        .expect("connect through TLS sentinels");
+    let policy = Policy::new(
+        "p",
+        Limit::fixed_window(2, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let limiter = Limiter::builder(Arc::new(store))
+        .layer("user", Scope::Subject, policy)
+        .build()
+        .unwrap();
+    let ctx = Context::for_subject(Subject::new("erin").unwrap());
+    let mut admitted = [false; 3];
+    for slot in admitted.iter_mut() {
+        let d = limiter.check(&ctx, 1).await.unwrap();
+        assert!(d.store_error().is_none(), "{d:?}");
+        *slot = d.is_allowed();
+    }
+    assert_eq!(admitted, [true, true, false]);
+    // The state is on the primary the sentinels named.
+    let key = format!("{prefix}:{{erin}}:p:v1:fw:s");
+    assert_eq!(
+        group.primary().command(&["EXISTS", &key]),
+        tollgate_testkit::resp::Reply::Int(1),
+        "{key}"
+    );
+    // Without the client certificate the sentinels refuse the store.
+    let error = RedisStore::sentinel(group.tls_sentinel_urls(), SERVICE)
+        .tls(Tls::new().ca_pem(certs.ca_pem()))
+        .connect()
+        .await
+        .expect_err("no client certificate");
+    assert!(
+        matches!(RedisStoreError::of(&error), Some(RedisStoreError::NoPrimary { detail, .. }) if detail.contains("CertificateRequired")),
+        "{error:?}"
+    );
+}
+
+/// The conformance suite on the Cluster over TLS.
 #[cfg(feature = "cluster")]
 mod cluster {
     use super::*;

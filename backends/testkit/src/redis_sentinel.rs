@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::redis_server::RedisServer;
 use crate::resp::{call, Reply};
+use crate::tls_certificates::TestCertificates;
 
 /// The name the sentinels monitor the primary under.
 pub const SERVICE: &str = "tollgate-test";
@@ -58,22 +59,52 @@ impl RedisSentinels {
     ///
     /// As [`start`](RedisSentinels::start).
     pub fn start_with_args(extra: &[&str]) -> RedisSentinels {
+        RedisSentinels::start_with(extra, None)
+    }
+
+    /// The same group speaking TLS everywhere: the primary, the replica and
+    /// the sentinels also listen with TLS, presenting `certs`' server
+    /// certificate and asking clients for one signed by its CA;
+    /// replication and the sentinels' links run over TLS, and the
+    /// sentinels name the TLS ports (see
+    /// [`tls_sentinel_urls`](RedisSentinels::tls_sentinel_urls)).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](RedisSentinels::start).
+    pub fn start_tls(certs: &TestCertificates) -> RedisSentinels {
+        RedisSentinels::start_with(&[], Some(certs))
+    }
+
+    fn start_with(extra: &[&str], tls: Option<&TestCertificates>) -> RedisSentinels {
+        let start = |args: &[&str], config: Option<&str>| match tls {
+            Some(certs) => RedisServer::start_tls_configured(certs, args, config),
+            None => RedisServer::start_configured(args, config),
+        };
         // Replicas sync at once instead of waiting for other replicas.
         let mut args = vec!["--repl-diskless-sync-delay", "0"];
+        if tls.is_some() {
+            args.extend(["--tls-replication", "yes"]);
+        }
         args.extend_from_slice(extra);
-        let primary = RedisServer::start_with_args(&args);
-        let port = primary.port().to_string();
+        let primary = start(&args, None);
+        let port = client_port(&primary).to_string();
         let mut replica_args = args.clone();
         replica_args.extend(["--replicaof", "127.0.0.1", &port]);
-        let replica = RedisServer::start_with_args(&replica_args);
+        let replica = start(&replica_args, None);
         let config = format!(
             "sentinel monitor {SERVICE} 127.0.0.1 {port} 2\n\
              sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n\
              sentinel failover-timeout {SERVICE} 10000\n\
              sentinel parallel-syncs {SERVICE} 1\n"
         );
+        let mut sentinel_args = vec!["--sentinel"];
+        if tls.is_some() {
+            // The sentinels' own links to the servers (and to each other).
+            sentinel_args.extend(["--tls-replication", "yes"]);
+        }
         let sentinels = (0..3)
-            .map(|_| RedisServer::start_configured(&["--sentinel"], Some(&config)))
+            .map(|_| start(&sentinel_args, Some(&config)))
             .collect();
         let group = RedisSentinels {
             primary,
@@ -83,7 +114,7 @@ impl RedisSentinels {
         group.wait_until(
             "the replica is in sync and every sentinel sees the group",
             || {
-                group.replica_in_sync(&group.replica, group.primary.port())
+                group.replica_in_sync(&group.replica, client_port(&group.primary))
                     && group.sentinels.iter().all(|s| {
                         let info = text(s.addr(), &["SENTINEL", "MASTER", SERVICE]);
                         field(&info, "num-slaves") == Some("1")
@@ -109,6 +140,15 @@ impl RedisSentinels {
         self.sentinels.iter().map(|s| s.url().to_string()).collect()
     }
 
+    /// `rediss://127.0.0.1:<tls port>/` of every sentinel of a group from
+    /// [`start_tls`](RedisSentinels::start_tls); empty otherwise.
+    pub fn tls_sentinel_urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .filter_map(RedisServer::tls_url)
+            .collect()
+    }
+
     /// The primary's port as the first sentinel names it now.
     pub fn named_primary_port(&self) -> Option<u16> {
         let reply = call_strings(
@@ -129,7 +169,7 @@ impl RedisSentinels {
     pub fn wait_for_failover(&self) -> Duration {
         let started = Instant::now();
         self.wait_until("the replica is promoted", || {
-            self.named_primary_port() == Some(self.replica.port())
+            self.named_primary_port() == Some(client_port(&self.replica))
                 && call_strings(self.replica.addr(), &["ROLE"])
                     .map(|r| r.first().map(String::as_str) == Some("master"))
                     .unwrap_or(false)
@@ -154,6 +194,12 @@ impl RedisSentinels {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// The port the group's members and sentinels name a server by: its TLS
+/// port in a TLS group.
+fn client_port(server: &RedisServer) -> u16 {
+    server.tls_port().unwrap_or(server.port())
 }
 
 /// `key:value` lines (INFO), or alternating key and value lines (SENTINEL

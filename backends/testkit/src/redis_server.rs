@@ -124,13 +124,28 @@ impl RedisServer {
     /// As [`start`](RedisServer::start); also when this `redis-server` was
     /// built without TLS.
     pub fn start_tls(certs: &TestCertificates, extra: &[&str]) -> RedisServer {
+        RedisServer::start_tls_configured(certs, extra, None)
+    }
+
+    /// [`start_tls`](RedisServer::start_tls) with a configuration file,
+    /// as [`start_configured`](RedisServer::start_configured) (a sentinel
+    /// speaking TLS).
+    ///
+    /// # Panics
+    ///
+    /// As [`start_tls`](RedisServer::start_tls).
+    pub fn start_tls_configured(
+        certs: &TestCertificates,
+        extra: &[&str],
+        config: Option<&str>,
+    ) -> RedisServer {
         let tls_port = free_port();
         let tls_port_text = tls_port.to_string();
         let cert_args = certs.server_args();
         let mut args: Vec<&str> = vec!["--tls-port", &tls_port_text];
         args.extend(cert_args.iter().map(String::as_str));
         args.extend_from_slice(extra);
-        let mut server = RedisServer::start_configured(&args, None);
+        let mut server = RedisServer::start_configured(&args, config);
         server.tls_port = Some(tls_port);
         server
     }

@@ -48,7 +48,8 @@
 //! Replication is asynchronous in Redis Cluster: a charge a master
 //! acknowledged but had not yet sent to its replica is lost when the
 //! replica takes over. Up to that many requests can pass again after a
-//! failover.
+//! failover, unless the store waits for replicas (`replica_ack`: a `WAIT`
+//! on the master of every slot group it charged).
 
 use std::fmt;
 use std::sync::Arc;
@@ -56,7 +57,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use tokio::time::Instant;
 use tollgate_limiter::{LayerRequest, Store, StoreError, Verdicts};
 
@@ -119,12 +122,6 @@ impl RedisClusterStoreBuilder {
     /// timeout.
     pub async fn connect(self) -> Result<RedisClusterStore, StoreError> {
         let decides = self.settings.checked()?;
-        if decides.replica_ack.is_some() {
-            return Err(RedisStoreError::InvalidReplicaAck(
-                "the Cluster store does not wait for replicas yet; use it with a standalone or Sentinel store".into(),
-            )
-            .into());
-        }
         let client = self.client()?;
         let timeout = self.settings.connect_timeout;
         let conn = within(timeout, client.get_async_connection())
@@ -209,7 +206,10 @@ impl RedisClusterStore {
                 .conn
                 .clone()
                 .route_command(Runner::load_command(style), routing)
-                .await;
+                .await
+                // A node's refusal (no permission, no functions) comes
+                // back inside the combined answer.
+                .and_then(redis::Value::extract_error);
             match sent {
                 Ok(answer) => {
                     let answer: String = redis::from_redis_value(answer)
@@ -233,6 +233,29 @@ impl RedisClusterStore {
                     .await,
             );
         }
+        // What only the Cluster store sends: `ASKING` before a call that
+        // follows a slot in migration (tried here behind nothing but a
+        // `TIME`, so the flag it sets is spent at once), and for the script
+        // form `EVAL`, how a node that lacks the script gets it.
+        let mut asking = redis::pipe();
+        asking.cmd("ASKING").cmd("TIME");
+        let answer = self
+            .conn
+            .clone()
+            .route_pipeline(asking, 0, 2, SingleNodeRoutingInfo::Random)
+            .await;
+        // A refusal comes back inside the pipeline's answers.
+        let answer = answer.and_then(|values| {
+            values
+                .into_iter()
+                .try_for_each(|v| v.extract_error().map(drop))
+        });
+        answers.push(answer.map(|()| redis::Value::Nil));
+        if self.style() == Style::Evalsha {
+            let mut eval = redis::cmd("EVAL");
+            eval.arg("return 0").arg(0);
+            answers.push(eval.query_async(&mut self.conn.clone()).await);
+        }
         first_refusal(&answers)
     }
 
@@ -255,6 +278,35 @@ impl RedisClusterStore {
         tokio::time::timeout_at(deadline, f)
             .await
             .map_err(|_| StoreError::Timeout(self.decides.deadline))
+    }
+}
+
+impl RedisClusterStore {
+    /// `WAIT` on the master of every group's slot, through the connection
+    /// its charge went through (redis-rs keeps one per node).
+    async fn acknowledge(
+        &self,
+        ack: &crate::replication::ReplicaAck,
+        keys: &[String],
+        groups: &[Vec<usize>],
+    ) -> Result<(), StoreError> {
+        for group in groups {
+            let slot = hash_slot(keys[group[0]].as_bytes());
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                slot,
+                SlotAddr::Master,
+            )));
+            let reply = self
+                .conn
+                .clone()
+                .route_command(ack.command(), route)
+                .await
+                .map_err(from_redis)?;
+            let acknowledged: u64 = redis::from_redis_value(reply)
+                .map_err(|e| StoreError::Protocol(format!("WAIT's answer: {e}")))?;
+            ack.judge(acknowledged)?;
+        }
+        Ok(())
     }
 }
 
@@ -301,8 +353,16 @@ impl Store for RedisClusterStore {
                 .map_err(|e| in_group(e, layers, group))
                 .and_then(|reply| parse_reply(&reply, layers.len()))
         } else {
-            self.decide_across_slots(layers, keys, args, groups, time, deadline)
+            self.decide_across_slots(layers, &keys, args, &groups, time, deadline)
                 .await
+        };
+        let result = match (result, &self.decides.replica_ack) {
+            // Admitted: every group was charged on its master.
+            (Ok(verdicts), Some(ack)) if verdicts.iter().all(|v| v.allowed) => self
+                .until(deadline, self.acknowledge(ack, &keys, &groups))
+                .await?
+                .map(|()| verdicts),
+            (other, _) => other,
         };
         match result {
             Err(e) if conflicts::is_unlocated(&e) => {

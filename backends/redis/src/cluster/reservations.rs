@@ -33,14 +33,14 @@ impl RedisClusterStore {
     pub(super) async fn decide_across_slots(
         &self,
         layers: &[LayerRequest<'_>],
-        keys: Vec<String>,
+        keys: &[String],
         args: Vec<[u64; LAYER_ARGS]>,
-        groups: Vec<Vec<usize>>,
+        groups: &[Vec<usize>],
         time: TimeArgs,
         deadline: Instant,
     ) -> Result<Verdicts, StoreError> {
         let (mut verdicts, mut contended) = self
-            .reserve_across_slots(layers, &keys, &args, &groups, &time, deadline)
+            .reserve_across_slots(layers, keys, &args, groups, &time, deadline)
             .await?;
         let mut passes = 1;
         while let Some(seen) = contended.take() {
@@ -54,7 +54,7 @@ impl RedisClusterStore {
             }
             passes += 1;
             match self
-                .reserve_across_slots(layers, &keys, &args, &groups, &time, deadline)
+                .reserve_across_slots(layers, keys, &args, groups, &time, deadline)
                 .await
             {
                 Ok((again, still)) => (verdicts, contended) = (again, still),
