@@ -57,13 +57,17 @@ async fn limiter(url: &str, prefix: &str, clock: &ManualClock, ack: bool) -> Lim
     if ack {
         builder = builder.replica_ack(1, ACK_TIMEOUT);
     }
-    let store = builder.connect().await.expect("connect");
+    login_limiter(Arc::new(builder.connect().await.expect("connect")))
+}
+
+/// `CAPACITY` requests per hour per user on `store`.
+fn login_limiter(store: Arc<dyn Store>) -> Limiter {
     let policy = Policy::new(
         "login",
         Limit::token_bucket(CAPACITY, CAPACITY, Duration::from_secs(3600)).unwrap(),
     )
     .unwrap();
-    Limiter::builder(Arc::new(store))
+    Limiter::builder(store)
         .layer("user", Scope::Subject, policy)
         .build()
         .unwrap()
@@ -217,16 +221,9 @@ async fn acknowledged_charges_survive_a_cluster_failover() {
             builder = builder.replica_ack(1, ACK_TIMEOUT);
         }
         async move {
-            let store = builder.connect().await.expect("connect to the cluster");
-            let policy = Policy::new(
-                "login",
-                Limit::token_bucket(CAPACITY, CAPACITY, Duration::from_secs(3600)).unwrap(),
-            )
-            .unwrap();
-            Limiter::builder(Arc::new(store))
-                .layer("user", Scope::Subject, policy)
-                .build()
-                .unwrap()
+            login_limiter(Arc::new(
+                builder.connect().await.expect("connect to the cluster"),
+            ))
         }
     };
     let ctx = Context::for_subject(Subject::new("dave").unwrap());
