@@ -16,6 +16,10 @@ pub enum RedisStoreError {
     /// it may hold a password).
     #[error("invalid Redis URL: {0}")]
     InvalidUrl(String),
+    /// A builder setting that does not fit the store (a Sentinel-only
+    /// setter on a URL store, a pool for a Sentinel store, no sentinels).
+    #[error("invalid Redis store setting: {0}")]
+    InvalidSetting(String),
     /// The key prefix would change key layout or the Cluster hash tag.
     #[error("invalid key prefix {0:?}: use 1-64 characters of A-Z a-z 0-9 _ - . : (no braces, which would change the Redis Cluster hash tag)")]
     InvalidPrefix(String),

@@ -75,13 +75,13 @@ impl Sentinel {
         config: AsyncConnectionConfig,
     ) -> Result<Sentinel, StoreError> {
         if target.sentinels.is_empty() {
-            return Err(RedisStoreError::InvalidUrl(
+            return Err(RedisStoreError::InvalidSetting(
                 "no sentinel addresses: give at least one (three or more in production)".into(),
             )
             .into());
         }
         if target.service.is_empty() {
-            return Err(RedisStoreError::InvalidUrl(
+            return Err(RedisStoreError::InvalidSetting(
                 "empty Sentinel service name: give the name sentinels monitor (`sentinel monitor <name> ...`)".into(),
             )
             .into());

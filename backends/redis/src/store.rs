@@ -4,11 +4,11 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use std::sync::Arc;
+
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
-use std::sync::Arc;
-
 use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, RedisResult};
 use tollgate_limiter::{LayerRequest, Store, StoreError, Verdicts};
 
@@ -136,7 +136,7 @@ impl RedisStoreBuilder {
 
     fn validate(&self) -> Result<(Source, Decides), StoreError> {
         if let Some(setter) = self.misused {
-            return Err(RedisStoreError::InvalidUrl(format!(
+            return Err(RedisStoreError::InvalidSetting(format!(
                 "{setter} is for stores built with RedisStore::sentinel; put the credentials and database in the URL"
             ))
             .into());
@@ -146,7 +146,7 @@ impl RedisStoreBuilder {
             Target::Url(url) => Source::Client(client::open(url, &self.settings)?),
             Target::Sentinel(target) => {
                 if let ConnectionMode::Pool { .. } = self.mode {
-                    return Err(RedisStoreError::InvalidUrl(
+                    return Err(RedisStoreError::InvalidSetting(
                         "a Sentinel store uses one multiplexed connection to the primary: leave the connection mode at Multiplexed".into(),
                     )
                     .into());
