@@ -16,11 +16,17 @@
 //! - `cargo xtask package`: packages every publishable crate as the
 //!   registry would receive it (path dependencies must carry versions), and
 //!   checks that the packaged facade builds.
+//! - `cargo xtask dep-counts [--check]`: the dependency counts of
+//!   docs/features.md, written (or with `--check`, as CI runs it, compared).
+//! - `cargo xtask accuracy`: the sliding window counter against the exact
+//!   sliding log on a seeded 30-million-request trace (docs/algorithms.md).
 //! - `cargo xtask custom-store`: the example PostgreSQL store's conformance
 //!   tests (`examples/postgres-store`). Uses `DATABASE_URL` when set;
 //!   otherwise finds the local PostgreSQL (starting its cluster when it is
 //!   installed but stopped), creates a database for the tests, and exports
 //!   `DATABASE_URL` for them.
+
+mod dep_counts;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -55,8 +61,20 @@ fn main() {
         "soak" => soak(),
         "package" => package(),
         "custom-store" => custom_store(),
+        "dep-counts" => dep_counts::dep_counts(&args[1..]),
+        "accuracy" => run(
+            "the sliding window counter against the exact sliding log (release build)",
+            cargo().args([
+                "run",
+                "--release",
+                "-p",
+                "tollgate-algorithms",
+                "--example",
+                "accuracy",
+            ]),
+        ),
         _ => {
-            eprintln!("usage: cargo xtask <test|features|bench|bench-report|soak|package|redis-check|custom-store>");
+            eprintln!("usage: cargo xtask <test|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|accuracy>");
             exit(2);
         }
     };
