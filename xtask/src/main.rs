@@ -18,6 +18,8 @@
 //!   checks that the packaged facade builds.
 //! - `cargo xtask dep-counts [--check]`: the dependency counts of
 //!   docs/features.md, written (or with `--check`, as CI runs it, compared).
+//! - `cargo xtask plots [--check]`: the figures in `docs/img/`, drawn from
+//!   the reference algorithms (with `--check`, as CI runs it, compared).
 //! - `cargo xtask accuracy`: the sliding window counter against the exact
 //!   sliding log on a seeded 30-million-request trace (docs/algorithms.md).
 //! - `cargo xtask custom-store`: the example PostgreSQL store's conformance
@@ -27,6 +29,7 @@
 //!   `DATABASE_URL` for them.
 
 mod dep_counts;
+mod plots;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -62,6 +65,7 @@ fn main() {
         "package" => package(),
         "custom-store" => custom_store(),
         "dep-counts" => dep_counts::dep_counts(&args[1..]),
+        "plots" => plots::plots(&args[1..]),
         "accuracy" => run(
             "the sliding window counter against the exact sliding log (release build)",
             cargo().args([
@@ -74,7 +78,7 @@ fn main() {
             ]),
         ),
         _ => {
-            eprintln!("usage: cargo xtask <test|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|accuracy>");
+            eprintln!("usage: cargo xtask <test|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|plots [--check]|accuracy>");
             exit(2);
         }
     };

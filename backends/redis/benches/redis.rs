@@ -367,6 +367,12 @@ fn cost_report(setup: &Setup) {
             "sliding window",
             Limit::sliding_window(1_000_000, second).expect("valid"),
         ),
+        // The largest log allowed; each key holds the few entries of the
+        // last second (a handful per round).
+        (
+            "sliding log",
+            Limit::sliding_log(10_000, second).expect("valid"),
+        ),
     ];
     setup.rt.block_on(async {
         let url = setup.url.as_str();
