@@ -20,6 +20,9 @@
 //!   docs/features.md, written (or with `--check`, as CI runs it, compared).
 //! - `cargo xtask plots [--check]`: the figures in `docs/img/`, drawn from
 //!   the reference algorithms (with `--check`, as CI runs it, compared).
+//! - `cargo xtask diagrams [--check]`: the diagrams in `docs/img/`, drawn
+//!   from their `.diagram` text sources beside them (with `--check`, as CI
+//!   runs it, compared).
 //! - `cargo xtask accuracy`: the sliding window counter against the exact
 //!   sliding log on a seeded 30-million-request trace (docs/algorithms.md).
 //! - `cargo xtask custom-store`: the example PostgreSQL store's conformance
@@ -29,6 +32,8 @@
 //!   `DATABASE_URL` for them.
 
 mod dep_counts;
+mod diagrams;
+mod generated;
 mod plots;
 
 use std::env;
@@ -66,6 +71,7 @@ fn main() {
         "custom-store" => custom_store(),
         "dep-counts" => dep_counts::dep_counts(&args[1..]),
         "plots" => plots::plots(&args[1..]),
+        "diagrams" => diagrams::diagrams(&args[1..]),
         "accuracy" => run(
             "the sliding window counter against the exact sliding log (release build)",
             cargo().args([
@@ -78,7 +84,7 @@ fn main() {
             ]),
         ),
         _ => {
-            eprintln!("usage: cargo xtask <test|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|plots [--check]|accuracy>");
+            eprintln!("usage: cargo xtask <test|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|plots [--check]|diagrams [--check]|accuracy>");
             exit(2);
         }
     };

@@ -4,7 +4,7 @@
 //! files are regenerated in memory and compared byte for byte with the
 //! checked-in ones, so a figure cannot drift from the code.
 
-mod svg;
+pub(crate) mod svg;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,6 +12,7 @@ use std::time::Duration;
 use tollgate_algorithms::{decide, decide_layers};
 use tollgate_limiter::{LayerRequest, Limit, Policy, State, StoreKey, Timestamp, Verdict};
 
+use crate::generated::write_or_check;
 use crate::{root, Result};
 use svg::{Figure, Guide, Panel, Series, Style};
 
@@ -33,31 +34,17 @@ pub(crate) fn plots(args: &[String]) -> Result {
         ("bucket-and-gcra.svg", bucket_and_gcra()),
         ("layered.svg", layered()),
     ];
-    let dir = root().join("docs/img");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("create docs/img: {e}"))?;
-    let mut stale = Vec::new();
-    for (name, figure) in figures {
-        let svg = figure.render();
-        let path = dir.join(name);
-        let current = std::fs::read_to_string(&path).unwrap_or_default();
-        if current == svg {
-            continue;
-        }
-        if check {
-            stale.push(name);
-        } else {
-            std::fs::write(&path, svg).map_err(|e| format!("write {name}: {e}"))?;
-            eprintln!("docs/img/{name}: written");
-        }
-    }
-    if !stale.is_empty() {
-        return Err(format!(
-            "figures differ from what the algorithms draw now: {}; run `cargo xtask plots` and commit docs/img",
-            stale.join(", ")
-        ));
-    }
-    eprintln!("docs/img: every figure is current");
-    Ok(())
+    let files: Vec<(String, String)> = figures
+        .into_iter()
+        .map(|(name, figure)| (name.to_string(), figure.render()))
+        .collect();
+    write_or_check(
+        &root().join("docs/img"),
+        &files,
+        check,
+        "figures",
+        "cargo xtask plots",
+    )
 }
 
 /// Seconds as microseconds since the epoch.
