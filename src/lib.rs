@@ -45,7 +45,9 @@
 //! | `redis-tls` | `redis`, plus TLS (`rediss://`, a CA of your own, client certificates) over rustls for every Redis store (guide: `docs/operations.md`, "Redis in production") |
 //! | `redis-cluster` | `redis::RedisClusterStore`: slot-aware layered decisions on Redis Cluster (guide: `docs/cluster.md`) |
 //! | `blocked-cache` | long denials answered in-process without a store call |
+//! | `wait` | `Limiter::wait` and `Limiter::throttle`: outbound clients wait for capacity (tokio's timer; guide: `docs/operations.md`, "Waiting for capacity") |
 //! | `tower` | [`tower::RateLimitLayer`], for axum, tonic and hyper (guide: `docs/http.md`) |
+//! | `tonic` | `tower`, plus the client address from tonic's `TcpConnectInfo` |
 //! | `axum` | `tower`, plus the client address from axum's `ConnectInfo` |
 //! | `actix` | [`actix::RateLimit`], the actix-web middleware |
 //! | `config` | [`config::Config`]: store, policies and routes from a TOML file, and [`config::LiveConfig`] to reload them while the service runs (guide: `docs/configuration.md`) |

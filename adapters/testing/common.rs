@@ -301,3 +301,64 @@ pub async fn assert_reload_applies(http: &Http, live: &tollgate_config::LiveConf
 pub fn api_key() -> tollgate_limiter::HashKey {
     tollgate_limiter::HashKey::new(b"0123456789abcdef0123").unwrap()
 }
+
+/// The rejection hook of the custom-rejection tests: an HTML page for a
+/// limit (keeping the rate-limit headers), the default for the rest.
+pub fn html_rejection(rejection: &tollgate_http::Rejection<'_>) -> Option<tollgate_http::Reply> {
+    if rejection.kind() != tollgate_http::RejectionKind::Limited || rejection.is_grpc() {
+        return None;
+    }
+    let mut headers = rejection.rate_limit_headers();
+    headers.push(("content-type", "text/html; charset=utf-8".into()));
+    let body = format!(
+        "<p>Too many requests: try again in {} s.</p>",
+        rejection.retry_after()?
+    );
+    Some(tollgate_http::Reply::new(429, headers, body).expect("a valid reply"))
+}
+
+/// `GET /` (limit 2) behind a gate built with [`html_rejection`]: the third
+/// gets the HTML page with `Retry-After` and `RateLimit`; a gRPC call is
+/// still answered the gRPC way.
+pub async fn assert_rejections_your_way(http: &Http) {
+    for _ in 0..2 {
+        assert_eq!(http.get("/", &[]).await.status, StatusCode::OK);
+    }
+    let reply = http.get("/", &[]).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
+    assert_eq!(reply.body, "<p>Too many requests: try again in 60 s.</p>");
+    assert_eq!(reply.header("retry-after"), Some("60"));
+    assert_eq!(reply.remaining_and_reset(), (0, 60));
+    let reply = http.send("POST", "/grpc", &GRPC).await;
+    assert_eq!(reply.header("grpc-status"), Some("8"));
+}
+
+/// A gRPC call's headers.
+pub const GRPC: [(&str, &str); 2] = [("content-type", "application/grpc"), ("te", "trailers")];
+
+/// `POST /grpc` (limit 2) called the gRPC way: the third is HTTP 200 with
+/// no body and `grpc-status: 8`, the rate-limit headers and `retry-after`
+/// as metadata (a gRPC client would read a 429's JSON body as a message
+/// frame and fail with INTERNAL).
+pub async fn assert_grpc_calls_get_grpc_status(http: &Http) {
+    for _ in 0..2 {
+        assert_eq!(
+            http.send("POST", "/grpc", &GRPC).await.status,
+            StatusCode::OK
+        );
+    }
+    let reply = http.send("POST", "/grpc", &GRPC).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, "", "trailers-only: no message frame");
+    assert_eq!(reply.header("content-type"), Some("application/grpc"));
+    assert_eq!(reply.header("grpc-status"), Some("8"));
+    let message = reply.header("grpc-message").unwrap();
+    assert!(message.contains("retry in 60 s"), "{message}");
+    assert_eq!(reply.header("retry-after"), Some("60"));
+    assert_eq!(reply.remaining_and_reset(), (0, 60));
+    assert!(reply.header("grpc-status-details-bin").is_some());
+}

@@ -26,6 +26,8 @@ mod store;
 mod subject;
 mod time;
 mod verdicts;
+#[cfg(feature = "wait")]
+mod wait;
 
 pub use algorithm::{Algorithm, State, Stored, Transition, Verdict};
 #[cfg(feature = "blocked-cache")]
@@ -47,7 +49,11 @@ pub use policy::Policy;
 pub use spec::{DurationSpec, LimitSpec, ModeSpec, OnFailureSpec, WhenFullSpec};
 pub use store::{LayerRequest, Store, StoreKey};
 pub use subject::{HashKey, Subject};
+#[cfg(feature = "wait")]
+pub use time::Sleep;
 pub use time::{duration_micros, Clock, ManualClock, MonotonicClock, SystemClock, Timestamp};
 pub use verdicts::{IntoIter as VerdictsIntoIter, Verdicts};
+#[cfg(feature = "wait")]
+pub use wait::{Rejected, Throttle, WhenLimited};
 
 pub use async_trait::async_trait;

@@ -77,7 +77,22 @@ pub fn duration_micros(d: Duration) -> u64 {
 pub trait Clock: Send + Sync + fmt::Debug {
     /// The current instant.
     fn now(&self) -> Timestamp;
+
+    /// A future that completes once this clock shows `deadline` or later
+    /// (at once when it already does): how [`Limiter::wait`](crate::Limiter::wait)
+    /// sleeps. The default sleeps on tokio's timer for the time left, so it
+    /// needs a tokio runtime with its timer enabled; [`ManualClock`]'s
+    /// completes when the test moves the clock past `deadline`.
+    #[cfg(feature = "wait")]
+    fn sleep_until(&self, deadline: Timestamp) -> Sleep {
+        let left = Duration::from_micros(deadline.0.saturating_sub(self.now().0));
+        Box::pin(tokio::time::sleep(left))
+    }
 }
+
+/// The future of [`Clock::sleep_until`].
+#[cfg(feature = "wait")]
+pub type Sleep = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// The operating system's wall clock.
 #[derive(Debug, Clone, Copy, Default)]
@@ -161,12 +176,25 @@ impl Clock for MonotonicClock {
 /// assert_eq!(clock.now().as_micros(), 500);
 /// ```
 #[derive(Debug, Clone, Default)]
-pub struct ManualClock(Arc<AtomicU64>);
+pub struct ManualClock(Arc<Manual>);
+
+#[derive(Debug, Default)]
+struct Manual {
+    now: AtomicU64,
+    /// Tasks sleeping on this clock ([`Clock::sleep_until`]), woken at each
+    /// move to look at the time again.
+    #[cfg(feature = "wait")]
+    sleepers: std::sync::Mutex<Vec<std::task::Waker>>,
+}
 
 impl ManualClock {
     /// A clock showing `start`.
     pub fn new(start: Timestamp) -> Self {
-        ManualClock(Arc::new(AtomicU64::new(start.0)))
+        ManualClock(Arc::new(Manual {
+            now: AtomicU64::new(start.0),
+            #[cfg(feature = "wait")]
+            sleepers: Default::default(),
+        }))
     }
 
     /// Move the clock forward by `by` (saturating: it stops at `u64::MAX`
@@ -175,9 +203,11 @@ impl ManualClock {
         let by = duration_micros(by);
         let _ = self
             .0
+            .now
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
                 Some(t.saturating_add(by))
             });
+        self.moved();
     }
 
     /// Move the clock back by `by`, as a stepped system clock would.
@@ -185,19 +215,86 @@ impl ManualClock {
         let by = duration_micros(by);
         let _ = self
             .0
+            .now
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |t| {
                 Some(t.saturating_sub(by))
             });
+        self.moved();
     }
 
     /// Show `to` from now on (forward or backward).
     pub fn set(&self, to: Timestamp) {
-        self.0.store(to.0, Ordering::SeqCst);
+        self.0.now.store(to.0, Ordering::SeqCst);
+        self.moved();
+    }
+
+    /// How many tasks are sleeping on this clock: a test waits for a
+    /// waiter to be asleep before it moves the clock.
+    #[cfg(feature = "wait")]
+    pub fn sleepers(&self) -> usize {
+        self.0
+            .sleepers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Wake every sleeper, after the time changed: each looks again.
+    fn moved(&self) {
+        #[cfg(feature = "wait")]
+        {
+            let woken =
+                std::mem::take(&mut *self.0.sleepers.lock().unwrap_or_else(|e| e.into_inner()));
+            woken.into_iter().for_each(std::task::Waker::wake);
+        }
     }
 }
 
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
-        Timestamp(self.0.load(Ordering::SeqCst))
+        Timestamp(self.0.now.load(Ordering::SeqCst))
+    }
+
+    #[cfg(feature = "wait")]
+    fn sleep_until(&self, deadline: Timestamp) -> Sleep {
+        Box::pin(ManualSleep {
+            clock: self.clone(),
+            deadline,
+        })
+    }
+}
+
+/// A sleep on a [`ManualClock`]: done when the clock shows its deadline.
+#[cfg(feature = "wait")]
+struct ManualSleep {
+    clock: ManualClock,
+    deadline: Timestamp,
+}
+
+#[cfg(feature = "wait")]
+impl std::future::Future for ManualSleep {
+    type Output = ();
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.clock.now() >= self.deadline {
+            return std::task::Poll::Ready(());
+        }
+        let mut sleepers = self
+            .clock
+            .0
+            .sleepers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Looked at again under the lock: a move between the first look
+        // and the lock has already woken the sleepers it found, and this
+        // one was not among them.
+        if self.clock.now() >= self.deadline {
+            return std::task::Poll::Ready(());
+        }
+        sleepers.push(cx.waker().clone());
+        std::task::Poll::Pending
     }
 }

@@ -60,7 +60,8 @@ use tollgate_limiter::{Context, LimiterSource, Subject};
 
 pub use tollgate_http::{
     decision_headers, names, single_header_value, Cidr, CidrError, ClientIp, Gate, GateBuilder,
-    GateError, HeaderStyle, Outcome, PeerAddr, Prepared, Problem, Reply, TrustedProxies,
+    GateError, GrpcCode, HeaderStyle, Outcome, PeerAddr, Prepared, Problem, Rejection,
+    RejectionKind, Reply, ReplyError, TrustedProxies,
 };
 
 /// How requests are identified; see [`tollgate_http::Identity`]. Custom

@@ -289,3 +289,38 @@ async fn a_reload_changes_the_limits_of_a_running_route() {
     );
     common::assert_reload_applies(&http, &live).await;
 }
+
+/// A gRPC call that is rate limited gets `grpc-status: 8` in a
+/// trailers-only answer, not a 429 whose body a gRPC client cannot read.
+#[actix_web::test]
+async fn grpc_calls_get_grpc_status() {
+    let (_clock, store) = memory_store();
+    let rate_limit = by_ip(per_minute(store, "api", 2), ClientIp::direct());
+    let http = serve_with(move |cfg| {
+        cfg.service(
+            web::scope("")
+                .wrap(rate_limit.clone())
+                .route("/grpc", web::post().to(|| async { "" })),
+        );
+    });
+    common::assert_grpc_calls_get_grpc_status(&http).await;
+}
+
+/// `reject_with` answers a limit with the application's own page.
+#[actix_web::test]
+async fn rejections_your_way() {
+    let (_clock, store) = memory_store();
+    let rate_limit = by_ip_builder(per_minute(store, "api", 2), ClientIp::direct())
+        .reject_with(common::html_rejection)
+        .build()
+        .unwrap();
+    let http = serve_with(move |cfg| {
+        cfg.service(
+            web::scope("")
+                .wrap(rate_limit.clone())
+                .route("/", web::get().to(|| async { "ok" }))
+                .route("/grpc", web::post().to(|| async { "" })),
+        );
+    });
+    common::assert_rejections_your_way(&http).await;
+}

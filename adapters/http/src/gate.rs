@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use tollgate_limiter::{observe, Context, Decision, Error, LimiterSource, RouteLimits, Scope};
 
+use crate::grpc::is_grpc;
 use crate::identity::{Identity, RequestView, Supplies};
+use crate::rejection::{self, RejectHook, Rejection, RejectionKind};
 use crate::response::{decision_headers, HeaderStyle, Headers, Reply};
 use crate::skip::Skip;
 
@@ -109,6 +111,11 @@ pub enum GateError {
 /// | denied by a layer failing closed | 503, `Retry-After`, `temporary-reduced-capacity` problem (no `RateLimit` item for layers the store did not decide) |
 /// | no identity for a layer | 401 problem with `WWW-Authenticate` |
 /// | any other error | 500 problem |
+///
+/// A gRPC call (`content-type: application/grpc…`) gets each rejection the
+/// gRPC way instead (see [`Reply::grpc`]): HTTP 200, no body, `grpc-status`
+/// 8, 14, 16 or 13 with the same headers as metadata. An application can
+/// answer its own way with [`GateBuilder::reject_with`].
 pub struct Gate<R: ?Sized> {
     source: LimiterSource,
     identity: Identity<R>,
@@ -117,6 +124,7 @@ pub struct Gate<R: ?Sized> {
     style: HeaderStyle,
     challenge: Arc<str>,
     on_error: Option<ErrorHook>,
+    on_reject: Option<RejectHook>,
 }
 
 /// A request identified and costed, ready for [`Gate::decide`]. With a
@@ -132,6 +140,8 @@ pub struct Prepared {
     unidentified: Option<&'static str>,
     /// A live route's limits, loaded once for this request.
     route: Option<Arc<RouteLimits>>,
+    /// A gRPC call: rejections are answered the gRPC way.
+    grpc: bool,
 }
 
 impl Prepared {
@@ -142,7 +152,20 @@ impl Prepared {
             cost,
             unidentified: None,
             route: None,
+            grpc: false,
         }
+    }
+
+    /// Answer rejections of this request the gRPC way (`prepare` sets it
+    /// for requests with `content-type: application/grpc…`).
+    pub fn with_grpc(mut self, grpc: bool) -> Self {
+        self.grpc = grpc;
+        self
+    }
+
+    /// Whether rejections of this request are answered the gRPC way.
+    pub fn is_grpc(&self) -> bool {
+        self.grpc
     }
 }
 
@@ -201,6 +224,7 @@ impl<R: ?Sized> Gate<R> {
             cost,
             unidentified,
             route,
+            grpc: is_grpc(view),
         })
     }
 
@@ -216,32 +240,42 @@ impl<R: ?Sized> Gate<R> {
                 loaded.limiter()
             }
         };
-        match limiter.check(&prepared.context, prepared.cost).await {
-            Ok(decision) if decision.is_allowed() => Outcome::Allow {
-                headers: decision_headers(&decision, self.style),
-                decision,
-            },
-            Ok(decision) if decision.failed_closed() => {
-                Outcome::Reject(Reply::failed_closed(&decision, self.style))
+        let (kind, decision) = match limiter.check(&prepared.context, prepared.cost).await {
+            Ok(decision) if decision.is_allowed() => {
+                return Outcome::Allow {
+                    headers: decision_headers(&decision, self.style),
+                    decision,
+                }
             }
-            Ok(decision) => Outcome::Reject(Reply::too_many_requests(&decision, self.style)),
+            Ok(decision) if decision.failed_closed() => {
+                (RejectionKind::FailedClosed, Some(decision))
+            }
+            Ok(decision) => (RejectionKind::Limited, Some(decision)),
             Err(error) => {
                 if let Some(hook) = &self.on_error {
                     hook(&error);
                 }
-                Outcome::Reject(match error {
+                match error {
                     Error::MissingSubject { .. } => {
                         let reason = prepared.unidentified.unwrap_or("no_identity");
                         observe::unidentified(
                             reason,
                             (reason == "no_client_address").then_some(NO_CLIENT_ADDRESS),
                         );
-                        Reply::unidentified(&self.challenge)
+                        (RejectionKind::Unidentified, None)
                     }
-                    _ => Reply::internal_error(),
-                })
+                    _ => (RejectionKind::Internal, None),
+                }
             }
-        }
+        };
+        Outcome::Reject(rejection::reply(
+            kind,
+            decision.as_ref(),
+            prepared.grpc,
+            self.style,
+            &self.challenge,
+            self.on_reject.as_ref(),
+        ))
     }
 }
 
@@ -269,6 +303,7 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
                 style: HeaderStyle::default(),
                 challenge: Arc::from(""),
                 on_error: None,
+                on_reject: None,
             },
             out: PhantomData,
         }
@@ -355,6 +390,40 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
         self
     }
 
+    /// Answer rejections your own way: `f` sees each [`Rejection`] (why,
+    /// the decision, whether it is a gRPC call, the default reply) and
+    /// returns the [`Reply`] to send, or `None` for the default —
+    /// `application/problem+json`, or the gRPC form for gRPC calls. Keep
+    /// [`Rejection::rate_limit_headers`] in your reply: clients wait by
+    /// `Retry-After`.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use tollgate_limiter::{Limit, Limiter, Policy, Scope};
+    /// use tollgate_http::{Gate, Reply, RejectionKind};
+    /// # let limiter = Limiter::builder(Arc::new(tollgate_memory::MemoryStore::default()))
+    /// #     .layer("all", Scope::Global, Policy::new("all", Limit::fixed_window(1, Duration::from_secs(60))?)?)
+    /// #     .build()?;
+    /// let gate: Gate<http::request::Parts> = Gate::builder(limiter)
+    ///     .reject_with(|rejection| {
+    ///         if rejection.kind() != RejectionKind::Limited || rejection.is_grpc() {
+    ///             return None; // the default
+    ///         }
+    ///         let mut headers = rejection.rate_limit_headers();
+    ///         headers.push(("content-type", "text/html".into()));
+    ///         Reply::new(429, headers, "<p>Slow down.</p>").ok()
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reject_with(
+        mut self,
+        f: impl Fn(&Rejection<'_>) -> Option<Reply> + Send + Sync + 'static,
+    ) -> Self {
+        self.gate.on_reject = Some(Arc::new(f));
+        self
+    }
+
     /// Check the configuration against the limiter's layers and build.
     ///
     /// Fails where every request would fail: a layer counts per subject,
@@ -432,6 +501,7 @@ impl<R: ?Sized> Clone for Gate<R> {
             style: self.style,
             challenge: self.challenge.clone(),
             on_error: self.on_error.clone(),
+            on_reject: self.on_reject.clone(),
         }
     }
 }
@@ -444,6 +514,7 @@ impl<R: ?Sized> fmt::Debug for Gate<R> {
             .field("skip", &self.skip)
             .field("style", &self.style)
             .field("challenge", &self.challenge)
+            .field("reject_with", &self.on_reject.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -451,7 +522,7 @@ impl<R: ?Sized> fmt::Debug for Gate<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ClientIp;
+    use crate::{ClientIp, ReplyError};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
     use tollgate_limiter::{Limit, Limiter, OnStoreFailure, Policy, Scope, Source, Store, Subject};
@@ -604,5 +675,148 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(matches!(err, GateError::Cost { cost: 3, .. }), "{err}");
+    }
+
+    fn header<'a>(reply: &'a Reply, name: &str) -> Option<&'a str> {
+        reply
+            .headers()
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn grpc_calls_are_rejected_the_grpc_way() {
+        let store = Arc::new(tollgate_memory::MemoryStore::default());
+        let gate: Gate<http::request::Parts> =
+            Gate::builder(limiter(store, OnStoreFailure::FailClosed))
+                .identity(Identity::new().custom(|p: &http::request::Parts| {
+                    let user = p.headers.get("x-user")?.to_str().ok()?;
+                    Some(Context::for_subject(Subject::new(user).ok()?))
+                }))
+                .build()
+                .unwrap();
+        let (parts, ()) = http::Request::post("/grpc.health.v1.Health/Check")
+            .header("content-type", "application/grpc+proto")
+            .header("x-user", "k")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let prepared = gate.prepare(&parts, &parts).unwrap();
+        assert!(prepared.is_grpc());
+        assert_eq!(status(&gate.decide(&prepared).await), 200);
+        assert_eq!(status(&gate.decide(&prepared).await), 200);
+        let Outcome::Reject(reply) = gate.decide(&prepared).await else {
+            panic!("the limit is 2")
+        };
+        // HTTP 200, no body: the status travels in grpc-status.
+        assert_eq!(reply.status(), 200);
+        assert_eq!(reply.body(), "");
+        assert_eq!(header(&reply, "content-type"), Some("application/grpc"));
+        assert_eq!(header(&reply, "grpc-status"), Some("8"));
+        let message = header(&reply, "grpc-message").unwrap();
+        assert!(message.contains("(policies: api)"), "{message}");
+        let retry = header(&reply, "retry-after").unwrap();
+        assert!(retry.parse::<u64>().unwrap() >= 1);
+        assert!(header(&reply, "ratelimit").is_some());
+        assert!(header(&reply, "grpc-status-details-bin").is_some());
+        // No identity: UNAUTHENTICATED.
+        let (anonymous, ()) = http::Request::post("/grpc.health.v1.Health/Check")
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let prepared = gate.prepare(&anonymous, &anonymous).unwrap();
+        let Outcome::Reject(reply) = gate.decide(&prepared).await else {
+            panic!("no identity")
+        };
+        assert_eq!(
+            (reply.status(), header(&reply, "grpc-status")),
+            (200, Some("16"))
+        );
+        // gRPC-Web is another protocol: the HTTP form.
+        let (web, ()) = http::Request::post("/")
+            .header("content-type", "application/grpc-web")
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert!(!gate.prepare(&web, &web).unwrap().is_grpc());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_failing_store_is_unavailable_to_grpc() {
+        let gate: Gate<()> = extension_gate(limiter(
+            Arc::new(tollgate_testkit::DownStore),
+            OnStoreFailure::FailClosed,
+        ))
+        .build()
+        .unwrap();
+        let prepared =
+            Prepared::new(Context::for_subject(Subject::new("k").unwrap()), 1).with_grpc(true);
+        let Outcome::Reject(reply) = gate.decide(&prepared).await else {
+            panic!("fail closed admits nothing")
+        };
+        assert_eq!(
+            (reply.status(), header(&reply, "grpc-status")),
+            (200, Some("14"))
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_rejection_hook_answers_or_keeps_the_default() {
+        let store = Arc::new(tollgate_memory::MemoryStore::default());
+        let gate: Gate<()> = extension_gate(limiter(store, OnStoreFailure::FailClosed))
+            .reject_with(|rejection| {
+                if rejection.kind() != RejectionKind::Limited {
+                    return None;
+                }
+                let decision = rejection.decision().expect("a denial has its decision");
+                assert!(!decision.is_allowed());
+                assert_eq!(rejection.default_reply().status(), 429);
+                let mut headers = rejection.rate_limit_headers();
+                headers.push(("content-type", "text/plain".into()));
+                let body = format!("wait {} s", rejection.retry_after().unwrap());
+                Some(Reply::new(429, headers, body).unwrap())
+            })
+            .build()
+            .unwrap();
+        let ctx = Prepared::new(Context::for_subject(Subject::new("k").unwrap()), 1);
+        gate.decide(&ctx).await;
+        gate.decide(&ctx).await;
+        let Outcome::Reject(reply) = gate.decide(&ctx).await else {
+            panic!("the limit is 2")
+        };
+        assert_eq!(reply.status(), 429);
+        assert!(reply.body().starts_with("wait "), "{}", reply.body());
+        assert_eq!(header(&reply, "content-type"), Some("text/plain"));
+        assert!(header(&reply, "retry-after").is_some());
+        // Not a limit: the hook keeps the default problem.
+        let Outcome::Reject(reply) = gate.decide(&Prepared::new(Context::new(), 1)).await else {
+            panic!("no identity")
+        };
+        assert_eq!(reply.status(), 401);
+        assert_eq!(
+            header(&reply, "content-type"),
+            Some("application/problem+json")
+        );
+    }
+
+    #[test]
+    fn replies_of_your_own_are_checked() {
+        assert!(Reply::new(429, vec![], "").is_ok());
+        assert_eq!(Reply::new(99, vec![], ""), Err(ReplyError::Status(99)));
+        assert_eq!(Reply::new(600, vec![], ""), Err(ReplyError::Status(600)));
+        assert_eq!(
+            Reply::new(429, vec![("Retry-After", "1".into())], ""),
+            Err(ReplyError::HeaderName("Retry-After"))
+        );
+        assert_eq!(
+            Reply::new(429, vec![("bad name", "1".into())], ""),
+            Err(ReplyError::HeaderName("bad name"))
+        );
+        assert!(matches!(
+            Reply::new(429, vec![("x-note", "a\nb".into())], ""),
+            Err(ReplyError::HeaderValue { name: "x-note", .. })
+        ));
     }
 }

@@ -34,17 +34,23 @@
 
 mod client_ip;
 mod gate;
+mod grpc;
 pub mod headers;
 mod identity;
+mod rejection;
 mod response;
 mod skip;
 
 pub use client_ip::{Cidr, ClientIp, TrustedProxies};
 pub use gate::{Gate, GateBuilder, GateError, Outcome, Prepared};
+pub use grpc::{
+    is_grpc, GrpcCode, APPLICATION_GRPC, GRPC_MESSAGE, GRPC_STATUS, GRPC_STATUS_DETAILS,
+};
 pub use identity::{context_from_extensions, single_header_value, Identity, PeerAddr, RequestView};
+pub use rejection::{Rejection, RejectionKind};
 pub use response::{
     apply_headers, decision_headers, is_list_field, names, HeaderStyle, Headers, Problem, Reply,
-    PROBLEM_JSON, QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY,
+    ReplyError, PROBLEM_JSON, QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY,
 };
 pub use skip::is_cors_preflight;
 

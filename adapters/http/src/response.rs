@@ -2,9 +2,11 @@
 //! status codes, so every framework adapter sends exactly the same bytes.
 
 use std::fmt::Write;
+use std::time::Duration;
 
 use tollgate_limiter::Decision;
 
+use crate::grpc::{self, GrpcCode};
 use crate::headers;
 
 /// Header names, lowercase (HTTP/2 and HTTP/3 require it; HTTP/1.1 ignores case).
@@ -212,7 +214,8 @@ fn json_string(out: &mut String, s: &str) {
 }
 
 /// A complete response to send instead of calling the service: status,
-/// headers (with `Content-Type`) and an `application/problem+json` body.
+/// headers (with `Content-Type`) and a body — an `application/problem+json`
+/// document for HTTP, nothing for gRPC (its status travels in the headers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     status: u16,
@@ -220,7 +223,62 @@ pub struct Reply {
     body: String,
 }
 
+/// A [`Reply::new`] that could not be sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplyError {
+    /// The status is not a final HTTP status.
+    #[error("status {0} is not between 200 and 599")]
+    Status(u16),
+    /// A header name is not a valid lowercase token (HTTP/2 requires
+    /// lowercase names).
+    #[error("header name {0:?} is not a lowercase HTTP token")]
+    HeaderName(&'static str),
+    /// A header value holds control characters or non-ASCII bytes.
+    #[error("the value of header {name:?} is not visible ASCII: {value:?}")]
+    HeaderValue {
+        /// The header's name.
+        name: &'static str,
+        /// The value given.
+        value: String,
+    },
+}
+
 impl Reply {
+    /// A response of your own (see `GateBuilder::reject_with`): `status`,
+    /// `headers` (lowercase names; set `content-type` yourself) and `body`.
+    ///
+    /// ```
+    /// use tollgate_http::Reply;
+    /// let reply = Reply::new(429, vec![("content-type", "text/plain".into())], "slow down")?;
+    /// assert_eq!(reply.status(), 429);
+    /// assert!(Reply::new(429, vec![("Content-Type", "text/plain".into())], "").is_err());
+    /// # Ok::<(), tollgate_http::ReplyError>(())
+    /// ```
+    pub fn new(status: u16, headers: Headers, body: impl Into<String>) -> Result<Self, ReplyError> {
+        if !(200..=599).contains(&status) {
+            return Err(ReplyError::Status(status));
+        }
+        for (name, value) in &headers {
+            let lowercase_token = http::HeaderName::from_bytes(name.as_bytes())
+                .is_ok_and(|parsed| parsed.as_str() == *name);
+            if !lowercase_token {
+                return Err(ReplyError::HeaderName(name));
+            }
+            if http::HeaderValue::from_str(value).is_err() {
+                return Err(ReplyError::HeaderValue {
+                    name,
+                    value: value.clone(),
+                });
+            }
+        }
+        Ok(Reply {
+            status,
+            headers,
+            body: body.into(),
+        })
+    }
+
     /// A reply with `problem` as its body, after `headers`.
     pub fn problem(problem: &Problem, mut headers: Headers) -> Self {
         headers.push((names::CONTENT_TYPE, PROBLEM_JSON.to_string()));
@@ -231,37 +289,61 @@ impl Reply {
         }
     }
 
+    /// `problem` the gRPC way: HTTP 200, no body, and after `headers`
+    /// (which reach the client as metadata) `content-type:
+    /// application/grpc`, the `grpc-status` for the problem's HTTP status
+    /// (429 → 8 RESOURCE_EXHAUSTED, 503 → 14 UNAVAILABLE, 401 → 16
+    /// UNAUTHENTICATED, 403 → 7 PERMISSION_DENIED, else 13 INTERNAL), its
+    /// detail and violated policies as `grpc-message`, and with
+    /// `retry_after` a `google.rpc.RetryInfo` in `grpc-status-details-bin`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_http::{Problem, Reply};
+    /// let problem = Problem { kind: "about:blank", title: "Quota Exceeded", status: 429,
+    ///     detail: "retry in 2 s".into(), violated_policies: vec!["api".into()] };
+    /// let reply = Reply::grpc(&problem, vec![("retry-after", "2".into())], Some(Duration::from_secs(2)));
+    /// assert_eq!(reply.status(), 200);
+    /// assert!(reply.body().is_empty());
+    /// assert!(reply.headers().contains(&("grpc-status", "8".to_string())));
+    /// assert!(reply.headers().contains(&("grpc-message", "retry in 2 s (policies: api)".to_string())));
+    /// ```
+    pub fn grpc(problem: &Problem, headers: Headers, retry_after: Option<Duration>) -> Self {
+        let mut message = problem.detail.clone();
+        if !problem.violated_policies.is_empty() {
+            let _ = write!(
+                message,
+                " (policies: {})",
+                problem.violated_policies.join(", ")
+            );
+        }
+        Reply {
+            status: 200,
+            headers: grpc::trailers_only(
+                GrpcCode::for_http_status(problem.status),
+                &message,
+                retry_after,
+                headers,
+            ),
+            body: String::new(),
+        }
+    }
+
     /// 429 for a decision denied by its limits: the rate-limit headers,
     /// `Retry-After`, and a `quota-exceeded` problem naming the denying
     /// layers' policies.
     pub fn too_many_requests(decision: &Decision, style: HeaderStyle) -> Self {
-        let retry = headers::retry_after_secs(decision).unwrap_or(1);
-        let problem = Problem {
-            kind: QUOTA_EXCEEDED,
-            title: "Quota Exceeded",
-            status: 429,
-            detail: format!(
-                "Request cannot be satisfied as assigned quota has been exceeded; retry in {retry} s"
-            ),
-            violated_policies: policy_names(decision, |_| true),
-        };
-        Reply::problem(&problem, decision_headers(decision, style))
+        Reply::problem(
+            &too_many_requests(decision),
+            decision_headers(decision, style),
+        )
     }
 
     /// 503 for a decision denied because a layer's store failed and its
     /// policy fails closed: a `temporary-reduced-capacity` problem naming
     /// those layers' policies (a client did nothing wrong, so not 429).
     pub fn failed_closed(decision: &Decision, style: HeaderStyle) -> Self {
-        let problem = Problem {
-            kind: TEMPORARY_REDUCED_CAPACITY,
-            title: "Temporary Reduced Capacity",
-            status: 503,
-            detail: "The rate limiter's store is unavailable and this policy rejects requests until it is back".into(),
-            violated_policies: policy_names(decision, |l| {
-                l.source == tollgate_limiter::Source::FailClosed
-            }),
-        };
-        Reply::problem(&problem, decision_headers(decision, style))
+        Reply::problem(&failed_closed(decision), decision_headers(decision, style))
     }
 
     /// 503 when the store failed and no failure mode produced a decision.
@@ -282,30 +364,13 @@ impl Reply {
     /// on every 401). Every 401 of Tollgate has this shape; an
     /// authentication layer can send the same with this function.
     pub fn unidentified(challenge: &str) -> Self {
-        let problem = Problem {
-            kind: "about:blank",
-            title: "Unauthorized",
-            status: 401,
-            detail: "This endpoint is rate limited per client and the request carries no identity the server accepts".into(),
-            violated_policies: Vec::new(),
-        };
-        Reply::problem(
-            &problem,
-            vec![(names::WWW_AUTHENTICATE, challenge.to_string())],
-        )
+        Reply::problem(&unidentified(), challenge_header(challenge))
     }
 
     /// 500 for any other limiter error (an invalid cost, a misconfigured
     /// limiter); the details stay on the server.
     pub fn internal_error() -> Self {
-        let problem = Problem {
-            kind: "about:blank",
-            title: "Internal Server Error",
-            status: 500,
-            detail: "The rate limiter could not decide this request".into(),
-            violated_policies: Vec::new(),
-        };
-        Reply::problem(&problem, Vec::new())
+        Reply::problem(&internal_error(), Vec::new())
     }
 
     /// The status code.
@@ -316,7 +381,7 @@ impl Reply {
     pub fn headers(&self) -> &[(&'static str, String)] {
         &self.headers
     }
-    /// The JSON body.
+    /// The body: a JSON problem, empty for gRPC.
     pub fn body(&self) -> &str {
         &self.body
     }
@@ -324,6 +389,58 @@ impl Reply {
     pub fn into_parts(self) -> (u16, Headers, String) {
         (self.status, self.headers, self.body)
     }
+}
+
+/// The problem of a decision denied by its limits (429).
+pub(crate) fn too_many_requests(decision: &Decision) -> Problem {
+    let retry = headers::retry_after_secs(decision).unwrap_or(1);
+    Problem {
+        kind: QUOTA_EXCEEDED,
+        title: "Quota Exceeded",
+        status: 429,
+        detail: format!(
+            "Request cannot be satisfied as assigned quota has been exceeded; retry in {retry} s"
+        ),
+        violated_policies: policy_names(decision, |_| true),
+    }
+}
+
+/// The problem of a decision a failing store denied (503).
+pub(crate) fn failed_closed(decision: &Decision) -> Problem {
+    Problem {
+        kind: TEMPORARY_REDUCED_CAPACITY,
+        title: "Temporary Reduced Capacity",
+        status: 503,
+        detail: "The rate limiter's store is unavailable and this policy rejects requests until it is back".into(),
+        violated_policies: policy_names(decision, |l| l.source == tollgate_limiter::Source::FailClosed),
+    }
+}
+
+/// The problem of a request without the identity a layer needs (401).
+pub(crate) fn unidentified() -> Problem {
+    Problem {
+        kind: "about:blank",
+        title: "Unauthorized",
+        status: 401,
+        detail: "This endpoint is rate limited per client and the request carries no identity the server accepts".into(),
+        violated_policies: Vec::new(),
+    }
+}
+
+/// The problem of any other limiter error (500).
+pub(crate) fn internal_error() -> Problem {
+    Problem {
+        kind: "about:blank",
+        title: "Internal Server Error",
+        status: 500,
+        detail: "The rate limiter could not decide this request".into(),
+        violated_policies: Vec::new(),
+    }
+}
+
+/// `WWW-Authenticate: challenge`, which every 401 carries.
+pub(crate) fn challenge_header(challenge: &str) -> Headers {
+    vec![(names::WWW_AUTHENTICATE, challenge.to_string())]
 }
 
 /// Names of the denying layers' policies that match `keep`, each once, in order.

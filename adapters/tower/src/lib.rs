@@ -6,7 +6,9 @@
 //! `RateLimit-Policy` and `RateLimit` headers to its response) or answers at
 //! once: 429 with `Retry-After` and an `application/problem+json` body, 503
 //! when the store failed and the policy fails closed, 401 when the request
-//! has no identity. Admitted requests carry their
+//! has no identity — or, for a gRPC call, the gRPC way (`grpc-status` 8,
+//! 14 or 16 in a trailers-only response), and however
+//! [`reject_with`](GateBuilder::reject_with) says. Admitted requests carry their
 //! [`Decision`](tollgate_limiter::Decision) in their extensions.
 //!
 //! ```no_run
@@ -58,8 +60,8 @@ use tollgate_limiter::{Context, LimiterSource};
 pub use body::RateLimitBody;
 pub use tollgate_http::{
     apply_headers, decision_headers, names, single_header_value, Cidr, CidrError, ClientIp, Gate,
-    GateBuilder, GateError, HeaderStyle, Outcome, PeerAddr, Prepared, Problem, Reply,
-    TrustedProxies,
+    GateBuilder, GateError, GrpcCode, HeaderStyle, Outcome, PeerAddr, Prepared, Problem, Rejection,
+    RejectionKind, Reply, ReplyError, TrustedProxies,
 };
 
 /// How requests are identified; see [`tollgate_http::Identity`]. Custom
@@ -157,6 +159,14 @@ impl RequestView for View<'_> {
                 .extensions
                 .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
                 .map(|c| c.0.ip())
+        });
+        #[cfg(feature = "tonic")]
+        let peer = peer.or_else(|| {
+            self.0
+                .extensions
+                .get::<tonic::transport::server::TcpConnectInfo>()
+                .and_then(|c| c.remote_addr())
+                .map(|a| a.ip())
         });
         peer
     }

@@ -326,3 +326,31 @@ async fn a_reload_changes_the_limits_of_a_running_route() {
     let http = serve(app(layer)).await;
     common::assert_reload_applies(&http, &live).await;
 }
+
+/// A gRPC call that is rate limited gets `grpc-status: 8` in a
+/// trailers-only answer, not a 429 whose body a gRPC client cannot read.
+#[tokio::test]
+async fn grpc_calls_get_grpc_status() {
+    let (_clock, store) = memory_store();
+    let layer = by_ip(per_minute(store, "api", 2), ClientIp::direct());
+    let app = Router::new()
+        .route("/grpc", axum::routing::post(|| async { "" }))
+        .layer(layer);
+    common::assert_grpc_calls_get_grpc_status(&serve(app).await).await;
+}
+
+/// `reject_with` answers a limit with the application's own page.
+#[tokio::test]
+async fn rejections_your_way() {
+    let (_clock, store) = memory_store();
+    let layer = RateLimitLayer::builder(per_minute(store, "api", 2))
+        .identity(Identity::new().client_ip(ClientIp::direct()))
+        .reject_with(common::html_rejection)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/grpc", axum::routing::post(|| async { "" }))
+        .layer(layer);
+    common::assert_rejections_your_way(&serve(app).await).await;
+}

@@ -1,0 +1,156 @@
+//! Waiting for capacity (`Limiter::wait`, `Limiter::throttle`) on a manual
+//! clock: a waiter sleeps on the clock, wakes when the test moves it, and
+//! never sleeps past its bound. Nothing sleeps for real.
+#![cfg(all(feature = "memory", feature = "wait"))]
+
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use tollgate::{
+    Clock, Context, Limit, Limiter, ManualClock, MemoryStore, Policy, Scope, Subject, Timestamp,
+    WhenLimited,
+};
+
+/// On a minute boundary, so a window's retry-after is exactly 60 s.
+const START: Timestamp = Timestamp::from_micros(1_779_999_960_000_000);
+
+/// Two per minute (fixed window) for one subject, store and limiter on `clock`.
+fn two_per_minute(clock: &ManualClock) -> Limiter {
+    let store = MemoryStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .build();
+    Limiter::builder(Arc::new(store))
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new(
+                "api",
+                Limit::fixed_window(2, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap()
+}
+
+fn ctx() -> Context {
+    Context::for_subject(Subject::new("client-1").unwrap())
+}
+
+/// Let spawned tasks run until one is asleep on the clock.
+async fn until_asleep(clock: &ManualClock) {
+    for _ in 0..1_000 {
+        if clock.sleepers() > 0 {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("nobody went to sleep on the clock");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiter_sleeps_until_the_window_opens_then_is_admitted() {
+    let clock = ManualClock::new(START);
+    let limiter = two_per_minute(&clock);
+    for _ in 0..2 {
+        assert!(limiter.check(&ctx(), 1).await.unwrap().is_allowed());
+    }
+    let waiter = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.wait(&ctx(), 1, Duration::from_secs(120)).await })
+    };
+    until_asleep(&clock).await;
+    // Halfway: woken, it looks at the clock and sleeps on.
+    clock.advance(Duration::from_secs(30));
+    until_asleep(&clock).await;
+    assert!(!waiter.is_finished(), "admitted before the window opened");
+    // Its denial charged nothing: the window's two units are the checks'.
+    assert!(!limiter.check(&ctx(), 1).await.unwrap().is_allowed());
+    // Past the retry-after and its jitter (at most 100 ms).
+    clock.advance(Duration::from_millis(30_100));
+    let decision = waiter.await.unwrap().unwrap();
+    assert!(decision.is_allowed());
+    assert_eq!(
+        decision.layers()[0].remaining,
+        1,
+        "one unit of the new window"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_wait_longer_than_the_bound_returns_the_denial_at_once() {
+    let clock = ManualClock::new(START);
+    let limiter = two_per_minute(&clock);
+    for _ in 0..2 {
+        limiter.check(&ctx(), 1).await.unwrap();
+    }
+    // The window opens in 60 s; the bound is 10 s: no sleep at all.
+    let decision = limiter
+        .wait(&ctx(), 1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(!decision.is_allowed());
+    assert_eq!(decision.retry_after(), Some(Duration::from_secs(60)));
+    assert_eq!(clock.sleepers(), 0);
+    assert_eq!(clock.now(), START, "nothing moved the clock");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_admitted_request_does_not_wait() {
+    let clock = ManualClock::new(START);
+    let limiter = two_per_minute(&clock);
+    let decision = limiter.wait(&ctx(), 1, Duration::ZERO).await.unwrap();
+    assert!(decision.is_allowed());
+    assert_eq!(decision.layers()[0].remaining, 1);
+}
+
+/// A stream of `items`, ready at once.
+struct Ready<I>(I);
+
+impl<I: Iterator + Unpin> futures_core::Stream for Ready<I> {
+    type Item = I::Item;
+    fn poll_next(mut self: Pin<&mut Self>, _: &mut TaskContext<'_>) -> Poll<Option<I::Item>> {
+        Poll::Ready(self.0.next())
+    }
+}
+
+async fn next<S: futures_core::Stream + Unpin>(stream: &mut S) -> Option<S::Item> {
+    poll_fn(|cx| Pin::new(&mut *stream).poll_next(cx)).await
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn throttle_drops_or_waits_by_choice() {
+    let clock = ManualClock::new(START);
+    let limiter = two_per_minute(&clock);
+    let mut dropping = limiter.throttle(
+        Ready(["a", "b", "c"].into_iter()),
+        ctx(),
+        1,
+        WhenLimited::Drop,
+    );
+    assert_eq!(next(&mut dropping).await.unwrap().unwrap(), "a");
+    assert_eq!(next(&mut dropping).await.unwrap().unwrap(), "b");
+    let rejected = next(&mut dropping).await.unwrap().unwrap_err();
+    assert_eq!(rejected.item, "c");
+    assert!(!rejected.outcome.unwrap().is_allowed());
+    assert!(next(&mut dropping).await.is_none());
+
+    // The same subject, now waiting: "d" waits for the next window.
+    let mut waiting = limiter.throttle(
+        Ready(["d"].into_iter()),
+        ctx(),
+        1,
+        WhenLimited::Wait {
+            max_wait: Duration::from_secs(90),
+        },
+    );
+    let task = tokio::spawn(async move { next(&mut waiting).await });
+    until_asleep(&clock).await;
+    assert!(!task.is_finished());
+    clock.advance(Duration::from_millis(60_100));
+    assert_eq!(task.await.unwrap().unwrap().unwrap(), "d");
+}
