@@ -362,3 +362,64 @@ pub async fn assert_grpc_calls_get_grpc_status(http: &Http) {
     assert_eq!(reply.remaining_and_reset(), (0, 60));
     assert!(reply.header("grpc-status-details-bin").is_some());
 }
+
+/// The access rules of the allow/deny tests, for an API-key identity under
+/// [`api_key`]: the key "ops" is exempt, "stolen" is denied, `/health` and
+/// `DELETE` are not limited.
+pub fn access_rules() -> tollgate_http::AccessRules {
+    use tollgate_limiter::Subject;
+    tollgate_http::AccessRules::new()
+        .exempt_subject(Subject::hashed("ops", &api_key()))
+        .deny_subject(Subject::hashed("stolen", &api_key()))
+        .skip_path("/health")
+        .skip_method("delete")
+}
+
+/// `GET /` (limit 2 per API key) and `GET /health` behind a gate with
+/// [`access_rules`]: exempt and skipped requests pass without headers and
+/// without a charge, a denied key gets 403 every time, others are limited.
+pub async fn assert_access_rules(http: &Http) {
+    for _ in 0..4 {
+        let reply = http.get("/", &[("x-api-key", "ops")]).await;
+        assert_eq!(reply.status, StatusCode::OK, "exempt");
+        assert_eq!(reply.header("ratelimit"), None, "exempt: no headers");
+    }
+    for _ in 0..3 {
+        let reply = http.get("/", &[("x-api-key", "stolen")]).await;
+        assert_eq!(reply.status, StatusCode::FORBIDDEN);
+        assert_eq!(
+            reply.header("content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(reply.json()["title"], "Forbidden");
+        assert_eq!(reply.header("ratelimit"), None);
+        // A denied gRPC call is PERMISSION_DENIED.
+        let mut grpc = GRPC.to_vec();
+        grpc.push(("x-api-key", "stolen"));
+        let reply = http.send("POST", "/grpc", &grpc).await;
+        assert_eq!(reply.header("grpc-status"), Some("7"));
+    }
+    for _ in 0..3 {
+        // Skipped: not even identified (no key, no 401).
+        let reply = http.get("/health", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header("ratelimit"), None);
+        let reply = http.send("DELETE", "/", &[]).await;
+        assert_ne!(reply.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(reply.header("ratelimit"), None);
+    }
+    assert_eq!(
+        http.get("/", &[("x-api-key", "user")]).await.status,
+        StatusCode::OK
+    );
+    let reply = http.get("/", &[("x-api-key", "user")]).await;
+    assert_eq!(
+        reply.remaining_and_reset().0,
+        0,
+        "only user's own two requests counted"
+    );
+    assert_eq!(
+        http.get("/", &[("x-api-key", "user")]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}

@@ -59,8 +59,8 @@ use tollgate_http::{is_list_field, RequestView};
 use tollgate_limiter::{Context, LimiterSource, Subject};
 
 pub use tollgate_http::{
-    decision_headers, names, single_header_value, Cidr, CidrError, ClientIp, Gate, GateBuilder,
-    GateError, GrpcCode, HeaderStyle, Outcome, PeerAddr, Prepared, Problem, Rejection,
+    decision_headers, names, single_header_value, AccessRules, Cidr, CidrError, ClientIp, Gate,
+    GateBuilder, GateError, GrpcCode, HeaderStyle, Outcome, PeerAddr, Prepared, Problem, Rejection,
     RejectionKind, Reply, ReplyError, TrustedProxies,
 };
 
@@ -137,6 +137,9 @@ struct View<'a>(&'a ServiceRequest);
 impl RequestView for View<'_> {
     fn method(&self) -> &str {
         self.0.method().as_str()
+    }
+    fn path(&self) -> &str {
+        self.0.path()
     }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
         self.0

@@ -324,3 +324,25 @@ async fn rejections_your_way() {
     });
     common::assert_rejections_your_way(&http).await;
 }
+
+/// Allow lists, deny lists and skip rules over real HTTP.
+#[actix_web::test]
+async fn access_rules_exempt_deny_and_skip() {
+    let (_clock, store) = memory_store();
+    let rate_limit = RateLimit::builder(per_minute(store, "api", 2))
+        .identity(Identity::new().api_key("x-api-key", common::api_key()))
+        .access(common::access_rules())
+        .build()
+        .unwrap();
+    let http = serve_with(move |cfg| {
+        cfg.service(
+            web::scope("")
+                .wrap(rate_limit.clone())
+                .route("/", web::get().to(|| async { "ok" }))
+                .route("/", web::delete().to(|| async { "gone" }))
+                .route("/health", web::get().to(|| async { "healthy" }))
+                .route("/grpc", web::post().to(|| async { "" })),
+        );
+    });
+    common::assert_access_rules(&http).await;
+}

@@ -77,6 +77,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use tollgate_http::AccessRules;
 use tollgate_limiter::{BreakerConfig, Policy, PolicyError, Scope};
 
 pub use build::{Limiters, Route};
@@ -92,6 +93,7 @@ pub struct Config {
     store: StoreSpec,
     fallback_max_keys: usize,
     breaker: BreakerConfig,
+    access: AccessRules,
     policies: BTreeMap<String, Policy>,
     routes: BTreeMap<String, RouteDef>,
 }
@@ -177,6 +179,14 @@ impl Config {
     /// The circuit breaker every limiter uses.
     pub fn breaker(&self) -> BreakerConfig {
         self.breaker
+    }
+
+    /// The `[access]` section: exempt and denied subjects and networks,
+    /// methods and paths not limited — give it to the HTTP adapter's
+    /// builder (`.access(config.access().clone())`). Read when the adapter
+    /// is built: a reload does not change a running gate's rules.
+    pub fn access(&self) -> &AccessRules {
+        &self.access
     }
 
     /// The policy named `name`.

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use tollgate_http::{AccessRules, Cidr};
 use tollgate_limiter::{
     BreakerConfig, DurationSpec, KeyBudget, LimitSpec, ModeSpec, OnFailureSpec, Policy,
-    PolicyError, Scope, WhenFullSpec,
+    PolicyError, Scope, Subject, WhenFullSpec,
 };
 use toml::{Table, Value};
 
@@ -176,6 +177,23 @@ struct BreakerSpec {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct AccessSpec {
+    #[serde(default)]
+    exempt_subjects: Vec<String>,
+    #[serde(default)]
+    exempt_networks: Vec<String>,
+    #[serde(default)]
+    deny_subjects: Vec<String>,
+    #[serde(default)]
+    deny_networks: Vec<String>,
+    #[serde(default)]
+    skip_methods: Vec<String>,
+    #[serde(default)]
+    skip_paths: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RouteSpec {
     cost: Option<u64>,
     layers: Vec<LayerSpec>,
@@ -199,7 +217,7 @@ enum ScopeSpec {
     Attribute(String),
 }
 
-const SECTIONS: &str = "store, fallback, breaker, policies, routes";
+const SECTIONS: &str = "store, fallback, breaker, access, policies, routes";
 const MAX_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Validate a parsed document.
@@ -241,6 +259,12 @@ pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
             config
         }),
         None => Some(BreakerConfig::default()),
+    };
+    let access = match doc.remove("access") {
+        Some(value) => de::<AccessSpec>(&mut errors, "access", value)
+            .map(|spec| access(&mut errors, spec))
+            .unwrap_or_default(),
+        None => AccessRules::new(),
     };
     let policies = match doc.remove("policies") {
         Some(Value::Table(table)) => {
@@ -294,6 +318,7 @@ pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
             store,
             fallback_max_keys,
             breaker,
+            access,
             policies: policies
                 .into_iter()
                 .filter_map(|(name, p)| p.map(|p| (name, p)))
@@ -302,6 +327,74 @@ pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
         }),
         _ => Err(ConfigError::Invalid(errors)),
     }
+}
+
+/// The `[access]` rules, every entry checked (an error names its index).
+fn access(errors: &mut Vec<PolicyError>, spec: AccessSpec) -> AccessRules {
+    let mut rules = AccessRules::new();
+    let subjects = |errors: &mut Vec<PolicyError>, field: &str, values: Vec<String>| {
+        values
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, v)| match Subject::new(&v) {
+                Ok(subject) => Some(subject),
+                Err(e) => {
+                    errors.push(field_error(&format!("access.{field}[{i}]"), e.to_string()));
+                    None
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    let networks = |errors: &mut Vec<PolicyError>, field: &str, values: Vec<String>| {
+        values
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, v)| match v.parse::<Cidr>() {
+                Ok(network) => Some(network),
+                Err(e) => {
+                    errors.push(field_error(&format!("access.{field}[{i}]"), e.to_string()));
+                    None
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    for s in subjects(errors, "exempt_subjects", spec.exempt_subjects) {
+        rules = rules.exempt_subject(s);
+    }
+    for s in subjects(errors, "deny_subjects", spec.deny_subjects) {
+        rules = rules.deny_subject(s);
+    }
+    for n in networks(errors, "exempt_networks", spec.exempt_networks) {
+        rules = rules.exempt_network(n);
+    }
+    for n in networks(errors, "deny_networks", spec.deny_networks) {
+        rules = rules.deny_network(n);
+    }
+    for (i, method) in spec.skip_methods.into_iter().enumerate() {
+        let token = !method.is_empty()
+            && method
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if token {
+            rules = rules.skip_method(&method);
+        } else {
+            errors.push(field_error(
+                &format!("access.skip_methods[{i}]"),
+                format!("{method:?} is not an HTTP method (GET, OPTIONS, …)"),
+            ));
+        }
+    }
+    for (i, path) in spec.skip_paths.into_iter().enumerate() {
+        if path.starts_with('/') && !path[..path.len() - 1].contains('*') {
+            rules = rules.skip_path(&path);
+        } else {
+            errors.push(field_error(
+                &format!("access.skip_paths[{i}]"),
+                format!("{path:?} is not a path: it starts with / and may end with one * (\"/internal/*\")"),
+            ));
+        }
+    }
+    rules
 }
 
 /// Deserialize `value` as `T`, recording an error at `path` (plus the path

@@ -503,3 +503,50 @@ layers = [{{ scope = "subject", policy = "p" }}]
     let keys = group.primary().command(&["KEYS", "config-sentinel:{a}:*"]);
     assert_eq!(keys.strings().len(), 1, "{keys:?}");
 }
+
+#[test]
+fn the_access_section_parses_and_every_bad_entry_is_named() {
+    let config = Config::from_toml_str(
+        r#"
+[access]
+exempt_subjects = ["h.0123456789abcdef0123456789abcdef"]
+exempt_networks = ["10.0.0.0/8", "127.0.0.1"]
+deny_subjects = ["scraper-7"]
+deny_networks = ["2001:db8::/32"]
+skip_methods = ["options"]
+skip_paths = ["/health", "/internal/*"]
+"#,
+    )
+    .unwrap();
+    let expected = tollgate_http::AccessRules::new()
+        .exempt_subject(Subject::new("h.0123456789abcdef0123456789abcdef").unwrap())
+        .deny_subject(Subject::new("scraper-7").unwrap())
+        .exempt_network("10.0.0.0/8".parse().unwrap())
+        .exempt_network("127.0.0.1/32".parse().unwrap())
+        .deny_network("2001:db8::/32".parse().unwrap())
+        .skip_method("OPTIONS")
+        .skip_path("/health")
+        .skip_path("/internal/*");
+    assert_eq!(config.access(), &expected);
+    assert!(Config::from_toml_str("").unwrap().access().is_empty());
+
+    let list = errors(
+        r#"
+[access]
+exempt_subjects = ["ok", "has space"]
+deny_networks = ["10.0.0.1/8"]
+exempt_networks = ["not-a-network"]
+skip_methods = ["GET POST"]
+skip_paths = ["health", "/a*/b"]
+"#,
+    );
+    has(&list, "access.exempt_subjects[1]");
+    has(&list, "access.deny_networks[0]");
+    has(&list, "host bits set");
+    has(&list, "access.exempt_networks[0]");
+    has(&list, "access.skip_methods[0]");
+    has(&list, "access.skip_paths[0]");
+    has(&list, "access.skip_paths[1]");
+    let list = errors("[access]\nallow = [\"x\"]\n");
+    has(&list, "access");
+}

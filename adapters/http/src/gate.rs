@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tollgate_limiter::{observe, Context, Decision, Error, LimiterSource, RouteLimits, Scope};
 
+use crate::access::{Access, AccessRules};
 use crate::grpc::is_grpc;
 use crate::identity::{Identity, RequestView, Supplies};
 use crate::rejection::{self, RejectHook, Rejection, RejectionKind};
@@ -110,6 +111,8 @@ pub enum GateError {
 /// | denied by a limit | 429, `Retry-After`, `quota-exceeded` problem with `violated-policies` |
 /// | denied by a layer failing closed | 503, `Retry-After`, `temporary-reduced-capacity` problem (no `RateLimit` item for layers the store did not decide) |
 /// | no identity for a layer | 401 problem with `WWW-Authenticate` |
+/// | exempt by [`AccessRules`] | the service's response, no rate-limit headers |
+/// | denied by [`AccessRules`] | 403 problem |
 /// | any other error | 500 problem |
 ///
 /// A gRPC call (`content-type: application/grpc…`) gets each rejection the
@@ -125,6 +128,8 @@ pub struct Gate<R: ?Sized> {
     challenge: Arc<str>,
     on_error: Option<ErrorHook>,
     on_reject: Option<RejectHook>,
+    /// Exempt and denied subjects and networks.
+    access: Arc<AccessRules>,
 }
 
 /// A request identified and costed, ready for [`Gate::decide`]. With a
@@ -142,6 +147,8 @@ pub struct Prepared {
     route: Option<Arc<RouteLimits>>,
     /// A gRPC call: rejections are answered the gRPC way.
     grpc: bool,
+    /// On a deny list: refused without a decision.
+    denied: bool,
 }
 
 impl Prepared {
@@ -153,6 +160,7 @@ impl Prepared {
             unidentified: None,
             route: None,
             grpc: false,
+            denied: false,
         }
     }
 
@@ -201,6 +209,23 @@ impl<R: ?Sized> Gate<R> {
             return None;
         }
         let identified = self.identity.identify(request, view);
+        let mut denied = false;
+        if self.access.judges() {
+            let ip = if self.access.has_networks() {
+                self.identity.client_addr(view)
+            } else {
+                None
+            };
+            match self
+                .access
+                .judge(ip, identified.as_ref().and_then(Context::subject))
+            {
+                // Exempt: passed on like a skipped request.
+                Some(Access::Exempt) => return None,
+                Some(Access::Denied) => denied = true,
+                None => {}
+            }
+        }
         let unidentified = match identified {
             Some(_) => None,
             None if self.identity.reads_client_ip() && view.peer_ip().is_none() => {
@@ -225,11 +250,15 @@ impl<R: ?Sized> Gate<R> {
             unidentified,
             route,
             grpc: is_grpc(view),
+            denied,
         })
     }
 
     /// Decide a prepared request and say how to answer it.
     pub async fn decide(&self, prepared: &Prepared) -> Outcome {
+        if prepared.denied {
+            return Outcome::Reject(self.reject(RejectionKind::Denied, None, prepared));
+        }
         let loaded;
         let limiter = match (&prepared.route, &self.source) {
             (Some(route), _) => route.limiter(),
@@ -268,14 +297,23 @@ impl<R: ?Sized> Gate<R> {
                 }
             }
         };
-        Outcome::Reject(rejection::reply(
+        Outcome::Reject(self.reject(kind, decision.as_ref(), prepared))
+    }
+
+    fn reject(
+        &self,
+        kind: RejectionKind,
+        decision: Option<&Decision>,
+        prepared: &Prepared,
+    ) -> Reply {
+        rejection::reply(
             kind,
-            decision.as_ref(),
+            decision,
             prepared.grpc,
             self.style,
             &self.challenge,
             self.on_reject.as_ref(),
-        ))
+        )
     }
 }
 
@@ -304,6 +342,7 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
                 challenge: Arc::from(""),
                 on_error: None,
                 on_reject: None,
+                access: Arc::new(AccessRules::new()),
             },
             out: PhantomData,
         }
@@ -387,6 +426,21 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
     /// 401 or 500 — the place to log or count them.
     pub fn on_error(mut self, f: impl Fn(&Error) + Send + Sync + 'static) -> Self {
         self.gate.on_error = Some(Arc::new(f));
+        self
+    }
+
+    /// Exempt and denied subjects and networks, and methods and paths not
+    /// limited (see [`AccessRules`]); rules add up over calls. Skipped and
+    /// exempt requests are passed on without a decision and without
+    /// headers; denied ones get 403 (gRPC: `PERMISSION_DENIED`). None of
+    /// them is charged.
+    pub fn access(mut self, rules: AccessRules) -> Self {
+        let mut rules = rules;
+        self.gate.skip = self.gate.skip.methods_and_paths(
+            std::mem::take(&mut rules.skip_methods),
+            std::mem::take(&mut rules.skip_paths),
+        );
+        self.gate.access = Arc::new((*self.gate.access).clone().merge(rules));
         self
     }
 
@@ -502,6 +556,7 @@ impl<R: ?Sized> Clone for Gate<R> {
             challenge: self.challenge.clone(),
             on_error: self.on_error.clone(),
             on_reject: self.on_reject.clone(),
+            access: self.access.clone(),
         }
     }
 }
@@ -818,5 +873,46 @@ mod tests {
             Reply::new(429, vec![("x-note", "a\nb".into())], ""),
             Err(ReplyError::HeaderValue { name: "x-note", .. })
         ));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn networks_are_judged_by_the_client_address_through_trusted_proxies() {
+        let store = Arc::new(tollgate_memory::MemoryStore::default());
+        let proxies = ClientIp::trusted_proxies(["10.0.0.0/8".parse().unwrap()]);
+        let gate: Gate<http::request::Parts> =
+            Gate::builder(limiter(store, OnStoreFailure::FailClosed))
+                .identity(Identity::new().client_ip(proxies))
+                .access(
+                    crate::AccessRules::new()
+                        .exempt_network("192.0.2.0/24".parse().unwrap())
+                        .deny_network("198.51.100.0/24".parse().unwrap()),
+                )
+                .build()
+                .unwrap();
+        let via_proxy = |client: &str| {
+            let (mut parts, ()) = http::Request::get("/")
+                .header("x-forwarded-for", client)
+                .body(())
+                .unwrap()
+                .into_parts();
+            parts
+                .extensions
+                .insert(crate::PeerAddr("10.0.0.1:5000".parse().unwrap()));
+            parts
+        };
+        let exempt = via_proxy("192.0.2.7");
+        assert!(
+            gate.prepare(&exempt, &exempt).is_none(),
+            "exempt: passed on"
+        );
+        let denied = via_proxy("198.51.100.9");
+        for _ in 0..3 {
+            let prepared = gate.prepare(&denied, &denied).unwrap();
+            assert_eq!(status(&gate.decide(&prepared).await), 403);
+        }
+        // The proxy itself is neither: limited as usual.
+        let other = via_proxy("203.0.113.1");
+        let prepared = gate.prepare(&other, &other).unwrap();
+        assert_eq!(status(&gate.decide(&prepared).await), 200);
     }
 }

@@ -23,6 +23,8 @@ pub struct PeerAddr(pub SocketAddr);
 pub trait RequestView {
     /// The request method, uppercase (`GET`, `OPTIONS`, …).
     fn method(&self) -> &str;
+    /// The request path, without the query (`/health`).
+    fn path(&self) -> &str;
     /// Every value of the header `name` (lowercase), in the order received.
     fn header_values(&self, name: &str) -> Vec<&[u8]>;
     /// The TCP peer's address, if the server recorded it.
@@ -46,6 +48,9 @@ impl RequestView for http::request::Parts {
     fn method(&self) -> &str {
         self.method.as_str()
     }
+    fn path(&self) -> &str {
+        self.uri.path()
+    }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
         self.headers
             .get_all(name)
@@ -64,6 +69,9 @@ impl RequestView for http::request::Parts {
 impl<B> RequestView for http::Request<B> {
     fn method(&self) -> &str {
         self.method().as_str()
+    }
+    fn path(&self) -> &str {
+        self.uri().path()
     }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
         self.headers()
@@ -253,6 +261,24 @@ impl<R: ?Sized> Identity<R> {
                 Source::Custom(f) => f(request),
             })
             .or_else(|| self.fallback.clone().map(Context::for_subject))
+    }
+}
+
+impl<R: ?Sized> Identity<R> {
+    /// The client's address as this identity's [`ClientIp`] source reads
+    /// it (trusted proxies honoured), or the peer's address when it has no
+    /// such source: what network rules judge.
+    pub(crate) fn client_addr(&self, view: &dyn RequestView) -> Option<IpAddr> {
+        let rule = self.sources.iter().find_map(|source| match source {
+            Source::ClientIp(config) => Some(config),
+            _ => None,
+        });
+        match rule {
+            Some(config) => {
+                config.client_addr(view.peer_ip(), &view.header_values("x-forwarded-for"))
+            }
+            None => view.peer_ip(),
+        }
     }
 }
 

@@ -32,6 +32,7 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod access;
 mod client_ip;
 mod gate;
 mod grpc;
@@ -41,6 +42,7 @@ mod rejection;
 mod response;
 mod skip;
 
+pub use access::AccessRules;
 pub use client_ip::{Cidr, ClientIp, TrustedProxies};
 pub use gate::{Gate, GateBuilder, GateError, Outcome, Prepared};
 pub use grpc::{

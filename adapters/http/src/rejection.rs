@@ -21,6 +21,9 @@ pub enum RejectionKind {
     /// A layer needs an identity the request does not carry: 401 (gRPC:
     /// UNAUTHENTICATED).
     Unidentified,
+    /// The client is on a deny list ([`AccessRules`](crate::AccessRules)):
+    /// 403 (gRPC: PERMISSION_DENIED).
+    Denied,
     /// The limiter could not decide (an invalid cost, a misconfigured
     /// limiter): 500 (gRPC: INTERNAL).
     Internal,
@@ -102,6 +105,7 @@ pub(crate) fn reply(
             response::unidentified(),
             response::challenge_header(challenge),
         ),
+        (RejectionKind::Denied, _) => (response::forbidden(), Vec::new()),
         _ => (response::internal_error(), Vec::new()),
     };
     let default = if grpc {

@@ -427,6 +427,17 @@ pub(crate) fn unidentified() -> Problem {
     }
 }
 
+/// The problem of a client on a deny list (403).
+pub(crate) fn forbidden() -> Problem {
+    Problem {
+        kind: "about:blank",
+        title: "Forbidden",
+        status: 403,
+        detail: "This client is not allowed to use this service".into(),
+        violated_policies: Vec::new(),
+    }
+}
+
 /// The problem of any other limiter error (500).
 pub(crate) fn internal_error() -> Problem {
     Problem {

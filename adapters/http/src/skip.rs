@@ -1,11 +1,13 @@
 //! Which requests are not rate limited: passed on without a decision.
 //!
-//! One mechanism for every rule: the built-in one (CORS preflights) and the
-//! application's own ([`GateBuilder::skip_if`](crate::GateBuilder::skip_if)).
+//! One mechanism for every rule: the built-in one (CORS preflights), methods
+//! and paths ([`AccessRules`](crate::AccessRules)) and the application's own
+//! ([`GateBuilder::skip_if`](crate::GateBuilder::skip_if)).
 
 use std::fmt;
 use std::sync::Arc;
 
+use crate::access::path_matches;
 use crate::identity::RequestView;
 
 type Rule<R> = Arc<dyn Fn(&R, &dyn RequestView) -> bool + Send + Sync>;
@@ -14,6 +16,10 @@ type Rule<R> = Arc<dyn Fn(&R, &dyn RequestView) -> bool + Send + Sync>;
 pub(crate) struct Skip<R: ?Sized> {
     /// Skip CORS preflights (the default).
     preflights: bool,
+    /// Methods not limited (uppercase).
+    methods: Vec<String>,
+    /// Paths not limited (exact, or a prefix ending in `*`).
+    paths: Vec<String>,
     rules: Vec<Rule<R>>,
 }
 
@@ -21,6 +27,8 @@ impl<R: ?Sized> Default for Skip<R> {
     fn default() -> Self {
         Skip {
             preflights: true,
+            methods: Vec::new(),
+            paths: Vec::new(),
             rules: Vec::new(),
         }
     }
@@ -37,9 +45,22 @@ impl<R: ?Sized> Skip<R> {
         self
     }
 
+    /// Also skip these methods (uppercase) and paths.
+    pub(crate) fn methods_and_paths(mut self, methods: Vec<String>, paths: Vec<String>) -> Self {
+        self.methods.extend(methods);
+        self.paths.extend(paths);
+        self
+    }
+
     /// Whether `request` is not rate limited.
     pub(crate) fn matches(&self, request: &R, view: &dyn RequestView) -> bool {
-        (self.preflights && is_cors_preflight(view)) || self.rules.iter().any(|r| r(request, view))
+        (self.preflights && is_cors_preflight(view))
+            || self.methods.iter().any(|m| m == view.method())
+            || (!self.paths.is_empty() && {
+                let path = view.path();
+                self.paths.iter().any(|rule| path_matches(rule, path))
+            })
+            || self.rules.iter().any(|r| r(request, view))
     }
 }
 
@@ -60,6 +81,8 @@ impl<R: ?Sized> Clone for Skip<R> {
     fn clone(&self) -> Self {
         Skip {
             preflights: self.preflights,
+            methods: self.methods.clone(),
+            paths: self.paths.clone(),
             rules: self.rules.clone(),
         }
     }
@@ -69,6 +92,8 @@ impl<R: ?Sized> fmt::Debug for Skip<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Skip")
             .field("preflights", &self.preflights)
+            .field("methods", &self.methods)
+            .field("paths", &self.paths)
             .field("rules", &self.rules.len())
             .finish()
     }

@@ -59,9 +59,9 @@ use tollgate_limiter::{Context, LimiterSource};
 
 pub use body::RateLimitBody;
 pub use tollgate_http::{
-    apply_headers, decision_headers, names, single_header_value, Cidr, CidrError, ClientIp, Gate,
-    GateBuilder, GateError, GrpcCode, HeaderStyle, Outcome, PeerAddr, Prepared, Problem, Rejection,
-    RejectionKind, Reply, ReplyError, TrustedProxies,
+    apply_headers, decision_headers, names, single_header_value, AccessRules, Cidr, CidrError,
+    ClientIp, Gate, GateBuilder, GateError, GrpcCode, HeaderStyle, Outcome, PeerAddr, Prepared,
+    Problem, Rejection, RejectionKind, Reply, ReplyError, TrustedProxies,
 };
 
 /// How requests are identified; see [`tollgate_http::Identity`]. Custom
@@ -147,6 +147,9 @@ struct View<'a>(&'a Parts);
 impl RequestView for View<'_> {
     fn method(&self) -> &str {
         self.0.method.as_str()
+    }
+    fn path(&self) -> &str {
+        self.0.uri.path()
     }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
         self.0.header_values(name)

@@ -354,3 +354,20 @@ async fn rejections_your_way() {
         .layer(layer);
     common::assert_rejections_your_way(&serve(app).await).await;
 }
+
+/// Allow lists, deny lists and skip rules over real HTTP.
+#[tokio::test]
+async fn access_rules_exempt_deny_and_skip() {
+    let (_clock, store) = memory_store();
+    let layer = RateLimitLayer::builder(per_minute(store, "api", 2))
+        .identity(Identity::new().api_key("x-api-key", common::api_key()))
+        .access(common::access_rules())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }).delete(|| async { "gone" }))
+        .route("/health", get(|| async { "healthy" }))
+        .route("/grpc", axum::routing::post(|| async { "" }))
+        .layer(layer);
+    common::assert_access_rules(&serve(app).await).await;
+}

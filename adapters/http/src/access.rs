@@ -1,0 +1,187 @@
+//! Who is never rate limited and who is always refused: exempt and denied
+//! subjects and client networks, and the requests not limited at all
+//! (skipped by method or path).
+
+use std::net::IpAddr;
+
+use tollgate_limiter::Subject;
+
+use crate::client_ip::Cidr;
+
+/// Allow lists, deny lists and skip rules, in code
+/// ([`GateBuilder::access`](crate::GateBuilder::access)) or from the
+/// configuration file's `[access]` section.
+///
+/// - An **exempt** subject or client network is never charged and gets no
+///   rate-limit headers: internal services, health checkers, your own
+///   monitoring.
+/// - A **denied** subject or network is refused with 403 (gRPC:
+///   `PERMISSION_DENIED`), never charged. Denial wins when both match.
+/// - A **skipped** method or path is passed on without a decision, like a
+///   CORS preflight: `/health`, `/metrics`.
+///
+/// Subjects are compared as identified: list an API key by its
+/// [`Subject::hashed`] form (the configuration never holds the key
+/// itself), a client address by [`ClientIp::subject`](crate::ClientIp::subject)'s
+/// form, or better by network. Networks are matched against the client
+/// address as the gate's identity reads it — through trusted proxies when
+/// its [`ClientIp`](crate::ClientIp) trusts them, else the peer address.
+///
+/// ```
+/// use tollgate_http::AccessRules;
+/// use tollgate_limiter::Subject;
+/// let rules = AccessRules::new()
+///     .exempt_network("10.0.0.0/8".parse()?)
+///     .deny_subject(Subject::new("h.5f1e0c6a9b2d7e4f8a3c1b0d2e4f6a8c")?)
+///     .skip_path("/health")
+///     .skip_path("/internal/*");
+/// assert!(!rules.is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccessRules {
+    exempt_subjects: Vec<Subject>,
+    exempt_networks: Vec<Cidr>,
+    denied_subjects: Vec<Subject>,
+    denied_networks: Vec<Cidr>,
+    pub(crate) skip_methods: Vec<String>,
+    pub(crate) skip_paths: Vec<String>,
+}
+
+/// What the lists say about a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    Exempt,
+    Denied,
+}
+
+impl AccessRules {
+    /// No rule.
+    pub fn new() -> Self {
+        AccessRules::default()
+    }
+
+    /// Never charge `subject`.
+    pub fn exempt_subject(mut self, subject: Subject) -> Self {
+        self.exempt_subjects.push(subject);
+        self
+    }
+
+    /// Never charge clients in `network`.
+    pub fn exempt_network(mut self, network: Cidr) -> Self {
+        self.exempt_networks.push(network);
+        self
+    }
+
+    /// Refuse `subject` (403), without charging it.
+    pub fn deny_subject(mut self, subject: Subject) -> Self {
+        self.denied_subjects.push(subject);
+        self
+    }
+
+    /// Refuse clients in `network` (403), without charging them.
+    pub fn deny_network(mut self, network: Cidr) -> Self {
+        self.denied_networks.push(network);
+        self
+    }
+
+    /// Do not limit requests of `method` (any case: `options`, `OPTIONS`).
+    pub fn skip_method(mut self, method: &str) -> Self {
+        self.skip_methods.push(method.to_ascii_uppercase());
+        self
+    }
+
+    /// Do not limit requests for `path`: exactly that path, or with a
+    /// trailing `*` every path starting with what precedes it.
+    pub fn skip_path(mut self, path: &str) -> Self {
+        self.skip_paths.push(path.to_string());
+        self
+    }
+
+    /// These rules and `other`'s.
+    pub fn merge(mut self, other: AccessRules) -> Self {
+        self.exempt_subjects.extend(other.exempt_subjects);
+        self.exempt_networks.extend(other.exempt_networks);
+        self.denied_subjects.extend(other.denied_subjects);
+        self.denied_networks.extend(other.denied_networks);
+        self.skip_methods.extend(other.skip_methods);
+        self.skip_paths.extend(other.skip_paths);
+        self
+    }
+
+    /// Whether there is no rule at all.
+    pub fn is_empty(&self) -> bool {
+        *self == AccessRules::default()
+    }
+
+    /// Whether any list names a subject or a network (skip rules aside).
+    pub(crate) fn judges(&self) -> bool {
+        !(self.exempt_subjects.is_empty()
+            && self.exempt_networks.is_empty()
+            && self.denied_subjects.is_empty()
+            && self.denied_networks.is_empty())
+    }
+
+    /// Whether a network rule needs the client's address.
+    pub(crate) fn has_networks(&self) -> bool {
+        !(self.exempt_networks.is_empty() && self.denied_networks.is_empty())
+    }
+
+    /// What the lists say about a client at `ip` identified as `subject`:
+    /// denied when any deny rule matches, else exempt when any exempt rule
+    /// does.
+    pub(crate) fn judge(&self, ip: Option<IpAddr>, subject: Option<&Subject>) -> Option<Access> {
+        let in_any =
+            |networks: &[Cidr]| ip.is_some_and(|ip| networks.iter().any(|n| n.contains(ip)));
+        let named = |subjects: &[Subject]| subject.is_some_and(|s| subjects.contains(s));
+        if in_any(&self.denied_networks) || named(&self.denied_subjects) {
+            Some(Access::Denied)
+        } else if in_any(&self.exempt_networks) || named(&self.exempt_subjects) {
+            Some(Access::Exempt)
+        } else {
+            None
+        }
+    }
+}
+
+/// Whether `path` matches a skip rule: exactly, or by prefix with `*`.
+pub(crate) fn path_matches(rule: &str, path: &str) -> bool {
+    match rule.strip_suffix('*') {
+        Some(prefix) => path.starts_with(prefix),
+        None => rule == path,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn denial_wins_and_networks_match_the_client() {
+        let vip = Subject::new("vip").unwrap();
+        let rules = AccessRules::new()
+            .exempt_network("10.0.0.0/8".parse().unwrap())
+            .exempt_subject(vip.clone())
+            .deny_network("10.6.6.0/24".parse().unwrap());
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        assert_eq!(rules.judge(ip("10.1.2.3"), None), Some(Access::Exempt));
+        assert_eq!(
+            rules.judge(ip("10.6.6.6"), Some(&vip)),
+            Some(Access::Denied)
+        );
+        assert_eq!(
+            rules.judge(ip("192.0.2.1"), Some(&vip)),
+            Some(Access::Exempt)
+        );
+        assert_eq!(rules.judge(ip("192.0.2.1"), None), None);
+        assert_eq!(rules.judge(None, None), None);
+    }
+
+    #[test]
+    fn paths_match_exactly_or_by_prefix() {
+        assert!(path_matches("/health", "/health"));
+        assert!(!path_matches("/health", "/healthz"));
+        assert!(path_matches("/internal/*", "/internal/stats"));
+        assert!(!path_matches("/internal/*", "/internals"));
+    }
+}
