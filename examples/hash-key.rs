@@ -35,7 +35,8 @@ fn main() -> ExitCode {
             eprintln!("hash-key: standard input is not text");
             return ExitCode::FAILURE;
         };
-        let api_key = line.trim_end_matches('\r');
+        // Trimmed as the identity trims a header value.
+        let api_key = line.trim_ascii();
         if api_key.is_empty() {
             continue;
         }

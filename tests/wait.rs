@@ -68,8 +68,6 @@ async fn a_waiter_sleeps_until_the_window_opens_then_is_admitted() {
     clock.advance(Duration::from_secs(30));
     until_asleep(&clock).await;
     assert!(!waiter.is_finished(), "admitted before the window opened");
-    // Its denial charged nothing: the window's two units are the checks'.
-    assert!(!limiter.check(&ctx(), 1).await.unwrap().is_allowed());
     // Past the retry-after and its jitter (at most 100 ms).
     clock.advance(Duration::from_millis(30_100));
     let decision = waiter.await.unwrap().unwrap();
@@ -153,4 +151,24 @@ async fn throttle_drops_or_waits_by_choice() {
     assert!(!task.is_finished());
     clock.advance(Duration::from_millis(60_100));
     assert_eq!(task.await.unwrap().unwrap().unwrap(), "d");
+}
+
+#[test]
+fn a_sleep_is_one_entry_and_leaves_none_when_dropped() {
+    let clock = ManualClock::new(START);
+    let second = START.saturating_add(Duration::from_secs(1));
+    let mut cx = TaskContext::from_waker(std::task::Waker::noop());
+    let mut sleep = clock.sleep_until(second);
+    for _ in 0..3 {
+        assert!(sleep.as_mut().poll(&mut cx).is_pending());
+    }
+    assert_eq!(clock.sleepers(), 1, "polled three times, one entry");
+    drop(sleep);
+    assert_eq!(clock.sleepers(), 0, "a dropped sleep leaves no waker");
+    let mut sleep = clock.sleep_until(second);
+    assert!(sleep.as_mut().poll(&mut cx).is_pending());
+    clock.advance(Duration::from_millis(999));
+    assert!(sleep.as_mut().poll(&mut cx).is_pending());
+    clock.advance(Duration::from_millis(1));
+    assert!(sleep.as_mut().poll(&mut cx).is_ready());
 }

@@ -181,10 +181,12 @@ pub struct ManualClock(Arc<Manual>);
 #[derive(Debug, Default)]
 struct Manual {
     now: AtomicU64,
-    /// Tasks sleeping on this clock ([`Clock::sleep_until`]), woken at each
-    /// move to look at the time again.
+    /// Sleeps pending on this clock ([`Clock::sleep_until`]), by id, woken
+    /// at each move to look at the time again.
     #[cfg(feature = "wait")]
-    sleepers: std::sync::Mutex<Vec<std::task::Waker>>,
+    sleepers: std::sync::Mutex<Vec<(u64, std::task::Waker)>>,
+    #[cfg(feature = "wait")]
+    next_sleep: AtomicU64,
 }
 
 impl ManualClock {
@@ -194,6 +196,8 @@ impl ManualClock {
             now: AtomicU64::new(start.0),
             #[cfg(feature = "wait")]
             sleepers: Default::default(),
+            #[cfg(feature = "wait")]
+            next_sleep: AtomicU64::new(0),
         }))
     }
 
@@ -228,7 +232,7 @@ impl ManualClock {
         self.moved();
     }
 
-    /// How many tasks are sleeping on this clock: a test waits for a
+    /// How many sleeps are pending on this clock: a test waits for a
     /// waiter to be asleep before it moves the clock.
     #[cfg(feature = "wait")]
     pub fn sleepers(&self) -> usize {
@@ -245,7 +249,7 @@ impl ManualClock {
         {
             let woken =
                 std::mem::take(&mut *self.0.sleepers.lock().unwrap_or_else(|e| e.into_inner()));
-            woken.into_iter().for_each(std::task::Waker::wake);
+            woken.into_iter().for_each(|(_, waker)| waker.wake());
         }
     }
 }
@@ -258,6 +262,7 @@ impl Clock for ManualClock {
     #[cfg(feature = "wait")]
     fn sleep_until(&self, deadline: Timestamp) -> Sleep {
         Box::pin(ManualSleep {
+            id: self.0.next_sleep.fetch_add(1, Ordering::Relaxed),
             clock: self.clone(),
             deadline,
         })
@@ -267,8 +272,30 @@ impl Clock for ManualClock {
 /// A sleep on a [`ManualClock`]: done when the clock shows its deadline.
 #[cfg(feature = "wait")]
 struct ManualSleep {
+    id: u64,
     clock: ManualClock,
     deadline: Timestamp,
+}
+
+#[cfg(feature = "wait")]
+impl ManualSleep {
+    fn sleepers(&self) -> std::sync::MutexGuard<'_, Vec<(u64, std::task::Waker)>> {
+        self.clock
+            .0
+            .sleepers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A sleep dropped before its deadline (a timeout, a `select!`) leaves no
+/// waker behind.
+#[cfg(feature = "wait")]
+impl Drop for ManualSleep {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.sleepers().retain(|(sleep, _)| *sleep != id);
+    }
 }
 
 #[cfg(feature = "wait")]
@@ -282,19 +309,19 @@ impl std::future::Future for ManualSleep {
         if self.clock.now() >= self.deadline {
             return std::task::Poll::Ready(());
         }
-        let mut sleepers = self
-            .clock
-            .0
-            .sleepers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let id = self.id;
+        let mut sleepers = self.sleepers();
         // Looked at again under the lock: a move between the first look
         // and the lock has already woken the sleepers it found, and this
         // one was not among them.
         if self.clock.now() >= self.deadline {
             return std::task::Poll::Ready(());
         }
-        sleepers.push(cx.waker().clone());
+        // One entry per sleep, however often it is polled.
+        match sleepers.iter_mut().find(|(sleep, _)| *sleep == id) {
+            Some((_, waker)) => waker.clone_from(cx.waker()),
+            None => sleepers.push((id, cx.waker().clone())),
+        }
         std::task::Poll::Pending
     }
 }

@@ -214,10 +214,14 @@ fn reject<B>(request: ServiceRequest, reply: Reply) -> ServiceResponse<EitherBod
 /// does for `http` 1.x maps (actix-web 4 uses its own header types).
 fn apply_headers(headers: &[(&'static str, String)], map: &mut HeaderMap) {
     for (name, value) in headers {
-        let Ok(value) = HeaderValue::from_str(value) else {
+        // As in `tollgate_http::apply_headers`: a bad name or value is
+        // skipped, never a panic.
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) else {
             continue;
         };
-        let name = HeaderName::from_static(name);
         if is_list_field(name.as_str()) {
             map.append(name, value);
         } else if !map.contains_key(&name) {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use tollgate_http::{AccessRules, Cidr};
+use tollgate_http::{check_method, check_path, AccessRules, Cidr};
 use tollgate_limiter::{
     BreakerConfig, DurationSpec, KeyBudget, LimitSpec, ModeSpec, OnFailureSpec, Policy,
     PolicyError, Scope, Subject, WhenFullSpec,
@@ -371,27 +371,15 @@ fn access(errors: &mut Vec<PolicyError>, spec: AccessSpec) -> AccessRules {
         rules = rules.deny_network(n);
     }
     for (i, method) in spec.skip_methods.into_iter().enumerate() {
-        let token = !method.is_empty()
-            && method
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
-        if token {
-            rules = rules.skip_method(&method);
-        } else {
-            errors.push(field_error(
-                &format!("access.skip_methods[{i}]"),
-                format!("{method:?} is not an HTTP method (GET, OPTIONS, …)"),
-            ));
+        match check_method(&method) {
+            Ok(()) => rules = rules.skip_method(&method),
+            Err(why) => errors.push(field_error(&format!("access.skip_methods[{i}]"), why)),
         }
     }
     for (i, path) in spec.skip_paths.into_iter().enumerate() {
-        if path.starts_with('/') && !path[..path.len() - 1].contains('*') {
-            rules = rules.skip_path(&path);
-        } else {
-            errors.push(field_error(
-                &format!("access.skip_paths[{i}]"),
-                format!("{path:?} is not a path: it starts with / and may end with one * (\"/internal/*\")"),
-            ));
+        match check_path(&path) {
+            Ok(()) => rules = rules.skip_path(&path),
+            Err(why) => errors.push(field_error(&format!("access.skip_paths[{i}]"), why)),
         }
     }
     rules

@@ -537,8 +537,15 @@ exempt_subjects = ["ok", "has space"]
 deny_networks = ["10.0.0.1/8"]
 exempt_networks = ["not-a-network"]
 skip_methods = ["GET POST"]
-skip_paths = ["health", "/a*/b"]
+skip_paths = ["health", "/a*/b", "/café", "/é*"]
 "#,
+    );
+    // Non-ASCII paths are paths: no error for them (and no panic).
+    assert!(
+        !list
+            .iter()
+            .any(|e| e.contains("skip_paths[2]") || e.contains("skip_paths[3]")),
+        "{list:#?}"
     );
     has(&list, "access.exempt_subjects[1]");
     has(&list, "access.deny_networks[0]");

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use tollgate_limiter::Subject;
 
-use crate::client_ip::Cidr;
+use crate::client_ip::{Cidr, ClientIp};
 
 /// Allow lists, deny lists and skip rules, in code
 /// ([`GateBuilder::access`](crate::GateBuilder::access)) or from the
@@ -22,10 +22,14 @@ use crate::client_ip::Cidr;
 ///
 /// Subjects are compared as identified: list an API key by its
 /// [`Subject::hashed`] form (the configuration never holds the key
-/// itself), a client address by [`ClientIp::subject`](crate::ClientIp::subject)'s
-/// form, or better by network. Networks are matched against the client
-/// address as the gate's identity reads it — through trusted proxies when
-/// its [`ClientIp`](crate::ClientIp) trusts them, else the peer address.
+/// itself), a client address by [`ClientIp::subject`]'s form, or better by
+/// network. Networks are matched against the client address as a
+/// [`ClientIp`] reads it — [`AccessRules::client_ip`]'s, else the gate
+/// identity's — so behind a proxy they judge the client, not the proxy;
+/// building a gate with network rules and neither fails
+/// ([`GateError::NetworkRulesNeedClientIp`](crate::GateError::NetworkRulesNeedClientIp)).
+/// Denied networks are judged before anything else, skip rules included;
+/// subjects after the skip rules (a skipped request is not identified).
 ///
 /// ```
 /// use tollgate_http::AccessRules;
@@ -46,6 +50,7 @@ pub struct AccessRules {
     denied_networks: Vec<Cidr>,
     pub(crate) skip_methods: Vec<String>,
     pub(crate) skip_paths: Vec<String>,
+    client_ip: Option<ClientIp>,
 }
 
 /// What the lists say about a request.
@@ -85,6 +90,14 @@ impl AccessRules {
         self
     }
 
+    /// How network rules read the client's address (default: the gate
+    /// identity's [`ClientIp`]): say [`ClientIp::direct`] to judge the
+    /// TCP peer, or trust your proxies.
+    pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
+        self.client_ip = Some(client_ip);
+        self
+    }
+
     /// Do not limit requests of `method` (any case: `options`, `OPTIONS`).
     pub fn skip_method(mut self, method: &str) -> Self {
         self.skip_methods.push(method.to_ascii_uppercase());
@@ -92,7 +105,8 @@ impl AccessRules {
     }
 
     /// Do not limit requests for `path`: exactly that path, or with a
-    /// trailing `*` every path starting with what precedes it.
+    /// trailing `*` every path starting with what precedes it. It starts
+    /// with `/` and holds no query (building the gate checks).
     pub fn skip_path(mut self, path: &str) -> Self {
         self.skip_paths.push(path.to_string());
         self
@@ -106,7 +120,26 @@ impl AccessRules {
         self.denied_networks.extend(other.denied_networks);
         self.skip_methods.extend(other.skip_methods);
         self.skip_paths.extend(other.skip_paths);
+        self.client_ip = other.client_ip.or(self.client_ip);
         self
+    }
+
+    /// The [`ClientIp`] network rules read the address with, if set.
+    pub(crate) fn own_client_ip(&self) -> Option<&ClientIp> {
+        self.client_ip.as_ref()
+    }
+
+    /// The first skip rule that can never match, and why.
+    pub(crate) fn invalid_skip_rule(&self) -> Option<(String, String)> {
+        let methods = self
+            .skip_methods
+            .iter()
+            .filter_map(|m| check_method(m).err().map(|why| (m.clone(), why)));
+        let paths = self
+            .skip_paths
+            .iter()
+            .filter_map(|p| check_path(p).err().map(|why| (p.clone(), why)));
+        methods.chain(paths).next()
     }
 
     /// Whether there is no rule at all.
@@ -127,6 +160,11 @@ impl AccessRules {
         !(self.exempt_networks.is_empty() && self.denied_networks.is_empty())
     }
 
+    /// Whether a client at `ip` is in a denied network.
+    pub(crate) fn denies_network(&self, ip: IpAddr) -> bool {
+        self.denied_networks.iter().any(|n| n.contains(ip))
+    }
+
     /// What the lists say about a client at `ip` identified as `subject`:
     /// denied when any deny rule matches, else exempt when any exempt rule
     /// does.
@@ -141,6 +179,34 @@ impl AccessRules {
         } else {
             None
         }
+    }
+}
+
+/// A method a skip rule can name: an HTTP token.
+pub fn check_method(method: &str) -> Result<(), String> {
+    let token = !method.is_empty()
+        && method
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if token {
+        Ok(())
+    } else {
+        Err(format!(
+            "{method:?} is not an HTTP method (GET, OPTIONS, …)"
+        ))
+    }
+}
+
+/// A path a skip rule can name: it starts with `/`, holds no query, and
+/// may end with one `*`.
+pub fn check_path(path: &str) -> Result<(), String> {
+    let body = path.strip_suffix('*').unwrap_or(path);
+    if path.starts_with('/') && !body.contains(['*', '?', '#']) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{path:?} is not a path: it starts with /, holds no query, and may end with one * (\"/internal/*\")"
+        ))
     }
 }
 
@@ -175,6 +241,23 @@ mod tests {
         );
         assert_eq!(rules.judge(ip("192.0.2.1"), None), None);
         assert_eq!(rules.judge(None, None), None);
+    }
+
+    #[test]
+    fn skip_rules_are_checked() {
+        assert!(check_path("/health").is_ok());
+        assert!(check_path("/internal/*").is_ok());
+        assert!(check_path("/café").is_ok());
+        for bad in ["health", "/a*/b", "/health?x=1", "", "*"] {
+            assert!(check_path(bad).is_err(), "{bad}");
+        }
+        assert!(check_method("OPTIONS").is_ok());
+        assert!(check_method("GET POST").is_err());
+        let rules = AccessRules::new().skip_path("/ok").skip_path("nope");
+        assert_eq!(
+            rules.invalid_skip_rule().map(|(rule, _)| rule),
+            Some("nope".to_string())
+        );
     }
 
     #[test]

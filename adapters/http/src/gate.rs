@@ -83,6 +83,18 @@ pub enum GateError {
     /// The `WWW-Authenticate` challenge is not a valid header value.
     #[error("the unauthorized challenge {0:?} is not a valid header value (visible ASCII only)")]
     Challenge(String),
+    /// Network rules ([`AccessRules`]) and no way to read the client's
+    /// address: behind a proxy they would judge the proxy.
+    #[error("access rules name networks but nothing reads the client's address: give the rules AccessRules::client_ip(ClientIp::direct() or ::trusted_proxies(..)), or the identity a .client_ip(..) source")]
+    NetworkRulesNeedClientIp,
+    /// A skip rule that can never match.
+    #[error("skip rule {rule:?}: {reason}")]
+    SkipRule {
+        /// The rule as given.
+        rule: String,
+        /// Why it cannot match.
+        reason: String,
+    },
     /// The fixed cost can never be admitted by some layer.
     #[error("cost {cost} is outside 1..={capacity} for layer {layer:?}: every request would fail")]
     Cost {
@@ -117,7 +129,7 @@ pub enum GateError {
 ///
 /// A gRPC call (`content-type: application/grpc…`) gets each rejection the
 /// gRPC way instead (see [`Reply::grpc`]): HTTP 200, no body, `grpc-status`
-/// 8, 14, 16 or 13 with the same headers as metadata. An application can
+/// 8, 14, 16, 7 or 13 with the same headers as metadata. An application can
 /// answer its own way with [`GateBuilder::reject_with`].
 pub struct Gate<R: ?Sized> {
     source: LimiterSource,
@@ -205,17 +217,26 @@ impl<R: ?Sized> Gate<R> {
     /// passed on without a decision and without headers). Synchronous, so
     /// adapters need not hold the request across an await.
     pub fn prepare(&self, request: &R, view: &dyn RequestView) -> Option<Prepared> {
+        let ip = if self.access.has_networks() {
+            self.client_addr(view)
+        } else {
+            None
+        };
+        // A denied network is refused before anything else: no skip rule
+        // (nor a request shaped like a CORS preflight) lets it through.
+        if ip.is_some_and(|ip| self.access.denies_network(ip)) {
+            return Some(Prepared {
+                denied: true,
+                grpc: is_grpc(view),
+                ..Prepared::new(Context::new(), 1)
+            });
+        }
         if self.skip.matches(request, view) {
             return None;
         }
         let identified = self.identity.identify(request, view);
         let mut denied = false;
         if self.access.judges() {
-            let ip = if self.access.has_networks() {
-                self.identity.client_addr(view)
-            } else {
-                None
-            };
             match self
                 .access
                 .judge(ip, identified.as_ref().and_then(Context::subject))
@@ -252,6 +273,17 @@ impl<R: ?Sized> Gate<R> {
             grpc: is_grpc(view),
             denied,
         })
+    }
+
+    /// The client's address as network rules read it: through
+    /// [`AccessRules::client_ip`], else the identity's [`ClientIp`](crate::ClientIp)
+    /// (building checks one of them exists when there are network rules).
+    fn client_addr(&self, view: &dyn RequestView) -> Option<std::net::IpAddr> {
+        let rule = self
+            .access
+            .own_client_ip()
+            .or_else(|| self.identity.client_ip_source())?;
+        rule.client_addr(view.peer_ip(), &view.header_values("x-forwarded-for"))
     }
 
     /// Decide a prepared request and say how to answer it.
@@ -435,11 +467,12 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
     /// headers; denied ones get 403 (gRPC: `PERMISSION_DENIED`). None of
     /// them is charged.
     pub fn access(mut self, rules: AccessRules) -> Self {
-        let mut rules = rules;
-        self.gate.skip = self.gate.skip.methods_and_paths(
-            std::mem::take(&mut rules.skip_methods),
-            std::mem::take(&mut rules.skip_paths),
-        );
+        // Skip rules join the one skip mechanism; the rules keep a copy
+        // for `build` to check.
+        self.gate.skip = self
+            .gate
+            .skip
+            .methods_and_paths(rules.skip_methods.clone(), rules.skip_paths.clone());
         self.gate.access = Arc::new((*self.gate.access).clone().merge(rules));
         self
     }
@@ -526,6 +559,15 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
                     });
                 }
             }
+        }
+        if self.gate.access.has_networks()
+            && self.gate.access.own_client_ip().is_none()
+            && self.gate.identity.client_ip_source().is_none()
+        {
+            return Err(GateError::NetworkRulesNeedClientIp);
+        }
+        if let Some((rule, reason)) = self.gate.access.invalid_skip_rule() {
+            return Err(GateError::SkipRule { rule, reason });
         }
         if self.gate.challenge.is_empty() {
             self.gate.challenge = self.gate.identity.challenge().into();
@@ -873,6 +915,15 @@ mod tests {
             Reply::new(429, vec![("x-note", "a\nb".into())], ""),
             Err(ReplyError::HeaderValue { name: "x-note", .. })
         ));
+        assert_eq!(
+            Reply::new(429, vec![("content-length", "3".into())], "abc"),
+            Err(ReplyError::FramingHeader("content-length"))
+        );
+        assert_eq!(
+            Reply::new(204, vec![], "body"),
+            Err(ReplyError::BodyNotAllowed(204))
+        );
+        assert!(Reply::new(204, vec![], "").is_ok());
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -914,5 +965,61 @@ mod tests {
         let other = via_proxy("203.0.113.1");
         let prepared = gate.prepare(&other, &other).unwrap();
         assert_eq!(status(&gate.decide(&prepared).await), 200);
+        // The denied client was never charged: its bucket is whole.
+        let limiter = match gate.source() {
+            LimiterSource::Fixed(limiter) => limiter.clone(),
+            _ => unreachable!("a fixed limiter"),
+        };
+        let subject = ClientIp::direct().subject("198.51.100.9".parse().unwrap());
+        let decision = limiter
+            .check(&Context::for_subject(subject), 1)
+            .await
+            .unwrap();
+        assert_eq!(decision.layers()[0].remaining, 1, "2 - this check's unit");
+        // A denied network is refused even on a skipped path.
+        let gate: Gate<http::request::Parts> = Gate::builder(limiter)
+            .identity(Identity::new().client_ip(ClientIp::direct()))
+            .access(
+                crate::AccessRules::new()
+                    .deny_network("198.51.100.0/24".parse().unwrap())
+                    .skip_path("/health"),
+            )
+            .build()
+            .unwrap();
+        let (mut health, ()) = http::Request::get("/health").body(()).unwrap().into_parts();
+        health
+            .extensions
+            .insert(crate::PeerAddr("198.51.100.9:5000".parse().unwrap()));
+        let prepared = gate.prepare(&health, &health).expect("denied, not skipped");
+        assert_eq!(status(&gate.decide(&prepared).await), 403);
+    }
+
+    #[test]
+    fn access_rules_that_cannot_work_do_not_build() {
+        let store: Arc<dyn Store> = Arc::new(tollgate_memory::MemoryStore::default());
+        let limiter = limiter(store, OnStoreFailure::FailClosed);
+        // Network rules with an identity that reads no client address.
+        let err = extension_gate(limiter.clone())
+            .access(crate::AccessRules::new().exempt_network("10.0.0.0/8".parse().unwrap()))
+            .build()
+            .unwrap_err();
+        assert_eq!(err, GateError::NetworkRulesNeedClientIp);
+        // ... unless the rules say how to read it.
+        assert!(extension_gate(limiter.clone())
+            .access(
+                crate::AccessRules::new()
+                    .client_ip(ClientIp::direct())
+                    .exempt_network("10.0.0.0/8".parse().unwrap())
+            )
+            .build()
+            .is_ok());
+        let err = extension_gate(limiter)
+            .access(crate::AccessRules::new().skip_path("health"))
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(err, GateError::SkipRule { ref rule, .. } if rule == "health"),
+            "{err}"
+        );
     }
 }

@@ -265,20 +265,12 @@ impl<R: ?Sized> Identity<R> {
 }
 
 impl<R: ?Sized> Identity<R> {
-    /// The client's address as this identity's [`ClientIp`] source reads
-    /// it (trusted proxies honoured), or the peer's address when it has no
-    /// such source: what network rules judge.
-    pub(crate) fn client_addr(&self, view: &dyn RequestView) -> Option<IpAddr> {
-        let rule = self.sources.iter().find_map(|source| match source {
+    /// This identity's [`ClientIp`] source, if it has one.
+    pub(crate) fn client_ip_source(&self) -> Option<&ClientIp> {
+        self.sources.iter().find_map(|source| match source {
             Source::ClientIp(config) => Some(config),
             _ => None,
-        });
-        match rule {
-            Some(config) => {
-                config.client_addr(view.peer_ip(), &view.header_values("x-forwarded-for"))
-            }
-            None => view.peer_ip(),
-        }
+        })
     }
 }
 

@@ -2,7 +2,6 @@
 //! that lets an application answer its own way.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tollgate_limiter::Decision;
 
@@ -109,10 +108,9 @@ pub(crate) fn reply(
         _ => (response::internal_error(), Vec::new()),
     };
     let default = if grpc {
-        let retry = decision
-            .and_then(headers::retry_after_secs)
-            .map(Duration::from_secs);
-        Reply::grpc(&problem, headers, retry)
+        // RetryInfo carries the exact wait (a millisecond stays a
+        // millisecond); `retry-after` rounds it up to whole seconds.
+        Reply::grpc(&problem, headers, decision.and_then(Decision::retry_after))
     } else {
         Reply::problem(&problem, headers)
     };

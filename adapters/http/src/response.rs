@@ -234,6 +234,14 @@ pub enum ReplyError {
     /// lowercase names).
     #[error("header name {0:?} is not a lowercase HTTP token")]
     HeaderName(&'static str),
+    /// A header that frames the message or belongs to one connection
+    /// (`content-length`, `transfer-encoding`, `connection`, …): the server
+    /// sets those itself, and HTTP/2 forbids the connection ones.
+    #[error("header {0:?} is set by the server, not by a reply")]
+    FramingHeader(&'static str),
+    /// A body on a status that has none (204, 304).
+    #[error("status {0} carries no body")]
+    BodyNotAllowed(u16),
     /// A header value holds control characters or non-ASCII bytes.
     #[error("the value of header {name:?} is not visible ASCII: {value:?}")]
     HeaderValue {
@@ -259,11 +267,27 @@ impl Reply {
         if !(200..=599).contains(&status) {
             return Err(ReplyError::Status(status));
         }
+        let body = body.into();
+        if matches!(status, 204 | 304) && !body.is_empty() {
+            return Err(ReplyError::BodyNotAllowed(status));
+        }
         for (name, value) in &headers {
             let lowercase_token = http::HeaderName::from_bytes(name.as_bytes())
                 .is_ok_and(|parsed| parsed.as_str() == *name);
             if !lowercase_token {
                 return Err(ReplyError::HeaderName(name));
+            }
+            const FRAMING: [&str; 7] = [
+                "content-length",
+                "transfer-encoding",
+                "connection",
+                "keep-alive",
+                "te",
+                "upgrade",
+                "proxy-connection",
+            ];
+            if FRAMING.contains(name) {
+                return Err(ReplyError::FramingHeader(name));
             }
             if http::HeaderValue::from_str(value).is_err() {
                 return Err(ReplyError::HeaderValue {
@@ -275,7 +299,7 @@ impl Reply {
         Ok(Reply {
             status,
             headers,
-            body: body.into(),
+            body,
         })
     }
 
@@ -474,13 +498,16 @@ fn policy_names(
 /// when not already present (the innermost limiter's value wins).
 pub fn apply_headers(headers: &[(&'static str, String)], map: &mut http::HeaderMap) {
     for (name, value) in headers {
-        // Every value here is ASCII we formatted ourselves (numbers, policy
-        // names of A-Z a-z 0-9 _ - ., quotes and semicolons); a value that
-        // still fails is skipped rather than turned into a panic.
-        let Ok(value) = http::HeaderValue::from_str(value) else {
+        // Every name and value Tollgate formats is valid, and `Reply::new`
+        // checks an application's; one that still fails (a `Reply::problem`
+        // or `Reply::grpc` built by hand with a bad name) is skipped rather
+        // than turned into a panic on every rejected request.
+        let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(name.as_bytes()),
+            http::HeaderValue::from_str(value),
+        ) else {
             continue;
         };
-        let name = http::HeaderName::from_static(name);
         if is_list_field(name.as_str()) {
             map.append(name, value);
         } else if !map.contains_key(&name) {

@@ -6,8 +6,9 @@
 //! `RateLimit-Policy` and `RateLimit` headers to its response) or answers at
 //! once: 429 with `Retry-After` and an `application/problem+json` body, 503
 //! when the store failed and the policy fails closed, 401 when the request
-//! has no identity — or, for a gRPC call, the gRPC way (`grpc-status` 8,
-//! 14 or 16 in a trailers-only response), and however
+//! has no identity, 403 for a denied client — or, for a gRPC call, the gRPC
+//! way (`grpc-status` 8, 14, 16, 7 or 13 in a trailers-only response), and
+//! however
 //! [`reject_with`](GateBuilder::reject_with) says. Admitted requests carry their
 //! [`Decision`](tollgate_limiter::Decision) in their extensions.
 //!

@@ -64,7 +64,7 @@ impl std::fmt::Display for Call {
                 f,
                 "{code:?}, retry-after {}, RetryInfo {}: {message}",
                 retry_after.as_deref().unwrap_or("none"),
-                retry_delay.map_or("none".to_string(), |d| format!("{}s", d.as_secs()))
+                retry_delay.map_or("none".to_string(), |d| format!("{:.1}s", d.as_secs_f64()))
             ),
         }
     }
