@@ -110,6 +110,9 @@ pub enum StoreError {
     /// The store cannot run this policy's algorithm.
     #[error("this store cannot run the {0} algorithm; use a built-in algorithm or a store with a generic path")]
     Unsupported(&'static str),
+    /// The store does not offer this per-key operation (`peek`, `reset`).
+    #[error("this store cannot {0} a key's state: use a store that implements Store::{0}")]
+    UnsupportedOperation(&'static str),
     /// The store answered something Tollgate does not understand.
     #[error("the store answered unexpectedly: {0}")]
     Protocol(String),
@@ -153,7 +156,7 @@ impl StoreError {
             StoreError::Full { .. } => "full",
             StoreError::Conflict { .. } => "conflict",
             StoreError::ImplausibleTime(_) => "implausible_time",
-            StoreError::Unsupported(_) => "unsupported",
+            StoreError::Unsupported(_) | StoreError::UnsupportedOperation(_) => "unsupported",
             StoreError::Protocol(_) => "protocol",
             StoreError::Backend(_) => "backend",
         }
@@ -170,6 +173,12 @@ pub enum Error {
     /// A subject is invalid.
     #[error("invalid subject: {0}")]
     Subject(#[from] SubjectError),
+    /// A per-key operation ([`Limiter::peek`](crate::Limiter::peek),
+    /// [`Limiter::reset`](crate::Limiter::reset)) failed in the store: an
+    /// operator's call, so the failure is reported, not decided by a
+    /// failure mode.
+    #[error("the store failed: {0}")]
+    Store(#[from] StoreError),
     /// The request context lacks the subject a layer needs (HTTP: 401).
     #[error("layer {layer:?} needs a {scope} subject and the request has none")]
     MissingSubject {

@@ -20,6 +20,7 @@ mod limit;
 mod limiter;
 mod live;
 pub mod observe;
+mod operate;
 mod policy;
 mod spec;
 mod store;

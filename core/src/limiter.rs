@@ -500,7 +500,7 @@ impl Limiter {
 }
 
 /// One request's layers as the store sees them (up to four inline).
-type Requests<'a> = SmallVec<[LayerRequest<'a>; 4]>;
+pub(crate) type Requests<'a> = SmallVec<[LayerRequest<'a>; 4]>;
 
 /// Where [`Limiter::start`] left a decision. Large, and on purpose: it
 /// lives on the stack for a moment (never in a future), and boxing its

@@ -340,6 +340,30 @@ pub trait Store: Send + Sync + fmt::Debug {
         let _ = layers;
         None
     }
+
+    /// Every layer's verdict for a request of its cost, as
+    /// [`decide`](Store::decide) would give it — all-or-nothing included
+    /// (when one layer denies, admitting layers report what they have left
+    /// without the charge) — with nothing charged and nothing written.
+    /// A key holding data Tollgate did not write fails with
+    /// [`StoreError::Conflict`], as for `decide`.
+    ///
+    /// The default says the store cannot ([`StoreError::UnsupportedOperation`]).
+    async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        let _ = layers;
+        Err(StoreError::UnsupportedOperation("peek"))
+    }
+
+    /// Forget every layer's state, atomically: the next request finds them
+    /// new (after a password reset, say). A key holding data Tollgate did
+    /// not write is never removed: the call fails with
+    /// [`StoreError::Conflict`] and removes nothing.
+    ///
+    /// The default says the store cannot ([`StoreError::UnsupportedOperation`]).
+    async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
+        let _ = layers;
+        Err(StoreError::UnsupportedOperation("reset"))
+    }
 }
 
 #[cfg(test)]

@@ -669,6 +669,70 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// The layers' shards, each once, in ascending order (the order every
+    /// decision locks them in, so no two calls deadlock).
+    fn shards_of(&self, layers: &[LayerRequest<'_>]) -> SmallVec<[(u64, usize); 4]> {
+        layers.iter().map(|l| self.locate(&l.key)).collect()
+    }
+
+    /// Judge every layer against its state, writing nothing.
+    fn peek_all(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        let now = self.clock.now();
+        if !now.is_plausible() {
+            return Err(StoreError::ImplausibleTime(now));
+        }
+        let now_us = now.as_micros();
+        let located = self.shards_of(layers);
+        let mut order: SmallVec<[usize; 4]> = located.iter().map(|&(_, id)| id).collect();
+        order.sort_unstable();
+        order.dedup();
+        let guards: SmallVec<[RwLockReadGuard<'_, Shard>; 4]> =
+            order.iter().map(|&i| read(&self.shards[i])).collect();
+        let slot = |id: usize| order.binary_search(&id).expect("locked shard");
+        let snapshots: SmallVec<[Option<Snapshot<'_>>; 4]> = layers
+            .iter()
+            .zip(&located)
+            .map(|(l, &(hash, id))| {
+                guards[slot(id)]
+                    .find(hash, &l.key)
+                    .filter(|e| e.expires_at() > now_us)
+                    .map(|e| e.state.read())
+            })
+            .collect();
+        let states: SmallVec<[Option<&State>; 4]> = snapshots
+            .iter()
+            .map(|s| s.as_ref().map(Snapshot::get))
+            .collect();
+        let layered = tollgate_algorithms::decide_layers(layers, &states, now);
+        // Nothing was charged: an admitting layer reports what it has now.
+        let charged = layered.admitted();
+        Ok(layered
+            .verdicts
+            .into_iter()
+            .zip(layers)
+            .map(|(v, l)| if charged { v.uncharged(l.cost) } else { v })
+            .collect())
+    }
+
+    /// Remove every layer's entry, giving its units back.
+    fn reset_all(&self, layers: &[LayerRequest<'_>]) {
+        let located = self.shards_of(layers);
+        let mut order: SmallVec<[usize; 4]> = located.iter().map(|&(_, id)| id).collect();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: SmallVec<[RwLockWriteGuard<'_, Shard>; 4]> =
+            order.iter().map(|&i| lock(&self.shards[i])).collect();
+        for (l, &(hash, id)) in layers.iter().zip(&located) {
+            let shard = &mut guards[order.binary_search(&id).expect("locked shard")];
+            if let Ok(found) = shard.entries.find_entry(hash, |e| l.key.matches(&e.key)) {
+                let (entry, _) = found.remove();
+                release(&entry, &self.total);
+            }
+        }
+    }
+}
+
 /// Lock a shard, exclusive. The code under the lock is pure arithmetic, so
 /// a poisoned lock still guards a consistent map.
 fn lock(shard: &Padded) -> RwLockWriteGuard<'_, Shard> {
@@ -698,5 +762,16 @@ impl Store for MemoryStore {
 
     fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Option<Result<Verdicts, StoreError>> {
         Some(self.decide_all(layers))
+    }
+
+    async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        self.peek_all(layers)
+    }
+
+    /// Every state here is Tollgate's own (nothing else writes to this
+    /// store), so a reset never meets foreign data.
+    async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
+        self.reset_all(layers);
+        Ok(())
     }
 }

@@ -34,6 +34,10 @@
 --              0 0 when nothing was charged.
 --   'peek'     judge every layer, write nothing; the reply is the one a
 --              denial gives (admitting layers report remaining + cost).
+--              The standalone store's Store::peek too.
+--   'reset'    judge every layer as 'peek' does (so a key holding data
+--              Tollgate did not write fails the call before anything is
+--              removed), then delete every key; the reply is the peek's.
 --   'refund'   give back reservations (refund.lua). KEYS: the layers'
 --              keys; ARGV after the time: per layer algorithm, cost, p1, p2,
 --              p3, at, mark; then 'refund'. Reply: per layer what was given
@@ -295,7 +299,7 @@ local function decide(KEYS, ARGV)
   local mode = 'decide'
   if nargs ~= 2 + 5 * layers then
     local last = ARGV[nargs]
-    if nargs == 3 + 5 * layers and (last == 'reserve' or last == 'peek') then
+    if nargs == 3 + 5 * layers and (last == 'reserve' or last == 'peek' or last == 'reset') then
       mode = last
     elseif nargs == 3 + 7 * layers and last == 'refund' then
       mode = 'refund'
@@ -365,9 +369,13 @@ local function decide(KEYS, ARGV)
     reply[r + 5] = retry_after
   end
 
-  -- Peeking writes nothing: report as a denial does.
-  if mode == 'peek' then
+  -- Peeking writes nothing: report as a denial does. A reset, having
+  -- found every key to be a state (or missing), removes them all.
+  if mode == 'peek' or mode == 'reset' then
     all_allowed = false
+  end
+  if mode == 'reset' then
+    redis.call('DEL', unpack(KEYS))
   end
 
   if all_allowed then

@@ -7,10 +7,10 @@ use std::fmt;
 use crate::Scripting;
 
 /// What a store's code runs inside Redis: reading the time, counter states
-/// (strings) and sliding logs (lists).
-const CODE_COMMANDS: [&str; 12] = [
+/// (strings) and sliding logs (lists), and removing them (`Store::reset`).
+const CODE_COMMANDS: [&str; 13] = [
     "time", "get", "set", "pttl", "pexpire", "type", "rpush", "llen", "lrange", "lindex", "ltrim",
-    "lrem",
+    "lrem", "del",
 ];
 
 /// The ACL rule (`ACL SETUSER <user> on ><password> <rule>`) that gives a

@@ -21,7 +21,8 @@ const PROBE_TTL_MS: u64 = 10_000;
 /// The commands of the probe, in the order a decision could need them:
 /// the code's call (zero layers: it reads the server's time and decides
 /// nothing), then what the code runs on a counter (a string) and on a
-/// sliding log (a list), `TYPE` (conflicts are located with it), and
+/// sliding log (a list), `TYPE` (conflicts are located with it), `DEL`
+/// (a reset), and
 /// `WAIT` when the store waits for replicas. Loading the code
 /// (`FUNCTION LOAD` or `SCRIPT LOAD`) is checked by the load itself.
 pub(crate) fn probe_commands(decides: &Decides, style: Style) -> Vec<Cmd> {
@@ -54,6 +55,7 @@ pub(crate) fn probe_commands(decides: &Decides, style: Style) -> Vec<Cmd> {
     push(&["LTRIM", &list, "0", "-1"]);
     push(&["LREM", &list, "0", "-"]);
     push(&["PEXPIRE", &list, "1"]);
+    push(&["DEL", &string, &list]);
     if decides.replica_ack.is_some() {
         // Zero replicas are always enough: this returns at once.
         push(&["WAIT", "0", "1"]);

@@ -144,8 +144,9 @@ pub(crate) enum Mode {
     #[cfg(feature = "cluster")]
     Reserve,
     /// Judge without charging.
-    #[cfg(feature = "cluster")]
     Peek,
+    /// Judge, then delete every key (a foreign key fails the call first).
+    Reset,
     /// Give back charges; each layer's arguments end with its charge.
     #[cfg(feature = "cluster")]
     Refund,
@@ -218,8 +219,8 @@ impl Mode {
             Mode::Decide => None,
             #[cfg(feature = "cluster")]
             Mode::Reserve => Some("reserve"),
-            #[cfg(feature = "cluster")]
             Mode::Peek => Some("peek"),
+            Mode::Reset => Some("reset"),
             #[cfg(feature = "cluster")]
             Mode::Refund => Some("refund"),
         }

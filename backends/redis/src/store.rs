@@ -395,13 +395,14 @@ impl RedisStore {
         style: Style,
         layers: &[LayerRequest<'_>],
         time: &crate::script::TimeArgs,
+        mode: Mode,
     ) -> Result<Cmd, StoreError> {
         let keys = layers.iter().map(|l| self.decides.key_arg(&l.key));
         let mut call = ScriptCall::new(style, keys, time);
         for layer in layers {
             call = call.layer(&layer_args(layer)?);
         }
-        Ok(call.mode(Mode::Decide))
+        Ok(call.mode(mode))
     }
 
     async fn checkout<'a>(
@@ -416,28 +417,28 @@ impl RedisStore {
 
     /// Decide `layers` in one call (loading the code first where the
     /// server lost it); a key of another type is named by policy.
-    async fn call(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+    async fn call(&self, layers: &[LayerRequest<'_>], mode: Mode) -> Result<Verdicts, StoreError> {
         let time = self.decides.time_args()?;
         let runner = &*self.decides.runner;
         let style = runner.style();
-        let cmd = self.command(style, layers, &time)?;
+        let cmd = self.command(style, layers, &time, mode)?;
         // Only a store that fell back to the script builds the call again;
         // its arguments were checked above.
         let rebuild = |style| {
-            self.command(style, layers, &time)
+            self.command(style, layers, &time, mode)
                 .unwrap_or_else(|_| cmd.clone())
         };
         match &self.conn {
             Conn::Multiplexed(manager) => {
                 let mut con = manager.clone();
                 let result = runner.call(&mut con, &cmd, style, rebuild).await;
-                self.answer(&mut con, result, layers).await
+                self.answer(&mut con, result, layers, mode).await
             }
             Conn::Pool(pool) => {
                 let mut pooled = self.checkout(pool).await?;
                 let result = runner.call(&mut pooled.con, &cmd, style, rebuild).await;
                 pooled.check(&result);
-                self.answer(&mut pooled.con, result, layers).await
+                self.answer(&mut pooled.con, result, layers, mode).await
             }
             Conn::Sentinel(sentinel) => {
                 let (generation, mut con) = sentinel.connection().await?;
@@ -445,7 +446,7 @@ impl RedisStore {
                 if let Err(e) = &result {
                     sentinel.check(generation, e);
                 }
-                self.answer(&mut con, result, layers).await
+                self.answer(&mut con, result, layers, mode).await
             }
         }
     }
@@ -457,13 +458,15 @@ impl RedisStore {
         con: &mut C,
         result: RedisResult<Vec<i64>>,
         layers: &[LayerRequest<'_>],
+        mode: Mode,
     ) -> Result<Verdicts, StoreError> {
         match result {
             Ok(reply) => {
                 let verdicts = parse_reply(&reply, layers.len())?;
-                // A decision charged only when every layer admitted.
+                // A decision charged only when every layer admitted (a peek
+                // or a reset charges nothing).
                 if let Some(ack) = &self.decides.replica_ack {
-                    if verdicts.iter().all(|v| v.allowed) {
+                    if mode == Mode::Decide && verdicts.iter().all(|v| v.allowed) {
                         ack.wait(con).await?;
                     }
                 }
@@ -490,7 +493,23 @@ impl Store for RedisStore {
         if layers.is_empty() {
             return Ok(Verdicts::new());
         }
-        within(self.decides.deadline, self.call(layers)).await?
+        within(self.decides.deadline, self.call(layers, Mode::Decide)).await?
+    }
+
+    async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        if layers.is_empty() {
+            return Ok(Verdicts::new());
+        }
+        within(self.decides.deadline, self.call(layers, Mode::Peek)).await?
+    }
+
+    async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
+        if layers.is_empty() {
+            return Ok(());
+        }
+        within(self.decides.deadline, self.call(layers, Mode::Reset))
+            .await?
+            .map(drop)
     }
 }
 

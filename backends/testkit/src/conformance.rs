@@ -11,7 +11,8 @@
 //! nothing; retry-after is exact to the microsecond; a clock stepping back
 //! neither refills nor drains; layered decisions are all-or-nothing; and
 //! subjects never share counters; a state is only read by the algorithm
-//! that wrote it (an algorithm swap starts from no state).
+//! that wrote it (an algorithm swap starts from no state); `peek` charges
+//! nothing and `reset` forgets a context's every layer.
 //!
 //! Two more cases need a hook into the store, so they are called by hand:
 //! [`foreign_values_are_conflicts`] (stores that share a database with other
@@ -322,6 +323,124 @@ pub async fn layers_are_all_or_nothing(factory: impl StoreFactory) {
                 "{name}: the denied request charged the subject layer"
             );
         }
+    }
+}
+
+/// `peek` reports what `check` would decide — per layer, all-or-nothing
+/// included — and charges nothing.
+pub async fn peek_charges_nothing(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    // A minute: no state expires while the test runs (see every_algorithm_over).
+    for limit in every_algorithm_over(5, Duration::from_secs(60)) {
+        let name = limit.algorithm_name();
+        let limiter = single(store.clone(), limit);
+        let ctx = fresh_subject();
+        for _ in 0..3 {
+            let d = limiter.peek(&ctx, 1).await.expect("store peeks");
+            assert!(d.is_allowed(), "{name}: a new key admits");
+            assert_eq!(d.layers()[0].remaining, 5, "{name}: nothing was charged");
+        }
+        assert_eq!(admitted(&limiter, &ctx, 3, 1).await, 3, "{name}");
+        let d = limiter.peek(&ctx, 1).await.expect("store peeks");
+        assert_eq!(d.layers()[0].remaining, 2, "{name}: peek sees the charges");
+        assert!(
+            !limiter
+                .peek(&ctx, 3)
+                .await
+                .expect("store peeks")
+                .is_allowed(),
+            "{name}: 3 > 2"
+        );
+        assert_eq!(
+            admitted(&limiter, &ctx, 2, 1).await,
+            2,
+            "{name}: peeks took nothing"
+        );
+        let peeked = limiter.peek(&ctx, 1).await.expect("store peeks");
+        let checked = limiter.check(&ctx, 1).await.expect("store answers");
+        assert!(!peeked.is_allowed() && !checked.is_allowed(), "{name}");
+        assert_eq!(
+            peeked.retry_after(),
+            checked.retry_after(),
+            "{name}: the same wait"
+        );
+    }
+    // Layered: the verdict of each layer, as a denial reports it.
+    let wide = Policy::new(
+        unique("wide"),
+        Limit::fixed_window(10, Duration::from_secs(60)).expect("valid"),
+    )
+    .expect("valid");
+    let narrow = Policy::new(
+        unique("narrow"),
+        Limit::fixed_window(1, Duration::from_secs(60)).expect("valid"),
+    )
+    .expect("valid");
+    let limiter = Limiter::builder(store)
+        .layer("subject", Scope::Subject, wide)
+        .layer("tenant", Scope::Tenant, narrow)
+        .build()
+        .expect("valid");
+    let ctx = fresh_subject().with_tenant(Subject::new(unique("tenant")).expect("valid"));
+    assert_eq!(admitted(&limiter, &ctx, 1, 1).await, 1);
+    let d = limiter.peek(&ctx, 1).await.expect("store peeks");
+    assert!(d.layers()[0].allowed && !d.layers()[1].allowed);
+    assert_eq!(d.layers()[0].remaining, 9, "the subject layer as it is");
+}
+
+/// `reset` forgets every layer's state for a context at once (on a
+/// Cluster the global layer sits on another slot than the subject's and
+/// tenant's); other subjects keep theirs; resetting keys never written is
+/// fine.
+pub async fn reset_forgets_the_state(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    let minute = Duration::from_secs(60);
+    for limit in every_algorithm_over(5, minute) {
+        let name = limit.algorithm_name();
+        let window = |n| Limit::fixed_window(n, minute).expect("valid");
+        let limiter = Limiter::builder(store.clone())
+            .layer(
+                "subject",
+                Scope::Subject,
+                Policy::new(unique(name), limit).expect("valid"),
+            )
+            .layer(
+                "tenant",
+                Scope::Tenant,
+                Policy::new(unique("tenant"), window(6)).expect("valid"),
+            )
+            .layer(
+                "all",
+                Scope::Global,
+                Policy::new(unique("all"), window(100)).expect("valid"),
+            )
+            .build()
+            .expect("valid");
+        let ctx = fresh_subject().with_tenant(Subject::new(unique("t")).expect("valid"));
+        let other = fresh_subject().with_tenant(Subject::new(unique("t")).expect("valid"));
+        limiter
+            .reset(&ctx)
+            .await
+            .expect("nothing to forget is fine");
+        assert_eq!(admitted(&limiter, &ctx, 7, 1).await, 5, "{name}");
+        assert_eq!(admitted(&limiter, &other, 2, 1).await, 2, "{name}");
+        limiter.reset(&ctx).await.expect("store resets");
+        let d = limiter.peek(&ctx, 1).await.expect("store peeks");
+        let remaining: Vec<u64> = d.layers().iter().map(|l| l.remaining).collect();
+        assert_eq!(remaining, [5, 6, 100], "{name}: every layer is new");
+        assert_eq!(
+            admitted(&limiter, &ctx, 7, 1).await,
+            5,
+            "{name}: a full budget again"
+        );
+        let d = limiter.peek(&other, 1).await.expect("store peeks");
+        assert_eq!(
+            d.layers()[0].remaining,
+            3,
+            "{name}: another subject kept its state"
+        );
     }
 }
 
@@ -664,6 +783,27 @@ pub async fn foreign_values_are_conflicts(store: Arc<dyn Store>, foreign: &dyn F
                 verdicts[0].remaining, 4,
                 "{algorithm}, {kind}: the other layer was not charged"
             );
+            // Neither peeked nor reset: a reset over both layers removes
+            // nothing, the other layer keeps its charge.
+            assert!(
+                matches!(store.peek(&layered).await, Err(StoreError::Conflict { .. })),
+                "{algorithm}, {kind}: peek"
+            );
+            assert!(
+                matches!(
+                    store.reset(&layered).await,
+                    Err(StoreError::Conflict { .. })
+                ),
+                "{algorithm}, {kind}: reset"
+            );
+            let verdicts = store
+                .decide(&layered[..1])
+                .await
+                .expect("the other layer decides");
+            assert_eq!(
+                verdicts[0].remaining, 3,
+                "{algorithm}, {kind}: the failed reset removed nothing"
+            );
             assert!(
                 foreign.intact(&key, kind).await,
                 "{algorithm}, {kind}: the foreign value is untouched"
@@ -811,6 +951,8 @@ macro_rules! conformance_tests {
             shadow_layers_count_but_never_deny,
             rolling_deploys_are_bounded,
             implausible_times_are_refused,
+            peek_charges_nothing,
+            reset_forgets_the_state,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {

@@ -254,6 +254,7 @@ impl PgStore {
         &self,
         client: &mut Client,
         layers: &[LayerRequest<'_>],
+        op: Op,
     ) -> Result<Option<Result<Verdicts, StoreError>>, tokio_postgres::Error> {
         let keys: Vec<String> = layers.iter().map(|l| l.key.render()).collect();
         let mut sorted = keys.clone();
@@ -342,6 +343,30 @@ impl PgStore {
         // 4. All or nothing, judged by Tollgate's own algorithms.
         let states: Vec<Option<&State>> = states.iter().map(Option::as_ref).collect();
         let layered = tollgate::algorithms::decide_layers(layers, &states, now);
+        match op {
+            Op::Decide => {}
+            // Nothing charged, nothing kept (not even step 1's rows).
+            Op::Peek => {
+                tx.rollback().await?;
+                let charged = layered.admitted();
+                return Ok(Some(Ok(layered
+                    .verdicts
+                    .into_iter()
+                    .zip(layers)
+                    .map(|(v, l)| if charged { v.uncharged(l.cost) } else { v })
+                    .collect())));
+            }
+            // Every row was found to be this store's own (step 3): remove them.
+            Op::Reset => {
+                tx.execute(
+                    &format!("DELETE FROM {} WHERE key = ANY($1)", self.table),
+                    &[&sorted],
+                )
+                .await?;
+                tx.commit().await?;
+                return Ok(Some(Ok(layered.verdicts)));
+            }
+        }
         if !layered.admitted() {
             if !expired.is_empty() {
                 tx.execute(
@@ -397,13 +422,21 @@ fn closed(_: tokio::sync::AcquireError) -> StoreError {
     StoreError::Unavailable("the store's connection pool is closed".into())
 }
 
-#[async_trait]
-impl Store for PgStore {
-    fn kind(&self) -> &'static str {
-        "postgres"
-    }
+/// What a transaction does once the rows are locked and judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Charge when every layer admits.
+    Decide,
+    /// Write nothing.
+    Peek,
+    /// Delete the rows.
+    Reset,
+}
 
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+impl PgStore {
+    /// Run `op` over `layers` in one transaction, retried after a
+    /// deadlock, within the deadline.
+    async fn run(&self, layers: &[LayerRequest<'_>], op: Op) -> Result<Verdicts, StoreError> {
         let work = async {
             let _permit = self.permits.acquire().await.map_err(closed)?;
             let mut client = self.checkout().await?;
@@ -411,7 +444,7 @@ impl Store for PgStore {
                 "no decision after {ATTEMPTS} attempts (rows deleted under us, or deadlocks)"
             )));
             for _ in 0..ATTEMPTS {
-                match self.decide_on(&mut client, layers).await {
+                match self.decide_on(&mut client, layers, op).await {
                     Ok(Some(answer)) => {
                         result = answer;
                         break;
@@ -438,5 +471,26 @@ impl Store for PgStore {
         tokio::time::timeout(self.deadline, work)
             .await
             .unwrap_or(Err(StoreError::Timeout(self.deadline)))
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        self.run(layers, Op::Decide).await
+    }
+
+    async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        self.run(layers, Op::Peek).await
+    }
+
+    /// A row this store did not write fails the reset (step 3), which then
+    /// deletes nothing.
+    async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
+        self.run(layers, Op::Reset).await.map(drop)
     }
 }

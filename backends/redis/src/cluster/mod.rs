@@ -61,7 +61,7 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use tokio::time::Instant;
-use tollgate_limiter::{LayerRequest, Store, StoreError, Verdicts};
+use tollgate_limiter::{LayerRequest, Store, StoreError, Verdict, Verdicts};
 
 use crate::client::connect_error;
 use crate::conflicts;
@@ -310,6 +310,93 @@ impl RedisClusterStore {
     }
 }
 
+/// What every call over some layers starts from.
+struct Call {
+    deadline: Instant,
+    args: Vec<[u64; LAYER_ARGS]>,
+    time: crate::script::TimeArgs,
+    keys: Vec<String>,
+    groups: Vec<Vec<usize>>,
+}
+
+impl RedisClusterStore {
+    /// The deadline, arguments, time, keys and slot groups of a call over
+    /// `layers`.
+    fn call_of(&self, layers: &[LayerRequest<'_>]) -> Result<Call, StoreError> {
+        let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
+        Ok(Call {
+            deadline: Instant::now() + self.decides.deadline,
+            args: layers
+                .iter()
+                .map(layer_args)
+                .collect::<Result<Vec<_>, _>>()?,
+            time: self.decides.time_args()?,
+            groups: slot_groups(&keys),
+            keys,
+        })
+    }
+
+    /// A key of another type fails a call without saying which: name its
+    /// layer (or time out).
+    async fn locate_conflict(
+        &self,
+        result: Result<Verdicts, StoreError>,
+        layers: &[LayerRequest<'_>],
+        deadline: Instant,
+    ) -> Result<Verdicts, StoreError> {
+        match result {
+            Err(e) if conflicts::is_unlocated(&e) => {
+                let mut conn = self.conn.clone();
+                let located = self.until(
+                    deadline,
+                    conflicts::locate(&mut conn, layers, &self.decides),
+                );
+                Err(located.await.unwrap_or_else(|timeout| timeout))
+            }
+            other => other,
+        }
+    }
+
+    /// Every slot group called in `mode` (`Peek` or `Reset`), one call per
+    /// group, in slot order: the verdicts in layer order.
+    async fn per_group(
+        &self,
+        layers: &[LayerRequest<'_>],
+        mode: Mode,
+    ) -> Result<Verdicts, StoreError> {
+        let Call {
+            deadline,
+            args,
+            time,
+            keys,
+            groups,
+        } = self.call_of(layers)?;
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; layers.len()];
+        let mut result = Ok(());
+        for group in &groups {
+            let cmd = group_call(&keys, &args, group, &time, mode, self.style());
+            let answer = self
+                .until(deadline, call(self.conn.clone(), cmd, self.runner()))
+                .await
+                .and_then(|reply| reply.map_err(|e| in_group(e, layers, group)))
+                .and_then(|reply| parse_reply(&reply, group.len()));
+            match answer {
+                Ok(parsed) => {
+                    for (&i, v) in group.iter().zip(parsed) {
+                        verdicts[i] = Some(v);
+                    }
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let result = result.map(|()| verdicts.into_iter().flatten().collect());
+        self.locate_conflict(result, layers, deadline).await
+    }
+}
+
 /// The call deciding the layers of `group` (all on one slot) in `mode`,
 /// sent as `style`.
 fn group_call(
@@ -337,14 +424,13 @@ impl Store for RedisClusterStore {
         if layers.is_empty() {
             return Ok(Verdicts::new());
         }
-        let deadline = Instant::now() + self.decides.deadline;
-        let args = layers
-            .iter()
-            .map(layer_args)
-            .collect::<Result<Vec<_>, _>>()?;
-        let time = self.decides.time_args()?;
-        let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
-        let groups = slot_groups(&keys);
+        let Call {
+            deadline,
+            args,
+            time,
+            keys,
+            groups,
+        } = self.call_of(layers)?;
         let result = if let [group] = &groups[..] {
             // One slot: one call, exactly as the standalone store decides.
             let cmd = group_call(&keys, &args, group, &time, Mode::Decide, self.style());
@@ -364,18 +450,29 @@ impl Store for RedisClusterStore {
                 .map(|()| verdicts),
             (other, _) => other,
         };
-        match result {
-            Err(e) if conflicts::is_unlocated(&e) => {
-                // A key of another type: name its layer (or time out).
-                let mut conn = self.conn.clone();
-                let located = self.until(
-                    deadline,
-                    conflicts::locate(&mut conn, layers, &self.decides),
-                );
-                Err(located.await.unwrap_or_else(|timeout| timeout))
-            }
-            other => other,
+        self.locate_conflict(result, layers, deadline).await
+    }
+
+    /// One call per slot group, each judged without a charge.
+    async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        if layers.is_empty() {
+            return Ok(Verdicts::new());
         }
+        self.per_group(layers, Mode::Peek).await
+    }
+
+    /// Atomic per slot group. Across slots, every group is peeked first,
+    /// so data Tollgate did not write in any of them fails the reset
+    /// before a key is removed.
+    async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
+        if layers.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
+        if slot_groups(&keys).len() > 1 {
+            self.per_group(layers, Mode::Peek).await?;
+        }
+        self.per_group(layers, Mode::Reset).await.map(drop)
     }
 }
 
