@@ -6,6 +6,7 @@
 use crate::context::Context;
 use crate::decision::{Decision, LayerDecision, Source};
 use crate::error::Error;
+use crate::layer::{Layer, Scope};
 use crate::limiter::{Limiter, Requests};
 use crate::store::LayerRequest;
 
@@ -29,19 +30,31 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
-        let requests = self.requests(ctx, cost)?;
+        let requests = self.requests(ctx, cost, |_| true)?;
         let verdicts = self.store().peek(&requests).await?;
+        if verdicts.len() != requests.len() {
+            return Err(Error::Store(crate::StoreError::Protocol(format!(
+                "the store peeked {} layers and answered {} verdicts",
+                requests.len(),
+                verdicts.len()
+            ))));
+        }
         Ok(Decision::new(self.layers().iter().zip(verdicts).map(
             |(layer, verdict)| LayerDecision::new(layer, verdict, Source::Store),
         )))
     }
 
-    /// Forget the state of every layer for `ctx`, atomically: its next
-    /// request is decided as a new client's (after a password reset, a
-    /// support ticket). A key holding data Tollgate did not write is left
-    /// as it was and the call fails with
-    /// [`StoreError::Conflict`](crate::StoreError::Conflict), removing
-    /// nothing.
+    /// Forget the state of `ctx`'s own layers — those counted per subject
+    /// ([`Scope::Subject`](crate::Scope::Subject)) — at once: its next
+    /// request is decided as a new client's there (after a password reset,
+    /// a support ticket). Layers other clients share (tenant, global,
+    /// attribute) are left as they are. Atomic on one store call (the
+    /// in-process store, Redis, one Cluster slot group); idempotent, so a
+    /// reset that failed half-way on a Cluster can be sent again. A key
+    /// holding data Tollgate did not write is left as it was and the call
+    /// fails with [`StoreError::Conflict`](crate::StoreError::Conflict),
+    /// removing nothing. A denial the blocked-key cache holds for the
+    /// subject is not cleared: it lasts until its retry-after.
     ///
     /// ```no_run
     /// # async fn f(limiter: tollgate_limiter::Limiter) -> Result<(), tollgate_limiter::Error> {
@@ -50,15 +63,23 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn reset(&self, ctx: &Context) -> Result<(), Error> {
-        let requests = self.requests(ctx, 1)?;
+        let requests = self.requests(ctx, 1, |l| l.scope == Scope::Subject)?;
+        if requests.is_empty() {
+            return Ok(());
+        }
         self.store().reset(&requests).await?;
         Ok(())
     }
 
-    /// Every layer's request of `cost` for `ctx`.
-    fn requests<'a>(&'a self, ctx: &'a Context, cost: u64) -> Result<Requests<'a>, Error> {
+    /// The request of `cost` for `ctx` of every layer `which` picks.
+    fn requests<'a>(
+        &'a self,
+        ctx: &'a Context,
+        cost: u64,
+        which: impl Fn(&Layer) -> bool,
+    ) -> Result<Requests<'a>, Error> {
         let mut requests = Requests::new();
-        for layer in self.layers().iter() {
+        for layer in self.layers().iter().filter(|l| which(l)) {
             layer.policy.check_cost(cost)?;
             let key = ctx.key_for(layer).ok_or_else(|| Error::MissingSubject {
                 layer: layer.name.to_string(),

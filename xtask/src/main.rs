@@ -274,7 +274,12 @@ fn features() -> Result {
 }
 
 /// Crates of the workspace that are not published (examples, automation).
-const UNPUBLISHED: &[&str] = &["xtask", "tollgate-demo", "tollgate-postgres-store"];
+const UNPUBLISHED: &[&str] = &[
+    "xtask",
+    "tollgate-demo",
+    "tollgate-postgres-store",
+    "tollgate-example-grpc",
+];
 
 /// `cargo package` for every publishable crate at once: cargo resolves
 /// their path dependencies against each other's packages and builds each

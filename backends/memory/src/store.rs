@@ -670,8 +670,9 @@ impl MemoryStore {
 }
 
 impl MemoryStore {
-    /// The layers' shards, each once, in ascending order (the order every
-    /// decision locks them in, so no two calls deadlock).
+    /// Each layer's hash and shard, in layer order (callers lock the
+    /// shards sorted and deduplicated, the order every decision locks
+    /// them in, so no two calls deadlock).
     fn shards_of(&self, layers: &[LayerRequest<'_>]) -> SmallVec<[(u64, usize); 4]> {
         layers.iter().map(|l| self.locate(&l.key)).collect()
     }

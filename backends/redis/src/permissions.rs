@@ -14,8 +14,8 @@ use crate::settings::Decides;
 
 /// The probe's keys are the store's own, under its prefix, in a hash tag
 /// no state key has (state keys carry a policy and a version after the
-/// tag). Their last command gives them a TTL of 1 ms (`DEL` is not a
-/// command the store needs), so they are gone at once.
+/// tag). They get a TTL of 1 ms and are then deleted (the `DEL` a reset
+/// needs), so they are gone at once.
 const PROBE_TTL_MS: u64 = 10_000;
 
 /// The commands of the probe, in the order a decision could need them:
