@@ -119,6 +119,11 @@ pub struct AlgorithmsGuideDoctests;
 #[doc = include_str!("../docs/operations.md")]
 pub struct OperationsGuideDoctests;
 
+/// The login recipe's examples, compiled and run as doc-tests.
+#[cfg(all(doctest, feature = "memory"))]
+#[doc = include_str!("../docs/login.md")]
+pub struct LoginGuideDoctests;
+
 /// The configuration guide's examples, compiled and run as doc-tests (its
 /// TOML examples are checked by `tollgate-config`'s tests).
 #[cfg(all(doctest, feature = "config", feature = "memory", feature = "tower"))]

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate::{
-    async_trait, BlockedCacheConfig, Context, LayerRequest, Limit, Limiter, ManualClock,
-    MemoryStore, Policy, Scope, Source, Store, StoreError, Subject, Timestamp, Verdicts,
+    async_trait, Adjustment, BlockedCacheConfig, Context, LayerRequest, Limit, Limiter,
+    ManualClock, MemoryStore, Policy, Scope, Source, Store, StoreError, Subject, Timestamp,
+    Verdicts,
 };
 
 #[derive(Debug)]
@@ -25,6 +26,19 @@ impl Store for Counting {
     async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.decide(layers).await
+    }
+    async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        self.inner.peek(layers).await
+    }
+    async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
+        self.inner.reset(layers).await
+    }
+    async fn adjust(
+        &self,
+        layers: &[LayerRequest<'_>],
+        adjustment: Adjustment,
+    ) -> Result<Verdicts, StoreError> {
+        self.inner.adjust(layers, adjustment).await
     }
 }
 
@@ -111,4 +125,41 @@ async fn a_cheaper_request_and_a_short_denial_still_ask_the_store() {
         );
     }
     assert_eq!(store.calls.load(Ordering::SeqCst), before + 5);
+}
+
+/// An operator's change shows at once: a reset or a reward forgets the
+/// cached denial, and a block made after a cached denial is what the next
+/// check answers.
+#[tokio::test]
+async fn operators_changes_forget_the_cached_denial() {
+    let (clock, _store, limiter) = setup(Limit::fixed_window(3, Duration::from_secs(10)).unwrap());
+    let start = 1_780_000_000_000_000u64;
+    clock.set(Timestamp::from_micros(start - start % 10_000_000));
+    let deny = || async {
+        while limiter.check(&ctx(), 1).await.unwrap().is_allowed() {}
+        let cached = limiter.check(&ctx(), 1).await.unwrap();
+        assert_eq!(cached.layers()[0].source, Source::Cache, "cached");
+    };
+    deny().await;
+    limiter.reset(&ctx()).await.unwrap();
+    assert!(
+        limiter.check(&ctx(), 1).await.unwrap().is_allowed(),
+        "reset shows"
+    );
+    deny().await;
+    limiter.reward(&ctx(), 1).await.unwrap();
+    assert!(
+        limiter.check(&ctx(), 1).await.unwrap().is_allowed(),
+        "reward shows"
+    );
+    deny().await;
+    limiter
+        .block(&ctx(), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(
+        limiter.check(&ctx(), 1).await.unwrap().retry_after(),
+        Some(Duration::from_secs(3600)),
+        "the block, not the cached window"
+    );
 }

@@ -84,7 +84,7 @@ pub fn decide_layers(
 /// Each layer's state to store, in order (`None`: that layer writes
 /// nothing). Up to four live inline: no allocation.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Writes(SmallVec<[Option<Stored>; 4]>);
+pub struct Writes(pub(crate) SmallVec<[Option<Stored>; 4]>);
 
 impl Deref for Writes {
     type Target = [Option<Stored>];

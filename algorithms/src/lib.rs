@@ -16,6 +16,7 @@
 //!
 //! [`decide`] dispatches a [`Limit`] to its algorithm.
 
+mod adjust;
 mod fixed_window;
 mod gcra;
 mod layered;
@@ -28,6 +29,7 @@ use std::time::Duration;
 
 use tollgate_limiter::{Limit, State, Timestamp, Transition};
 
+pub use adjust::{adjust, adjust_layers, blocked, Adjusted};
 pub use fixed_window::{fixed_window, fixed_window_refund};
 pub use gcra::{gcra, gcra_refund};
 pub use layered::{decide_layers, Layered, Writes, WritesIntoIter};
@@ -52,6 +54,17 @@ pub use token_bucket::{token_bucket, token_bucket_refund};
 /// assert_eq!(second.verdict.retry_after, Some(Duration::from_secs(1)));
 /// ```
 pub fn decide(limit: &Limit, state: Option<&State>, now: Timestamp, cost: u64) -> Transition {
+    // A block denies until its end; from then on the layer starts new.
+    let state = match state {
+        Some(State::Blocked(until)) if *until > now.as_micros() => {
+            return Transition {
+                verdict: blocked(limit, *until, now.as_micros()),
+                next: None,
+            }
+        }
+        Some(State::Blocked(_)) => None,
+        other => other,
+    };
     match limit {
         Limit::TokenBucket(p) => token_bucket(p, cells(state), now.as_micros(), cost),
         Limit::Gcra(p) => gcra(p, cells(state), now.as_micros(), cost),

@@ -14,6 +14,13 @@ pub enum State {
     Cells([u64; 3]),
     /// A non-decreasing list of timestamps in microseconds (sliding log).
     Log(VecDeque<u64>),
+    /// Denied until this instant (µs since the Unix epoch), whatever the
+    /// algorithm: an operator's block ([`Adjustment::Block`](crate::Adjustment::Block)).
+    /// It replaces the layer's state under the layer's own key, so it is
+    /// never read as data of another kind; from the instant on the layer
+    /// starts as new. Stores decide it before an algorithm sees a state, so
+    /// a custom [`Algorithm`] never receives one.
+    Blocked(u64),
 }
 
 /// One layer's answer.

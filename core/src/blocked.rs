@@ -134,6 +134,12 @@ impl BlockedCache {
         Some(Decision::new(layers))
     }
 
+    /// Forget the denial of `requests`, if one is cached (after an
+    /// operator changed their state).
+    pub(crate) fn forget(&self, requests: &[LayerRequest<'_>]) {
+        self.cache.invalidate(&self.identity(requests));
+    }
+
     /// Remember `decision` of `requests` when the store denied it for long
     /// enough.
     pub(crate) fn remember(

@@ -179,6 +179,16 @@ pub enum Error {
     /// failure mode.
     #[error("the store failed: {0}")]
     Store(#[from] StoreError),
+    /// A per-key operation was asked for something it cannot do (a
+    /// penalty of no units, a block too short or too long, a limiter with
+    /// no per-subject layer to change).
+    #[error("cannot {operation}: {reason}")]
+    Operation {
+        /// `penalize`, `reward` or `block`.
+        operation: &'static str,
+        /// What is wrong, and what to do instead.
+        reason: String,
+    },
     /// The request context lacks the subject a layer needs (HTTP: 401).
     #[error("layer {layer:?} needs a {scope} subject and the request has none")]
     MissingSubject {

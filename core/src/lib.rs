@@ -7,6 +7,7 @@
 //! re-exports all of them behind cargo features.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod adjustment;
 mod algorithm;
 #[cfg(feature = "blocked-cache")]
 mod blocked;
@@ -19,6 +20,7 @@ mod layer;
 mod limit;
 mod limiter;
 mod live;
+mod login;
 pub mod observe;
 mod operate;
 mod policy;
@@ -30,6 +32,7 @@ mod verdicts;
 #[cfg(feature = "wait")]
 mod wait;
 
+pub use adjustment::Adjustment;
 pub use algorithm::{Algorithm, State, Stored, Transition, Verdict};
 #[cfg(feature = "blocked-cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "blocked-cache")))]
@@ -46,6 +49,7 @@ pub use limit::{
 };
 pub use limiter::{Limiter, LimiterBuilder};
 pub use live::{LimiterSource, LiveRoute, RouteLimits};
+pub use login::{Escalation, LoginGuard};
 pub use policy::Policy;
 pub use spec::{DurationSpec, LimitSpec, ModeSpec, OnFailureSpec, WhenFullSpec};
 pub use store::{LayerRequest, Store, StoreKey};

@@ -104,6 +104,12 @@ impl Limiter {
         &self.store
     }
 
+    /// The blocked-key cache, when the limiter has one.
+    #[cfg(feature = "blocked-cache")]
+    pub(crate) fn blocked_cache(&self) -> Option<&crate::blocked::BlockedCache> {
+        self.blocked.as_deref()
+    }
+
     /// The clock of the breaker and the blocked-key cache.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock

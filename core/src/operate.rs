@@ -3,6 +3,9 @@
 //! failure mode, no blocked-key cache: an operator's call reports a store
 //! failure rather than deciding around it.
 
+use std::time::Duration;
+
+use crate::adjustment::Adjustment;
 use crate::context::Context;
 use crate::decision::{Decision, LayerDecision, Source};
 use crate::error::Error;
@@ -53,8 +56,8 @@ impl Limiter {
     /// reset that failed half-way on a Cluster can be sent again. A key
     /// holding data Tollgate did not write is left as it was and the call
     /// fails with [`StoreError::Conflict`](crate::StoreError::Conflict),
-    /// removing nothing. A denial the blocked-key cache holds for the
-    /// subject is not cleared: it lasts until its retry-after.
+    /// removing nothing. A denial the blocked-key cache holds for `ctx` is
+    /// forgotten, so the reset shows at once.
     ///
     /// ```no_run
     /// # async fn f(limiter: tollgate_limiter::Limiter) -> Result<(), tollgate_limiter::Error> {
@@ -68,7 +71,134 @@ impl Limiter {
             return Ok(());
         }
         self.store().reset(&requests).await?;
+        self.forget_cached(ctx);
         Ok(())
+    }
+
+    /// Charge `ctx`'s own layers `units` without an admission check — a
+    /// failed login costs extra — saturating at empty: what a layer cannot
+    /// hold is dropped (`units` above a layer's capacity count as its
+    /// capacity). Answers each of those layers' verdict for a request of
+    /// one unit afterwards (`remaining` is what is left).
+    ///
+    /// Like [`reset`](Limiter::reset) it changes only the layers counted
+    /// per subject ([`Scope::Subject`](crate::Scope::Subject)): layers other
+    /// clients share are never charged for one client's misdeed. Atomic on
+    /// one store call; fails with [`Error::Operation`] for no units or a
+    /// limiter without a per-subject layer, and with [`Error::Store`] when
+    /// the store fails or cannot ([`StoreError::UnsupportedOperation`](crate::StoreError::UnsupportedOperation)).
+    ///
+    /// ```no_run
+    /// # async fn f(limiter: tollgate_limiter::Limiter) -> Result<(), tollgate_limiter::Error> {
+    /// use tollgate_limiter::{Context, Subject};
+    /// let ctx = Context::for_subject(Subject::new("user-7")?);
+    /// let after = limiter.penalize(&ctx, 3).await?;
+    /// if !after.is_allowed() {
+    ///     println!("user-7 is out of attempts for {:?}", after.retry_after());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn penalize(&self, ctx: &Context, units: u64) -> Result<Decision, Error> {
+        self.adjust(ctx, units, Adjustment::Penalize).await
+    }
+
+    /// Give `ctx`'s own layers `units` back, never above full — a request
+    /// that turned out not to count. Answers as
+    /// [`penalize`](Limiter::penalize) does, on the same layers, with the
+    /// same errors. A blocked layer stays blocked.
+    ///
+    /// ```no_run
+    /// # async fn f(limiter: tollgate_limiter::Limiter) -> Result<(), tollgate_limiter::Error> {
+    /// use tollgate_limiter::{Context, Subject};
+    /// let ctx = Context::for_subject(Subject::new("user-7")?);
+    /// limiter.reward(&ctx, 1).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn reward(&self, ctx: &Context, units: u64) -> Result<Decision, Error> {
+        self.adjust(ctx, units, Adjustment::Reward).await
+    }
+
+    /// Deny every request of `ctx` for `duration` (1 ms to
+    /// [`MAX_RECOVERY`](crate::MAX_RECOVERY), 14 days) on its own layers,
+    /// whatever their algorithm: each answers denied with the block's end
+    /// as its retry-after, exactly, and starts full when it ends. A block
+    /// never shortens a longer one already in place;
+    /// [`reset`](Limiter::reset) lifts it. Answers the blocked verdicts;
+    /// the same layers and errors as [`penalize`](Limiter::penalize).
+    ///
+    /// ```no_run
+    /// # async fn f(limiter: tollgate_limiter::Limiter) -> Result<(), tollgate_limiter::Error> {
+    /// use std::time::Duration;
+    /// use tollgate_limiter::{Context, Subject};
+    /// let ctx = Context::for_subject(Subject::new("user-7")?);
+    /// let blocked = limiter.block(&ctx, Duration::from_secs(600)).await?;
+    /// assert_eq!(blocked.retry_after(), Some(Duration::from_secs(600)));
+    /// # Ok(()) }
+    /// ```
+    pub async fn block(&self, ctx: &Context, duration: Duration) -> Result<Decision, Error> {
+        if duration < Duration::from_millis(1) || duration > crate::MAX_RECOVERY {
+            return Err(Error::Operation {
+                operation: "block",
+                reason: format!(
+                    "a block of {duration:?} is outside 1 ms to 14 days (the longest time a store keeps a state); lift a block with reset"
+                ),
+            });
+        }
+        self.adjust(ctx, 1, Adjustment::Block(duration)).await
+    }
+
+    /// Apply `adjustment` of `units` to `ctx`'s per-subject layers.
+    async fn adjust(
+        &self,
+        ctx: &Context,
+        units: u64,
+        adjustment: Adjustment,
+    ) -> Result<Decision, Error> {
+        let operation = adjustment.name();
+        if units == 0 {
+            return Err(Error::Operation {
+                operation,
+                reason: "units must be at least 1".into(),
+            });
+        }
+        let mut requests = self.requests(ctx, 1, |l| l.scope == Scope::Subject)?;
+        if requests.is_empty() {
+            return Err(Error::Operation {
+                operation,
+                reason: "the limiter has no per-subject layer (Scope::Subject); only a client's own layers are changed".into(),
+            });
+        }
+        for r in requests.iter_mut() {
+            r.cost = units.min(r.policy.limit().capacity());
+        }
+        let verdicts = self.store().adjust(&requests, adjustment).await?;
+        if verdicts.len() != requests.len() {
+            return Err(Error::Store(crate::StoreError::Protocol(format!(
+                "the store adjusted {} layers and answered {} verdicts",
+                requests.len(),
+                verdicts.len()
+            ))));
+        }
+        self.forget_cached(ctx);
+        Ok(Decision::new(
+            self.layers()
+                .iter()
+                .filter(|l| l.scope == Scope::Subject)
+                .zip(verdicts)
+                .map(|(layer, verdict)| LayerDecision::new(layer, verdict, Source::Store)),
+        ))
+    }
+
+    /// Forget a denial the blocked-key cache holds for `ctx`'s requests.
+    fn forget_cached(&self, ctx: &Context) {
+        #[cfg(feature = "blocked-cache")]
+        if let Some(cache) = self.blocked_cache() {
+            if let Ok(requests) = self.requests(ctx, 1, |_| true) {
+                cache.forget(&requests);
+            }
+        }
+        #[cfg(not(feature = "blocked-cache"))]
+        let _ = ctx;
     }
 
     /// The request of `cost` for `ctx` of every layer `which` picks.

@@ -5,6 +5,7 @@ use std::hash::{Hash, Hasher};
 
 use async_trait::async_trait;
 
+use crate::adjustment::Adjustment;
 use crate::error::StoreError;
 use crate::limit::Limit;
 use crate::policy::Policy;
@@ -363,6 +364,25 @@ pub trait Store: Send + Sync + fmt::Debug {
     async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
         let _ = layers;
         Err(StoreError::UnsupportedOperation("reset"))
+    }
+
+    /// Change every layer's state as `adjustment` says (see
+    /// [`Adjustment`]; the units of a penalty or reward are each layer's
+    /// cost), atomically over the layers, and answer each layer's verdict
+    /// for a request of one unit afterwards, as [`peek`](Store::peek)
+    /// would. A key holding data Tollgate did not write fails the call
+    /// with [`StoreError::Conflict`] and nothing is changed. A block is
+    /// kept as [`State::Blocked`](crate::State::Blocked) under the layer's
+    /// own key, with a TTL that covers it.
+    ///
+    /// The default says the store cannot ([`StoreError::UnsupportedOperation`]).
+    async fn adjust(
+        &self,
+        layers: &[LayerRequest<'_>],
+        adjustment: Adjustment,
+    ) -> Result<Verdicts, StoreError> {
+        let _ = layers;
+        Err(StoreError::UnsupportedOperation(adjustment.name()))
     }
 }
 

@@ -12,9 +12,10 @@ use std::collections::HashMap;
 use crate::slot::{Slot, Snapshot};
 use hashbrown::HashTable;
 use smallvec::SmallVec;
+use tollgate_algorithms::Layered;
 use tollgate_limiter::{
-    duration_micros, Clock, LayerRequest, Limit, MonotonicClock, Policy, State, Store, StoreError,
-    StoreKey, Verdicts, WhenFull,
+    duration_micros, Adjustment, Clock, LayerRequest, Limit, MonotonicClock, Policy, State, Store,
+    StoreError, StoreKey, Timestamp, Verdicts, WhenFull,
 };
 
 /// Passes of a decision that found a budget full: each makes room across
@@ -523,20 +524,43 @@ impl MemoryStore {
     /// Decide all layers, making room across the store when a budget is
     /// full (then deciding again: the first answer was not written).
     fn decide_all(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        self.with_room(|now| self.decide_locked(layers, now))
+    }
+
+    /// Adjust all layers, making room as [`decide_all`](Self::decide_all)
+    /// does (a penalty or block may write a new key).
+    fn adjust_all(
+        &self,
+        layers: &[LayerRequest<'_>],
+        adjustment: Adjustment,
+    ) -> Result<Verdicts, StoreError> {
+        self.with_room(|now| {
+            self.write_locked(layers, now, |states| {
+                tollgate_algorithms::adjust_layers(layers, states, now, adjustment)
+            })
+        })
+    }
+
+    /// Run `attempt` at the clock's now until it finds room for the keys
+    /// it writes (each failed attempt wrote nothing).
+    fn with_room(
+        &self,
+        attempt: impl Fn(Timestamp) -> Result<Result<Verdicts, StoreError>, NeedRoom>,
+    ) -> Result<Verdicts, StoreError> {
         let now = self.clock.now();
         if !now.is_plausible() {
             return Err(StoreError::ImplausibleTime(now));
         }
         let now_us = now.as_micros();
-        let mut attempt = 0;
+        let mut attempt_no = 0;
         loop {
-            match self.decide_locked(layers, now) {
-                Ok(verdicts) => return Ok(verdicts),
+            match attempt(now) {
+                Ok(verdicts) => return verdicts,
                 Err(NeedRoom(full)) => {
                     // Each pass makes room for one key; concurrent decisions
                     // may take it first, so a few passes are allowed.
-                    attempt += 1;
-                    if attempt > MAX_ROOM_PASSES || !self.make_room(full.as_ref(), now_us) {
+                    attempt_no += 1;
+                    if attempt_no > MAX_ROOM_PASSES || !self.make_room(full.as_ref(), now_us) {
                         return Err(self.full(full.as_ref(), now_us));
                     }
                 }
@@ -549,7 +573,7 @@ impl MemoryStore {
         &self,
         layers: &[LayerRequest<'_>],
         now: tollgate_limiter::Timestamp,
-    ) -> Result<Verdicts, NeedRoom> {
+    ) -> Result<Result<Verdicts, StoreError>, NeedRoom> {
         let now_us = now.as_micros();
         if let [layer] = layers {
             // One layer, one lock: the common case, without the bookkeeping.
@@ -562,7 +586,7 @@ impl MemoryStore {
                             let expires_at = now_us.saturating_add(duration_micros(next.ttl));
                             entry.expires_at.fetch_max(expires_at, Ordering::Relaxed);
                         }
-                        return Ok(Verdicts::one(t.verdict));
+                        return Ok(Ok(Verdicts::one(t.verdict)));
                     }
                 }
             }
@@ -580,7 +604,7 @@ impl MemoryStore {
                     *entry.expires_at.get_mut() = expires_at;
                     shard.next_expiry = shard.next_expiry.min(expires_at);
                 }
-                return Ok(Verdicts::one(t.verdict));
+                return Ok(Ok(Verdicts::one(t.verdict)));
             }
             let t = tollgate_algorithms::decide(layer.policy.limit(), None, now, layer.cost);
             if let Some(next) = t.next {
@@ -593,9 +617,23 @@ impl MemoryStore {
                     budget.as_ref(),
                 );
             }
-            return Ok(Verdicts::one(t.verdict));
+            return Ok(Ok(Verdicts::one(t.verdict)));
         }
-        // Up to four layers: every list below lives on the stack.
+        self.write_locked(layers, now, |states| {
+            Ok(tollgate_algorithms::decide_layers(layers, states, now))
+        })
+    }
+
+    /// Judge `layers` with `judge` under the exclusive locks of their
+    /// shards, then make its writes when it admits (an adjustment always
+    /// does). Up to four layers: every list here lives on the stack.
+    fn write_locked(
+        &self,
+        layers: &[LayerRequest<'_>],
+        now: Timestamp,
+        judge: impl FnOnce(&[Option<&State>]) -> Result<Layered, StoreError>,
+    ) -> Result<Result<Verdicts, StoreError>, NeedRoom> {
+        let now_us = now.as_micros();
         let located: SmallVec<[(u64, usize); 4]> =
             layers.iter().map(|l| self.locate(&l.key)).collect();
         let keep: SmallVec<[u64; 4]> = located.iter().map(|&(hash, _)| hash).collect();
@@ -623,10 +661,13 @@ impl MemoryStore {
                 .iter()
                 .map(|s| s.as_ref().map(Snapshot::get))
                 .collect();
-            tollgate_algorithms::decide_layers(layers, &states, now)
+            match judge(&states) {
+                Ok(layered) => layered,
+                Err(e) => return Ok(Err(e)),
+            }
         };
         if !layered.admitted() {
-            return Ok(layered.verdicts);
+            return Ok(Ok(layered.verdicts));
         }
         // Units for new keys are taken before anything is written, and given
         // back if any budget is full.
@@ -665,7 +706,7 @@ impl MemoryStore {
                 );
             }
         }
-        Ok(layered.verdicts)
+        Ok(Ok(layered.verdicts))
     }
 }
 
@@ -774,5 +815,13 @@ impl Store for MemoryStore {
     async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
         self.reset_all(layers);
         Ok(())
+    }
+
+    async fn adjust(
+        &self,
+        layers: &[LayerRequest<'_>],
+        adjustment: Adjustment,
+    ) -> Result<Verdicts, StoreError> {
+        self.adjust_all(layers, adjustment)
     }
 }

@@ -38,10 +38,22 @@
 --   'reset'    judge every layer as 'peek' does (so a key holding data
 --              Tollgate did not write fails the call before anything is
 --              removed), then delete every key; the reply is the peek's.
+--   'penalize' 'reward' 'block'
+--              an operator's change to every layer (Rust reference:
+--              tollgate_algorithms::adjust): every layer is judged first
+--              (a foreign key fails the call before anything is written),
+--              then each is penalized by its cost (saturating at empty),
+--              given its cost back (never above full) or blocked — for a
+--              block the cost argument holds the block's length in µs.
+--              Reply: each layer's verdict for a request of one unit
+--              afterwards, as 'peek' gives it.
 --   'refund'   give back reservations (refund.lua). KEYS: the layers'
 --              keys; ARGV after the time: per layer algorithm, cost, p1, p2,
 --              p3, at, mark; then 'refund'. Reply: per layer what was given
 --              back. Not idempotent: the store sends a refund at most once.
+-- Blocks: a counter key holding "b<µs>", or a list holding that one
+--   item, is blocked until that instant whatever the algorithm: denied
+--   with it as retry-after; once passed the key counts as no state.
 -- Errors: "TOLLGATE_CONFLICT <i> not_a_state" when the i-th key holds a
 --   value Tollgate did not write, and Redis's own WRONGTYPE when a key
 --   holds another type (the store finds which with TYPE); either way
@@ -101,6 +113,20 @@ local TIME_CELL = {
   [SLIDING_WINDOW] = 3,
 }
 local EARLIEST, LATEST = 1577836800000000, 4133980800000000
+-- What read_cells answers for a block (its second value: the end).
+local BLOCKED = -1
+-- A charge no refund rule finds too old (rewards, refund.lua).
+local FAR = 9007199254740991
+
+-- The end of the block `v` holds ("b<µs>"), or nil when `v` is not one.
+local function block_end(v)
+  local u = match(v, '^b(%d+)$')
+  u = u and tonumber(u)
+  if u and u >= EARLIEST and u < LATEST then
+    return u
+  end
+  return nil
+end
 
 -- Lists up to this length are read whole; longer ones by binary search
 -- with LINDEX, so a large log costs O(log n) reads.
@@ -121,8 +147,9 @@ local function server_time()
 end
 
 -- The counter state of algorithm `code` at `key`: its cells as numbers
--- (cells not stored are 0); nil when the key is missing; false when the
--- key holds a string that is not such a state (data Tollgate did not
+-- (cells not stored are 0); nil when the key is missing; BLOCKED and
+-- its end when the key holds a block; false when the key holds a string
+-- that is not such a state (data Tollgate did not
 -- write: the caller answers TOLLGATE_CONFLICT without touching the key).
 -- A key of another type fails the GET with WRONGTYPE before anything is
 -- written, which the store reports as a conflict too (no pcall on this
@@ -137,6 +164,10 @@ local function read_cells(key, code)
     a = match(v, PATTERNS[1])
   end
   if not a then
+    local u = block_end(v)
+    if u then
+      return BLOCKED, u
+    end
     return false
   end
   a, b, c = tonumber(a), tonumber(b or 0), tonumber(c or 0)
@@ -156,8 +187,9 @@ local function write_cells(key, code, ttl, a, b, c)
   redis.call('SET', key, format(FORMATS[n], a, b, c), 'PX', ttl)
 end
 
--- A sliding log as { n, at(i) } (n = 0 when the key is missing), or false
--- when the key holds a list whose ends are not timestamps. Another type
+-- A sliding log as { n, at(i) } (n = 0 when the key is missing; for a
+-- block n = 0 and `blocked` its end), or false when the key holds a list
+-- whose ends are not timestamps. Another type
 -- fails the LLEN with WRONGTYPE, as for counter states.
 local function read_log(key)
   local n = redis.call('LLEN', key)
@@ -166,6 +198,12 @@ local function read_log(key)
     local items = {}
     if n > 0 then
       items = redis.call('LRANGE', key, 0, -1)
+    end
+    if n == 1 and not tonumber(items[1]) then
+      local u = block_end(items[1])
+      if u then
+        return { n = 0, blocked = u, at = function() return nil end }
+      end
     end
     log = { n = n, at = function(i) return tonumber(items[i]) end }
   else
@@ -189,7 +227,10 @@ local function read_log(key)
 end
 
 local function write_log(key, next, cost, ttl)
-  if next.drop > 0 then
+  if next.clear then
+    -- The list held a block that has ended.
+    redis.call('DEL', key)
+  elseif next.drop > 0 then
     redis.call('LTRIM', key, next.drop, -1)
   end
   local stamp = int(next.t)
@@ -246,7 +287,7 @@ local function refund(KEYS, ARGV, now)
         -- new. A key without one is left alone (nothing is stored without
         -- a TTL).
         local ttl = redis.call('PTTL', key)
-        if a and ttl > 0 then
+        if a and a ~= BLOCKED and ttl > 0 then
           local given, na, nb, nc = run(p1, p2, p3, a, b, c, now, cost, at, mark)
           if na then
             write_cells(key, code, ttl, na, nb, nc)
@@ -277,16 +318,154 @@ local function judge(i, key, code, cost, ARGV, p, now)
       -- Nothing has been written yet: the whole call changes nothing.
       return nil, redis.error_reply('TOLLGATE_CONFLICT ' .. i .. ' not_a_state')
     end
+    if log.blocked and log.blocked > now then
+      return 0, p1, 0, log.blocked - now, log.blocked - now
+    end
     ok, limit, remaining, reset_after, retry_after, a, ttl = run(p1, p2, p3, log, now, cost)
+    if ok and log.blocked then
+      a.clear = true
+    end
   else
     a, b, c = read_cells(key, code)
     if a == false then
       return nil, redis.error_reply('TOLLGATE_CONFLICT ' .. i .. ' not_a_state')
     end
+    if a == BLOCKED then
+      if b > now then
+        return 0, p1, 0, b - now, b - now
+      end
+      -- The block has ended: the layer starts new.
+      a, b, c = nil, nil, nil
+    end
     ok, limit, remaining, reset_after, retry_after, ttl, a, b, c =
       run(p1, p2, p3, a, b, c, now, cost)
   end
   return ok and 1 or 0, limit, remaining, reset_after, retry_after, ttl, a, b, c
+end
+
+-- The end of the block at layer i's key when it is still on, else nil.
+local function live_block(key, code, now)
+  local u
+  if code == LOG then
+    local log = read_log(key)
+    u = log and log.blocked
+  else
+    local a, b = read_cells(key, code)
+    u = a == BLOCKED and b
+  end
+  if u and u > now then
+    return u
+  end
+  return nil
+end
+
+local function write_block(key, code, until_us, now)
+  local ttl = ttl_ms(until_us, now) + TTL_MARGIN_MS
+  local v = 'b' .. int(until_us)
+  if code == LOG then
+    redis.call('DEL', key)
+    redis.call('RPUSH', key, v)
+    redis.call('PEXPIRE', key, ttl)
+  else
+    redis.call('SET', key, v, 'PX', ttl)
+  end
+end
+
+-- Give `units` back to the state at `key` (refund.lua's rules for a charge
+-- that never ages; the log drops its newest entries). A state keeps its
+-- expiry: a reward only brings it closer to new.
+local function reward_layer(key, code, p1, p2, p3, now, units)
+  if code == LOG then
+    -- A missing key answers nil; a block was kept by the caller.
+    redis.call('RPOP', key, units)
+    return
+  end
+  local a, b, c = read_cells(key, code)
+  local ttl = redis.call('PTTL', key)
+  if not a or a == BLOCKED or ttl <= 0 then
+    return
+  end
+  local given, na, nb, nc
+  if code == TOKEN_BUCKET then
+    given, na, nb, nc = refund_token_bucket(p1, p2, p3, a, b, c, now, units, 0, FAR)
+  elseif code == GCRA then
+    given, na, nb, nc = refund_gcra(p1, p2, p3, a, b, c, now, units, 0, FAR)
+  elseif code == FIXED_WINDOW then
+    given, na, nb, nc = refund_fixed_window(p1, p2, p3, a, b, c, now, units, b)
+  else
+    -- The current window's count first, then the previous one's.
+    given, na, nb, nc = refund_sliding_window(p1, p2, p3, a, b, c, now, units, c)
+    if given < units then
+      local from = na and { na, nb, nc } or { a, b, c }
+      local more, xa, xb, xc = refund_sliding_window(p1, p2, p3, from[1], from[2], from[3],
+        now, units - given, c - p2)
+      if xa then
+        na, nb, nc = xa, xb, xc
+      end
+      given = given + more
+    end
+  end
+  if na and given > 0 then
+    write_cells(key, code, ttl, na, nb, nc)
+  end
+end
+
+-- 'penalize', 'reward' and 'block' (see the modes above).
+local function adjust(KEYS, ARGV, now, mode)
+  local layers = #KEYS
+  -- Every key judged first: a foreign one fails the call unchanged.
+  for i = 1, layers do
+    local base = 2 + 5 * (i - 1)
+    local ok, err = judge(i, KEYS[i], tonumber(ARGV[base + 1]), 1, ARGV, base + 3, now)
+    if not ok then
+      return err
+    end
+  end
+  local reply = {}
+  for i = 1, layers do
+    local key = KEYS[i]
+    local base = 2 + 5 * (i - 1)
+    local code = tonumber(ARGV[base + 1])
+    local units = tonumber(ARGV[base + 2])
+    local p = base + 3
+    local blocked = live_block(key, code, now)
+    if mode == 'block' then
+      local until_us = now + units
+      if blocked and blocked > until_us then
+        until_us = blocked
+      end
+      write_block(key, code, until_us, now)
+    elseif blocked then
+      -- A block is kept through penalties and rewards.
+    elseif mode == 'penalize' then
+      local ok, _, remaining = judge(i, key, code, 1, ARGV, p, now)
+      local take = 0
+      if ok == 1 then
+        take = min(units, remaining + 1)
+      end
+      if take > 0 then
+        local taken, _, _, _, _, ttl, a, b, c = judge(i, key, code, take, ARGV, p, now)
+        if taken == 1 then
+          if code == LOG then
+            write_log(key, a, take, ttl + TTL_MARGIN_MS)
+          else
+            write_cells(key, code, ttl + TTL_MARGIN_MS, a, b, c)
+          end
+        end
+      end
+    else
+      reward_layer(key, code, tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]),
+        now, units)
+    end
+    local ok, limit, remaining, reset_after, retry_after = judge(i, key, code, 1, ARGV, p, now)
+    if ok == 1 then
+      remaining = min(remaining + 1, limit)
+    end
+    local r = 5 * (i - 1)
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
+      ok, limit, remaining, reset_after, retry_after
+  end
+  return reply
 end
 
 -- The one entry point: KEYS and ARGV as described above.
@@ -299,7 +478,8 @@ local function decide(KEYS, ARGV)
   local mode = 'decide'
   if nargs ~= 2 + 5 * layers then
     local last = ARGV[nargs]
-    if nargs == 3 + 5 * layers and (last == 'reserve' or last == 'peek' or last == 'reset') then
+    if nargs == 3 + 5 * layers and (last == 'reserve' or last == 'peek' or last == 'reset'
+        or last == 'penalize' or last == 'reward' or last == 'block') then
       mode = last
     elseif nargs == 3 + 7 * layers and last == 'refund' then
       mode = 'refund'
@@ -327,6 +507,9 @@ local function decide(KEYS, ARGV)
 
   if mode == 'refund' then
     return refund(KEYS, ARGV, now)
+  end
+  if mode == 'penalize' or mode == 'reward' or mode == 'block' then
+    return adjust(KEYS, ARGV, now, mode)
   end
 
   if layers == 1 and mode == 'decide' then

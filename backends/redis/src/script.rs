@@ -150,6 +150,34 @@ pub(crate) enum Mode {
     /// Give back charges; each layer's arguments end with its charge.
     #[cfg(feature = "cluster")]
     Refund,
+    /// Charge each layer its cost, saturating at empty.
+    Penalize,
+    /// Give each layer its cost back, never above full.
+    Reward,
+    /// Block every layer for this many µs (sent in the cost's place).
+    Block(u64),
+}
+
+impl Mode {
+    /// The mode of an operator's `adjustment` (an adjustment the script
+    /// does not know is [`StoreError::UnsupportedOperation`]).
+    pub(crate) fn of(adjustment: tollgate_limiter::Adjustment) -> Result<Mode, StoreError> {
+        use tollgate_limiter::Adjustment;
+        Ok(match adjustment {
+            Adjustment::Penalize => Mode::Penalize,
+            Adjustment::Reward => Mode::Reward,
+            Adjustment::Block(d) => Mode::Block(tollgate_limiter::duration_micros(d)),
+            other => return Err(StoreError::UnsupportedOperation(other.name())),
+        })
+    }
+
+    /// A layer's arguments as this mode sends them.
+    pub(crate) fn layer(self, mut args: [u64; LAYER_ARGS]) -> [u64; LAYER_ARGS] {
+        if let Mode::Block(us) = self {
+            args[1] = us;
+        }
+        args
+    }
 }
 
 /// One call of the code (`FCALL` of the function or `EVALSHA` of the
@@ -223,6 +251,9 @@ impl Mode {
             Mode::Reset => Some("reset"),
             #[cfg(feature = "cluster")]
             Mode::Refund => Some("refund"),
+            Mode::Penalize => Some("penalize"),
+            Mode::Reward => Some("reward"),
+            Mode::Block(_) => Some("block"),
         }
     }
 }

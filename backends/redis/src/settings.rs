@@ -138,7 +138,9 @@ macro_rules! settings_setters {
         /// fails the decision with
         /// [`RedisStoreError::NotReplicated`](crate::RedisStoreError::NotReplicated)
         /// (its failure mode decides), so an admitted decision is one whose
-        /// charge survives the primary's death. `replicas` must be at least
+        /// charge survives the primary's death. Operators' writes (a reset,
+        /// a penalty, a reward, a block) wait the same way and fail with
+        /// the same error. `replicas` must be at least
         /// 1 and `timeout` at least 1 ms and shorter than the deadline. It
         /// costs a round trip to the replicas per admitted decision, and
         /// on a multiplexed connection a `WAIT` holds up the calls queued

@@ -10,7 +10,7 @@ use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
 use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, RedisResult};
-use tollgate_limiter::{LayerRequest, Store, StoreError, Verdicts};
+use tollgate_limiter::{Adjustment, LayerRequest, Store, StoreError, Verdicts};
 
 use crate::client::{self, connect_error};
 use crate::conflicts;
@@ -400,7 +400,7 @@ impl RedisStore {
         let keys = layers.iter().map(|l| self.decides.key_arg(&l.key));
         let mut call = ScriptCall::new(style, keys, time);
         for layer in layers {
-            call = call.layer(&layer_args(layer)?);
+            call = call.layer(&mode.layer(layer_args(layer)?));
         }
         Ok(call.mode(mode))
     }
@@ -463,10 +463,15 @@ impl RedisStore {
         match result {
             Ok(reply) => {
                 let verdicts = parse_reply(&reply, layers.len())?;
-                // A decision charged only when every layer admitted (a peek
-                // or a reset charges nothing).
+                // A decision wrote only when every layer admitted; a peek
+                // writes nothing; a reset or an adjustment always writes.
                 if let Some(ack) = &self.decides.replica_ack {
-                    if mode == Mode::Decide && verdicts.iter().all(|v| v.allowed) {
+                    let wrote = match mode {
+                        Mode::Decide => verdicts.iter().all(|v| v.allowed),
+                        Mode::Peek => false,
+                        _ => true,
+                    };
+                    if wrote {
                         ack.wait(con).await?;
                     }
                 }
@@ -510,6 +515,20 @@ impl Store for RedisStore {
         within(self.decides.deadline, self.call(layers, Mode::Reset))
             .await?
             .map(drop)
+    }
+
+    /// One call: every layer judged, then changed (a foreign key fails
+    /// the call before anything is written).
+    async fn adjust(
+        &self,
+        layers: &[LayerRequest<'_>],
+        adjustment: Adjustment,
+    ) -> Result<Verdicts, StoreError> {
+        if layers.is_empty() {
+            return Ok(Verdicts::new());
+        }
+        let mode = Mode::of(adjustment)?;
+        within(self.decides.deadline, self.call(layers, mode)).await?
     }
 }
 

@@ -157,12 +157,7 @@ fn sliding_log() -> impl Strategy<Value = Limit> {
 
 /// The time scale of a policy: its period, window, or burst × interval.
 fn scale(limit: &Limit) -> u64 {
-    match limit {
-        Limit::TokenBucket(p) => p.period_us(),
-        Limit::Gcra(p) => p.interval_us() * p.burst(),
-        Limit::FixedWindow(p) | Limit::SlidingWindow(p) | Limit::SlidingLog(p) => p.window_us(),
-        _ => unreachable!("built-in algorithms only"),
-    }
+    common::time_scale(limit)
 }
 
 /// What the differential run compares after a step, for one key.

@@ -429,6 +429,7 @@ async fn every_key_has_a_bounded_ttl() {
     conformance::layers_are_all_or_nothing(&factory).await;
     conformance::subjects_and_versions_are_isolated(&factory).await;
     conformance::state_resets_after_reset_after(&factory).await;
+    conformance::penalties_saturate_and_rewards_refill(&factory).await;
 
     // The longest TTLs any policy can ask for.
     let store = factory(ManualClock::new(START)).await;
@@ -448,6 +449,13 @@ async fn every_key_has_a_bounded_ttl() {
             .unwrap()
             .is_allowed());
     }
+
+    // And the longest block.
+    let blocked = single(
+        store.clone(),
+        Limit::gcra(1, Duration::from_secs(1), 1).unwrap(),
+    );
+    blocked.block(&fresh_subject(), MAX_RECOVERY).await.unwrap();
 
     let mut con = common::raw(url).await;
     let keys = common::keys_under(&mut con, &prefix).await;
@@ -473,6 +481,82 @@ async fn every_key_has_a_bounded_ttl() {
         longest_seen > MAX_RECOVERY.as_millis() as i64 - 60_000,
         "the longest TTL ({longest_seen} ms) reaches the policy maximum"
     );
+}
+
+/// A block lives in the layer's own key — a counter's string or a log's
+/// list holds `b<end µs>` — with a TTL that covers it (plus the store's
+/// millisecond), and the next decision after its end overwrites it.
+#[tokio::test]
+async fn a_block_lives_in_the_layer_key_with_a_ttl_covering_it() {
+    let url = RedisServer::shared().url();
+    let prefix = unique("block");
+    let clock = ManualClock::new(START);
+    let store: Arc<dyn Store> = Arc::new(
+        RedisStore::builder(url)
+            .prefix(prefix.clone())
+            .clock(Arc::new(clock.clone()))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let mut con = common::raw(url).await;
+    let minute = Duration::from_secs(60);
+    for (limit, list) in [
+        (Limit::gcra(5, minute, 5).unwrap(), false),
+        (Limit::sliding_log(5, minute).unwrap(), true),
+    ] {
+        clock.set(START);
+        let limiter = single(store.clone(), limit);
+        let ctx = fresh_subject();
+        limiter.check(&ctx, 1).await.unwrap();
+        limiter.block(&ctx, minute).await.unwrap();
+        let keys = common::keys_under(&mut con, &prefix).await;
+        let subject = ctx.subject().unwrap().as_str().to_string();
+        let key = keys
+            .iter()
+            .find(|k| k.contains(&subject))
+            .expect("the layer's key");
+        let value: String = if list {
+            redis::cmd("LINDEX")
+                .arg(key)
+                .arg(0)
+                .query_async(&mut con)
+                .await
+                .unwrap()
+        } else {
+            redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut con)
+                .await
+                .unwrap()
+        };
+        let end = START.as_micros() + 60_000_000;
+        assert_eq!(value, format!("b{end}"), "{key}");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert!((59_000..=60_001).contains(&ttl), "{key}: {ttl} ms");
+        clock.advance(minute);
+        assert!(limiter.check(&ctx, 1).await.unwrap().is_allowed());
+        let kind: String = redis::cmd("TYPE")
+            .arg(key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(kind, if list { "list" } else { "string" });
+        if list {
+            let entries: Vec<u64> = redis::cmd("LRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            assert_eq!(entries, [end], "the block gave way to a log of one entry");
+        }
+    }
 }
 
 /// Sends `SIGCONT` on drop, so a failing test never leaves a server stopped.

@@ -12,7 +12,8 @@
 //! neither refills nor drains; layered decisions are all-or-nothing; and
 //! subjects never share counters; a state is only read by the algorithm
 //! that wrote it (an algorithm swap starts from no state); `peek` charges
-//! nothing and `reset` forgets a context's every layer.
+//! nothing, `reset` forgets a context's own layers, `penalize` and `reward`
+//! move them between empty and full, and `block` denies until its end.
 //!
 //! Two more cases need a hook into the store, so they are called by hand:
 //! [`foreign_values_are_conflicts`] (stores that share a database with other
@@ -27,8 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_limiter::{
-    async_trait, Context, Decision, KeyBudget, LayerRequest, Limit, Limiter, ManualClock, Policy,
-    Scope, Store, StoreError, StoreKey, Subject, Timestamp, WhenFull,
+    async_trait, Adjustment, Context, Decision, KeyBudget, LayerRequest, Limit, Limiter,
+    ManualClock, Policy, Scope, Store, StoreError, StoreKey, Subject, Timestamp, WhenFull,
 };
 
 /// Builds a store whose time comes from the given manual clock.
@@ -443,6 +444,150 @@ pub async fn reset_forgets_the_state(factory: impl StoreFactory) {
     }
 }
 
+/// `penalize` charges a context's own layers without an admission check,
+/// saturating at empty; `reward` gives units back, never above full; both
+/// change every per-subject layer at once and never a shared one; no units,
+/// or a limiter without a per-subject layer, are refused.
+pub async fn penalties_saturate_and_rewards_refill(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    let minute = Duration::from_secs(60);
+    let window = |n| Limit::fixed_window(n, minute).expect("valid");
+    for limit in every_algorithm_over(5, minute) {
+        let name = limit.algorithm_name();
+        let limiter = Limiter::builder(store.clone())
+            .layer(
+                "own",
+                Scope::Subject,
+                Policy::new(unique(name), limit).expect("valid"),
+            )
+            .layer(
+                "own-wide",
+                Scope::Subject,
+                Policy::new(unique("wide"), window(8)).expect("valid"),
+            )
+            .layer(
+                "tenant",
+                Scope::Tenant,
+                Policy::new(unique("tenant"), window(100)).expect("valid"),
+            )
+            .build()
+            .expect("valid");
+        let ctx = fresh_subject().with_tenant(Subject::new(unique("t")).expect("valid"));
+        let left = |d: &Decision| d.layers().iter().map(|l| l.remaining).collect::<Vec<u64>>();
+        let d = limiter.penalize(&ctx, 2).await.expect("store penalizes");
+        assert_eq!(left(&d), [3, 6], "{name}: both own layers, nothing else");
+        assert!(d.is_allowed(), "{name}");
+        let d = limiter.penalize(&ctx, 7).await.expect("store penalizes");
+        assert_eq!(left(&d), [0, 0], "{name}: saturated at empty");
+        assert!(!d.is_allowed() && d.retry_after().is_some(), "{name}");
+        assert_eq!(admitted(&limiter, &ctx, 1, 1).await, 0, "{name}: denied");
+        let d = limiter.reward(&ctx, 2).await.expect("store rewards");
+        assert_eq!(left(&d), [2, 2], "{name}: two back");
+        assert_eq!(admitted(&limiter, &ctx, 3, 1).await, 2, "{name}");
+        let d = limiter.reward(&ctx, 50).await.expect("store rewards");
+        assert_eq!(left(&d), [5, 8], "{name}: full, never above");
+        assert_eq!(admitted(&limiter, &ctx, 6, 1).await, 5, "{name}");
+        let shared = limiter.peek(&ctx, 1).await.expect("store peeks");
+        assert_eq!(
+            shared.layers()[2].remaining,
+            100 - 2 - 5,
+            "{name}: the tenant layer counts the checks only"
+        );
+        assert!(
+            matches!(
+                limiter.penalize(&ctx, 0).await,
+                Err(tollgate_limiter::Error::Operation { .. })
+            ),
+            "{name}: no units"
+        );
+    }
+    let global_only = Limiter::builder(store)
+        .layer(
+            "all",
+            Scope::Global,
+            Policy::new(unique("all"), window(5)).expect("valid"),
+        )
+        .build()
+        .expect("valid");
+    assert!(matches!(
+        global_only.penalize(&fresh_subject(), 1).await,
+        Err(tollgate_limiter::Error::Operation { .. })
+    ));
+}
+
+/// `block` denies a context's own layers until its end, exactly, whatever
+/// the algorithm; peeks see it; it survives penalties and rewards, is never
+/// shortened, ends with the layer full, and `reset` lifts it. Durations
+/// outside 1 ms to 14 days are refused.
+pub async fn blocks_deny_until_their_end(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    let ten_minutes = Duration::from_secs(600);
+    // Windows of a minute: a state charged meanwhile outlives the test.
+    for limit in every_algorithm_over(5, Duration::from_secs(60)) {
+        let name = limit.algorithm_name();
+        clock.set(START);
+        let limiter = single(store.clone(), limit);
+        let ctx = fresh_subject();
+        assert_eq!(admitted(&limiter, &ctx, 2, 1).await, 2, "{name}");
+        let d = limiter
+            .block(&ctx, ten_minutes)
+            .await
+            .expect("store blocks");
+        assert_eq!(d.retry_after(), Some(ten_minutes), "{name}: exact");
+        let d = limiter.check(&ctx, 1).await.expect("store answers");
+        assert!(!d.is_allowed(), "{name}: blocked");
+        assert_eq!(
+            d.retry_after(),
+            Some(ten_minutes),
+            "{name}: check sees the end"
+        );
+        let d = limiter
+            .block(&ctx, Duration::from_secs(1))
+            .await
+            .expect("store blocks");
+        assert_eq!(
+            d.retry_after(),
+            Some(ten_minutes),
+            "{name}: never shortened"
+        );
+        for d in [
+            limiter.penalize(&ctx, 1).await.expect("store penalizes"),
+            limiter.reward(&ctx, 5).await.expect("store rewards"),
+            limiter.peek(&ctx, 1).await.expect("store peeks"),
+        ] {
+            assert_eq!(d.retry_after(), Some(ten_minutes), "{name}: still blocked");
+        }
+        clock.advance(ten_minutes - Duration::from_micros(1));
+        let d = limiter.check(&ctx, 1).await.expect("store answers");
+        assert_eq!(d.retry_after(), Some(Duration::from_micros(1)), "{name}");
+        clock.advance(Duration::from_micros(1));
+        let d = limiter.check(&ctx, 1).await.expect("store answers");
+        assert!(d.is_allowed(), "{name}: the block is over");
+        assert_eq!(d.layers()[0].remaining, 4, "{name}: it starts full");
+        // A reset lifts a block.
+        limiter
+            .block(&ctx, ten_minutes)
+            .await
+            .expect("store blocks");
+        limiter.reset(&ctx).await.expect("store resets");
+        assert_eq!(admitted(&limiter, &ctx, 6, 1).await, 5, "{name}: lifted");
+        for wrong in [
+            Duration::ZERO,
+            tollgate_limiter::MAX_RECOVERY + Duration::from_secs(1),
+        ] {
+            assert!(
+                matches!(
+                    limiter.block(&ctx, wrong).await,
+                    Err(tollgate_limiter::Error::Operation { .. })
+                ),
+                "{name}: {wrong:?}"
+            );
+        }
+    }
+}
+
 /// Different subjects never share a counter; the same policy under another
 /// version starts fresh.
 pub async fn subjects_and_versions_are_isolated(factory: impl StoreFactory) {
@@ -795,13 +940,26 @@ pub async fn foreign_values_are_conflicts(store: Arc<dyn Store>, foreign: &dyn F
                 ),
                 "{algorithm}, {kind}: reset"
             );
+            for adjustment in [
+                Adjustment::Penalize,
+                Adjustment::Reward,
+                Adjustment::Block(Duration::from_secs(60)),
+            ] {
+                assert!(
+                    matches!(
+                        store.adjust(&layered, adjustment).await,
+                        Err(StoreError::Conflict { .. })
+                    ),
+                    "{algorithm}, {kind}: {adjustment:?}"
+                );
+            }
             let verdicts = store
                 .decide(&layered[..1])
                 .await
                 .expect("the other layer decides");
             assert_eq!(
                 verdicts[0].remaining, 3,
-                "{algorithm}, {kind}: the failed reset removed nothing"
+                "{algorithm}, {kind}: the failed reset and adjustments changed nothing"
             );
             assert!(
                 foreign.intact(&key, kind).await,
@@ -952,6 +1110,8 @@ macro_rules! conformance_tests {
             implausible_times_are_refused,
             peek_charges_nothing,
             reset_forgets_the_state,
+            penalties_saturate_and_rewards_refill,
+            blocks_deny_until_their_end,
         );
     };
     (@cases $factory:expr; $($case:ident),* $(,)?) => {

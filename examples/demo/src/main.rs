@@ -17,6 +17,7 @@
 //! |---|---|---|
 //! | `GET /search` | token bucket: 5, refilled 1 per second | API key (hashed) |
 //! | `POST /login` | sliding log: 3 per minute | client IP |
+//! | `POST /login`, inside | the login recipe (`docs/login.md`): 3 failures per 15 minutes, then blocks of 1 min, 10 min, 1 h | account |
 //! | `GET /export` | GCRA per key, fixed window per tenant, sliding window for everyone, decided together | key, tenant, global |
 //!
 //! `--selftest` runs the server on a free port with a manual clock, fires
@@ -33,13 +34,18 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tollgate::config::LiveConfig;
-use tollgate::tower::{single_header_value, ClientIp, Identity, RateLimitLayer, Reply};
-use tollgate::{Clock, Context, HashKey, ManualClock, MonotonicClock, Subject, Timestamp};
+use tollgate::tower::{
+    single_header_value, ClientIp, HeaderStyle, Identity, RateLimitLayer, Reply,
+};
+use tollgate::{
+    Clock, Context, Decision, Escalation, HashKey, Limit, LoginGuard, ManualClock, MonotonicClock,
+    Policy, Subject, Timestamp,
+};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -78,6 +84,89 @@ impl Keys {
     }
 }
 
+/// The demo's accounts and their passwords. A real server keeps password
+/// hashes, and checks them in constant time.
+const ACCOUNTS: &[(&str, &str)] = &[("dave", "correct horse"), ("erin", "battery staple")];
+
+/// The login recipe (`docs/login.md`): per account, 3 failed attempts per
+/// 15 minutes, then blocks of 1 minute, 10 minutes and an hour, forgotten
+/// after a quiet day — on the configuration's store.
+fn login_guard(live: &LiveConfig) -> Result<LoginGuard, Error> {
+    let minute = Duration::from_secs(60);
+    Ok(LoginGuard::new(
+        live.store(),
+        Policy::new("login-failures", Limit::sliding_log(3, 15 * minute)?)?,
+        Escalation::new([minute, 10 * minute, 60 * minute], 24 * 60 * minute)?,
+    )?)
+}
+
+/// `POST /login` with a form `user=…&password=…`: 200 and the failures
+/// forgotten for the right password, 401 for a wrong one, 429 with the
+/// block's end once the account is blocked (the attempt is then not even
+/// checked), 400 for a form without both fields.
+async fn login(State(guard): State<LoginGuard>, form: String) -> Response {
+    let field = |name: &str| {
+        form.split('&')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+    };
+    let (Some(user), Some(password)) = (field("user"), field("password")) else {
+        return plain(400, "send a form: user=NAME&password=PASSWORD\n");
+    };
+    // The account name is the subject (this demo's names are plain words).
+    let Ok(subject) = Subject::new(user) else {
+        return plain(401, "wrong user or password\n");
+    };
+    let ctx = Context::for_subject(subject);
+    let right = ACCOUNTS.iter().any(|&(u, p)| u == user && p == password);
+    match attempt(&guard, &ctx, right).await {
+        Ok(response) => response,
+        Err(e) => {
+            eprintln!("login: {e}");
+            plain(503, "try again later\n")
+        }
+    }
+}
+
+async fn attempt(
+    guard: &LoginGuard,
+    ctx: &Context,
+    right: bool,
+) -> Result<Response, tollgate::Error> {
+    let now = guard.allows(ctx).await?;
+    if !now.is_allowed() {
+        return Ok(too_many_requests(&now));
+    }
+    if right {
+        guard.succeeded(ctx).await?;
+        return Ok(plain(200, "welcome\n"));
+    }
+    let after = guard.failed(ctx).await?;
+    Ok(if after.is_allowed() {
+        plain(401, "wrong user or password\n")
+    } else {
+        too_many_requests(&after)
+    })
+}
+
+/// The limiter's own 429: problem+json, `Retry-After`, `RateLimit`.
+fn too_many_requests(decision: &Decision) -> Response {
+    response(Reply::too_many_requests(decision, HeaderStyle::default()))
+}
+
+fn plain(status: u16, body: &'static str) -> Response {
+    let mut response = Response::new(axum::body::Body::from(body));
+    *response.status_mut() = axum::http::StatusCode::from_u16(status).expect("a status");
+    response
+}
+
+fn response(reply: Reply) -> Response {
+    let (status, headers, body) = reply.into_parts();
+    let mut response = Response::new(axum::body::Body::from(body));
+    *response.status_mut() = axum::http::StatusCode::from_u16(status).expect("a status");
+    tollgate::tower::apply_headers(&headers, response.headers_mut());
+    response
+}
+
 /// The `WWW-Authenticate` challenge of the demo's API keys.
 const CHALLENGE: &str = "ApiKey header=\"x-api-key\"";
 
@@ -97,13 +186,7 @@ async fn authenticate(State(keys): State<Keys>, mut request: Request, next: Next
                 .insert(Context::for_subject(key).with_tenant(tenant));
             next.run(request).await
         }
-        None => {
-            let (status, headers, body) = Reply::unidentified(CHALLENGE).into_parts();
-            let mut response = Response::new(axum::body::Body::from(body));
-            *response.status_mut() = axum::http::StatusCode::from_u16(status).expect("401");
-            tollgate::tower::apply_headers(&headers, response.headers_mut());
-            response
-        }
+        None => response(Reply::unidentified(CHALLENGE)),
     }
 }
 
@@ -136,7 +219,7 @@ fn app(limiters: &LiveConfig) -> Result<Router, Error> {
     // Key and tenant as authentication recorded them.
     let export = limit(limiters, "export", Identity::new().extension())?;
     // The socket peer: this demo trusts no proxy.
-    let login = limit(
+    let per_ip = limit(
         limiters,
         "login",
         Identity::new().client_ip(ClientIp::direct()),
@@ -152,7 +235,9 @@ fn app(limiters: &LiveConfig) -> Result<Router, Error> {
             get(|| async { "export ready\n" }).route_layer(export),
         )
         .route_layer(middleware::from_fn_with_state(keys, authenticate));
-    let public = Router::new().route("/login", post(|| async { "welcome\n" }).route_layer(login));
+    let public = Router::new()
+        .route("/login", post(login).route_layer(per_ip))
+        .with_state(login_guard(limiters)?);
     Ok(Router::new()
         .route(
             "/",
@@ -315,7 +400,8 @@ async fn run() -> Result<(), Error> {
     let tries = [
         ("token bucket per API key: 5, then 1 per second", format!("curl -i -H 'x-api-key: demo-key-alice' {base}/search")),
         ("a burst of 8: five 200s, then 429s", format!("for i in $(seq 8); do curl -s -o /dev/null -w '%{{http_code}} ' -H 'x-api-key: demo-key-alice' {base}/search; done; echo")),
-        ("sliding log per client IP: 3 per minute", format!("curl -i -X POST {base}/login")),
+        ("login: 3 per minute per client IP; dave's right password is 'correct horse'", format!("curl -i -d 'user=dave&password=correct horse' {base}/login")),
+        ("3 wrong passwords block dave for 1 min (then 10 min, 1 h)", format!("for i in 1 2 3; do curl -s -o /dev/null -w '%{{http_code}} ' -d 'user=dave&password=guess' {base}/login; done; echo")),
         ("per key, per tenant and global together (alice and bob share tenant acme)", format!("curl -i -H 'x-api-key: demo-key-bob' {base}/export")),
         ("no key: 401", format!("curl -i {base}/search")),
     ];
@@ -357,9 +443,11 @@ struct Got {
 
 /// A real HTTP client aimed at the demo server, keeping score.
 struct Tester {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<HttpConnector, Full<Bytes>>,
     base: String,
     all_as_promised: bool,
+    /// The form every POST sends (`user=…&password=…`).
+    form: String,
 }
 
 impl Tester {
@@ -375,7 +463,12 @@ impl Tester {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let response = self.client.request(request.body(Empty::new())?).await?;
+        let body = if method == "POST" {
+            Bytes::from(self.form.clone())
+        } else {
+            Bytes::new()
+        };
+        let response = self.client.request(request.body(Full::new(body))?).await?;
         let header = |name: &str| {
             let values: Vec<&str> = response
                 .headers()
@@ -467,6 +560,64 @@ impl Tester {
     }
 }
 
+/// The login recipe over HTTP: failures blocked for longer and longer,
+/// the right password refused while blocked, a success forgetting it all.
+async fn login_recipe(t: &mut Tester, clock: &ManualClock) -> Result<(), Error> {
+    println!("\nPOST /login as dave: 3 failures per 15 min, then blocks of 1 min, 10 min, 1 h");
+    let wrong = "user=dave&password=guess";
+    let right = "user=dave&password=correct horse";
+    // Each round fits the route's own limit (6 per minute per IP by now).
+    clock.advance(Duration::from_secs(60));
+    for (round, block) in [(1, "60"), (2, "600"), (3, "3600")] {
+        t.form = wrong.into();
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(t.fire("POST", "/login", None).await?);
+        }
+        let statuses: Vec<u16> = got.iter().map(|g| g.status).collect();
+        t.check(
+            &format!(
+                "round {round}, 3 wrong passwords: {statuses:?}, Retry-After: {}",
+                got[2].retry_after
+            ),
+            statuses == [401, 401, 429]
+                && got[2].retry_after == block
+                && !got[2].ratelimit.is_empty(),
+        );
+        t.form = right.into();
+        let blocked = t.fire("POST", "/login", None).await?;
+        t.check(
+            &format!(
+                "  the right password while blocked: {} (not checked)",
+                blocked.status
+            ),
+            blocked.status == 429,
+        );
+        clock.advance(Duration::from_secs(block.parse()?));
+    }
+    let welcome = t.fire("POST", "/login", None).await?;
+    t.check(
+        &format!("the block over, the right password: {}", welcome.status),
+        welcome.status == 200,
+    );
+    t.form = wrong.into();
+    let mut last = 0;
+    let mut retry = String::new();
+    for _ in 0..3 {
+        let got = t.fire("POST", "/login", None).await?;
+        last = got.status;
+        retry = got.retry_after;
+    }
+    t.check(
+        &format!("after a success, 3 failures block for {retry} s again ({last})"),
+        last == 429 && retry == "60",
+    );
+    t.form = "user=dave".into();
+    let bad = t.fire("POST", "/login", None).await?;
+    t.check("a form without a password: 400", bad.status == 400);
+    Ok(())
+}
+
 /// The server on a free port with a manual clock, bursts at every route,
 /// then a reload of a changed file and of an invalid one.
 async fn selftest(path: &std::path::Path) -> Result<(), Error> {
@@ -485,6 +636,7 @@ async fn selftest(path: &std::path::Path) -> Result<(), Error> {
         client: Client::builder(TokioExecutor::new()).build_http(),
         base: format!("http://{addr}"),
         all_as_promised: true,
+        form: "user=erin&password=battery staple".into(),
     };
     println!(
         "Tollgate demo self-test: {}, in-process store, clock moved by hand.\n",
@@ -580,6 +732,8 @@ async fn selftest(path: &std::path::Path) -> Result<(), Error> {
     clock.advance(Duration::from_secs(60));
     t.burst("POST /login, 7 a minute later", "POST /login", None, 7, 6)
         .await?;
+
+    login_recipe(&mut t, &clock).await?;
 
     if t.all_as_promised {
         println!("\nself-test passed");

@@ -44,8 +44,8 @@ use tokio::sync::Semaphore;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 use tollgate::{
-    async_trait, duration_micros, Clock, LayerRequest, Limit, State, Store, StoreError,
-    SystemClock, Verdicts,
+    async_trait, duration_micros, Adjustment, Clock, LayerRequest, Limit, State, Store, StoreError,
+    SystemClock, Verdicts, MAX_RECOVERY,
 };
 
 /// How often one decision is retried after a deadlock or a row deleted
@@ -312,7 +312,12 @@ impl PgStore {
                 }
                 // A row this store did not write is never read, overwritten
                 // or deleted: the whole decision is a conflict.
-                if let Some(found) = foreign(layers[i].policy.limit(), is_log, &cells) {
+                // A block ends within 14 days (and a little clock skew).
+                let far_block = cells.is_empty()
+                    && expires_at > now_us.saturating_add(duration_micros(MAX_RECOVERY) * 2);
+                let found = foreign(layers[i].policy.limit(), is_log, &cells)
+                    .or(far_block.then_some("not a block"));
+                if let Some(found) = found {
                     tx.rollback().await?;
                     return Ok(Some(Err(StoreError::Conflict {
                         policy: layers[i].policy.name().to_string(),
@@ -324,8 +329,11 @@ impl PgStore {
                 expired.push(key);
                 continue;
             }
-            let values = cells.into_iter().map(|v| v as u64);
-            let state = if is_log {
+            let values = cells.iter().map(|&v| v as u64);
+            let state = if cells.is_empty() {
+                // A block: no cells, ending when the row expires.
+                State::Blocked(expires_at)
+            } else if is_log {
                 State::Log(values.collect::<VecDeque<u64>>())
             } else {
                 let mut c = [0u64; 3];
@@ -342,9 +350,20 @@ impl PgStore {
         }
         // 4. All or nothing, judged by Tollgate's own algorithms.
         let states: Vec<Option<&State>> = states.iter().map(Option::as_ref).collect();
-        let layered = tollgate::algorithms::decide_layers(layers, &states, now);
+        let layered = match op {
+            Op::Adjust(adjustment) => {
+                match tollgate::algorithms::adjust_layers(layers, &states, now, adjustment) {
+                    Ok(layered) => layered,
+                    Err(e) => {
+                        tx.rollback().await?;
+                        return Ok(Some(Err(e)));
+                    }
+                }
+            }
+            _ => tollgate::algorithms::decide_layers(layers, &states, now),
+        };
         match op {
-            Op::Decide => {}
+            Op::Decide | Op::Adjust(_) => {}
             // Nothing charged, nothing kept (not even step 1's rows).
             Op::Peek => {
                 tx.rollback().await?;
@@ -382,17 +401,28 @@ impl PgStore {
             "UPDATE {} SET is_log = $2, state = $3, expires_at = $4 WHERE key = $1",
             self.table
         );
-        for (key, write) in keys.iter().zip(layered.writes) {
-            if let Some(next) = write {
-                let (is_log, values): (bool, Vec<i64>) = match &next.state {
-                    State::Log(entries) => (true, entries.iter().map(|&v| v as i64).collect()),
-                    State::Cells(c) => (false, c.iter().map(|&v| v as i64).collect()),
-                    _ => (false, Vec::new()),
-                };
-                let expires_at = now_us.saturating_add(duration_micros(next.ttl)) as i64;
-                tx.execute(&update, &[key, &is_log, &values, &expires_at])
-                    .await?;
-            }
+        let delete = format!("DELETE FROM {} WHERE key = $1", self.table);
+        for ((key, layer), write) in keys.iter().zip(layers).zip(layered.writes) {
+            let Some(next) = write else { continue };
+            let mut expires_at = now_us.saturating_add(duration_micros(next.ttl)) as i64;
+            let (is_log, values): (bool, Vec<i64>) = match &next.state {
+                // A log emptied by a reward is no state (an empty row
+                // would read as a block).
+                State::Log(entries) if entries.is_empty() => {
+                    tx.execute(&delete, &[key]).await?;
+                    continue;
+                }
+                State::Log(entries) => (true, entries.iter().map(|&v| v as i64).collect()),
+                State::Cells(c) => (false, c.iter().map(|&v| v as i64).collect()),
+                // A block: no cells, and the row expires exactly at its end.
+                State::Blocked(until) => {
+                    expires_at = *until as i64;
+                    (wants_log(layer.policy.limit(), false), Vec::new())
+                }
+                _ => (false, Vec::new()),
+            };
+            tx.execute(&update, &[key, &is_log, &values, &expires_at])
+                .await?;
         }
         // 5.
         tx.commit().await?;
@@ -404,17 +434,21 @@ impl PgStore {
 /// where a counter belongs (or the reverse), a counter that is not three
 /// numbers, a negative number. `None` for a state of the right shape.
 fn foreign(limit: &Limit, is_log: bool, cells: &[i64]) -> Option<&'static str> {
-    let wants_log = match limit {
-        Limit::SlidingLog(_) => true,
-        Limit::Custom(_) => is_log,
-        _ => false,
-    };
-    if is_log != wants_log {
+    if is_log != wants_log(limit, is_log) {
         Some("wrong type")
-    } else if (!is_log && cells.len() != 3) || cells.iter().any(|&v| v < 0) {
+    } else if (!is_log && !cells.is_empty() && cells.len() != 3) || cells.iter().any(|&v| v < 0) {
         Some("not a state")
     } else {
         None
+    }
+}
+
+/// Whether `limit` keeps a log (a custom algorithm keeps what it `has`).
+fn wants_log(limit: &Limit, has: bool) -> bool {
+    match limit {
+        Limit::SlidingLog(_) => true,
+        Limit::Custom(_) => has,
+        _ => false,
     }
 }
 
@@ -431,6 +465,8 @@ enum Op {
     Peek,
     /// Delete the rows.
     Reset,
+    /// Write what the adjustment changes.
+    Adjust(Adjustment),
 }
 
 impl PgStore {
@@ -492,5 +528,14 @@ impl Store for PgStore {
     /// deletes nothing.
     async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
         self.run(layers, Op::Reset).await.map(drop)
+    }
+
+    /// A block is a row without cells that expires at the block's end.
+    async fn adjust(
+        &self,
+        layers: &[LayerRequest<'_>],
+        adjustment: Adjustment,
+    ) -> Result<Verdicts, StoreError> {
+        self.run(layers, Op::Adjust(adjustment)).await
     }
 }

@@ -61,7 +61,7 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use tokio::time::Instant;
-use tollgate_limiter::{LayerRequest, Store, StoreError, Verdict, Verdicts};
+use tollgate_limiter::{Adjustment, LayerRequest, Store, StoreError, Verdict, Verdicts};
 
 use crate::client::connect_error;
 use crate::conflicts;
@@ -282,6 +282,17 @@ impl RedisClusterStore {
 }
 
 impl RedisClusterStore {
+    /// With `replica_ack`:
+    /// `WAIT` after an operator's write to `keys` (a reset, an adjustment).
+    async fn acknowledged(&self, keys: &[String]) -> Result<(), StoreError> {
+        let Some(ack) = &self.decides.replica_ack else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + self.decides.deadline;
+        self.until(deadline, self.acknowledge(ack, keys, &slot_groups(keys)))
+            .await?
+    }
+
     /// `WAIT` on the master of every group's slot, through the connection
     /// its charge went through (redis-rs keeps one per node).
     async fn acknowledge(
@@ -357,7 +368,8 @@ impl RedisClusterStore {
         }
     }
 
-    /// Every slot group called in `mode` (`Peek` or `Reset`), one call per
+    /// Every slot group called in `mode` (`Peek`, `Reset` or an
+    /// adjustment), one call per
     /// group, in slot order: the verdicts in layer order.
     async fn per_group(
         &self,
@@ -409,7 +421,7 @@ fn group_call(
 ) -> redis::Cmd {
     let mut call = ScriptCall::new(style, group.iter().map(|&i| keys[i].as_str()), time);
     for &i in group {
-        call = call.layer(&args[i]);
+        call = call.layer(&mode.layer(args[i]));
     }
     call.mode(mode)
 }
@@ -472,7 +484,28 @@ impl Store for RedisClusterStore {
         if slot_groups(&keys).len() > 1 {
             self.per_group(layers, Mode::Peek).await?;
         }
-        self.per_group(layers, Mode::Reset).await.map(drop)
+        self.per_group(layers, Mode::Reset).await?;
+        self.acknowledged(&keys).await
+    }
+
+    /// Atomic per slot group, as [`reset`](Store::reset) is: across
+    /// slots every group is peeked first, so data Tollgate did not write
+    /// in any of them fails the call before a state is changed.
+    async fn adjust(
+        &self,
+        layers: &[LayerRequest<'_>],
+        adjustment: Adjustment,
+    ) -> Result<Verdicts, StoreError> {
+        if layers.is_empty() {
+            return Ok(Verdicts::new());
+        }
+        let mode = Mode::of(adjustment)?;
+        let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
+        if slot_groups(&keys).len() > 1 {
+            self.per_group(layers, Mode::Peek).await?;
+        }
+        let verdicts = self.per_group(layers, mode).await?;
+        self.acknowledged(&keys).await.map(|()| verdicts)
     }
 }
 

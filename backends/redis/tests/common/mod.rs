@@ -166,3 +166,15 @@ where
         ttl == -1 && value == expected
     }
 }
+
+/// The time scale of a built-in policy: its period, window, or burst ×
+/// interval (µs).
+pub fn time_scale(limit: &tollgate_limiter::Limit) -> u64 {
+    use tollgate_limiter::Limit;
+    match limit {
+        Limit::TokenBucket(p) => p.period_us(),
+        Limit::Gcra(p) => p.interval_us() * p.burst(),
+        Limit::FixedWindow(p) | Limit::SlidingWindow(p) | Limit::SlidingLog(p) => p.window_us(),
+        _ => unreachable!("built-in algorithms only"),
+    }
+}

@@ -1,0 +1,319 @@
+//! Operators' changes to one layer's state — penalty, reward, block — the
+//! reference for every store's [`Store::adjust`](tollgate_limiter::Store::adjust)
+//! (the Redis store's `lua/adjust.lua` gives identical verdicts).
+
+use std::collections::VecDeque;
+
+use tollgate_limiter::{
+    duration_micros as duration_us, Adjustment, LayerRequest, Limit, State, StoreError, Stored,
+    Timestamp, Verdict, Verdicts,
+};
+
+use crate::layered::{Layered, Writes};
+
+use crate::refund::{refund, Charge};
+use crate::{after, decide, ttl_until};
+
+/// One layer adjusted: its verdict for a request of one unit afterwards
+/// (nothing charged, as a peek reports it: `remaining` is what the layer
+/// holds) and the state to store, if it
+/// changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adjusted {
+    /// The layer's verdict for one unit, after the change.
+    pub verdict: Verdict,
+    /// The state to store with its TTL; `None`: leave the state as it is.
+    pub next: Option<Stored>,
+}
+
+/// The verdict of a layer blocked until `until` (µs), at `now`: denied,
+/// nothing left, back (full) at `until`.
+pub fn blocked(limit: &Limit, until: u64, now: u64) -> Verdict {
+    Verdict {
+        allowed: false,
+        limit: limit.capacity(),
+        remaining: 0,
+        reset_after: after(until, now),
+        retry_after: Some(after(until, now)),
+    }
+}
+
+/// Apply `adjustment` of `units` (1 ≤ units ≤ capacity; a block ignores
+/// them) to one layer's `state` at `now`, as
+/// [`Adjustment`](tollgate_limiter::Adjustment) describes:
+///
+/// - **penalty**: the units a request could take now (its peek's remaining
+///   plus one, or none when it denies) bound the charge, which is then an
+///   ordinary admitted decision of that many units: saturating at empty,
+///   in whole units;
+/// - **reward**: each algorithm's refund of a charge that never ages (the
+///   token bucket and GCRA move their full-again instant back by the units,
+///   never before now; the fixed window counts fewer; the sliding window
+///   counts fewer, the current window first; the sliding log drops its
+///   newest entries);
+/// - **block**: [`State::Blocked`] until `now + duration`, or the later end
+///   of a block already there.
+///
+/// A live block is kept by a penalty or a reward; an expired one counts as
+/// no state. A custom algorithm can be penalized and blocked, not rewarded
+/// ([`StoreError::Unsupported`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_limiter::{Adjustment, Limit, Timestamp};
+///
+/// let limit = Limit::fixed_window(5, Duration::from_secs(60)).unwrap();
+/// let now = Timestamp::from_micros(1_800_000_000_000_000);
+/// let penalized = tollgate_algorithms::adjust(&limit, None, now, 3, Adjustment::Penalize).unwrap();
+/// assert_eq!(penalized.verdict.remaining, 2, "2 left");
+/// let state = penalized.next.unwrap().state;
+/// let rewarded = tollgate_algorithms::adjust(&limit, Some(&state), now, 1, Adjustment::Reward).unwrap();
+/// assert_eq!(rewarded.verdict.remaining, 3);
+/// ```
+pub fn adjust(
+    limit: &Limit,
+    state: Option<&State>,
+    now: Timestamp,
+    units: u64,
+    adjustment: Adjustment,
+) -> Result<Adjusted, StoreError> {
+    let now_us = crate::bounded(now.as_micros());
+    let live_block = match state {
+        Some(State::Blocked(until)) if *until > now_us => Some(*until),
+        _ => None,
+    };
+    // An expired block is as good as no state.
+    let state = match state {
+        Some(State::Blocked(_)) => None,
+        other => other,
+    };
+    let next = match adjustment {
+        Adjustment::Block(duration) => {
+            let until = now_us
+                .saturating_add(duration_us(duration))
+                .max(live_block.unwrap_or(0));
+            Some(State::Blocked(until))
+        }
+        _ if live_block.is_some() => None,
+        Adjustment::Penalize => penalize(limit, state, now, units),
+        Adjustment::Reward => reward(limit, state, now_us, units)?,
+        other => unreachable!("no adjustment {other:?}"),
+    };
+    let Some(next) = next else {
+        return Ok(Adjusted {
+            verdict: peek(limit, state_or_block(state, live_block).as_ref(), now),
+            next: None,
+        });
+    };
+    let verdict = peek(limit, Some(&next), now);
+    let ttl = match &next {
+        State::Blocked(until) => ttl_until(*until, now_us),
+        // Until the state is as good as none: at most when a request of
+        // one unit would have it full again.
+        _ => ttl_until(
+            now_us.saturating_add(duration_us(verdict.reset_after)),
+            now_us,
+        ),
+    };
+    Ok(Adjusted {
+        verdict,
+        next: Some(Stored { state: next, ttl }),
+    })
+}
+
+/// Every layer adjusted (`states[i]` for `layers[i]`, `None` for a key
+/// with no live state; the units are each layer's cost): what a store
+/// answers and writes for [`Store::adjust`](tollgate_limiter::Store::adjust).
+/// `writes` holds one entry per layer (`None`: leave that state as it is).
+pub fn adjust_layers(
+    layers: &[LayerRequest<'_>],
+    states: &[Option<&State>],
+    now: Timestamp,
+    adjustment: Adjustment,
+) -> Result<Layered, StoreError> {
+    let mut verdicts = Verdicts::new();
+    let mut writes = Writes::default();
+    for (layer, state) in layers.iter().zip(states) {
+        let adjusted = adjust(layer.policy.limit(), *state, now, layer.cost, adjustment)?;
+        verdicts.push(adjusted.verdict);
+        writes.0.push(adjusted.next);
+    }
+    Ok(Layered { verdicts, writes })
+}
+
+fn state_or_block(state: Option<&State>, block: Option<u64>) -> Option<State> {
+    match block {
+        Some(until) => Some(State::Blocked(until)),
+        None => state.cloned(),
+    }
+}
+
+/// A request of one unit, judged and not charged.
+fn peek(limit: &Limit, state: Option<&State>, now: Timestamp) -> Verdict {
+    decide(limit, state, now, 1).verdict.uncharged(1)
+}
+
+/// The state after charging what the layer can take of `units`; `None`
+/// when it can take nothing.
+fn penalize(limit: &Limit, state: Option<&State>, now: Timestamp, units: u64) -> Option<State> {
+    let probe = decide(limit, state, now, 1).verdict;
+    let available = if probe.allowed {
+        probe.remaining + 1
+    } else {
+        0
+    };
+    let take = units.min(available);
+    if take == 0 {
+        return None;
+    }
+    decide(limit, state, now, take).next.map(|n| n.state)
+}
+
+/// A charge no refund rule can find too old: GCRA and the token bucket owe
+/// it whole while their full-again instant is ahead of now.
+const FAR: u64 = u64::MAX;
+
+/// The state after giving `units` back; `None` when nothing changes.
+fn reward(
+    limit: &Limit,
+    state: Option<&State>,
+    now: u64,
+    units: u64,
+) -> Result<Option<State>, StoreError> {
+    let Some(state) = state else {
+        // No state is a full one.
+        return Ok(None);
+    };
+    let charge = |at, mark| Charge {
+        cost: units,
+        at,
+        mark,
+    };
+    Ok(match (limit, state) {
+        (Limit::TokenBucket(_), _) => refund(limit, Some(state), now, charge(0, FAR)).next,
+        (Limit::Gcra(_), _) => refund(limit, Some(state), now, charge(0, FAR)).next,
+        (Limit::FixedWindow(_), State::Cells([_, last, _])) => {
+            refund(limit, Some(state), now, charge(*last, 0)).next
+        }
+        (Limit::SlidingWindow(p), State::Cells([_, _, last])) => {
+            // The current window's count first, then the previous one's.
+            let current = refund(limit, Some(state), now, charge(*last, 0));
+            let rest = units - current.given;
+            let after_current = current.next.unwrap_or_else(|| state.clone());
+            if rest == 0 {
+                return Ok(Some(after_current));
+            }
+            let previous = refund(
+                limit,
+                Some(&after_current),
+                now,
+                Charge {
+                    cost: rest,
+                    at: last.saturating_sub(p.window_us()),
+                    mark: 0,
+                },
+            );
+            previous
+                .next
+                .or((current.given > 0).then_some(after_current))
+        }
+        (Limit::SlidingLog(_), State::Log(entries)) => {
+            let keep = entries.len().saturating_sub(units as usize);
+            (keep < entries.len())
+                .then(|| State::Log(entries.range(..keep).copied().collect::<VecDeque<u64>>()))
+        }
+        (Limit::Custom(c), _) => return Err(StoreError::Unsupported(c.0.name())),
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const T0: u64 = 1_780_000_000_000_000;
+
+    fn limits() -> Vec<Limit> {
+        let minute = Duration::from_secs(60);
+        vec![
+            Limit::token_bucket(5, 5, minute).unwrap(),
+            Limit::gcra(5, minute, 5).unwrap(),
+            Limit::fixed_window(5, minute).unwrap(),
+            Limit::sliding_window(5, minute).unwrap(),
+            Limit::sliding_log(5, minute).unwrap(),
+        ]
+    }
+
+    fn at(us: u64) -> Timestamp {
+        Timestamp::from_micros(us)
+    }
+
+    /// Penalties saturate at empty, rewards at full, for every algorithm,
+    /// and each leaves the count a request then sees.
+    #[test]
+    fn penalties_and_rewards_move_between_empty_and_full() {
+        for limit in limits() {
+            let name = limit.algorithm_name();
+            let p = adjust(&limit, None, at(T0), 2, Adjustment::Penalize).unwrap();
+            assert_eq!(p.verdict.remaining, 3, "{name}: 3 left");
+            let s = p.next.unwrap().state;
+            let p = adjust(&limit, Some(&s), at(T0), 5, Adjustment::Penalize).unwrap();
+            assert!(!p.verdict.allowed, "{name}: saturated at empty");
+            let empty = p.next.unwrap().state;
+            let again = adjust(&limit, Some(&empty), at(T0), 1, Adjustment::Penalize).unwrap();
+            assert_eq!(again.next, None, "{name}: nothing more to take");
+            let r = adjust(&limit, Some(&empty), at(T0), 2, Adjustment::Reward).unwrap();
+            assert_eq!(r.verdict.remaining, 2, "{name}: 2 back");
+            let s = r.next.unwrap().state;
+            let r = adjust(&limit, Some(&s), at(T0), 5, Adjustment::Reward).unwrap();
+            assert_eq!(r.verdict.remaining, 5, "{name}: full, never above");
+            assert!(r.next.unwrap().ttl >= Duration::from_millis(1));
+            let none = adjust(&limit, None, at(T0), 1, Adjustment::Reward).unwrap();
+            assert_eq!(none.next, None, "{name}: no state is full");
+        }
+    }
+
+    /// A block denies until its end exactly, whatever the algorithm, is
+    /// never shortened, survives penalties and rewards, and ends full.
+    #[test]
+    fn a_block_denies_until_its_end_then_starts_full() {
+        let ten = Duration::from_secs(600);
+        for limit in limits() {
+            let name = limit.algorithm_name();
+            let b = adjust(&limit, None, at(T0), 1, Adjustment::Block(ten)).unwrap();
+            assert_eq!(b.verdict.retry_after, Some(ten), "{name}");
+            let stored = b.next.unwrap();
+            assert_eq!(stored.ttl, ten, "{name}: the TTL covers the block");
+            let s = stored.state;
+            let shorter = adjust(
+                &limit,
+                Some(&s),
+                at(T0),
+                1,
+                Adjustment::Block(Duration::from_secs(1)),
+            )
+            .unwrap();
+            assert_eq!(
+                shorter.verdict.retry_after,
+                Some(ten),
+                "{name}: never shortened"
+            );
+            for kind in [Adjustment::Penalize, Adjustment::Reward] {
+                let kept = adjust(&limit, Some(&s), at(T0 + 1), 1, kind).unwrap();
+                assert_eq!(kept.next, None, "{name}: {kind:?} keeps the block");
+                assert!(!kept.verdict.allowed);
+            }
+            let just_before = decide(&limit, Some(&s), at(T0 + 599_999_999), 1);
+            assert_eq!(
+                just_before.verdict.retry_after,
+                Some(Duration::from_micros(1)),
+                "{name}"
+            );
+            let after_block = decide(&limit, Some(&s), at(T0 + 600_000_000), 1);
+            assert!(after_block.verdict.allowed, "{name}");
+            assert_eq!(after_block.verdict.remaining, 4, "{name}: full again");
+        }
+    }
+}
