@@ -1,6 +1,7 @@
 //! Operators' changes to one layer's state — penalty, reward, block — the
 //! reference for every store's [`Store::adjust`](tollgate_limiter::Store::adjust)
-//! (the Redis store's `lua/adjust.lua` gives identical verdicts).
+//! (the Redis store's Lua code, `lua/layered.lua`'s adjustment modes,
+//! gives identical verdicts: `backends/redis/tests/adjust.rs`).
 
 use std::collections::VecDeque;
 
@@ -56,7 +57,8 @@ pub fn blocked(limit: &Limit, until: u64, now: u64) -> Verdict {
 ///
 /// A live block is kept by a penalty or a reward; an expired one counts as
 /// no state. A custom algorithm can be penalized and blocked, not rewarded
-/// ([`StoreError::Unsupported`]).
+/// ([`StoreError::Unsupported`]); a block outside 1 ms to 14 days is
+/// [`StoreError::InvalidBlock`] ([`Adjustment::check`]).
 ///
 /// ```
 /// use std::time::Duration;
@@ -77,6 +79,7 @@ pub fn adjust(
     units: u64,
     adjustment: Adjustment,
 ) -> Result<Adjusted, StoreError> {
+    adjustment.check()?;
     let now_us = crate::bounded(now.as_micros());
     let live_block = match state {
         Some(State::Blocked(until)) if *until > now_us => Some(*until),
@@ -87,17 +90,21 @@ pub fn adjust(
         Some(State::Blocked(_)) => None,
         other => other,
     };
-    let next = match adjustment {
+    // The state to write, and the TTL the algorithm gave it (a penalty's).
+    let (next, charged_ttl) = match adjustment {
         Adjustment::Block(duration) => {
             let until = now_us
                 .saturating_add(duration_us(duration))
                 .max(live_block.unwrap_or(0));
-            Some(State::Blocked(until))
+            (Some(State::Blocked(until)), None)
         }
-        _ if live_block.is_some() => None,
-        Adjustment::Penalize => penalize(limit, state, now, units),
-        Adjustment::Reward => reward(limit, state, now_us, units)?,
-        other => unreachable!("no adjustment {other:?}"),
+        _ if live_block.is_some() => (None, None),
+        Adjustment::Penalize => match penalize(limit, state, now, units) {
+            Some(stored) => (Some(stored.state), Some(stored.ttl)),
+            None => (None, None),
+        },
+        Adjustment::Reward => (reward(limit, state, now_us, units)?, None),
+        other => return Err(StoreError::UnsupportedOperation(other.name())),
     };
     let Some(next) = next else {
         return Ok(Adjusted {
@@ -109,11 +116,13 @@ pub fn adjust(
     let ttl = match &next {
         State::Blocked(until) => ttl_until(*until, now_us),
         // Until the state is as good as none: at most when a request of
-        // one unit would have it full again.
+        // one unit would have it full again, and never shorter than what
+        // the algorithm gave a penalty's charge.
         _ => ttl_until(
             now_us.saturating_add(duration_us(verdict.reset_after)),
             now_us,
-        ),
+        )
+        .max(charged_ttl.unwrap_or_default()),
     };
     Ok(Adjusted {
         verdict,
@@ -155,7 +164,7 @@ fn peek(limit: &Limit, state: Option<&State>, now: Timestamp) -> Verdict {
 
 /// The state after charging what the layer can take of `units`; `None`
 /// when it can take nothing.
-fn penalize(limit: &Limit, state: Option<&State>, now: Timestamp, units: u64) -> Option<State> {
+fn penalize(limit: &Limit, state: Option<&State>, now: Timestamp, units: u64) -> Option<Stored> {
     let probe = decide(limit, state, now, 1).verdict;
     let available = if probe.allowed {
         probe.remaining + 1
@@ -166,7 +175,7 @@ fn penalize(limit: &Limit, state: Option<&State>, now: Timestamp, units: u64) ->
     if take == 0 {
         return None;
     }
-    decide(limit, state, now, take).next.map(|n| n.state)
+    decide(limit, state, now, take).next
 }
 
 /// A charge no refund rule can find too old: GCRA and the token bucket owe

@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+use crate::error::StoreError;
+use crate::limit::MAX_RECOVERY;
+
 /// A change to every layer of one call, made without a decision: the
 /// [`Store::adjust`](crate::Store::adjust) operation behind
 /// [`Limiter::penalize`](crate::Limiter::penalize),
@@ -38,6 +41,18 @@ pub enum Adjustment {
 }
 
 impl Adjustment {
+    /// Whether a store can carry this out: a block lasts 1 ms to
+    /// [`MAX_RECOVERY`] (14 days), or [`StoreError::InvalidBlock`]. Every
+    /// store checks it before it writes.
+    pub fn check(self) -> Result<(), StoreError> {
+        match self {
+            Adjustment::Block(d) if d < Duration::from_millis(1) || d > MAX_RECOVERY => {
+                Err(StoreError::InvalidBlock(d))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// A short name, for errors and logs (`penalize`, `reward`, `block`).
     pub fn name(self) -> &'static str {
         match self {

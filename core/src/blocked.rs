@@ -4,8 +4,10 @@
 //! It only ever repeats a denial, and only until the instant the store said
 //! the request could pass, so it never admits what the store would deny.
 //! It may deny a little longer than needed when this process's clock runs
-//! slower than the store's, and it does not see an operator resetting a key
-//! by hand (entries live at most until their retry time).
+//! slower than the store's. An operator's reset, reward or block through
+//! this limiter forgets the entry at once; one made elsewhere (another
+//! process, another limiter, by hand) shows within [`AT_MOST`]: a denial
+//! is repeated for at most that long, then the store is asked again.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -21,6 +23,10 @@ use moka::Expiry;
 use crate::decision::{Decision, LayerDecision, Source};
 use crate::store::LayerRequest;
 use crate::time::{duration_micros, Clock};
+
+/// The longest a denial is repeated without asking the store again (a
+/// block can last 14 days; a reset made elsewhere shows within this).
+pub(crate) const AT_MOST: Duration = Duration::from_secs(60);
 
 /// Settings of the blocked-key cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +162,7 @@ impl BlockedCache {
             return;
         }
         let now = clock.now().as_micros();
-        let until = now + duration_micros(wait);
+        let until = now + duration_micros(wait.min(AT_MOST));
         let blocked = Blocked {
             keys: requests
                 .iter()

@@ -113,6 +113,10 @@ pub enum StoreError {
     /// The store does not offer this per-key operation (`peek`, `reset`).
     #[error("this store cannot {0} a key's state: use a store that implements Store::{0}")]
     UnsupportedOperation(&'static str),
+    /// A block too short or too long for a store to keep
+    /// ([`Adjustment::check`](crate::Adjustment::check)).
+    #[error("a block of {0:?} is outside 1 ms to 14 days (the longest a store keeps a state); lift a block with reset")]
+    InvalidBlock(std::time::Duration),
     /// The store answered something Tollgate does not understand.
     #[error("the store answered unexpectedly: {0}")]
     Protocol(String),
@@ -157,6 +161,7 @@ impl StoreError {
             StoreError::Conflict { .. } => "conflict",
             StoreError::ImplausibleTime(_) => "implausible_time",
             StoreError::Unsupported(_) | StoreError::UnsupportedOperation(_) => "unsupported",
+            StoreError::InvalidBlock(_) => "invalid_block",
             StoreError::Protocol(_) => "protocol",
             StoreError::Backend(_) => "backend",
         }

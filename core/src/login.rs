@@ -8,10 +8,11 @@ use crate::context::Context;
 use crate::decision::Decision;
 use crate::error::{Error, PolicyError};
 use crate::layer::Scope;
-use crate::limit::{Limit, MAX_RECOVERY};
+use crate::limit::{Limit, MAX_LOG_LIMIT, MAX_RECOVERY};
 use crate::limiter::Limiter;
 use crate::policy::Policy;
 use crate::store::Store;
+use crate::time::duration_micros;
 
 /// How blocks grow with repeated offences: the first block lasts
 /// `steps[0]`, the second within a quiet period `steps[1]`, and so on,
@@ -93,9 +94,17 @@ impl Escalation {
     }
 
     /// The limit that remembers offences: a sliding log of one entry per
-    /// offence, as many as there are steps, over the quiet period.
+    /// offence over the quiet period, with room for every offence that can
+    /// happen in it (one per shortest block; at least one per step, at
+    /// most [`MAX_LOG_LIMIT`]), so one who keeps offending stays at the
+    /// last step until a quiet period passes.
     fn offences_limit(&self) -> Result<Limit, PolicyError> {
-        Limit::sliding_log(self.steps.len() as u64, self.quiet)
+        let per_block = duration_micros(self.quiet).div_ceil(duration_micros(self.steps[0]).max(1));
+        let room = per_block
+            .saturating_add(1)
+            .clamp(self.steps.len() as u64, MAX_LOG_LIMIT);
+        Limit::sliding_log(room, self.quiet)
+            .map_err(|e| PolicyError::new("quiet", format!("{:?}: {}", self.quiet, e)))
     }
 }
 
@@ -175,10 +184,11 @@ impl LoginGuard {
     /// A failed attempt: charged one unit; the one that leaves no attempt
     /// blocks `ctx` for the next step of the escalation. Answers the
     /// failures layer afterwards (denied, with the block's end, when
-    /// blocked). An attempt [`allows`](Self::allows) would have refused
-    /// (made while blocked) is not charged and is no new offence: it
-    /// answers that refusal. Two failures of one account at the same
-    /// instant may both find it out of attempts and count as two offences.
+    /// blocked). An attempt [`allows`](Self::allows) refuses (made while
+    /// blocked) is not charged and is no new offence: it answers that
+    /// refusal. Failures of one account racing each other (both allowed,
+    /// then both finding it out of attempts) each count as an offence, so
+    /// a parallel burst of wrong passwords escalates faster.
     pub async fn failed(&self, ctx: &Context) -> Result<Decision, Error> {
         let now = self.allows(ctx).await?;
         if !now.is_allowed() {

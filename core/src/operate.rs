@@ -136,15 +136,14 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn block(&self, ctx: &Context, duration: Duration) -> Result<Decision, Error> {
-        if duration < Duration::from_millis(1) || duration > crate::MAX_RECOVERY {
+        let block = Adjustment::Block(duration);
+        if let Err(e) = block.check() {
             return Err(Error::Operation {
                 operation: "block",
-                reason: format!(
-                    "a block of {duration:?} is outside 1 ms to 14 days (the longest time a store keeps a state); lift a block with reset"
-                ),
+                reason: e.to_string(),
             });
         }
-        self.adjust(ctx, 1, Adjustment::Block(duration)).await
+        self.adjust(ctx, 1, block).await
     }
 
     /// Apply `adjustment` of `units` to `ctx`'s per-subject layers.

@@ -376,8 +376,9 @@ end
 -- expiry: a reward only brings it closer to new.
 local function reward_layer(key, code, p1, p2, p3, now, units)
   if code == LOG then
-    -- A missing key answers nil; a block was kept by the caller.
-    redis.call('RPOP', key, units)
+    -- The newest `units` entries go (a list left empty is removed; a
+    -- missing key stays missing; a live block was kept by the caller).
+    redis.call('LTRIM', key, 0, -(units + 1))
     return
   end
   local a, b, c = read_cells(key, code)

@@ -7,11 +7,11 @@ use std::fmt;
 use crate::Scripting;
 
 /// What a store's code runs inside Redis: reading the time, counter states
-/// (strings) and sliding logs (lists), removing them (`Store::reset`, a
-/// block on a log) and a log's newest entries (`Store::adjust`'s reward).
-const CODE_COMMANDS: [&str; 14] = [
+/// (strings) and sliding logs (lists), and removing them (`Store::reset`,
+/// a block on a log).
+const CODE_COMMANDS: [&str; 13] = [
     "time", "get", "set", "pttl", "pexpire", "type", "rpush", "llen", "lrange", "lindex", "ltrim",
-    "lrem", "rpop", "del",
+    "lrem", "del",
 ];
 
 /// The ACL rule (`ACL SETUSER <user> on ><password> <rule>`) that gives a

@@ -54,7 +54,6 @@ pub(crate) fn probe_commands(decides: &Decides, style: Style) -> Vec<Cmd> {
     push(&["LINDEX", &list, "0"]);
     push(&["LTRIM", &list, "0", "-1"]);
     push(&["LREM", &list, "0", "-"]);
-    push(&["RPOP", &list, "1"]);
     push(&["PEXPIRE", &list, "1"]);
     push(&["DEL", &string, &list]);
     if decides.replica_ack.is_some() {

@@ -163,6 +163,7 @@ impl Mode {
     /// does not know is [`StoreError::UnsupportedOperation`]).
     pub(crate) fn of(adjustment: tollgate_limiter::Adjustment) -> Result<Mode, StoreError> {
         use tollgate_limiter::Adjustment;
+        adjustment.check()?;
         Ok(match adjustment {
             Adjustment::Penalize => Mode::Penalize,
             Adjustment::Reward => Mode::Reward,

@@ -586,6 +586,27 @@ pub async fn blocks_deny_until_their_end(factory: impl StoreFactory) {
             );
         }
     }
+    // The store refuses such blocks itself, whoever asks.
+    let policy = Policy::new(
+        unique("block"),
+        Limit::gcra(1, Duration::from_secs(1), 1).expect("valid"),
+    )
+    .expect("valid");
+    let subject = unique("s");
+    let request = LayerRequest {
+        key: StoreKey::new(&subject, &policy, "s", &subject),
+        policy: &policy,
+        cost: 1,
+    };
+    for wrong in [Duration::ZERO, Duration::MAX] {
+        assert!(
+            matches!(
+                store.adjust(&[request], Adjustment::Block(wrong)).await,
+                Err(StoreError::InvalidBlock(_))
+            ),
+            "{wrong:?}"
+        );
+    }
 }
 
 /// Different subjects never share a counter; the same policy under another

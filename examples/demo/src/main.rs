@@ -108,12 +108,13 @@ async fn login(State(guard): State<LoginGuard>, form: String) -> Response {
     let field = |name: &str| {
         form.split('&')
             .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+            .and_then(form_decode)
     };
     let (Some(user), Some(password)) = (field("user"), field("password")) else {
         return plain(400, "send a form: user=NAME&password=PASSWORD\n");
     };
     // The account name is the subject (this demo's names are plain words).
-    let Ok(subject) = Subject::new(user) else {
+    let Ok(subject) = Subject::new(user.as_str()) else {
         return plain(401, "wrong user or password\n");
     };
     let ctx = Context::for_subject(subject);
@@ -146,6 +147,26 @@ async fn attempt(
     } else {
         too_many_requests(&after)
     })
+}
+
+/// A form value as a browser sends it (`+` for a space, `%XX` for a
+/// byte); `None` when it does not decode to UTF-8.
+fn form_decode(value: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(value.len());
+    let mut rest = value.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        rest = tail;
+        match b {
+            b'+' => bytes.push(b' '),
+            b'%' => {
+                let hex = std::str::from_utf8(rest.get(..2)?).ok()?;
+                bytes.push(u8::from_str_radix(hex, 16).ok()?);
+                rest = &rest[2..];
+            }
+            other => bytes.push(other),
+        }
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// The limiter's own 429: problem+json, `Retry-After`, `RateLimit`.
@@ -400,7 +421,7 @@ async fn run() -> Result<(), Error> {
     let tries = [
         ("token bucket per API key: 5, then 1 per second", format!("curl -i -H 'x-api-key: demo-key-alice' {base}/search")),
         ("a burst of 8: five 200s, then 429s", format!("for i in $(seq 8); do curl -s -o /dev/null -w '%{{http_code}} ' -H 'x-api-key: demo-key-alice' {base}/search; done; echo")),
-        ("login: 3 per minute per client IP; dave's right password is 'correct horse'", format!("curl -i -d 'user=dave&password=correct horse' {base}/login")),
+        ("login: 3 per minute per client IP; dave's right password is 'correct horse'", format!("curl -i -d 'user=dave&password=correct+horse' {base}/login")),
         ("3 wrong passwords block dave for 1 min (then 10 min, 1 h)", format!("for i in 1 2 3; do curl -s -o /dev/null -w '%{{http_code}} ' -d 'user=dave&password=guess' {base}/login; done; echo")),
         ("per key, per tenant and global together (alice and bob share tenant acme)", format!("curl -i -H 'x-api-key: demo-key-bob' {base}/export")),
         ("no key: 401", format!("curl -i {base}/search")),
@@ -565,7 +586,7 @@ impl Tester {
 async fn login_recipe(t: &mut Tester, clock: &ManualClock) -> Result<(), Error> {
     println!("\nPOST /login as dave: 3 failures per 15 min, then blocks of 1 min, 10 min, 1 h");
     let wrong = "user=dave&password=guess";
-    let right = "user=dave&password=correct horse";
+    let right = "user=dave&password=correct+horse";
     // Each round fits the route's own limit (6 per minute per IP by now).
     clock.advance(Duration::from_secs(60));
     for (round, block) in [(1, "60"), (2, "600"), (3, "3600")] {
