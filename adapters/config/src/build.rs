@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tollgate_limiter::{Clock, Limiter, RouteLimits, Store};
+use tollgate_limiter::{Clock, Limiter, LimiterBuilder, RouteLimits, Store};
 use tollgate_memory::MemoryStore;
 
 use crate::{BuildError, Config, StoreSpec};
@@ -64,8 +64,10 @@ impl Config {
         Ok(Limiters { store, routes })
     }
 
-    /// The in-process emergency store, when some policy falls back.
-    pub(crate) fn fallback_store(&self, clock: Arc<dyn Clock>) -> Option<Arc<dyn Store>> {
+    /// The in-process emergency store (`[fallback]`), when some policy
+    /// falls back to it: share one among the limiters built with
+    /// [`limiter_builder`](Self::limiter_builder).
+    pub fn fallback_store(&self, clock: Arc<dyn Clock>) -> Option<Arc<dyn Store>> {
         self.any_fallback().then(|| {
             Arc::new(
                 MemoryStore::builder()
@@ -74,6 +76,27 @@ impl Config {
                     .build(),
             ) as Arc<dyn Store>
         })
+    }
+
+    /// A limiter builder wired as this configuration wires its routes:
+    /// deciding in `store`, with the `[breaker]` settings, `clock`, and
+    /// `fallback` (from [`fallback_store`](Self::fallback_store)) as the
+    /// emergency store. Add layers of the configured policies
+    /// ([`policy`](Self::policy)) for limiters the routes do not describe
+    /// (the rate limit server builds its own this way).
+    pub fn limiter_builder(
+        &self,
+        store: &Arc<dyn Store>,
+        fallback: Option<&Arc<dyn Store>>,
+        clock: &Arc<dyn Clock>,
+    ) -> LimiterBuilder {
+        let mut builder = Limiter::builder(store.clone())
+            .breaker(self.breaker())
+            .clock(clock.clone());
+        if let Some(fallback) = fallback {
+            builder = builder.fallback_store(fallback.clone());
+        }
+        builder
     }
 
     /// Every route's limiter over `store` (and `fallback`).
@@ -85,12 +108,7 @@ impl Config {
     ) -> Result<BTreeMap<String, Arc<RouteLimits>>, BuildError> {
         let mut routes = BTreeMap::new();
         for (name, def) in self.routes() {
-            let mut builder = Limiter::builder(store.clone())
-                .breaker(self.breaker())
-                .clock(clock.clone());
-            if let Some(fallback) = fallback {
-                builder = builder.fallback_store(fallback.clone());
-            }
+            let mut builder = self.limiter_builder(store, fallback.as_ref(), clock);
             for layer in def.layers() {
                 let policy = self
                     .policy(layer.policy())
@@ -148,35 +166,71 @@ impl Config {
                 }
                 redis_store(builder, &spec.options, "redis-sentinel").await
             }
+            #[cfg(feature = "cluster")]
+            StoreSpec::RedisCluster(spec) => {
+                let builder = tollgate_redis::RedisClusterStore::builder(spec.nodes.clone());
+                let builder = configured!(builder, &spec.options);
+                let store = builder
+                    .connect()
+                    .await
+                    .map_err(|source| BuildError::Store {
+                        kind: "redis-cluster",
+                        source,
+                    })?;
+                Ok(Arc::new(store))
+            }
+            #[cfg(not(feature = "cluster"))]
+            StoreSpec::RedisCluster(_) => Err(BuildError::ClusterNotEnabled),
             #[cfg(not(feature = "redis"))]
             StoreSpec::Redis(_) | StoreSpec::RedisSentinel(_) => Err(BuildError::RedisNotEnabled),
         }
     }
 }
 
+/// `builder` (a standalone or a Cluster store's: they share these
+/// setters) with the file's shared `options`, TLS included.
+#[cfg(feature = "redis")]
+macro_rules! configured {
+    ($builder:expr, $options:expr) => {{
+        let options: &crate::RedisOptions = $options;
+        let mut builder = $builder;
+        if let Some(prefix) = &options.prefix {
+            builder = builder.prefix(prefix.clone());
+        }
+        if let Some(d) = options.deadline {
+            builder = builder.deadline(d.0);
+        }
+        if let Some(d) = options.connect_timeout {
+            builder = builder.connect_timeout(d.0);
+        }
+        if let Some(replicas) = options.replica_ack {
+            let timeout = options
+                .replica_ack_timeout
+                .map_or(DEFAULT_REPLICA_ACK_TIMEOUT, |d| d.0);
+            builder = builder.replica_ack(replicas, timeout);
+        }
+        #[cfg(feature = "tls")]
+        let builder = match tls_of(options)? {
+            Some(tls) => builder.tls(tls),
+            None => builder,
+        };
+        #[cfg(not(feature = "tls"))]
+        no_tls(options)?;
+        builder
+    }};
+}
+// The Cluster store, built above this definition, names it by path.
+#[cfg(feature = "cluster")]
+use configured;
+
 /// A Redis store from `builder` with the file's shared `options`.
 #[cfg(feature = "redis")]
 async fn redis_store(
-    mut builder: tollgate_redis::RedisStoreBuilder,
+    builder: tollgate_redis::RedisStoreBuilder,
     options: &crate::RedisOptions,
     kind: &'static str,
 ) -> Result<Arc<dyn Store>, BuildError> {
-    if let Some(prefix) = &options.prefix {
-        builder = builder.prefix(prefix.clone());
-    }
-    if let Some(d) = options.deadline {
-        builder = builder.deadline(d.0);
-    }
-    if let Some(d) = options.connect_timeout {
-        builder = builder.connect_timeout(d.0);
-    }
-    if let Some(replicas) = options.replica_ack {
-        let timeout = options
-            .replica_ack_timeout
-            .map_or(DEFAULT_REPLICA_ACK_TIMEOUT, |d| d.0);
-        builder = builder.replica_ack(replicas, timeout);
-    }
-    builder = with_tls(builder, options)?;
+    let builder = configured!(builder, options);
     let store = if options.lazy {
         builder.build()
     } else {
@@ -190,11 +244,9 @@ async fn redis_store(
 #[cfg(feature = "redis")]
 const DEFAULT_REPLICA_ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// The TLS settings the file names, read from their files.
 #[cfg(feature = "tls")]
-fn with_tls(
-    builder: tollgate_redis::RedisStoreBuilder,
-    options: &crate::RedisOptions,
-) -> Result<tollgate_redis::RedisStoreBuilder, BuildError> {
+fn tls_of(options: &crate::RedisOptions) -> Result<Option<tollgate_redis::Tls>, BuildError> {
     let read =
         |field: &'static str, path: &Option<String>| -> Result<Option<Vec<u8>>, BuildError> {
             path.as_ref()
@@ -211,7 +263,7 @@ fn with_tls(
     let cert = read("client_cert_file", &options.client_cert_file)?;
     let key = read("client_key_file", &options.client_key_file)?;
     if ca.is_none() && cert.is_none() {
-        return Ok(builder);
+        return Ok(None);
     }
     let mut tls = tollgate_redis::Tls::new();
     if let Some(ca) = ca {
@@ -220,17 +272,15 @@ fn with_tls(
     if let (Some(cert), Some(key)) = (cert, key) {
         tls = tls.client_pem(cert, key);
     }
-    Ok(builder.tls(tls))
+    Ok(Some(tls))
 }
 
+/// Without TLS in the build, a file that asks for it is refused.
 #[cfg(all(feature = "redis", not(feature = "tls")))]
-fn with_tls(
-    builder: tollgate_redis::RedisStoreBuilder,
-    options: &crate::RedisOptions,
-) -> Result<tollgate_redis::RedisStoreBuilder, BuildError> {
+fn no_tls(options: &crate::RedisOptions) -> Result<(), BuildError> {
     let any = options.ca_file.is_some() || options.client_cert_file.is_some();
     if any {
         return Err(BuildError::TlsNotEnabled);
     }
-    Ok(builder)
+    Ok(())
 }

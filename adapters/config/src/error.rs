@@ -91,6 +91,9 @@ pub enum BuildError {
     /// Redis store.
     #[error("store.kind: \"redis\" and \"redis-sentinel\" need the Redis store; enable the `redis` feature of `tollgate` (or `tollgate-config`)")]
     RedisNotEnabled,
+    /// The file asks for a Redis Cluster store but this build has none.
+    #[error("store.kind: \"redis-cluster\" needs the Redis Cluster store; enable the `redis-cluster` feature of `tollgate` (or `cluster` of `tollgate-config`)")]
+    ClusterNotEnabled,
     /// The file sets TLS options but this build has no TLS for Redis.
     #[error("store: ca_file, client_cert_file and client_key_file need TLS; enable the `redis-tls` feature of `tollgate` (or `tls` of `tollgate-config`)")]
     TlsNotEnabled,

@@ -85,7 +85,9 @@ pub use error::{BuildError, ConfigError};
 #[cfg(feature = "watch")]
 pub use live::Watch;
 pub use live::{LiveConfig, LiveRoute, ReloadError, ReloadReport, UnknownRoute};
-pub use spec::{MemorySpec, RedisOptions, RedisSentinelSpec, RedisSpec, StoreSpec};
+pub use spec::{
+    MemorySpec, RedisClusterSpec, RedisOptions, RedisSentinelSpec, RedisSpec, StoreSpec,
+};
 
 /// A validated configuration file; build the limiters with [`Config::build`].
 #[derive(Debug, Clone, PartialEq)]
@@ -96,6 +98,7 @@ pub struct Config {
     access: AccessRules,
     policies: BTreeMap<String, Policy>,
     routes: BTreeMap<String, RouteDef>,
+    server: Option<toml::Table>,
 }
 
 /// One route (endpoint group) as configured: its cost and its layers.
@@ -207,6 +210,13 @@ impl Config {
     /// Every route, by name.
     pub fn routes(&self) -> &BTreeMap<String, RouteDef> {
         &self.routes
+    }
+
+    /// The `[server]` section as written, for the rate limit server
+    /// (`tollgate-ratelimit-server`), which validates it; a library user's
+    /// limiters ignore it, so one file can serve both.
+    pub fn server_section(&self) -> Option<&toml::Table> {
+        self.server.as_ref()
     }
 
     fn any_fallback(&self) -> bool {

@@ -29,16 +29,41 @@ pub enum StoreSpec {
     Redis(RedisSpec),
     /// `kind = "redis-sentinel"`: a primary found through Redis Sentinel.
     RedisSentinel(RedisSentinelSpec),
+    /// `kind = "redis-cluster"`: a Redis Cluster.
+    RedisCluster(RedisClusterSpec),
 }
 
 impl StoreSpec {
-    /// `memory`, `redis` or `redis-sentinel`.
+    /// `memory`, `redis`, `redis-sentinel` or `redis-cluster`.
     pub fn kind(&self) -> &'static str {
         match self {
             StoreSpec::Memory(_) => "memory",
             StoreSpec::Redis(_) => "redis",
             StoreSpec::RedisSentinel(_) => "redis-sentinel",
+            StoreSpec::RedisCluster(_) => "redis-cluster",
         }
+    }
+}
+
+/// `[store] kind = "redis-cluster"`: the cluster behind some of its nodes.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisClusterSpec {
+    /// Some of the cluster's nodes, `redis://host:port` (or `rediss://`);
+    /// the others are discovered.
+    pub nodes: Vec<String>,
+    /// What every Redis store takes (`lazy` excepted: a Cluster store
+    /// connects at startup).
+    pub options: RedisOptions,
+}
+
+impl fmt::Debug for RedisClusterSpec {
+    // Addresses may hold passwords.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisClusterSpec")
+            .field("nodes", &self.nodes.len())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
     }
 }
 
@@ -147,6 +172,7 @@ struct RedisFields {
     pool_size: Option<u32>,
     sentinels: Option<Vec<String>>,
     service: Option<String>,
+    nodes: Option<Vec<String>>,
     username: Option<String>,
     password: Option<String>,
     db: Option<i64>,
@@ -217,7 +243,7 @@ enum ScopeSpec {
     Attribute(String),
 }
 
-const SECTIONS: &str = "store, fallback, breaker, access, policies, routes";
+const SECTIONS: &str = "store, fallback, breaker, access, policies, routes, server";
 const MAX_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Validate a parsed document.
@@ -307,6 +333,18 @@ pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
         )),
         None => {}
     }
+    // The rate limit server's own section: it validates it.
+    let server = match doc.remove("server") {
+        Some(Value::Table(table)) => Some(table),
+        Some(other) => {
+            errors.push(field_error(
+                "server",
+                format!("must be a table ([server]), not a {}", other.type_str()),
+            ));
+            None
+        }
+        None => None,
+    };
     for key in doc.keys() {
         errors.push(field_error(
             key,
@@ -324,6 +362,7 @@ pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
                 .filter_map(|(name, p)| p.map(|p| (name, p)))
                 .collect(),
             routes,
+            server,
         }),
         _ => Err(ConfigError::Invalid(errors)),
     }
@@ -431,7 +470,7 @@ fn store(errors: &mut Vec<PolicyError>, value: Value) -> Option<StoreSpec> {
             }
             Some(StoreSpec::Memory(spec))
         }
-        Some(kind @ ("redis" | "redis-sentinel")) => {
+        Some(kind @ ("redis" | "redis-sentinel" | "redis-cluster")) => {
             let fields = de::<RedisFields>(errors, "store", rest)?;
             redis_store(errors, kind, fields)
         }
@@ -439,7 +478,7 @@ fn store(errors: &mut Vec<PolicyError>, value: Value) -> Option<StoreSpec> {
             errors.push(field_error(
                 "store.kind",
                 format!(
-                    "{other:?} is not a store; write \"memory\", \"redis\" or \"redis-sentinel\""
+                    "{other:?} is not a store; write \"memory\", \"redis\", \"redis-sentinel\" or \"redis-cluster\""
                 ),
             ));
             None
@@ -447,7 +486,7 @@ fn store(errors: &mut Vec<PolicyError>, value: Value) -> Option<StoreSpec> {
         None => {
             errors.push(field_error(
                 "store.kind",
-                "missing or not a string; write kind = \"memory\", \"redis\" or \"redis-sentinel\"",
+                "missing or not a string; write kind = \"memory\", \"redis\", \"redis-sentinel\" or \"redis-cluster\"",
             ));
             None
         }
@@ -468,6 +507,50 @@ fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Opt
             .any(|s| url.starts_with(s))
     };
     let options = redis_options(errors, &f);
+    if kind != "redis-cluster" {
+        refuse(
+            errors,
+            "nodes",
+            f.nodes.is_some(),
+            "is for kind = \"redis-cluster\"",
+        );
+    }
+    if kind == "redis-cluster" {
+        let for_other = "is not for kind = \"redis-cluster\" (give the cluster's nodes)";
+        for (field, present) in [
+            ("url", f.url.is_some()),
+            ("pool_size", f.pool_size.is_some()),
+            ("sentinels", f.sentinels.is_some()),
+            ("service", f.service.is_some()),
+            ("username", f.username.is_some()),
+            ("password", f.password.is_some()),
+            ("db", f.db.is_some()),
+        ] {
+            refuse(errors, field, present, for_other);
+        }
+        refuse(
+            errors,
+            "lazy",
+            f.lazy,
+            "a Cluster store connects at startup (it discovers the cluster's slots then)",
+        );
+        let nodes = f.nodes.unwrap_or_default();
+        if nodes.is_empty() {
+            errors.push(field_error(
+                "store.nodes",
+                "missing or empty; write nodes = [\"redis://10.0.0.1:6379\", ...]",
+            ));
+        }
+        for (i, url) in nodes.iter().enumerate() {
+            if !["redis://", "rediss://"].iter().any(|s| url.starts_with(s)) {
+                errors.push(field_error(
+                    &format!("store.nodes[{i}]"),
+                    "must start with redis:// or rediss://",
+                ));
+            }
+        }
+        return Some(StoreSpec::RedisCluster(RedisClusterSpec { nodes, options }));
+    }
     if kind == "redis" {
         let for_sentinel = "is for kind = \"redis-sentinel\"";
         refuse(errors, "sentinels", f.sentinels.is_some(), for_sentinel);

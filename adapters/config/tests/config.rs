@@ -453,6 +453,89 @@ replica_ack_timeout = "15ms"
     assert!(!format!("{spec:?}").contains("secret"));
 }
 
+#[test]
+fn a_cluster_store_parses_and_refuses_other_kinds_fields() {
+    let config = Config::from_toml_str(
+        r#"
+[store]
+kind = "redis-cluster"
+nodes = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]
+prefix = "limits"
+deadline = "80ms"
+"#,
+    )
+    .expect("valid");
+    let StoreSpec::RedisCluster(spec) = config.store() else {
+        panic!("expected a Cluster store, got {:?}", config.store());
+    };
+    assert_eq!(
+        (config.store().kind(), spec.nodes.len()),
+        ("redis-cluster", 2)
+    );
+    assert_eq!(spec.options.prefix.as_deref(), Some("limits"));
+
+    let list = errors(
+        r#"
+[store]
+kind = "redis-cluster"
+url = "redis://127.0.0.1:6379/"
+nodes = ["10.0.0.1:6379"]
+lazy = true
+"#,
+    );
+    has(&list, "store.url: is not for kind = \"redis-cluster\"");
+    has(&list, "store.nodes[0]: must start with redis://");
+    has(&list, "store.lazy: a Cluster store connects at startup");
+    assert_eq!(list.len(), 3, "{list:#?}");
+    let list = errors("[store]\nkind = \"redis-cluster\"\n");
+    has(&list, "store.nodes: missing or empty");
+    let list =
+        errors("[store]\nkind = \"redis\"\nurl = \"redis://a/\"\nnodes = [\"redis://b/\"]\n");
+    has(&list, "store.nodes: is for kind = \"redis-cluster\"");
+}
+
+/// `kind = "redis-cluster"` against a real 6-node cluster: a route decides
+/// across it.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_store_decides_on_a_real_cluster() {
+    let cluster = tollgate_testkit::redis_cluster::RedisCluster::shared();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
+    let config = Config::from_toml_str(&format!(
+        r#"
+[store]
+kind = "redis-cluster"
+nodes = [{}]
+prefix = "{}"
+
+[policies.p]
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+
+[routes.r]
+layers = [{{ scope = "subject", policy = "p" }}]
+"#,
+        nodes.join(", "),
+        tollgate_testkit::conformance::unique("cfg")
+    ))
+    .expect("valid");
+    let limiters = config
+        .build(Arc::new(tollgate_limiter::MonotonicClock::new()))
+        .await
+        .expect("connects");
+    assert_eq!(limiters.store().kind(), "redis-cluster");
+    let route = limiters.route("r").expect("route");
+    let ctx = Context::for_subject(Subject::new("c1").unwrap());
+    let mut admitted = 0;
+    for _ in 0..3 {
+        if route.limiter().check(&ctx, 1).await.unwrap().is_allowed() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 2);
+}
+
 /// `kind = "redis-sentinel"` against real sentinels: the route's limiter
 /// decides on the primary they name.
 #[cfg(feature = "redis")]

@@ -1,0 +1,47 @@
+//! Why the server cannot start, or cannot answer a request.
+
+/// Why the server cannot start or reload.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// The configuration file is invalid or its store cannot be opened.
+    #[error("{0}")]
+    Config(#[from] tollgate_config::ReloadError),
+    /// The `[server]` section is invalid.
+    #[error("[server]: {0}")]
+    Settings(String),
+    /// A rule cannot be built from its route.
+    #[error("server.rules {rule:?}: {reason}")]
+    Rule {
+        /// The rule's name.
+        rule: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An environment variable the file names is missing or unusable.
+    #[error("environment variable {name}: {reason}")]
+    Env {
+        /// The variable.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A listening address cannot be bound.
+    #[error("cannot listen on {addr}: {source} (is another server running there? change server.grpc_listen / server.http_listen)")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The metrics recorder cannot be installed.
+    #[error("metrics: {0}")]
+    Metrics(String),
+}
+
+/// A request the server cannot decide as sent (gRPC `INVALID_ARGUMENT`,
+/// HTTP 400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRequest(pub String);

@@ -1,0 +1,207 @@
+//! The HTTP API beside the gRPC service: `POST /v1/check`, `GET /healthz`,
+//! `GET /readyz`, `GET /metrics`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+use serde_json::json;
+use tollgate_http::{apply_headers, decision_headers, HeaderStyle};
+use tollgate_limiter::{LayerRequest, Limit, Policy, StoreKey};
+
+use crate::envoy_limit::envoy_limit;
+use crate::rules::Descriptor;
+use crate::Shared;
+
+/// How long `/readyz` waits for the store.
+const READY_WITHIN: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckRequest {
+    domain: String,
+    descriptors: Vec<DescriptorJson>,
+    #[serde(default)]
+    hits_addend: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DescriptorJson {
+    entries: Vec<EntryJson>,
+    #[serde(default)]
+    hits_addend: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryJson {
+    key: String,
+    value: String,
+}
+
+/// The router, with the body limit of the settings.
+pub(crate) fn router(shared: Arc<Shared>, max_body: usize) -> Router {
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(shared)
+}
+
+fn reply(status: StatusCode, content_type: &str, body: String) -> Response {
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        "content-type",
+        content_type.parse().expect("a valid content type"),
+    );
+    response
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    reply(
+        status,
+        "application/json",
+        json!({ "error": message }).to_string(),
+    )
+}
+
+/// Whether the request carries the API's bearer token (when it has one),
+/// compared in constant time.
+fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
+    let Some(token) = &shared.token else {
+        return true;
+    };
+    let sent = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    sent.len() == token.len()
+        && sent
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+async fn check(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: String) -> Response {
+    if !authorized(&shared, &headers) {
+        let mut r = error(
+            StatusCode::UNAUTHORIZED,
+            "send Authorization: Bearer <token>",
+        );
+        r.headers_mut()
+            .insert("www-authenticate", "Bearer".parse().expect("valid"));
+        return r;
+    }
+    let request: CheckRequest = match serde_json::from_str(&body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("the request body: {e}")),
+    };
+    let descriptors: Vec<Descriptor> = request
+        .descriptors
+        .into_iter()
+        .map(|d| Descriptor {
+            entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+            hits: d.hits_addend.unwrap_or(request.hits_addend),
+        })
+        .collect();
+    let rules = shared.rules();
+    let outcome = match rules.decide(&request.domain, &descriptors).await {
+        Ok(o) => o,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.0),
+    };
+    let statuses: Vec<serde_json::Value> = outcome
+        .statuses
+        .iter()
+        .map(|s| {
+            let mut v = json!({ "code": if s.ok { "OK" } else { "OVER_LIMIT" } });
+            if let Some(layer) = &s.tightest {
+                let limit = rules
+                    .policy(layer.policy())
+                    .and_then(|p| envoy_limit(p.limit()));
+                let until = if layer.allowed {
+                    layer.reset_after
+                } else {
+                    layer.retry_after.unwrap_or(layer.reset_after)
+                };
+                v["policy"] = json!(layer.policy());
+                v["limit_remaining"] = json!(layer.remaining);
+                v["duration_until_reset_ms"] = json!(until.as_millis() as u64);
+                if let Some(e) = limit {
+                    v["current_limit"] = json!({
+                        "requests_per_unit": e.requests_per_unit,
+                        "unit": e.unit_name,
+                        "exact": e.exact,
+                    });
+                }
+            }
+            v
+        })
+        .collect();
+    let overall = if outcome.ok() { "OK" } else { "OVER_LIMIT" };
+    let status = match (outcome.ok(), outcome.failed_closed()) {
+        (true, _) => StatusCode::OK,
+        (false, true) => StatusCode::SERVICE_UNAVAILABLE,
+        (false, false) => StatusCode::TOO_MANY_REQUESTS,
+    };
+    let mut response = reply(
+        status,
+        "application/json",
+        json!({ "overall": overall, "statuses": statuses }).to_string(),
+    );
+    if let Some(decision) = outcome.decisions.first() {
+        apply_headers(
+            &decision_headers(decision, HeaderStyle::default()),
+            response.headers_mut(),
+        );
+    }
+    response
+}
+
+/// Ready when the store answers a peek within two seconds and no circuit
+/// breaker is open.
+async fn ready(State(shared): State<Arc<Shared>>) -> Response {
+    let rules = shared.rules();
+    if !rules.breakers_closed() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "a circuit breaker is open");
+    }
+    let policy = Policy::new(
+        "readyz",
+        Limit::fixed_window(1, Duration::from_secs(1)).expect("valid"),
+    )
+    .expect("valid");
+    let probe = [LayerRequest {
+        key: StoreKey::new("readyz", &policy, "g", "readyz"),
+        policy: &policy,
+        cost: 1,
+    }];
+    match tokio::time::timeout(READY_WITHIN, rules.store().peek(&probe)).await {
+        Ok(Ok(_)) => reply(StatusCode::OK, "text/plain", "ready\n".into()),
+        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &format!("the store: {e}")),
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("the store did not answer within {READY_WITHIN:?}"),
+        ),
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    match &shared.metrics {
+        Some(handle) => reply(StatusCode::OK, "text/plain; version=0.0.4", handle.render()),
+        None => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "another metrics recorder was installed first in this process",
+        ),
+    }
+}

@@ -1,0 +1,171 @@
+//! The `[server]` section of the configuration file: where the server
+//! listens, and which Envoy descriptors map to which routes.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+use tollgate_config::Config;
+
+use crate::error::ServerError;
+
+/// What an unknown descriptor (no rule matches it) gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Unknown {
+    /// `OK`, as Envoy's own rate limit service answers (the default).
+    #[default]
+    Allow,
+    /// `OVER_LIMIT`.
+    Deny,
+}
+
+/// What a descriptor entry's value fills in the request's context.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Role {
+    /// The subject (layers with `scope = "subject"`).
+    Subject,
+    /// The tenant (`scope = "tenant"`).
+    Tenant,
+    /// A named attribute (`scope = { attribute = "…" }`).
+    Attribute(String),
+}
+
+/// One rule: descriptors of `domain` whose entry keys are exactly those of
+/// `entries` and `values` (and whose values match `values`) are decided by
+/// the layers of `route`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSpec {
+    /// The rule's name: its layers are named `<name>.<layer>`, and its
+    /// counters are its own.
+    pub name: String,
+    /// The Envoy domain.
+    pub domain: String,
+    /// A `[routes.<name>]` of the file: its layers and their policies.
+    pub route: String,
+    /// Descriptor entry key → what its value fills.
+    #[serde(default)]
+    pub entries: BTreeMap<String, Role>,
+    /// Descriptor entry key → the value it must have (Envoy's
+    /// `generic_key`, a fixed `header_value_match`…).
+    #[serde(default)]
+    pub values: BTreeMap<String, String>,
+    /// Entry keys whose values are secrets (API keys): hashed with the
+    /// server's hash key before they reach a store key.
+    #[serde(default)]
+    pub hashed: Vec<String>,
+}
+
+/// The `[server]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Where the gRPC service listens (default `127.0.0.1:8081`).
+    #[serde(default = "default_grpc")]
+    pub grpc_listen: SocketAddr,
+    /// Where the HTTP API listens (default `127.0.0.1:8080`).
+    #[serde(default = "default_http")]
+    pub http_listen: SocketAddr,
+    /// What a descriptor no rule matches gets (default `allow`).
+    #[serde(default)]
+    pub unknown_descriptors: Unknown,
+    /// Send the IETF `RateLimit` and `RateLimit-Policy` headers (and
+    /// `Retry-After` when over the limit) as `response_headers_to_add`
+    /// (default true).
+    #[serde(default = "yes")]
+    pub response_headers: bool,
+    /// The environment variable holding the HTTP API's bearer token; none:
+    /// the API is open (never put the token itself in the file).
+    #[serde(default)]
+    pub api_token_env: Option<String>,
+    /// The environment variable holding the key hashed entries are hashed
+    /// with (at least 16 bytes); needed when a rule hashes an entry.
+    #[serde(default)]
+    pub hash_key_env: Option<String>,
+    /// Largest HTTP request body accepted (default 64 KiB).
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// The rules, in the order they are tried.
+    #[serde(default)]
+    pub rules: Vec<RuleSpec>,
+}
+
+fn default_grpc() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8081))
+}
+
+fn default_http() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+
+fn default_max_body() -> usize {
+    64 * 1024
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Settings {
+    /// The `[server]` section of `config`, checked against its routes.
+    pub fn of(config: &Config) -> Result<Settings, ServerError> {
+        let table = config.server_section().cloned().unwrap_or_default();
+        let settings: Settings = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ServerError::Settings(e.message().to_string()))?;
+        let mut names = std::collections::BTreeSet::new();
+        for (i, rule) in settings.rules.iter().enumerate() {
+            let at = format!("server.rules[{i}] ({:?})", rule.name);
+            if rule.name.is_empty()
+                || !rule
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+            {
+                return Err(ServerError::Settings(format!(
+                    "{at}: a rule's name is made of letters, digits, '-' and '_'"
+                )));
+            }
+            if !names.insert(rule.name.as_str()) {
+                return Err(ServerError::Settings(format!(
+                    "{at}: two rules share this name"
+                )));
+            }
+            if config.route(&rule.route).is_none() {
+                let known: Vec<&String> = config.routes().keys().collect();
+                return Err(ServerError::Settings(format!(
+                    "{at}: route {:?} is not a [routes.<name>] of the file (there are {known:?})",
+                    rule.route
+                )));
+            }
+            if rule.entries.is_empty() && rule.values.is_empty() {
+                return Err(ServerError::Settings(format!(
+                    "{at}: give the descriptor's entries (entries, values)"
+                )));
+            }
+            if let Some(both) = rule.entries.keys().find(|k| rule.values.contains_key(*k)) {
+                return Err(ServerError::Settings(format!(
+                    "{at}: entry {both:?} is in both entries and values"
+                )));
+            }
+            if let Some(stray) = rule.hashed.iter().find(|k| !rule.entries.contains_key(*k)) {
+                return Err(ServerError::Settings(format!(
+                    "{at}: hashed entry {stray:?} is not one of its entries"
+                )));
+            }
+            if !rule.hashed.is_empty() && settings.hash_key_env.is_none() {
+                return Err(ServerError::Settings(format!(
+                    "{at}: hashed entries need server.hash_key_env, the variable holding the hash key"
+                )));
+            }
+        }
+        if settings.max_body_bytes == 0 {
+            return Err(ServerError::Settings(
+                "server.max_body_bytes must be > 0".into(),
+            ));
+        }
+        Ok(settings)
+    }
+}

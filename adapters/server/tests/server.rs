@@ -1,0 +1,516 @@
+//! The server from outside: a real tonic client sends real
+//! `ShouldRateLimit` requests, a real HTTP client calls the API, on the
+//! in-process store with a manual clock and on a real Redis.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tollgate_limiter::{ManualClock, Timestamp};
+use tollgate_ratelimit_server::Server;
+use tollgate_testkit::redis_server::RedisServer;
+
+const START: Timestamp = Timestamp::from_micros(1_780_000_020_000_000);
+
+const LIMITS: &str = r#"
+[policies.per-user]
+algorithm = "fixed_window"
+limit = 5
+window = "1m"
+
+[policies.per-tenant]
+algorithm = "fixed_window"
+limit = 8
+window = "1m"
+
+[policies.login]
+algorithm = "sliding_log"
+limit = 2
+window = "1m"
+on_failure = "fail_closed"
+
+[routes.api]
+layers = [
+    { name = "user", scope = "subject", policy = "per-user" },
+    { name = "tenant", scope = "tenant", policy = "per-tenant" },
+]
+
+[routes.login]
+layers = [{ name = "ip", scope = "subject", policy = "login" }]
+"#;
+
+fn server_section(extra: &str) -> String {
+    format!(
+        r#"
+[server]
+grpc_listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+{extra}
+
+[[server.rules]]
+name = "api"
+domain = "edge"
+route = "api"
+entries = {{ user_id = "subject", tenant_id = "tenant" }}
+
+[[server.rules]]
+name = "login"
+domain = "edge"
+route = "login"
+entries = {{ remote_address = "subject" }}
+values = {{ generic_key = "login" }}
+"#
+    )
+}
+
+/// A configuration file of its own (removed on drop).
+struct File(std::path::PathBuf);
+
+impl File {
+    fn new(text: &str) -> File {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "tollgate-ratelimit-server-{}-{n}.toml",
+            std::process::id()
+        ));
+        std::fs::File::create(&path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .expect("write the configuration");
+        File(path)
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn client(addr: SocketAddr) -> RateLimitServiceClient<tonic::transport::Channel> {
+    RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
+}
+
+fn descriptor(entries: &[(&str, &str)], hits: Option<u64>) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        hits_addend: hits.map(|value| UInt64Value { value }),
+        ..Default::default()
+    }
+}
+
+fn user(id: &str, tenant: &str) -> RateLimitDescriptor {
+    descriptor(&[("user_id", id), ("tenant_id", tenant)], None)
+}
+
+fn login(ip: &str) -> RateLimitDescriptor {
+    descriptor(&[("generic_key", "login"), ("remote_address", ip)], None)
+}
+
+async fn ask(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    descriptors: Vec<RateLimitDescriptor>,
+    hits: u32,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(RateLimitRequest {
+            domain: "edge".into(),
+            descriptors,
+            hits_addend: hits,
+        })
+        .await
+        .expect("answered")
+        .into_inner()
+}
+
+fn codes(r: &RateLimitResponse) -> (i32, Vec<i32>) {
+    (r.overall_code, r.statuses.iter().map(|s| s.code).collect())
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// Several descriptors decided together, all-or-nothing, with exact
+/// numbers; hits_addend; unknown descriptors allowed by default.
+#[tokio::test]
+async fn should_rate_limit_decides_descriptors_together() {
+    let file = File::new(&format!("{LIMITS}{}", server_section("")));
+    let clock = ManualClock::new(START);
+    let server = Server::start(&file.0, Arc::new(clock.clone()))
+        .await
+        .expect("starts");
+    let mut c = client(server.grpc_addr()).await;
+
+    // One request, two descriptors: both charged.
+    let r = ask(&mut c, vec![user("u1", "acme"), login("10.0.0.1")], 0).await;
+    assert_eq!(codes(&r), (OK, vec![OK, OK]));
+    assert_eq!(r.statuses[0].limit_remaining, 4, "per-user: 5 - 1");
+    assert_eq!(r.statuses[1].limit_remaining, 1, "login: 2 - 1");
+    let limit = r.statuses[0].current_limit.as_ref().expect("a limit");
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (5, 2),
+        "5 per MINUTE"
+    );
+    assert!(
+        r.response_headers_to_add
+            .iter()
+            .any(|h| h.key == "ratelimit"),
+        "{:?}",
+        r.response_headers_to_add
+    );
+
+    // The login descriptor runs out: the request is over the limit and
+    // the api descriptor is not charged.
+    let r = ask(&mut c, vec![user("u1", "acme"), login("10.0.0.1")], 0).await;
+    assert_eq!(codes(&r), (OK, vec![OK, OK]));
+    let r = ask(&mut c, vec![user("u1", "acme"), login("10.0.0.1")], 0).await;
+    assert_eq!(codes(&r), (OVER, vec![OK, OVER]));
+    let over = &r.statuses[1];
+    assert_eq!(over.limit_remaining, 0);
+    let wait = over.duration_until_reset.expect("a wait");
+    assert_eq!(
+        (wait.seconds, wait.nanos),
+        (60, 0),
+        "exact: the log's oldest entry ages out in 60 s"
+    );
+    assert!(r
+        .response_headers_to_add
+        .iter()
+        .any(|h| h.key == "retry-after"));
+    let r = ask(&mut c, vec![user("u1", "acme")], 0).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 2,
+        "5 - 3: the denied request charged nothing"
+    );
+
+    // hits_addend: per request, and per descriptor (which wins).
+    let r = ask(&mut c, vec![user("u2", "acme")], 3).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2, "5 - 3");
+    let r = ask(
+        &mut c,
+        vec![descriptor(
+            &[("user_id", "u2"), ("tenant_id", "acme")],
+            Some(2),
+        )],
+        3,
+    )
+    .await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (OK, 0),
+        "2 - 2"
+    );
+    let r = ask(&mut c, vec![user("u2", "acme")], 9).await;
+    assert_eq!(r.overall_code, OVER, "more than the limit can ever hold");
+
+    // The tenant layer is shared: u1 and u2 used 3 + 5 of acme's 8.
+    let r = ask(&mut c, vec![user("u3", "acme")], 0).await;
+    assert_eq!(r.overall_code, OVER, "acme is out: {r:?}");
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
+        Some(8)
+    );
+
+    // Unknown descriptors: allowed (Envoy's default), no limit reported.
+    let r = ask(
+        &mut c,
+        vec![descriptor(&[("path", "/x")], None), user("u4", "globex")],
+        0,
+    )
+    .await;
+    assert_eq!(codes(&r), (OK, vec![OK, OK]));
+    assert!(r.statuses[0].current_limit.is_none());
+
+    // A window later everything is back.
+    clock.advance(Duration::from_secs(60));
+    let r = ask(&mut c, vec![user("u1", "acme"), login("10.0.0.1")], 0).await;
+    assert_eq!(codes(&r), (OK, vec![OK, OK]));
+
+    // A value that cannot be a subject is an invalid argument.
+    let e = c
+        .should_rate_limit(RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![user("has space", "acme")],
+            hits_addend: 0,
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    server.shutdown().await;
+}
+
+/// `unknown_descriptors = "deny"`: an unknown descriptor is over the
+/// limit, and the known ones are not charged.
+#[tokio::test]
+async fn unknown_descriptors_can_be_denied() {
+    let file = File::new(&format!(
+        "{LIMITS}{}",
+        server_section("unknown_descriptors = \"deny\"")
+    ));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let mut c = client(server.grpc_addr()).await;
+    let r = ask(
+        &mut c,
+        vec![user("u1", "acme"), descriptor(&[("path", "/x")], None)],
+        0,
+    )
+    .await;
+    assert_eq!(codes(&r), (OVER, vec![OK, OVER]));
+    let r = ask(&mut c, vec![user("u1", "acme")], 0).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 4,
+        "the first request charged nothing"
+    );
+    server.shutdown().await;
+}
+
+/// On Redis: a stopped Redis answers per the failure mode, within the
+/// deadline — the fail-closed login policy OVER_LIMIT (not a gRPC error),
+/// the fail-open api policy OK — and `/readyz` says not ready.
+#[tokio::test]
+async fn a_stopped_redis_answers_per_the_failure_mode() {
+    let redis = RedisServer::start();
+    let store = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\ndeadline = \"100ms\"\n",
+        redis.url()
+    );
+    let file = File::new(&format!(
+        "{store}{}{}",
+        LIMITS
+            .replace(
+                "window = \"1m\"\n\n[policies.per-tenant]",
+                "window = \"1m\"\non_failure = \"fail_open\"\n\n[policies.per-tenant]"
+            )
+            .replace(
+                "limit = 8\nwindow = \"1m\"",
+                "limit = 8\nwindow = \"1m\"\non_failure = \"fail_open\""
+            ),
+        server_section("")
+    ));
+    let server = Server::start(&file.0, Arc::new(tollgate_limiter::MonotonicClock::new()))
+        .await
+        .expect("starts");
+    let mut c = client(server.grpc_addr()).await;
+    let r = ask(&mut c, vec![login("10.0.0.9")], 0).await;
+    assert_eq!(codes(&r), (OK, vec![OK]), "Redis decides");
+    let http = format!("http://{}", server.http_addr());
+    assert_eq!(get(&format!("{http}/readyz")).await.0, 200);
+
+    redis.pause();
+    let started = Instant::now();
+    let r = ask(&mut c, vec![login("10.0.0.9")], 0).await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]), "fail-closed: over the limit");
+    let r = ask(&mut c, vec![user("u1", "acme")], 0).await;
+    assert_eq!(codes(&r), (OK, vec![OK]), "fail-open: allowed");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "two answers within their deadlines: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(get(&format!("{http}/readyz")).await.0, 503);
+    redis.resume();
+    server.shutdown().await;
+}
+
+async fn get(url: &str) -> (u16, String) {
+    send("GET", url, &[], "").await
+}
+
+async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let client: Client<_, Full<hyper::body::Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let mut request = hyper::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = client
+        .request(
+            request
+                .body(Full::from(body.to_string()))
+                .expect("a request"),
+        )
+        .await
+        .expect("answered");
+    let status = response.status().as_u16();
+    let mut head = String::new();
+    for (k, v) in response.headers() {
+        head += &format!("{k}: {}\n", v.to_str().unwrap_or(""));
+    }
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("a body")
+        .to_bytes();
+    (
+        status,
+        format!("{head}\n{}", String::from_utf8_lossy(&body)),
+    )
+}
+
+/// The HTTP API: the bearer token, the decision with an adapter's headers
+/// and status, bad bodies, the body limit, health, and Prometheus metrics
+/// that parse.
+#[tokio::test]
+async fn the_http_api_decides_and_reports() {
+    std::env::set_var("TOLLGATE_TEST_API_TOKEN", "s3cret-token");
+    let file = File::new(&format!(
+        "{LIMITS}{}",
+        server_section("api_token_env = \"TOLLGATE_TEST_API_TOKEN\"\nmax_body_bytes = 2048")
+    ));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let base = format!("http://{}", server.http_addr());
+    let check = format!("{base}/v1/check");
+    let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"generic_key","value":"login"},{"key":"remote_address","value":"10.1.1.1"}]}]}"#;
+    let auth = [("authorization", "Bearer s3cret-token")];
+
+    let (status, text) = send("POST", &check, &[], body).await;
+    assert_eq!(status, 401, "{text}");
+    let (status, _) = send(
+        "POST",
+        &check,
+        &[("authorization", "Bearer wrong-token!")],
+        body,
+    )
+    .await;
+    assert_eq!(status, 401);
+    for expected in [200, 200, 429] {
+        let (status, text) = send("POST", &check, &auth, body).await;
+        assert_eq!(status, expected, "{text}");
+        assert!(text.contains("ratelimit: \"login\";r="), "{text}");
+        if expected == 429 {
+            assert!(text.contains("retry-after: 60"), "{text}");
+            assert!(text.contains(r#""overall":"OVER_LIMIT""#), "{text}");
+            assert!(
+                text.contains(r#""duration_until_reset_ms":60000"#),
+                "{text}"
+            );
+        }
+    }
+    let (status, text) = send("POST", &check, &auth, "{not json").await;
+    assert_eq!(status, 400, "{text}");
+    let big = format!(r#"{{"domain":"{}","descriptors":[]}}"#, "x".repeat(4096));
+    let (status, _) = send("POST", &check, &auth, &big).await;
+    assert_eq!(status, 413, "over max_body_bytes");
+
+    assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
+    assert_eq!(get(&format!("{base}/readyz")).await.0, 200);
+    let (status, text) = get(&format!("{base}/metrics")).await;
+    assert_eq!(status, 200);
+    let metrics = text.split_once("\n\n").map_or("", |(_, b)| b);
+    let mut decisions = 0.0;
+    for line in metrics
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (name, value) = line.rsplit_once(' ').expect("name value");
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("a number: {line}"));
+        if name.starts_with("tollgate_decisions_total{policy=\"login\"") {
+            decisions += value;
+        }
+    }
+    assert!(
+        decisions >= 3.0,
+        "the three login decisions are counted:\n{metrics}"
+    );
+    server.shutdown().await;
+}
+
+/// A changed file is applied by a reload; an invalid one is refused and
+/// the running limits are kept.
+#[tokio::test]
+async fn reloads_apply_valid_files_only() {
+    let file = File::new(&format!("{LIMITS}{}", server_section("")));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let mut c = client(server.grpc_addr()).await;
+    let r = ask(&mut c, vec![user("u1", "acme")], 0).await;
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    std::fs::write(
+        &file.0,
+        format!(
+            "{}{}",
+            LIMITS.replacen("limit = 5", "limit = 9", 1),
+            server_section("")
+        ),
+    )
+    .expect("rewrite");
+    server.reload().await.expect("reloaded");
+    let r = ask(&mut c, vec![user("u1", "acme")], 0).await;
+    // The tightest layer is now the tenant's (8 - 2), not the user's (9 - 2;
+    // 5 - 2 without the reload): the count is kept, the limit raised.
+    assert_eq!(r.statuses[0].limit_remaining, 6);
+    let limit = r.statuses[0].current_limit.as_ref();
+    assert_eq!(limit.map(|l| l.requests_per_unit), Some(8));
+    std::fs::write(
+        &file.0,
+        format!(
+            "{LIMITS}{}",
+            server_section("").replace("route = \"login\"", "route = \"nowhere\"")
+        ),
+    )
+    .expect("rewrite");
+    let e = server.reload().await.expect_err("refused");
+    assert!(e.to_string().contains("nowhere"), "{e}");
+    let r = ask(&mut c, vec![user("u1", "acme")], 0).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 5,
+        "8 - 3: the running limits were kept"
+    );
+    server.shutdown().await;
+}
+
+/// On a 6-node Redis Cluster: descriptors whose subjects live on different
+/// slots are still decided together, all-or-nothing.
+#[tokio::test]
+async fn a_cluster_store_decides_descriptors_together() {
+    let cluster = tollgate_testkit::redis_cluster::RedisCluster::shared();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
+    let file = File::new(&format!(
+        "[store]\nkind = \"redis-cluster\"\nnodes = [{}]\nprefix = \"{}\"\n{LIMITS}{}",
+        nodes.join(", "),
+        tollgate_testkit::conformance::unique("srv"),
+        server_section("")
+    ));
+    let server = Server::start(&file.0, Arc::new(tollgate_limiter::MonotonicClock::new()))
+        .await
+        .expect("starts");
+    let mut c = client(server.grpc_addr()).await;
+    let both = || vec![user("cu1", "cacme"), login("10.2.0.1")];
+    assert_eq!(codes(&ask(&mut c, both(), 0).await), (OK, vec![OK, OK]));
+    assert_eq!(codes(&ask(&mut c, both(), 0).await), (OK, vec![OK, OK]));
+    assert_eq!(codes(&ask(&mut c, both(), 0).await), (OVER, vec![OK, OVER]));
+    let r = ask(&mut c, vec![user("cu1", "cacme")], 0).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 2,
+        "5 - 3: the denied request charged nothing"
+    );
+    server.shutdown().await;
+}
