@@ -31,15 +31,12 @@ pub struct EnvoyLimit {
 }
 
 /// What `limit` allows over what time: a window's limit per window; a token
-/// bucket's refill per period (its sustained rate); GCRA's burst per the
-/// time the burst takes to come back (its rate).
+/// bucket's refill per period (its sustained rate); GCRA's one request per
+/// emission interval (its rate).
 pub fn rate(limit: &Limit) -> Option<(u64, Duration)> {
     Some(match limit {
         Limit::TokenBucket(p) => (p.refill(), Duration::from_micros(p.period_us())),
-        Limit::Gcra(p) => (
-            p.burst(),
-            Duration::from_micros(p.burst() * p.interval_us()),
-        ),
+        Limit::Gcra(p) => (1, Duration::from_micros(p.interval_us())),
         Limit::FixedWindow(p) | Limit::SlidingWindow(p) | Limit::SlidingLog(p) => {
             (p.limit(), Duration::from_micros(p.window_us()))
         }
@@ -47,25 +44,37 @@ pub fn rate(limit: &Limit) -> Option<(u64, Duration)> {
     })
 }
 
-/// `limit` as Envoy's `requests_per_unit` and `unit`: the unit equal to
-/// the policy's period when there is one; else the smallest unit at least
-/// as long, with the count scaled to it (exact when it scales to a whole
-/// number); a period longer than a day is sent per day. `None` for a custom
+/// `limit` as Envoy's `requests_per_unit` and `unit`: the first unit, from
+/// the smallest at least as long as the policy's period up to a day, in
+/// which its rate is a whole number of requests (exact); when there is
+/// none, the smallest such unit with the count rounded down (at least 1);
+/// a period longer than a day is sent per day. `None` for a custom
 /// algorithm.
 pub fn envoy_limit(limit: &Limit) -> Option<EnvoyLimit> {
     let (count, per) = rate(limit)?;
     let per_us = per.as_micros().max(1);
-    let (secs, unit, unit_name) = UNITS
+    let mut candidates: Vec<(u64, i32, &'static str)> = UNITS
         .into_iter()
-        .find(|(secs, _, _)| u128::from(*secs) * 1_000_000 >= per_us)
-        .unwrap_or(UNITS[3]);
-    let scaled = u128::from(count) * u128::from(secs) * 1_000_000;
+        .filter(|(secs, _, _)| u128::from(*secs) * 1_000_000 >= per_us)
+        .collect();
+    if candidates.is_empty() {
+        candidates.push(UNITS[3]);
+    }
+    let in_unit = |secs: u64| u128::from(count) * u128::from(secs) * 1_000_000;
+    let fits =
+        |scaled: u128| scaled.is_multiple_of(per_us) && scaled / per_us <= u128::from(u32::MAX);
+    let (secs, unit, unit_name) = candidates
+        .iter()
+        .copied()
+        .find(|(secs, _, _)| fits(in_unit(*secs)))
+        .unwrap_or(candidates[0]);
+    let scaled = in_unit(secs);
     let requests = (scaled / per_us).max(1);
     Some(EnvoyLimit {
         requests_per_unit: u32::try_from(requests).unwrap_or(u32::MAX),
         unit,
         unit_name,
-        exact: scaled % per_us == 0 && requests <= u128::from(u32::MAX),
+        exact: fits(scaled),
     })
 }
 
@@ -81,30 +90,20 @@ mod tests {
     #[test]
     fn policies_map_to_the_closest_exact_unit() {
         let s = Duration::from_secs;
-        assert_eq!(
-            of(Limit::fixed_window(100, s(60)).unwrap()),
-            (100, "MINUTE", true)
-        );
-        assert_eq!(
-            of(Limit::sliding_log(5, s(1)).unwrap()),
-            (5, "SECOND", true)
-        );
-        assert_eq!(
-            of(Limit::sliding_window(10, s(30)).unwrap()),
-            (20, "MINUTE", true)
-        );
-        assert_eq!(
-            of(Limit::token_bucket(50, 10, s(1)).unwrap()),
-            (10, "SECOND", true)
-        );
-        assert_eq!(of(Limit::gcra(6, s(60), 3).unwrap()), (6, "MINUTE", true));
-        assert_eq!(
-            of(Limit::fixed_window(7, s(45)).unwrap()),
-            (9, "MINUTE", false)
-        );
-        assert_eq!(
-            of(Limit::fixed_window(10, s(7 * 86_400)).unwrap()),
-            (1, "DAY", false)
-        );
+        let cases = [
+            (Limit::fixed_window(100, s(60)), (100, "MINUTE", true)),
+            (Limit::sliding_log(5, s(1)), (5, "SECOND", true)),
+            (Limit::sliding_window(10, s(30)), (20, "MINUTE", true)),
+            (Limit::token_bucket(50, 10, s(1)), (10, "SECOND", true)),
+            (Limit::gcra(6, s(60), 3), (6, "MINUTE", true)),
+            (Limit::gcra(100, s(60), 1), (100, "MINUTE", true)),
+            (Limit::fixed_window(7, s(45)), (560, "HOUR", true)),
+            (Limit::fixed_window(7, s(49)), (8, "MINUTE", false)),
+            (Limit::fixed_window(10, s(7 * 86_400)), (1, "DAY", false)),
+        ];
+        for (limit, expected) in cases {
+            let limit = limit.unwrap();
+            assert_eq!(of(limit.clone()), expected, "{limit:?}");
+        }
     }
 }

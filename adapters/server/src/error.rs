@@ -7,6 +7,13 @@ pub enum ServerError {
     /// The configuration file is invalid or its store cannot be opened.
     #[error("{0}")]
     Config(#[from] tollgate_config::ReloadError),
+    /// The file is invalid (a reload is refused; the running limits stay).
+    #[error("{0}")]
+    Invalid(#[from] tollgate_config::ConfigError),
+    /// A reload changes what only a restart can (where the server
+    /// listens, the API token's variable, the body limit).
+    #[error("[server] {0} changed: restart the server to apply it (the running limits are kept)")]
+    NeedsRestart(&'static str),
     /// The `[server]` section is invalid.
     #[error("[server]: {0}")]
     Settings(String),
@@ -35,9 +42,6 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
-    /// The metrics recorder cannot be installed.
-    #[error("metrics: {0}")]
-    Metrics(String),
 }
 
 /// A request the server cannot decide as sent (gRPC `INVALID_ARGUMENT`,

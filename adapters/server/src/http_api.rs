@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -46,14 +46,13 @@ struct EntryJson {
     value: String,
 }
 
-/// The router, with the body limit of the settings.
-pub(crate) fn router(shared: Arc<Shared>, max_body: usize) -> Router {
+/// The router (`POST /v1/check` reads at most `server.max_body_bytes`).
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/check", post(check))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .layer(DefaultBodyLimit::max(max_body))
         .with_state(shared)
 }
 
@@ -84,8 +83,9 @@ fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
     let sent = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, token)| token.trim());
     sent.len() == token.len()
         && sent
             .bytes()
@@ -94,8 +94,9 @@ fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
             == 0
 }
 
-async fn check(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: String) -> Response {
-    if !authorized(&shared, &headers) {
+async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    // The token first: a body is read only for those who may send one.
+    if !authorized(&shared, request.headers()) {
         let mut r = error(
             StatusCode::UNAUTHORIZED,
             "send Authorization: Bearer <token>",
@@ -104,7 +105,17 @@ async fn check(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Stri
             .insert("www-authenticate", "Bearer".parse().expect("valid"));
         return r;
     }
-    let request: CheckRequest = match serde_json::from_str(&body) {
+    let limit = shared.started.max_body_bytes;
+    let body = match axum::body::to_bytes(request.into_body(), limit).await {
+        Ok(body) => body,
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("the body is over {limit} bytes (server.max_body_bytes)"),
+            )
+        }
+    };
+    let request: CheckRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, &format!("the request body: {e}")),
     };

@@ -35,8 +35,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tollgate_config::LiveConfig;
-use tollgate_limiter::Clock;
+use tollgate_config::{Config, LiveConfig};
+use tollgate_limiter::{Clock, Store};
 
 pub use envoy_limit::{envoy_limit, rate, EnvoyLimit};
 pub use error::{BadRequest, ServerError};
@@ -50,6 +50,12 @@ pub struct Shared {
     clock: Arc<dyn Clock>,
     metrics: Option<PrometheusHandle>,
     token: Option<String>,
+    /// The settings the server started with (what a reload cannot change).
+    started: Settings,
+    /// The emergency store, kept across reloads.
+    fallback: std::sync::Mutex<Option<Arc<dyn Store>>>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -64,13 +70,77 @@ impl Shared {
         self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Rebuild the rules from the running configuration (after a reload).
-    fn rebuild(&self) -> Result<(), ServerError> {
-        let rules = Rules::new(self.live.config(), self.live.store(), self.clock.clone())?;
+    /// The emergency store for `config`: the one already made, or a new
+    /// one when a policy falls back for the first time.
+    fn fallback(&self, config: &Config) -> Option<Arc<dyn Store>> {
+        let mut fallback = self.fallback.lock().unwrap_or_else(|p| p.into_inner());
+        if fallback.is_none() {
+            *fallback = config.fallback_store(self.clock.clone());
+        }
+        fallback.clone()
+    }
+
+    /// Read the file again and apply it — only once it is valid whole:
+    /// the library's part, the `[server]` section, every rule built, and
+    /// nothing changed that needs a restart. Otherwise the running limits
+    /// are kept.
+    async fn reload(&self) -> Result<(), ServerError> {
+        let _one = self.reloading.lock().await;
+        let path = self
+            .live
+            .path()
+            .ok_or(ServerError::Config(tollgate_config::ReloadError::NoFile))?;
+        let config = Config::from_file(path)?;
+        let settings = Settings::of(&config)?;
+        let started = &self.started;
+        for (what, same) in [
+            ("grpc_listen", settings.grpc_listen == started.grpc_listen),
+            ("http_listen", settings.http_listen == started.http_listen),
+            (
+                "api_token_env",
+                settings.api_token_env == started.api_token_env,
+            ),
+            (
+                "max_body_bytes",
+                settings.max_body_bytes == started.max_body_bytes,
+            ),
+        ] {
+            if !same {
+                return Err(ServerError::NeedsRestart(what));
+            }
+        }
+        // Checked on the running store; applied on the file's (a changed
+        // [store] is opened by the reload).
+        Rules::new(
+            config.clone(),
+            self.live.store(),
+            self.fallback(&config),
+            self.clock.clone(),
+        )?;
+        self.live.reload_with(config.clone()).await?;
+        let rules = Rules::new(
+            config.clone(),
+            self.live.store(),
+            self.fallback(&config),
+            self.clock.clone(),
+        )?;
         *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
         Ok(())
     }
 }
+
+/// Stops watching the file when dropped ([`Server::watch`]).
+#[derive(Debug)]
+pub struct Watch(JoinHandle<()>);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How long a shutdown waits for the requests in flight.
+pub const SHUTDOWN_WITHIN: Duration = Duration::from_secs(30);
 
 /// The process's Prometheus recorder, installed before the first limiter
 /// is built (limiters take their metric handles then).
@@ -112,7 +182,9 @@ impl Server {
     ) -> Result<Server, ServerError> {
         let metrics = metrics();
         let live = LiveConfig::load(path, clock.clone()).await?;
-        let rules = Rules::new(live.config(), live.store(), clock.clone())?;
+        let config = live.config();
+        let fallback = config.fallback_store(clock.clone());
+        let rules = Rules::new(config, live.store(), fallback.clone(), clock.clone())?;
         let settings = rules.settings().clone();
         let token = match &settings.api_token_env {
             Some(name) => Some(std::env::var(name).map_err(|_| ServerError::Env {
@@ -133,6 +205,9 @@ impl Server {
             clock,
             metrics,
             token,
+            started: settings.clone(),
+            fallback: std::sync::Mutex::new(fallback),
+            reloading: tokio::sync::Mutex::new(()),
         });
         let grpc_listener = bind(settings.grpc_listen).await?;
         let http_listener = bind(settings.http_listen).await?;
@@ -172,7 +247,7 @@ impl Server {
             }
         });
         let http_task = tokio::spawn({
-            let app = http_api::router(shared.clone(), settings.max_body_bytes);
+            let app = http_api::router(shared.clone());
             let stopped = until_stopped(stopped);
             async move {
                 use axum::serve::ListenerExt;
@@ -211,40 +286,52 @@ impl Server {
         self.shared.rules()
     }
 
-    /// Read the file again and apply it: an invalid file (or `[server]`
-    /// section) is refused and the running rules are kept.
+    /// Read the file again and apply it, only when it is valid whole (the
+    /// library's part, the `[server]` section, every rule) and changes
+    /// nothing that needs a restart (where it listens, the API token's
+    /// variable, the body limit); otherwise the running limits are kept.
     pub async fn reload(&self) -> Result<(), ServerError> {
-        let previous = self.shared.live.config();
-        self.shared.live.reload().await?;
-        if let Err(e) = self.shared.rebuild() {
-            // The library's part was applied: put it back as it was.
-            let _ = self.shared.live.reload_with(previous).await;
-            return Err(e);
-        }
-        Ok(())
+        self.shared.reload().await
     }
 
-    /// Reload whenever the file changes (checked every `every`), reporting
+    /// Reload as [`reload`](Self::reload) does whenever the file changes
+    /// (its modification time or length, checked every `every`), reporting
     /// each outcome; stops when the returned guard is dropped.
     pub fn watch(
         &self,
         every: Duration,
         mut report: impl FnMut(Result<(), ServerError>) + Send + 'static,
-    ) -> Result<tollgate_config::Watch, ServerError> {
+    ) -> Watch {
         let shared = self.shared.clone();
-        Ok(self.shared.live.watch(every, move |result| {
-            report(match result {
-                Ok(_) => shared.rebuild(),
-                Err(e) => Err(e.into()),
-            })
-        })?)
+        let stamp = |shared: &Shared| {
+            shared
+                .live
+                .path()
+                .and_then(|p| std::fs::metadata(p).ok())
+                .map(|m| (m.modified().ok(), m.len()))
+        };
+        Watch(tokio::spawn(async move {
+            let mut seen = stamp(&shared);
+            loop {
+                tokio::time::sleep(every).await;
+                let now = stamp(&shared);
+                if now != seen {
+                    seen = now;
+                    report(shared.reload().await);
+                }
+            }
+        }))
     }
 
-    /// Stop accepting, let the requests in flight finish, and return.
+    /// Stop accepting, let the requests in flight finish (for at most
+    /// [`SHUTDOWN_WITHIN`]), and return.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        for task in self.tasks {
-            let _ = task.await;
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_WITHIN;
+        for mut task in self.tasks {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                task.abort();
+            }
         }
     }
 }

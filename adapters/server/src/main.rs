@@ -17,8 +17,9 @@ usage: tollgate-ratelimit-server [--config PATH]
                   library's format with a [server] section (docs/server.md)
   --help          this text
 
-Reloads the file on SIGHUP and when it changes; stops gracefully on SIGTERM
-or Ctrl-C (requests in flight finish).";
+Reloads the file on SIGHUP and when it changes (an invalid file, or one
+changing where it listens, is refused and the running limits kept); stops
+gracefully on SIGTERM or Ctrl-C (requests in flight finish, 30 s at most).";
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -60,7 +61,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             Ok(()) => eprintln!("{what}: reloaded"),
             Err(e) => eprintln!("{what}: {e} (the running limits are kept)"),
         };
-    let _watch = server.watch(Duration::from_secs(1), move |r| report("file changed", r))?;
+    let _watch = server.watch(Duration::from_secs(1), move |r| report("file changed", r));
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {

@@ -14,16 +14,12 @@ use std::sync::{Arc, RwLock};
 
 use tollgate_config::Config;
 use tollgate_limiter::{
-    BreakerState, Clock, Context, Decision, Error, HashKey, LayerDecision, Limiter, Policy, Scope,
-    Store, Subject,
+    BreakerState, Clock, Context, Decision, HashKey, LayerDecision, Limiter, Policy, Scope, Store,
+    Subject,
 };
 
 use crate::error::{BadRequest, ServerError};
 use crate::settings::{Role, RuleSpec, Settings, Unknown};
-
-/// Most limiters kept for combinations of rules (then the cache starts
-/// over: combinations are few in practice, one per Envoy route action set).
-const MAX_COMBINATIONS: usize = 4096;
 
 /// One descriptor of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,20 +110,46 @@ fn global_subject() -> Subject {
 }
 
 /// A rule's own name for a scope: its attribute in the shared limiter.
+/// Each scope has a namespace of its own (`s`, `t`, `g`, `a.<name>`), so
+/// an attribute named `subject` or `global` never meets the subject or the
+/// global layer.
 fn scoped(rule: &str, scope: &Scope) -> String {
     match scope {
-        Scope::Subject => format!("{rule}.subject"),
-        Scope::Tenant => format!("{rule}.tenant"),
-        Scope::Attribute(name) => format!("{rule}.{name}"),
-        _ => format!("{rule}.global"),
+        Scope::Subject => format!("{rule}/s"),
+        Scope::Tenant => format!("{rule}/t"),
+        Scope::Attribute(name) => format!("{rule}/a.{name}"),
+        _ => format!("{rule}/g"),
     }
 }
 
+/// The key values that are not valid subjects (white space, braces, over
+/// 256 bytes) are hashed with: public, so every instance counts such a
+/// value on the same key. Such values are counted, never refused: a
+/// refusal would be a gRPC error, which Envoy turns into an allow.
+fn odd_values_key() -> &'static HashKey {
+    static KEY: std::sync::OnceLock<HashKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| {
+        HashKey::new(b"tollgate-ratelimit-server: values that are not subjects").expect("16+ bytes")
+    })
+}
+
+/// Most descriptors one request may carry; a request with more is over
+/// the limit (nothing is decided), as is one naming an entry twice.
+pub const MAX_DESCRIPTORS: usize = 64;
+
+/// Most limiters kept for combinations of rules; past it, a new
+/// combination gets a limiter of its own for that request only.
+const MAX_CACHED: usize = 4096;
+
 impl Rules {
-    /// The rules of `config`'s `[server]` section over `store`.
+    /// The rules of `config`'s `[server]` section over `store` (and
+    /// `fallback`, the emergency store of policies that fall back: keep
+    /// one across reloads, so its counts survive them). Every rule's
+    /// limiter is built here, so a rule that cannot decide fails now.
     pub fn new(
         config: Config,
         store: Arc<dyn Store>,
+        fallback: Option<Arc<dyn Store>>,
         clock: Arc<dyn Clock>,
     ) -> Result<Rules, ServerError> {
         let settings = Settings::of(&config)?;
@@ -207,8 +229,7 @@ impl Rules {
                 layers,
             });
         }
-        let fallback = config.fallback_store(clock.clone());
-        Ok(Rules {
+        let rules = Rules {
             settings,
             rules,
             config,
@@ -217,7 +238,14 @@ impl Rules {
             clock,
             hash_key,
             combined: RwLock::new(HashMap::new()),
-        })
+        };
+        for (i, rule) in rules.rules.iter().enumerate() {
+            rules.combined(&[i]).map_err(|e| ServerError::Rule {
+                rule: rule.spec.name.clone(),
+                reason: e.0,
+            })?;
+        }
+        Ok(rules)
     }
 
     /// The `[server]` settings.
@@ -244,10 +272,15 @@ impl Rules {
     }
 
     /// The rule a descriptor of `domain` matches, first in file order.
+    /// Its keys must be exactly the rule's, each once.
     fn rule_of(&self, domain: &str, d: &Descriptor) -> Option<usize> {
+        let keys: BTreeSet<&String> = d.entries.iter().map(|(k, _)| k).collect();
+        if keys.len() != d.entries.len() {
+            return None;
+        }
         self.rules.iter().position(|rule| {
             rule.spec.domain == domain
-                && d.entries.len() == rule.keys.len()
+                && keys.len() == rule.keys.len()
                 && d.entries.iter().all(|(k, v)| {
                     rule.keys.contains(k)
                         && rule.spec.values.get(k).is_none_or(|wanted| wanted == v)
@@ -285,36 +318,30 @@ impl Rules {
         let limiter = builder.build().map_err(|e| {
             BadRequest(format!("these descriptors cannot be decided together: {e}"))
         })?;
-        if cache.len() >= MAX_COMBINATIONS {
-            cache.clear();
-        }
         let combined = Arc::new(Combined { limiter, ranges });
-        cache.insert(rules.to_vec(), combined.clone());
+        if cache.len() < MAX_CACHED {
+            cache.insert(rules.to_vec(), combined.clone());
+        }
         Ok(combined)
     }
 
     /// The context of descriptor `d` under rule `i`, added to `ctx`.
-    fn context(&self, ctx: Context, i: usize, d: &Descriptor) -> Result<Context, BadRequest> {
+    fn context(&self, ctx: Context, i: usize, d: &Descriptor) -> Context {
         let rule = &self.rules[i];
         let mut ctx = ctx.with_attribute(rule.global.clone(), global_subject());
         for (key, value) in &d.entries {
             let Some(attribute) = rule.attributes.get(key) else {
                 continue;
             };
-            let subject = if rule.spec.hashed.contains(key) {
-                let hash_key = self
-                    .hash_key
-                    .as_ref()
-                    .expect("Rules::new read the hash key");
-                Subject::hashed(value, hash_key)
-            } else {
-                Subject::new(value).map_err(|e| {
-                    BadRequest(format!("descriptor entry {key:?}: {e} (list it in the rule's hashed entries to accept any value)"))
-                })?
+            let subject = match (&self.hash_key, rule.spec.hashed.contains(key)) {
+                (Some(hash_key), true) => Subject::hashed(value, hash_key),
+                _ => {
+                    Subject::new(value).unwrap_or_else(|_| Subject::hashed(value, odd_values_key()))
+                }
             };
             ctx = ctx.with_attribute(attribute.clone(), subject);
         }
-        Ok(ctx)
+        ctx
     }
 
     /// Decide `descriptors` of `domain`: every descriptor a rule matches,
@@ -330,6 +357,19 @@ impl Rules {
         domain: &str,
         descriptors: &[Descriptor],
     ) -> Result<Outcome, BadRequest> {
+        if descriptors.len() > MAX_DESCRIPTORS {
+            // Deciding them would be a store call each: refuse the lot.
+            return Ok(Outcome {
+                statuses: descriptors
+                    .iter()
+                    .map(|_| Status {
+                        ok: false,
+                        tightest: None,
+                    })
+                    .collect(),
+                decisions: Vec::new(),
+            });
+        }
         let matched: Vec<Option<usize>> = descriptors
             .iter()
             .map(|d| self.rule_of(domain, d))
@@ -356,24 +396,24 @@ impl Rules {
         }
         let mut denied = statuses.iter().any(|s| !s.ok);
         let mut decisions = Vec::new();
-        for (cost, ds) in rounds {
-            let rules: Vec<usize> = ds.iter().map(|&d| matched[d].expect("matched")).collect();
+        for (cost, mut ds) in rounds {
+            // In rule order, so one limiter serves every order of them.
+            ds.sort_by_key(|&d| matched[d]);
+            let rules: Vec<usize> = ds.iter().filter_map(|&d| matched[d]).collect();
             let combined = self.combined(&rules)?;
             let mut ctx = Context::new();
             for (&d, &rule) in ds.iter().zip(&rules) {
-                ctx = self.context(ctx, rule, &descriptors[d])?;
+                ctx = self.context(ctx, rule, &descriptors[d]);
             }
             let limiter = &combined.limiter;
             // After a denial nothing more is charged: the rest is peeked.
             let decided = if denied {
                 limiter.peek(&ctx, cost).await.map_err(|e| e.to_string())
             } else {
-                match limiter.check(&ctx, cost).await {
-                    Ok(d) => Ok(d),
-                    // More than a layer can ever hold: over the limit.
-                    Err(Error::Policy(e)) => Err(e.to_string()),
-                    Err(e) => return Err(BadRequest(e.to_string())),
-                }
+                // An error is bad input for a layer — more than it can ever
+                // hold — so the request is over the limit (an error
+                // answer would be an allow in Envoy).
+                limiter.check(&ctx, cost).await.map_err(|e| e.to_string())
             };
             let decision = match decided {
                 Ok(decision) => decision,

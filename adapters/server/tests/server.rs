@@ -248,16 +248,31 @@ async fn should_rate_limit_decides_descriptors_together() {
     let r = ask(&mut c, vec![user("u1", "acme"), login("10.0.0.1")], 0).await;
     assert_eq!(codes(&r), (OK, vec![OK, OK]));
 
-    // A value that cannot be a subject is an invalid argument.
-    let e = c
-        .should_rate_limit(RateLimitRequest {
-            domain: "edge".into(),
-            descriptors: vec![user("has space", "acme")],
-            hits_addend: 0,
-        })
-        .await
-        .expect_err("refused");
-    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    // A value that cannot be a subject is counted (hashed), never refused:
+    // an error answer would be an allow in Envoy.
+    let odd = || vec![user("has space", "globex")];
+    let r = ask(&mut c, odd(), 0).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 4));
+    let r = ask(&mut c, odd(), 0).await;
+    assert_eq!(r.statuses[0].limit_remaining, 3, "the same key");
+
+    // A key named twice matches no rule (here: unknown, allowed), never
+    // a rule it only half fits.
+    let twice = descriptor(
+        &[("remote_address", "10.0.0.1"), ("remote_address", "x")],
+        None,
+    );
+    let r = ask(&mut c, vec![twice], 0).await;
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    assert!(r.statuses[0].current_limit.is_none(), "not the login rule");
+
+    // More descriptors than a request may carry: over the limit, nothing
+    // decided.
+    let many: Vec<_> = (0..65).map(|i| user(&format!("m{i}"), "many")).collect();
+    let r = ask(&mut c, many, 0).await;
+    assert_eq!(r.overall_code, OVER);
+    let r = ask(&mut c, vec![user("m0", "many")], 0).await;
+    assert_eq!(r.statuses[0].limit_remaining, 4, "nothing was charged");
     server.shutdown().await;
 }
 
@@ -479,6 +494,16 @@ async fn reloads_apply_valid_files_only() {
     .expect("rewrite");
     let e = server.reload().await.expect_err("refused");
     assert!(e.to_string().contains("nowhere"), "{e}");
+    std::fs::write(
+        &file.0,
+        format!(
+            "{LIMITS}{}",
+            server_section("").replace("127.0.0.1:0", "127.0.0.1:1")
+        ),
+    )
+    .expect("rewrite");
+    let e = server.reload().await.expect_err("refused");
+    assert!(e.to_string().contains("restart"), "{e}");
     let r = ask(&mut c, vec![user("u1", "acme")], 0).await;
     assert_eq!(
         r.statuses[0].limit_remaining, 5,
@@ -512,5 +537,35 @@ async fn a_cluster_store_decides_descriptors_together() {
         r.statuses[0].limit_remaining, 2,
         "5 - 3: the denied request charged nothing"
     );
+    server.shutdown().await;
+}
+
+/// The watcher applies a changed file by itself.
+#[tokio::test]
+async fn a_changed_file_is_applied() {
+    let file = File::new(&format!("{LIMITS}{}", server_section("")));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let _watch = server.watch(Duration::from_millis(20), move |r| {
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    });
+    let mut c = client(server.grpc_addr()).await;
+    std::fs::write(
+        &file.0,
+        format!(
+            "{}{}",
+            LIMITS.replacen("limit = 2\n", "limit = 7\n", 1),
+            server_section("")
+        ),
+    )
+    .expect("rewrite");
+    let applied = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("noticed within 5 s");
+    assert_eq!(applied, Some(Ok(())));
+    let r = ask(&mut c, vec![login("10.3.0.1")], 0).await;
+    assert_eq!(r.statuses[0].limit_remaining, 6, "login: 7 - 1");
     server.shutdown().await;
 }
