@@ -129,7 +129,7 @@ pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use error::RedisStoreError;
 pub use script::{function_library, function_name, library_name, SCRIPT};
 pub use scripting::Scripting;
-pub use settings::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_PREFIX};
+pub use settings::{check_prefix, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_PREFIX};
 pub use store::{ConnectionMode, RedisStore, RedisStoreBuilder};
 #[cfg(feature = "tls")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]

@@ -237,12 +237,19 @@ impl Decides {
     }
 }
 
-/// A key prefix keeps the key layout and the Cluster hash tag: 1–64
-/// characters of `A-Z a-z 0-9 _ - . :` (no braces).
-fn check_prefix(prefix: &str) -> Result<(), StoreError> {
+/// Whether `prefix` can start a store's keys: 1–64 characters of
+/// `A-Z a-z 0-9 _ - . :` (no braces, so the key layout and the Cluster
+/// hash tag stay intact). The builders check it at connect; the
+/// configuration file checks it with this same rule.
+///
+/// ```
+/// assert!(tollgate_redis::check_prefix("limits:eu").is_ok());
+/// assert!(tollgate_redis::check_prefix("{oops}").is_err());
+/// ```
+pub fn check_prefix(prefix: &str) -> Result<(), RedisStoreError> {
     let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
     if prefix.is_empty() || prefix.len() > 64 || !prefix.chars().all(ok) {
-        return Err(RedisStoreError::InvalidPrefix(prefix.to_string()).into());
+        return Err(RedisStoreError::InvalidPrefix(prefix.to_string()));
     }
     Ok(())
 }

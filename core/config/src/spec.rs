@@ -632,13 +632,12 @@ fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Opt
 
 /// The options both Redis kinds share, checked.
 fn redis_options(errors: &mut Vec<PolicyError>, f: &RedisFields) -> RedisOptions {
+    // The Redis store's own rule (without the Redis store in the build,
+    // the store cannot be built anyway: BuildError::RedisNotEnabled).
+    #[cfg(feature = "redis")]
     if let Some(prefix) = &f.prefix {
-        let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':');
-        if prefix.is_empty() || prefix.len() > 64 || !prefix.chars().all(ok) {
-            errors.push(field_error(
-                "store.prefix",
-                format!("{prefix:?} must be 1-64 characters of A-Z a-z 0-9 _ - . :"),
-            ));
+        if let Err(e) = tollgate_redis::check_prefix(prefix) {
+            errors.push(field_error("store.prefix", e.to_string()));
         }
     }
     if let Some(d) = f.deadline {
