@@ -1,14 +1,14 @@
 //! Shadow layers never fail a request: not by denying, not by a cost above
 //! their capacity, not by lacking the subject they count, not by a store
 //! error about their own keys.
-#![cfg(feature = "memory")]
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{
-    Context, KeyBudget, Limit, Limiter, MemoryStore, Policy, Scope, Source, Subject, WhenFull,
+use tollgate_limiter::{
+    Context, KeyBudget, Limit, Limiter, Policy, Scope, Source, Subject, WhenFull,
 };
+use tollgate_memory::MemoryStore;
 use tollgate_testkit::ready;
 
 fn window(n: u64) -> Limit {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{
+use tollgate_limiter::{
     BuildError, Fallback, Limit, Limiter, LimiterBuilder, OnStoreFailure, Policy, Scope,
 };
 use tollgate_testkit::DownStore;

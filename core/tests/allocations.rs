@@ -5,16 +5,14 @@
 //! out: its log may grow.
 //!
 //! One test in this binary: the allocator's counts are process-wide.
-#![cfg(feature = "memory")]
 
 use std::alloc::System;
 use std::sync::Arc;
 use std::time::Duration;
 
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use tollgate::{
-    Context, Limit, Limiter, ManualClock, MemoryStore, Policy, Scope, Subject, Timestamp,
-};
+use tollgate_limiter::{Context, Limit, Limiter, ManualClock, Policy, Scope, Subject, Timestamp};
+use tollgate_memory::MemoryStore;
 use tollgate_testkit::ready;
 
 #[global_allocator]
@@ -63,7 +61,7 @@ fn limiter(limit: &Limit, layers: usize, clock: &ManualClock) -> Limiter {
     }
     #[cfg(feature = "blocked-cache")]
     {
-        builder = builder.blocked_cache(tollgate::BlockedCacheConfig::default());
+        builder = builder.blocked_cache(tollgate_limiter::BlockedCacheConfig::default());
     }
     builder.build().unwrap()
 }

@@ -1,16 +1,16 @@
 //! The blocked-key cache repeats long denials without a store call, and
 //! never admits what the store would deny.
-#![cfg(all(feature = "blocked-cache", feature = "memory"))]
+#![cfg(feature = "blocked-cache")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{
+use tollgate_limiter::{
     async_trait, Adjustment, BlockedCacheConfig, Context, LayerRequest, Limit, Limiter,
-    ManualClock, MemoryStore, Policy, Scope, Source, Store, StoreError, Subject, Timestamp,
-    Verdicts,
+    ManualClock, Policy, Scope, Source, Store, StoreError, Subject, Timestamp, Verdicts,
 };
+use tollgate_memory::MemoryStore;
 
 #[derive(Debug)]
 struct Counting {

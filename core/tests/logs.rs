@@ -1,12 +1,12 @@
 //! Degraded decisions are logged with the policy and the error class, never
 //! with the raw key or subject.
-#![cfg(all(feature = "tracing", feature = "memory"))]
+#![cfg(feature = "tracing")]
 
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tollgate::{Context, Limit, Limiter, Policy, Scope, Subject};
+use tollgate_limiter::{Context, Limit, Limiter, Policy, Scope, Subject};
 use tollgate_testkit::ready;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};

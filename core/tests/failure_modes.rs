@@ -1,17 +1,17 @@
 //! Failure modes and the circuit breaker, with a store that can be switched
 //! off (the in-process store behind a switch) and a manual clock. The same
 //! modes against real redis-server faults are in the Redis store's tests.
-#![cfg(feature = "memory")]
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::{
+use tollgate_limiter::{
     async_trait, BreakerConfig, BreakerState, Context, Fallback, LayerRequest, Limit, Limiter,
-    ManualClock, MemoryStore, OnStoreFailure, Policy, Scope, Source, Store, StoreError, Subject,
-    Timestamp, Verdicts,
+    ManualClock, OnStoreFailure, Policy, Scope, Source, Store, StoreError, Subject, Timestamp,
+    Verdicts,
 };
+use tollgate_memory::MemoryStore;
 
 /// The in-process store behind an on/off switch; counts the calls it gets.
 #[derive(Debug)]
@@ -236,22 +236,22 @@ fn policies_with_failure_modes_deserialize() {
 #[derive(Debug, Default)]
 struct Flaky(std::sync::atomic::AtomicBool);
 
-#[tollgate::async_trait]
-impl tollgate::Store for Flaky {
+#[tollgate_limiter::async_trait]
+impl tollgate_limiter::Store for Flaky {
     fn kind(&self) -> &'static str {
         "flaky"
     }
     async fn decide(
         &self,
-        _: &[tollgate::LayerRequest<'_>],
-    ) -> Result<tollgate::Verdicts, tollgate::StoreError> {
+        _: &[tollgate_limiter::LayerRequest<'_>],
+    ) -> Result<tollgate_limiter::Verdicts, tollgate_limiter::StoreError> {
         if self.0.load(std::sync::atomic::Ordering::SeqCst) {
-            Err(tollgate::StoreError::Conflict {
+            Err(tollgate_limiter::StoreError::Conflict {
                 policy: "api".into(),
                 found: "wrong type".into(),
             })
         } else {
-            Err(tollgate::StoreError::Unavailable("down".into()))
+            Err(tollgate_limiter::StoreError::Unavailable("down".into()))
         }
     }
 }
@@ -283,7 +283,10 @@ fn a_probe_answered_with_a_non_outage_error_closes_the_breaker() {
     let ctx = Context::for_subject(Subject::new("k").unwrap());
     let d = tollgate_testkit::ready(limiter.check(&ctx, 1)).unwrap();
     assert_eq!(d.store_error(), Some("unavailable"));
-    assert_eq!(limiter.breaker().state(), tollgate::BreakerState::Open);
+    assert_eq!(
+        limiter.breaker().state(),
+        tollgate_limiter::BreakerState::Open
+    );
     store.0.store(true, Ordering::SeqCst);
     clock.advance(Duration::from_secs(2));
     let probe = tollgate_testkit::ready(limiter.check(&ctx, 1)).unwrap();
@@ -292,7 +295,10 @@ fn a_probe_answered_with_a_non_outage_error_closes_the_breaker() {
         Some("conflict"),
         "the probe reached the store"
     );
-    assert_eq!(limiter.breaker().state(), tollgate::BreakerState::Closed);
+    assert_eq!(
+        limiter.breaker().state(),
+        tollgate_limiter::BreakerState::Closed
+    );
     let next = tollgate_testkit::ready(limiter.check(&ctx, 1)).unwrap();
     assert_eq!(
         next.store_error(),

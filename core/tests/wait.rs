@@ -1,7 +1,7 @@
 //! Waiting for capacity (`Limiter::wait`, `Limiter::throttle`) on a manual
 //! clock: a waiter sleeps on the clock, wakes when the test moves it, and
 //! never sleeps past its bound. Nothing sleeps for real.
-#![cfg(all(feature = "memory", feature = "wait"))]
+#![cfg(feature = "wait")]
 
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use tollgate::{
-    Clock, Context, Limit, Limiter, ManualClock, MemoryStore, Policy, Scope, Subject, Timestamp,
-    WhenLimited,
+use tollgate_limiter::{
+    Clock, Context, Limit, Limiter, ManualClock, Policy, Scope, Subject, Timestamp, WhenLimited,
 };
+use tollgate_memory::MemoryStore;
 
 /// On a minute boundary, so a window's retry-after is exactly 60 s.
 const START: Timestamp = Timestamp::from_micros(1_779_999_960_000_000);
