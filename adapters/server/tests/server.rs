@@ -569,3 +569,48 @@ async fn a_changed_file_is_applied() {
     assert_eq!(r.statuses[0].limit_remaining, 6, "login: 7 - 1");
     server.shutdown().await;
 }
+
+/// A shutdown lets the request in flight finish: a decision waiting on a
+/// stalled Redis is answered (per its failure mode) after the shutdown
+/// began, and the server then stops.
+#[tokio::test]
+async fn a_shutdown_lets_requests_in_flight_finish() {
+    let redis = RedisServer::start();
+    let file = File::new(&format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\ndeadline = \"300ms\"\n{LIMITS}{}",
+        redis.url(),
+        server_section("")
+    ));
+    let server = Server::start(&file.0, Arc::new(tollgate_limiter::MonotonicClock::new()))
+        .await
+        .expect("starts");
+    let mut c = client(server.grpc_addr()).await;
+    assert_eq!(
+        ask(&mut c, vec![login("10.4.0.1")], 0).await.overall_code,
+        OK
+    );
+    redis.pause();
+    let in_flight = tokio::spawn(async move { ask(&mut c, vec![login("10.4.0.1")], 0).await });
+    // The request is waiting on Redis (its deadline is 300 ms) when the
+    // shutdown begins.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let began = Instant::now();
+    let stopped = tokio::spawn(async move {
+        server.shutdown().await;
+        began.elapsed()
+    });
+    let answered = in_flight.await;
+    // Resumed before any assertion: a stopped Redis cannot be stopped for good.
+    redis.resume();
+    let answer = answered.expect("answered, not cut off");
+    assert_eq!(answer.overall_code, OVER, "fail-closed after the deadline");
+    let took = tokio::time::timeout(Duration::from_secs(5), stopped)
+        .await
+        .expect("the server stops once it is done")
+        .expect("shutdown");
+    // The request had about 250 ms of its deadline left.
+    assert!(
+        took >= Duration::from_millis(200),
+        "the shutdown waited for the request in flight ({took:?})"
+    );
+}
