@@ -11,7 +11,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tollgate_http::{decision_headers, HeaderStyle};
 
-use crate::envoy_limit::envoy_limit;
 use crate::rules::{Descriptor, Outcome, Rules, Status};
 use crate::Shared;
 
@@ -36,24 +35,16 @@ fn status(rules: &Rules, s: &Status) -> DescriptorStatus {
             ..Default::default()
         };
     };
-    let policy = rules.policy(layer.policy());
-    let current_limit = policy
-        .and_then(|p| envoy_limit(p.limit()))
-        .map(|e| RateLimit {
-            name: layer.policy().to_string(),
-            requests_per_unit: e.requests_per_unit,
-            unit: e.unit,
-        });
-    let until_reset = if layer.allowed {
-        layer.reset_after
-    } else {
-        layer.retry_after.unwrap_or(layer.reset_after)
-    };
+    let current_limit = rules.envoy_limit(s).map(|e| RateLimit {
+        name: layer.policy().to_string(),
+        requests_per_unit: e.requests_per_unit,
+        unit: e.unit,
+    });
     DescriptorStatus {
         code: code as i32,
         current_limit,
         limit_remaining: u32::try_from(layer.remaining).unwrap_or(u32::MAX),
-        duration_until_reset: Some(duration(until_reset)),
+        duration_until_reset: s.until_reset().map(duration),
         ..Default::default()
     }
 }

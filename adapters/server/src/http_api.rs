@@ -15,7 +15,6 @@ use serde_json::json;
 use tollgate_http::{apply_headers, decision_headers, HeaderStyle};
 use tollgate_limiter::{LayerRequest, Limit, Policy, StoreKey};
 
-use crate::envoy_limit::envoy_limit;
 use crate::rules::Descriptor;
 use crate::Shared;
 
@@ -137,19 +136,11 @@ async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response 
         .iter()
         .map(|s| {
             let mut v = json!({ "code": if s.ok { "OK" } else { "OVER_LIMIT" } });
-            if let Some(layer) = &s.tightest {
-                let limit = rules
-                    .policy(layer.policy())
-                    .and_then(|p| envoy_limit(p.limit()));
-                let until = if layer.allowed {
-                    layer.reset_after
-                } else {
-                    layer.retry_after.unwrap_or(layer.reset_after)
-                };
+            if let (Some(layer), Some(until)) = (&s.tightest, s.until_reset()) {
                 v["policy"] = json!(layer.policy());
                 v["limit_remaining"] = json!(layer.remaining);
                 v["duration_until_reset_ms"] = json!(until.as_millis() as u64);
-                if let Some(e) = limit {
+                if let Some(e) = rules.envoy_limit(s) {
                     v["current_limit"] = json!({
                         "requests_per_unit": e.requests_per_unit,
                         "unit": e.unit_name,

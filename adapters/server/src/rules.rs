@@ -19,7 +19,7 @@ use tollgate_limiter::{
 };
 
 use crate::error::{BadRequest, ServerError};
-use crate::settings::{Role, RuleSpec, Settings, Unknown};
+use crate::settings::{RuleSpec, Settings, Unknown};
 
 /// One descriptor of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +48,19 @@ pub struct Outcome {
     /// The decisions made (one per round, usually one), for the headers:
     /// the denying one first when there is one.
     pub decisions: Vec<Decision>,
+}
+
+impl Status {
+    /// How long until its tightest layer changes its answer: when over the
+    /// limit, the wait until a retry passes; else until the layer is full.
+    pub fn until_reset(&self) -> Option<std::time::Duration> {
+        let layer = self.tightest.as_ref()?;
+        Some(if layer.allowed {
+            layer.reset_after
+        } else {
+            layer.retry_after.unwrap_or(layer.reset_after)
+        })
+    }
 }
 
 impl Outcome {
@@ -175,23 +188,17 @@ impl Rules {
                 .expect("Settings::of checked the route");
             let mut layers = Vec::new();
             for layer in route.layers() {
-                let needs = match layer.scope() {
-                    Scope::Subject => Some(Role::Subject),
-                    Scope::Tenant => Some(Role::Tenant),
-                    Scope::Attribute(name) => Some(Role::Attribute(name.to_string())),
-                    _ => None,
-                };
-                if let Some(role) = needs {
-                    if !spec.entries.values().any(|r| *r == role) {
-                        return Err(ServerError::Rule {
-                            rule: spec.name.clone(),
-                            reason: format!(
-                                "layer {:?} of route {:?} counts per {role:?}: map a descriptor entry to it in entries",
-                                layer.name(),
-                                spec.route
-                            ),
-                        });
-                    }
+                let global = *layer.scope() == Scope::Global;
+                if !global && !spec.entries.values().any(|r| r.scope() == *layer.scope()) {
+                    return Err(ServerError::Rule {
+                        rule: spec.name.clone(),
+                        reason: format!(
+                            "layer {:?} of route {:?} counts per {:?}: map a descriptor entry to it in entries",
+                            layer.name(),
+                            spec.route,
+                            layer.scope()
+                        ),
+                    });
                 }
                 let policy = config
                     .policy(layer.policy())
@@ -212,14 +219,7 @@ impl Rules {
             let attributes = spec
                 .entries
                 .iter()
-                .map(|(key, role)| {
-                    let scope = match role {
-                        Role::Subject => Scope::Subject,
-                        Role::Tenant => Scope::Tenant,
-                        Role::Attribute(name) => Scope::Attribute(name.as_str().into()),
-                    };
-                    (key.clone(), Arc::from(scoped(&spec.name, &scope)))
-                })
+                .map(|(key, role)| (key.clone(), Arc::from(scoped(&spec.name, &role.scope()))))
                 .collect();
             rules.push(Rule {
                 global: scoped(&spec.name, &Scope::Global).into(),
@@ -256,6 +256,12 @@ impl Rules {
     /// A configured policy, by name.
     pub fn policy(&self, name: &str) -> Option<&Policy> {
         self.config.policy(name)
+    }
+
+    /// The limit of a status's tightest layer in Envoy's terms.
+    pub fn envoy_limit(&self, status: &Status) -> Option<crate::EnvoyLimit> {
+        let layer = status.tightest.as_ref()?;
+        crate::envoy_limit(self.policy(layer.policy())?.limit())
     }
 
     /// The store the rules decide in.

@@ -32,6 +32,18 @@ pub enum Role {
     Attribute(String),
 }
 
+impl Role {
+    /// The scope of the layers it fills.
+    pub fn scope(&self) -> tollgate_limiter::Scope {
+        use tollgate_limiter::Scope;
+        match self {
+            Role::Subject => Scope::Subject,
+            Role::Tenant => Scope::Tenant,
+            Role::Attribute(name) => Scope::Attribute(name.as_str().into()),
+        }
+    }
+}
+
 /// One rule: descriptors of `domain` whose entry keys are exactly those of
 /// `entries` and `values` (and whose values match `values`) are decided by
 /// the layers of `route`.

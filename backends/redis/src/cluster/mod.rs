@@ -282,6 +282,23 @@ impl RedisClusterStore {
 }
 
 impl RedisClusterStore {
+    /// An operator's write (`Reset` or an adjustment) of every slot group:
+    /// across slots every group is peeked first, so data Tollgate did not
+    /// write in any of them fails the call before a state is changed; with
+    /// `replica_ack`, acknowledged by the replicas.
+    async fn write_per_group(
+        &self,
+        layers: &[LayerRequest<'_>],
+        mode: Mode,
+    ) -> Result<Verdicts, StoreError> {
+        let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
+        if slot_groups(&keys).len() > 1 {
+            self.per_group(layers, Mode::Peek).await?;
+        }
+        let verdicts = self.per_group(layers, mode).await?;
+        self.acknowledged(&keys).await.map(|()| verdicts)
+    }
+
     /// With `replica_ack`:
     /// `WAIT` after an operator's write to `keys` (a reset, an adjustment).
     async fn acknowledged(&self, keys: &[String]) -> Result<(), StoreError> {
@@ -480,12 +497,7 @@ impl Store for RedisClusterStore {
         if layers.is_empty() {
             return Ok(());
         }
-        let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
-        if slot_groups(&keys).len() > 1 {
-            self.per_group(layers, Mode::Peek).await?;
-        }
-        self.per_group(layers, Mode::Reset).await?;
-        self.acknowledged(&keys).await
+        self.write_per_group(layers, Mode::Reset).await.map(drop)
     }
 
     /// Atomic per slot group, as [`reset`](Store::reset) is: across
@@ -499,13 +511,7 @@ impl Store for RedisClusterStore {
         if layers.is_empty() {
             return Ok(Verdicts::new());
         }
-        let mode = Mode::of(adjustment)?;
-        let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
-        if slot_groups(&keys).len() > 1 {
-            self.per_group(layers, Mode::Peek).await?;
-        }
-        let verdicts = self.per_group(layers, mode).await?;
-        self.acknowledged(&keys).await.map(|()| verdicts)
+        self.write_per_group(layers, Mode::of(adjustment)?).await
     }
 }
 
