@@ -20,6 +20,7 @@ use smallvec::SmallVec;
 use moka::sync::Cache;
 use moka::Expiry;
 
+use crate::algorithm::Verdict;
 use crate::decision::{Decision, LayerDecision, Source};
 use crate::store::LayerRequest;
 use crate::time::{duration_micros, Clock};
@@ -132,8 +133,11 @@ impl BlockedCache {
         }
         let elapsed = Duration::from_micros(now.saturating_sub(blocked.denied_at));
         let layers = blocked.decision.layers().iter().map(|l| LayerDecision {
-            reset_after: l.reset_after.saturating_sub(elapsed),
-            retry_after: l.retry_after.map(|r| r.saturating_sub(elapsed)),
+            verdict: Verdict {
+                reset_after: l.verdict.reset_after.saturating_sub(elapsed),
+                retry_after: l.verdict.retry_after.map(|r| r.saturating_sub(elapsed)),
+                ..l.verdict
+            },
             source: Source::Cache,
             ..*l
         });

@@ -78,26 +78,20 @@ impl LayerInfo {
 /// let verdict = Verdict { allowed: true, limit: 100, remaining: 42,
 ///     reset_after: Duration::from_secs(12), retry_after: None };
 /// let d = LayerDecision::new(&layer, verdict, Source::Store);
-/// assert_eq!((d.layer(), d.policy(), d.remaining), ("key", "search", 42));
+/// assert_eq!((d.layer(), d.policy(), d.verdict.remaining), ("key", "search", 42));
 /// assert_eq!(d.window(), Some(Duration::from_secs(60)));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LayerDecision {
     pub(crate) info: &'static LayerInfo,
-    /// Whether this layer admits the request.
-    pub allowed: bool,
+    /// The layer's answer: admitted or not, its limit, what is left, when
+    /// it is full again and, when it denies, when to retry. When another
+    /// layer denies the request this layer was not charged, and its
+    /// `remaining` shows what it still has ([`Verdict::uncharged`]).
+    pub verdict: Verdict,
     /// Where the answer came from.
     pub source: Source,
-    /// The policy's capacity or window limit.
-    pub limit: u64,
-    /// Units left after this decision (when the request is denied by another
-    /// layer, this layer was not charged and shows what it still has).
-    pub remaining: u64,
-    /// Time until this layer is back to full.
-    pub reset_after: Duration,
-    /// When this layer denies: the earliest time the same request could pass it.
-    pub retry_after: Option<Duration>,
 }
 
 impl LayerDecision {
@@ -105,12 +99,8 @@ impl LayerDecision {
     pub fn new(layer: &Layer, verdict: Verdict, source: Source) -> Self {
         LayerDecision {
             info: layer.info,
-            allowed: verdict.allowed,
+            verdict,
             source,
-            limit: verdict.limit,
-            remaining: verdict.remaining,
-            reset_after: verdict.reset_after,
-            retry_after: verdict.retry_after,
         }
     }
 
@@ -193,12 +183,16 @@ impl Decision {
 
     /// Whether the request may proceed: every enforced layer admits.
     pub fn is_allowed(&self) -> bool {
-        self.layers.iter().all(|l| l.allowed || l.is_shadow())
+        self.layers
+            .iter()
+            .all(|l| l.verdict.allowed || l.is_shadow())
     }
 
     /// The shadow layers that would have denied the request.
     pub fn shadow_denied(&self) -> impl Iterator<Item = &LayerDecision> {
-        self.layers.iter().filter(|l| !l.allowed && l.is_shadow())
+        self.layers
+            .iter()
+            .filter(|l| !l.verdict.allowed && l.is_shadow())
     }
 
     /// Every layer, in the limiter's order.
@@ -208,12 +202,16 @@ impl Decision {
 
     /// The enforced layers that denied.
     pub fn denied_layers(&self) -> impl Iterator<Item = &LayerDecision> {
-        self.layers.iter().filter(|l| !l.allowed && !l.is_shadow())
+        self.layers
+            .iter()
+            .filter(|l| !l.verdict.allowed && !l.is_shadow())
     }
 
     /// When denied: the longest wait among the denying layers (`None` when admitted).
     pub fn retry_after(&self) -> Option<Duration> {
-        self.denied_layers().filter_map(|l| l.retry_after).max()
+        self.denied_layers()
+            .filter_map(|l| l.verdict.retry_after)
+            .max()
     }
 
     /// The enforced layer with the fewest remaining units (the one headers
@@ -222,6 +220,6 @@ impl Decision {
         self.layers
             .iter()
             .filter(|l| !l.is_shadow())
-            .min_by_key(|l| (l.allowed, l.remaining))
+            .min_by_key(|l| (l.verdict.allowed, l.verdict.remaining))
     }
 }

@@ -1,8 +1,10 @@
 //! Layers: a name, what a layer counts by (its scope), and its policy.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::decision::LayerInfo;
+use crate::error::BuildError;
 use crate::policy::Policy;
 use crate::store::KeyMiddle;
 
@@ -106,4 +108,67 @@ impl Layer {
     pub fn policy(&self) -> &Policy {
         &self.policy
     }
+}
+
+/// The layer names of one limiter that an earlier layer already has, with
+/// their index ([`BuildError::DuplicateLayer`]): a decision reports its
+/// layers by name, so each must be unique.
+/// [`LimiterBuilder::build`](crate::LimiterBuilder::build) refuses the
+/// first; a configuration reports each where it was written.
+///
+/// ```
+/// use tollgate_limiter::{duplicate_names, BuildError};
+/// let found = duplicate_names(["key", "tenant", "key"]);
+/// assert!(matches!(&found[..], [(2, BuildError::DuplicateLayer(name))] if name == "key"));
+/// ```
+pub fn duplicate_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<(usize, BuildError)> {
+    let mut seen = HashSet::new();
+    names
+        .into_iter()
+        .enumerate()
+        .filter(|(_, name)| !seen.insert(*name))
+        .map(|(i, name)| (i, BuildError::DuplicateLayer(name.to_string())))
+        .collect()
+}
+
+/// The layers of one limiter that count by a policy (name and version) and
+/// scope an earlier layer already counts by, with their index
+/// ([`BuildError::SharedCounter`]): both would charge one counter, so every
+/// request would be charged twice.
+/// [`LimiterBuilder::build`](crate::LimiterBuilder::build) refuses the
+/// first; a configuration reports each where it was written.
+///
+/// ```
+/// # use std::time::Duration;
+/// use tollgate_limiter::{shared_counters, BuildError, Layer, Limit, Policy, Scope};
+/// let policy = Policy::new("api", Limit::gcra(10, Duration::from_secs(1), 10)?)?;
+/// let layers = [
+///     Layer::new("key", Scope::Subject, policy.clone()),
+///     Layer::new("everyone", Scope::Global, policy.clone()),
+///     Layer::new("again", Scope::Subject, policy),
+/// ];
+/// let found = shared_counters(&layers);
+/// assert!(matches!(&found[..], [(2, BuildError::SharedCounter { first, .. })] if first == "key"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn shared_counters(layers: &[Layer]) -> Vec<(usize, BuildError)> {
+    let mut counters: HashMap<(&str, u32, &Scope), &str> = HashMap::new();
+    let mut found = Vec::new();
+    for (i, layer) in layers.iter().enumerate() {
+        let counter = (layer.policy.name(), layer.policy.version(), &layer.scope);
+        match counters.get(&counter) {
+            Some(first) => found.push((
+                i,
+                BuildError::SharedCounter {
+                    first: first.to_string(),
+                    second: layer.name.to_string(),
+                    policy: layer.policy.name().to_string(),
+                },
+            )),
+            None => {
+                counters.insert(counter, &layer.name);
+            }
+        }
+    }
+    found
 }

@@ -42,7 +42,7 @@ pub use context::Context;
 pub use decision::{Decision, LayerDecision, Source};
 pub use error::{BuildError, Error, HashKeyError, PolicyError, StoreError, SubjectError};
 pub use failure::{BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure};
-pub use layer::{Layer, Scope};
+pub use layer::{duplicate_names, shared_counters, Layer, Scope};
 pub use limit::{
     CustomAlgorithm, Gcra, Limit, TokenBucket, Window, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT,
     MAX_RECOVERY, MAX_WINDOW, MIN_WINDOW,
@@ -50,7 +50,7 @@ pub use limit::{
 pub use limiter::{Limiter, LimiterBuilder};
 pub use live::{LimiterSource, LiveRoute, RouteLimits};
 pub use login::{Escalation, LoginGuard};
-pub use policy::Policy;
+pub use policy::{check_name, Policy};
 pub use spec::{DurationSpec, LimitSpec, ModeSpec, OnFailureSpec, WhenFullSpec};
 pub use store::{LayerRequest, Store, StoreKey};
 pub use subject::{HashKey, Subject};

@@ -1,6 +1,5 @@
 //! The limiter: ordered layers decided together in one store call.
 
-use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -15,7 +14,7 @@ use crate::context::Context;
 use crate::decision::{Decision, LayerDecision, Source};
 use crate::error::{BuildError, Error, StoreError};
 use crate::failure::{Admission, BreakerConfig, BreakerState, CircuitBreaker, OnStoreFailure};
-use crate::layer::{Layer, Scope};
+use crate::layer::{duplicate_names, shared_counters, Layer, Scope};
 use crate::observe::{self, LimiterMetrics};
 use crate::policy::Policy;
 use crate::store::{LayerRequest, Store};
@@ -677,21 +676,16 @@ impl LimiterBuilder {
         if self.layers.is_empty() {
             return Err(BuildError::NoLayers);
         }
-        let mut names = HashSet::new();
-        let mut counters: HashMap<(&str, u32, &Scope), &str> = HashMap::new();
-        for layer in &self.layers {
-            if !names.insert(layer.name.clone()) {
-                return Err(BuildError::DuplicateLayer(layer.name.to_string()));
-            }
-            let counter = (layer.policy.name(), layer.policy.version(), &layer.scope);
-            if let Some(first) = counters.insert(counter, &layer.name) {
-                return Err(BuildError::SharedCounter {
-                    first: first.to_string(),
-                    second: layer.name.to_string(),
-                    policy: layer.policy.name().to_string(),
-                });
-            }
-            if layer.fallback.is_some() && self.fallback.is_none() {
+        let names = self.layers.iter().map(|l| l.name());
+        let first_conflict = duplicate_names(names)
+            .into_iter()
+            .chain(shared_counters(&self.layers))
+            .min_by_key(|(i, _)| *i);
+        if let Some((_, conflict)) = first_conflict {
+            return Err(conflict);
+        }
+        if let Some(layer) = self.layers.iter().find(|l| l.fallback.is_some()) {
+            if self.fallback.is_none() {
                 return Err(BuildError::NoFallbackStore(layer.name.to_string()));
             }
         }

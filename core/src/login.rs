@@ -195,14 +195,18 @@ impl LoginGuard {
             return Ok(now);
         }
         let after = self.failures.penalize(ctx, 1).await?;
-        if after.layers().iter().all(|l| l.allowed && l.remaining > 0) {
+        if after
+            .layers()
+            .iter()
+            .all(|l| l.verdict.allowed && l.verdict.remaining > 0)
+        {
             return Ok(after);
         }
         let offences = self.offences.penalize(ctx, 1).await?;
         let held = offences
             .layers()
             .first()
-            .map_or(1, |l| l.limit.saturating_sub(l.remaining));
+            .map_or(1, |l| l.verdict.limit.saturating_sub(l.verdict.remaining));
         self.failures
             .block(ctx, self.escalation.block_for(held))
             .await

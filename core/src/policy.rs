@@ -8,6 +8,28 @@ use crate::error::PolicyError;
 use crate::failure::OnStoreFailure;
 use crate::limit::Limit;
 
+/// The rule for the names the limiter writes into store keys and metric
+/// labels — policy names and attribute names: 1–64 characters of
+/// `A-Z a-z 0-9 _ - .`. `field` is what the error names (`name`,
+/// `scope.attribute`).
+///
+/// ```
+/// use tollgate_limiter::check_name;
+/// assert!(check_name("name", "search.v2").is_ok());
+/// let err = check_name("name", "has space").unwrap_err();
+/// assert_eq!(err.to_string(), "name: \"has space\" must be 1-64 characters of A-Z a-z 0-9 _ - .");
+/// ```
+pub fn check_name(field: &str, name: &str) -> Result<(), PolicyError> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    if name.is_empty() || name.len() > 64 || !name.chars().all(ok_char) {
+        return Err(PolicyError::new(
+            field,
+            format!("{name:?} must be 1-64 characters of A-Z a-z 0-9 _ - ."),
+        ));
+    }
+    Ok(())
+}
+
 /// A validated limit: one algorithm and its parameters, under a name and a
 /// version (bump the version to start every subject from a fresh state).
 ///
@@ -40,13 +62,7 @@ impl Policy {
     /// A policy named `name` (1–64 characters of `A-Z a-z 0-9 _ - .`), version 1.
     pub fn new(name: impl AsRef<str>, limit: Limit) -> Result<Self, PolicyError> {
         let name = name.as_ref();
-        let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-        if name.is_empty() || name.len() > 64 || !name.chars().all(ok_char) {
-            return Err(PolicyError::new(
-                "name",
-                format!("{name:?} must be 1-64 characters of A-Z a-z 0-9 _ - ."),
-            ));
-        }
+        check_name("name", name)?;
         Ok(Policy {
             name: name.into(),
             version: 1,

@@ -975,7 +975,11 @@ mod tests {
             .check(&Context::for_subject(subject), 1)
             .await
             .unwrap();
-        assert_eq!(decision.layers()[0].remaining, 1, "2 - this check's unit");
+        assert_eq!(
+            decision.layers()[0].verdict.remaining,
+            1,
+            "2 - this check's unit"
+        );
         // A denied network is refused even on a skipped path.
         let gate: Gate<http::request::Parts> = Gate::builder(limiter)
             .identity(Identity::new().client_ip(ClientIp::direct()))

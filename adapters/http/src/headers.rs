@@ -45,7 +45,12 @@ fn announced(window: Duration) -> u64 {
 /// Seconds a layer announces as `t`: until it admits again when it denies,
 /// until it is full again otherwise.
 pub fn layer_t(layer: &LayerDecision) -> u64 {
-    ceil_secs(layer.retry_after.unwrap_or(layer.reset_after))
+    ceil_secs(
+        layer
+            .verdict
+            .retry_after
+            .unwrap_or(layer.verdict.reset_after),
+    )
 }
 
 /// Whether a layer appears in the headers: enforced layers always, shadow
@@ -63,7 +68,7 @@ pub fn rate_limit_policy(decision: &Decision, shadow: bool) -> String {
     let shown = decision.layers().iter().filter(|l| is_shown(l, shadow));
     for (i, layer) in shown.enumerate() {
         let sep = if i == 0 { "" } else { ", " };
-        let _ = write!(out, "{sep}\"{}\";q={}", layer.policy(), layer.limit);
+        let _ = write!(out, "{sep}\"{}\";q={}", layer.policy(), layer.verdict.limit);
         if let Some(w) = layer.window().map(announced) {
             let _ = write!(out, ";w={w}");
         }
@@ -94,7 +99,7 @@ pub fn rate_limit(decision: &Decision, shadow: bool) -> String {
             out,
             "{sep}\"{}\";r={};t={}",
             layer.policy(),
-            layer.remaining,
+            layer.verdict.remaining,
             layer_t(layer)
         );
     }

@@ -128,17 +128,23 @@ pub fn decision_headers(decision: &Decision, style: HeaderStyle) -> Headers {
         .layers()
         .iter()
         .filter(|l| headers::is_counted(l) && headers::is_shown(l, style.shadow))
-        .min_by_key(|l| (l.allowed, l.remaining));
+        .min_by_key(|l| (l.verdict.allowed, l.verdict.remaining));
     if let Some(layer) = tightest {
         let t = headers::layer_t(layer).to_string();
         if style.legacy {
-            out.push((names::RATELIMIT_LIMIT, layer.limit.to_string()));
-            out.push((names::RATELIMIT_REMAINING, layer.remaining.to_string()));
+            out.push((names::RATELIMIT_LIMIT, layer.verdict.limit.to_string()));
+            out.push((
+                names::RATELIMIT_REMAINING,
+                layer.verdict.remaining.to_string(),
+            ));
             out.push((names::RATELIMIT_RESET, t.clone()));
         }
         if style.x_ratelimit {
-            out.push((names::X_RATELIMIT_LIMIT, layer.limit.to_string()));
-            out.push((names::X_RATELIMIT_REMAINING, layer.remaining.to_string()));
+            out.push((names::X_RATELIMIT_LIMIT, layer.verdict.limit.to_string()));
+            out.push((
+                names::X_RATELIMIT_REMAINING,
+                layer.verdict.remaining.to_string(),
+            ));
             out.push((names::X_RATELIMIT_RESET, t));
         }
     }

@@ -138,7 +138,7 @@ async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response 
             let mut v = json!({ "code": if s.ok { "OK" } else { "OVER_LIMIT" } });
             if let (Some(layer), Some(until)) = (&s.tightest, s.until_reset()) {
                 v["policy"] = json!(layer.policy());
-                v["limit_remaining"] = json!(layer.remaining);
+                v["limit_remaining"] = json!(layer.verdict.remaining);
                 v["duration_until_reset_ms"] = json!(until.as_millis() as u64);
                 if let Some(e) = rules.envoy_limit(s) {
                     v["current_limit"] = json!({

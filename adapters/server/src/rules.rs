@@ -55,10 +55,13 @@ impl Status {
     /// limit, the wait until a retry passes; else until the layer is full.
     pub fn until_reset(&self) -> Option<std::time::Duration> {
         let layer = self.tightest.as_ref()?;
-        Some(if layer.allowed {
-            layer.reset_after
+        Some(if layer.verdict.allowed {
+            layer.verdict.reset_after
         } else {
-            layer.retry_after.unwrap_or(layer.reset_after)
+            layer
+                .verdict
+                .retry_after
+                .unwrap_or(layer.verdict.reset_after)
         })
     }
 }
@@ -434,8 +437,10 @@ impl Rules {
             for (&d, range) in ds.iter().zip(&combined.ranges) {
                 let layers = &decision.layers()[range.clone()];
                 let enforced = || layers.iter().filter(|l| !l.is_shadow());
-                statuses[d].ok = enforced().all(|l| l.allowed);
-                statuses[d].tightest = enforced().min_by_key(|l| (l.allowed, l.remaining)).copied();
+                statuses[d].ok = enforced().all(|l| l.verdict.allowed);
+                statuses[d].tightest = enforced()
+                    .min_by_key(|l| (l.verdict.allowed, l.verdict.remaining))
+                    .copied();
             }
             if !decision.is_allowed() {
                 denied = true;

@@ -170,7 +170,7 @@ async fn missing_subject_is_401_and_an_auth_layer_identifies() {
         .route(
             "/",
             get(|Extension(decision): Extension<Decision>| async move {
-                format!("left: {}", decision.layers()[0].remaining)
+                format!("left: {}", decision.layers()[0].verdict.remaining)
             }),
         )
         .layer(

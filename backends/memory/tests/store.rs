@@ -145,7 +145,7 @@ fn layered_decisions_stay_atomic_across_threads() {
         1,
     ))
     .unwrap();
-    assert_eq!(global.layers()[2].remaining, 1000 - 31);
+    assert_eq!(global.layers()[2].verdict.remaining, 1000 - 31);
 }
 
 #[test]
@@ -259,11 +259,11 @@ fn state_expires_after_inactivity_and_the_key_starts_full() {
         ready(limiter.check(&ctx, 1)).unwrap();
         ready(limiter.check(&ctx, 1)).unwrap();
         let last = ready(limiter.check(&ctx, 1)).unwrap();
-        clock.advance(last.layers()[0].reset_after);
+        clock.advance(last.layers()[0].verdict.reset_after);
         store.purge_expired();
         let d = ready(limiter.check(&ctx, 1)).unwrap();
         assert!(
-            d.is_allowed() && d.layers()[0].remaining == 2,
+            d.is_allowed() && d.layers()[0].verdict.remaining == 2,
             "{name}: key did not start full"
         );
     }

@@ -261,14 +261,16 @@ async fn decisions_survive_function_and_script_flush() {
             );
             let ctx = fresh_subject();
             assert_eq!(
-                limiter.check(&ctx, 1).await.unwrap().layers()[0].remaining,
+                limiter.check(&ctx, 1).await.unwrap().layers()[0]
+                    .verdict
+                    .remaining,
                 4
             );
             flush_code(&mut admin).await;
             let after = limiter.check(&ctx, 1).await.expect("reloaded and retried");
             assert_eq!(after.store_error(), None, "{mode:?} {scripting:?}");
             assert_eq!(
-                after.layers()[0].remaining,
+                after.layers()[0].verdict.remaining,
                 3,
                 "{mode:?} {scripting:?}: the state was kept"
             );
@@ -364,7 +366,7 @@ async fn a_flush_under_load_loses_no_decision_and_counts_each_once() {
         assert!(sent > 0, "{scripting:?}: no decision sent");
         let d = limiter.check(&ctx, 1).await.unwrap();
         assert_eq!(
-            d.layers()[0].remaining,
+            d.layers()[0].verdict.remaining,
             1_000_000 - sent - 1,
             "{scripting:?}: every decision counted once"
         );

@@ -10,8 +10,8 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tollgate_http::{check_method, check_path, AccessRules, Cidr};
 use tollgate_limiter::{
-    BreakerConfig, DurationSpec, KeyBudget, LimitSpec, ModeSpec, OnFailureSpec, Policy,
-    PolicyError, Scope, Subject, WhenFullSpec,
+    check_name, duplicate_names, shared_counters, BreakerConfig, DurationSpec, KeyBudget, Layer,
+    LimitSpec, ModeSpec, OnFailureSpec, Policy, PolicyError, Scope, Subject, WhenFullSpec,
 };
 use toml::{Table, Value};
 
@@ -842,9 +842,8 @@ fn route(
             "must list at least one layer, like [{ scope = \"subject\", policy = \"<name>\" }]",
         ));
     }
-    let mut names = HashSet::new();
-    let mut counters = HashSet::new();
     let mut layers = Vec::with_capacity(spec.layers.len());
+    let mut checked = Vec::with_capacity(spec.layers.len());
     for (i, layer) in spec.layers.into_iter().enumerate() {
         let at = format!("{path}.layers[{i}]");
         let scope = match layer.scope {
@@ -852,12 +851,8 @@ fn route(
             ScopeSpec::Tenant => Scope::Tenant,
             ScopeSpec::Global => Scope::Global,
             ScopeSpec::Attribute(attr) => {
-                let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-                if attr.is_empty() || attr.len() > 64 || !attr.chars().all(ok) {
-                    errors.push(field_error(
-                        &format!("{at}.scope.attribute"),
-                        format!("{attr:?} must be 1-64 characters of A-Z a-z 0-9 _ - ."),
-                    ));
+                if let Err(e) = check_name("scope.attribute", &attr) {
+                    errors.push(e.within(&at));
                 }
                 Scope::Attribute(Arc::from(attr))
             }
@@ -868,18 +863,6 @@ fn route(
             Scope::Global => "global".into(),
             _ => "subject".into(),
         });
-        if !names.insert(layer_name.clone()) {
-            errors.push(field_error(
-                &format!("{at}.name"),
-                format!("{layer_name:?} is used by an earlier layer of this route; give each layer its own name"),
-            ));
-        }
-        if !counters.insert((layer.policy.clone(), scope.clone())) {
-            errors.push(field_error(
-                &at,
-                format!("an earlier layer already counts policy {:?} with the same scope; they would share one counter", layer.policy),
-            ));
-        }
         match policies.get(&layer.policy) {
             None => {
                 let defined: Vec<&str> = policies.keys().map(String::as_str).collect();
@@ -888,25 +871,53 @@ fn route(
                     format!(
                         "no policy named {:?} is defined under [policies] (defined: {})",
                         layer.policy,
-                        if defined.is_empty() { "none".to_string() } else { defined.join(", ") }
+                        if defined.is_empty() {
+                            "none".to_string()
+                        } else {
+                            defined.join(", ")
+                        }
                     ),
                 ));
             }
-            Some(Some(policy)) if cost > policy.capacity() => errors.push(field_error(
-                &format!("{path}.cost"),
-                format!(
-                    "{cost} is more than the capacity {} of policy {:?} (layers[{i}]): no request could ever pass",
-                    policy.capacity(),
-                    layer.policy
-                ),
-            )),
-            Some(_) => {}
+            Some(Some(policy)) => {
+                if cost > policy.capacity() {
+                    errors.push(field_error(
+                        &format!("{path}.cost"),
+                        format!(
+                            "{cost} is more than the capacity {} of policy {:?} (layers[{i}]): no request could ever pass",
+                            policy.capacity(),
+                            layer.policy
+                        ),
+                    ));
+                }
+                checked.push((
+                    i,
+                    Layer::new(layer_name.as_str(), scope.clone(), policy.clone()),
+                ));
+            }
+            Some(None) => {}
         }
         layers.push(LayerDef {
             name: layer_name,
             scope,
             policy: layer.policy,
         });
+    }
+    // The limiter's own rules for the layers of one route, each reported
+    // where the layer was written (a layer whose policy is missing or
+    // invalid is already reported and has no counter to compare).
+    for (i, duplicate) in duplicate_names(layers.iter().map(|l: &LayerDef| l.name.as_str())) {
+        errors.push(field_error(
+            &format!("{path}.layers[{i}].name"),
+            duplicate.to_string(),
+        ));
+    }
+    let (at, counting): (Vec<usize>, Vec<Layer>) = checked.into_iter().unzip();
+    for (i, shared) in shared_counters(&counting) {
+        errors.push(field_error(
+            &format!("{path}.layers[{}]", at[i]),
+            shared.to_string(),
+        ));
     }
     (errors.len() == before).then_some(RouteDef { cost, layers })
 }

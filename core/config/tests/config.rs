@@ -225,7 +225,7 @@ layers = []
     );
     has(
         &list,
-        "routes.r.layers[1].name: \"subject\" is used by an earlier layer",
+        "routes.r.layers[1].name: two layers are named \"subject\"",
     );
     has(&list, "routes.empty.layers: must list at least one layer");
     // The invalid policy is not reported again as undefined.
@@ -233,6 +233,42 @@ layers = []
         !list.iter().any(|e| e.contains("no policy named")),
         "{list:#?}"
     );
+}
+
+#[test]
+fn layers_breaking_the_limiters_rules_are_reported_where_written() {
+    let list = errors(
+        r#"
+[store]
+kind = "memory"
+
+[policies.p]
+algorithm = "fixed_window"
+limit = 2
+window = "1s"
+
+[routes.r]
+layers = [
+    { scope = "subject", policy = "p" },
+    { name = "again", scope = "subject", policy = "p" },
+    { name = "again", scope = "global", policy = "p" },
+    { name = "who", scope = { attribute = "not ok" }, policy = "p" },
+]
+"#,
+    );
+    has(
+        &list,
+        "routes.r.layers[1]: layers \"subject\" and \"again\" both count policy \"p\" by the same scope",
+    );
+    has(
+        &list,
+        "routes.r.layers[2].name: two layers are named \"again\"",
+    );
+    has(
+        &list,
+        "routes.r.layers[3].scope.attribute: \"not ok\" must be 1-64 characters",
+    );
+    assert_eq!(list.len(), 3, "{list:#?}");
 }
 
 #[test]
@@ -351,7 +387,7 @@ async fn limiters_decide_as_configured() {
     let region = Context::new().with_attribute("region", Subject::new("eu").unwrap());
     let first = bulk.limiter().check(&region, bulk.cost()).await.unwrap();
     assert!(first.is_allowed());
-    assert_eq!(first.layers()[0].remaining, 3, "cost 2 of 5");
+    assert_eq!(first.layers()[0].verdict.remaining, 3, "cost 2 of 5");
 }
 
 #[tokio::test]

@@ -149,7 +149,7 @@ pub async fn new_key_starts_full(factory: impl StoreFactory) {
         let first = limiter.check(&ctx, 1).await.expect("store answers");
         assert!(first.is_allowed(), "{name}: first request of a new key");
         assert_eq!(
-            first.layers()[0].remaining,
+            first.layers()[0].verdict.remaining,
             4,
             "{name}: remaining after one"
         );
@@ -160,7 +160,11 @@ pub async fn new_key_starts_full(factory: impl StoreFactory) {
         );
         let denied = limiter.check(&ctx, 1).await.expect("store answers");
         assert!(!denied.is_allowed(), "{name}: request over capacity");
-        assert_eq!(denied.layers()[0].remaining, 0, "{name}: nothing left");
+        assert_eq!(
+            denied.layers()[0].verdict.remaining,
+            0,
+            "{name}: nothing left"
+        );
         assert!(
             denied.retry_after().expect("a denial has a retry-after") > Duration::ZERO,
             "{name}"
@@ -247,7 +251,7 @@ pub async fn backward_clock_neither_refills_nor_drains(factory: impl StoreFactor
         clock.advance(Duration::from_millis(300));
         let before = limiter.check(&ctx, 1).await.expect("store answers");
         assert!(before.is_allowed(), "{name}");
-        let remaining = before.layers()[0].remaining;
+        let remaining = before.layers()[0].verdict.remaining;
         // Step back 200ms: the same request must not see more, nor less.
         clock.rewind(Duration::from_millis(200));
         let after = limiter.check(&ctx, 1).await.expect("store answers");
@@ -255,12 +259,12 @@ pub async fn backward_clock_neither_refills_nor_drains(factory: impl StoreFactor
             assert!(!after.is_allowed(), "{name}: a backward clock refilled");
         } else if keeps_no_time {
             assert!(
-                !after.is_allowed() || after.layers()[0].remaining < remaining,
+                !after.is_allowed() || after.layers()[0].verdict.remaining < remaining,
                 "{name}: a backward clock refilled"
             );
         } else {
             assert!(after.is_allowed(), "{name}: a backward clock drained");
-            assert_eq!(after.layers()[0].remaining, remaining - 1, "{name}");
+            assert_eq!(after.layers()[0].verdict.remaining, remaining - 1, "{name}");
         }
         // Coming forward again to the same instant refills nothing twice:
         // with the request at the step back, exactly what was left.
@@ -315,11 +319,11 @@ pub async fn layers_are_all_or_nothing(factory: impl StoreFactory) {
             let d = limiter.check(&ctx, 1).await.expect("store answers");
             assert!(!d.is_allowed(), "{name}");
             assert!(
-                d.layers()[0].allowed && !d.layers()[1].allowed,
+                d.layers()[0].verdict.allowed && !d.layers()[1].verdict.allowed,
                 "{name}: only the tenant layer denies"
             );
             assert_eq!(
-                d.layers()[0].remaining,
+                d.layers()[0].verdict.remaining,
                 8,
                 "{name}: the denied request charged the subject layer"
             );
@@ -340,11 +344,19 @@ pub async fn peek_charges_nothing(factory: impl StoreFactory) {
         for _ in 0..3 {
             let d = limiter.peek(&ctx, 1).await.expect("store peeks");
             assert!(d.is_allowed(), "{name}: a new key admits");
-            assert_eq!(d.layers()[0].remaining, 5, "{name}: nothing was charged");
+            assert_eq!(
+                d.layers()[0].verdict.remaining,
+                5,
+                "{name}: nothing was charged"
+            );
         }
         assert_eq!(admitted(&limiter, &ctx, 3, 1).await, 3, "{name}");
         let d = limiter.peek(&ctx, 1).await.expect("store peeks");
-        assert_eq!(d.layers()[0].remaining, 2, "{name}: peek sees the charges");
+        assert_eq!(
+            d.layers()[0].verdict.remaining,
+            2,
+            "{name}: peek sees the charges"
+        );
         assert!(
             !limiter
                 .peek(&ctx, 3)
@@ -386,8 +398,12 @@ pub async fn peek_charges_nothing(factory: impl StoreFactory) {
     let ctx = fresh_subject().with_tenant(Subject::new(unique("tenant")).expect("valid"));
     assert_eq!(admitted(&limiter, &ctx, 1, 1).await, 1);
     let d = limiter.peek(&ctx, 1).await.expect("store peeks");
-    assert!(d.layers()[0].allowed && !d.layers()[1].allowed);
-    assert_eq!(d.layers()[0].remaining, 9, "the subject layer as it is");
+    assert!(d.layers()[0].verdict.allowed && !d.layers()[1].verdict.allowed);
+    assert_eq!(
+        d.layers()[0].verdict.remaining,
+        9,
+        "the subject layer as it is"
+    );
 }
 
 /// `reset` forgets a context's own (per-subject) layers; the layers other
@@ -428,14 +444,14 @@ pub async fn reset_forgets_the_state(factory: impl StoreFactory) {
         assert_eq!(admitted(&limiter, &other, 2, 1).await, 2, "{name}");
         limiter.reset(&ctx).await.expect("store resets");
         let d = limiter.peek(&ctx, 1).await.expect("store peeks");
-        let remaining: Vec<u64> = d.layers().iter().map(|l| l.remaining).collect();
+        let remaining: Vec<u64> = d.layers().iter().map(|l| l.verdict.remaining).collect();
         assert_eq!(
             remaining,
             [5, 1, 93],
             "{name}: the subject layer is new, the shared ones are not"
         );
         let d = limiter.peek(&other, 1).await.expect("store peeks");
-        let remaining: Vec<u64> = d.layers().iter().map(|l| l.remaining).collect();
+        let remaining: Vec<u64> = d.layers().iter().map(|l| l.verdict.remaining).collect();
         assert_eq!(
             remaining,
             [3, 4, 93],
@@ -474,7 +490,12 @@ pub async fn penalties_saturate_and_rewards_refill(factory: impl StoreFactory) {
             .build()
             .expect("valid");
         let ctx = fresh_subject().with_tenant(Subject::new(unique("t")).expect("valid"));
-        let left = |d: &Decision| d.layers().iter().map(|l| l.remaining).collect::<Vec<u64>>();
+        let left = |d: &Decision| {
+            d.layers()
+                .iter()
+                .map(|l| l.verdict.remaining)
+                .collect::<Vec<u64>>()
+        };
         let d = limiter.penalize(&ctx, 2).await.expect("store penalizes");
         assert_eq!(left(&d), [3, 6], "{name}: both own layers, nothing else");
         assert!(d.is_allowed(), "{name}");
@@ -490,7 +511,7 @@ pub async fn penalties_saturate_and_rewards_refill(factory: impl StoreFactory) {
         assert_eq!(admitted(&limiter, &ctx, 6, 1).await, 5, "{name}");
         let shared = limiter.peek(&ctx, 1).await.expect("store peeks");
         assert_eq!(
-            shared.layers()[2].remaining,
+            shared.layers()[2].verdict.remaining,
             100 - 2 - 5,
             "{name}: the tenant layer counts the checks only"
         );
@@ -565,7 +586,7 @@ pub async fn blocks_deny_until_their_end(factory: impl StoreFactory) {
         clock.advance(Duration::from_micros(1));
         let d = limiter.check(&ctx, 1).await.expect("store answers");
         assert!(d.is_allowed(), "{name}: the block is over");
-        assert_eq!(d.layers()[0].remaining, 4, "{name}: it starts full");
+        assert_eq!(d.layers()[0].verdict.remaining, 4, "{name}: it starts full");
         // A reset lifts a block.
         limiter
             .block(&ctx, ten_minutes)
@@ -644,7 +665,7 @@ pub async fn state_resets_after_reset_after(factory: impl StoreFactory) {
         for _ in 0..3 {
             last = Some(limiter.check(&ctx, 1).await.expect("store answers"));
         }
-        let reset = last.expect("three checks").layers()[0].reset_after;
+        let reset = last.expect("three checks").layers()[0].verdict.reset_after;
         clock.advance(reset);
         assert_eq!(
             admitted(&limiter, &ctx, 5, 1).await,
@@ -691,7 +712,7 @@ pub async fn algorithm_swaps_start_from_no_state(factory: impl StoreFactory) {
             } else {
                 assert!(first.is_allowed(), "{from} -> {to}: first");
                 assert_eq!(
-                    first.layers()[0].remaining,
+                    first.layers()[0].verdict.remaining,
                     4,
                     "{from} -> {to}: judged from no state"
                 );
@@ -735,7 +756,7 @@ pub async fn shadow_layers_count_but_never_deny(factory: impl StoreFactory) {
             let d = limiter.check(&ctx, 1).await.expect("store answers");
             assert!(d.is_allowed(), "{name}: request {i} passes: {d:?}");
             assert_eq!(
-                d.layers()[0].remaining,
+                d.layers()[0].verdict.remaining,
                 4 - i,
                 "{name}: the enforced layer is charged every time"
             );
@@ -770,7 +791,7 @@ pub async fn shadow_layers_count_but_never_deny(factory: impl StoreFactory) {
             .await
             .expect("store answers");
         assert_eq!(
-            shadow_left.layers()[0].remaining,
+            shadow_left.layers()[0].verdict.remaining,
             2,
             "{name}: a denied request charged the shadow layer nothing"
         );
