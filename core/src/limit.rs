@@ -289,6 +289,31 @@ impl Gcra {
         check_recovery(burst.saturating_mul(interval_us))?;
         Ok(Gcra { burst, interval_us })
     }
+    /// The parameters from their emission interval directly, as stores
+    /// carry them ([`interval_us`](Self::interval_us)): what
+    /// [`new`](Self::new) makes of a rate is the interval rounded up to
+    /// the microsecond, and this rebuilds exactly that.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_limiter::Gcra;
+    /// let made = Gcra::new(3, Duration::from_secs(1), 5)?;
+    /// assert_eq!(Gcra::from_interval(made.burst(), Duration::from_micros(made.interval_us()))?, made);
+    /// assert!(Gcra::from_interval(5, Duration::ZERO).is_err());
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
+    /// ```
+    pub fn from_interval(burst: u64, interval: Duration) -> Result<Self, PolicyError> {
+        check_count("burst", burst, MAX_COUNT)?;
+        let interval_us = duration_micros(interval);
+        if interval_us == 0 || interval > MAX_WINDOW {
+            return Err(PolicyError::new(
+                "interval",
+                format!("{interval:?} must be between 1µs and {MAX_WINDOW:?} (7 days)"),
+            ));
+        }
+        check_recovery(burst.saturating_mul(interval_us))?;
+        Ok(Gcra { burst, interval_us })
+    }
     /// Requests admitted at once from a full state.
     pub fn burst(&self) -> u64 {
         self.burst

@@ -1,9 +1,13 @@
 //! Repository automation (the `cargo xtask` pattern).
 //!
-//! - `cargo xtask test`: the whole test suite. Makes sure `redis-server` is
-//!   installed first (the tests start their own servers on free ports): when
-//!   it is missing it installs it with apt-get when it can, saying so, or
-//!   stops at once with the exact command to run.
+//! - `cargo xtask test`: the whole test suite. Makes sure `redis-server` and
+//!   libclang are installed first (`cargo xtask setup`): when one is missing
+//!   it installs it with apt-get when it can, saying so, or stops at once
+//!   with the exact command to run.
+//! - `cargo xtask setup`: what the tests and CI need on the machine:
+//!   `redis-server` and libclang (bindgen builds the Redis module's
+//!   bindings with it), each installed with apt-get when missing, saying
+//!   so, or a stop with the exact command. `cargo xtask test` runs it first.
 //! - `cargo xtask features`: builds and tests the `tollgate` crate with
 //!   each cargo feature on its own.
 //! - `cargo xtask bench`: every criterion bench (the in-process cases once
@@ -64,6 +68,7 @@ fn main() {
     let task = args.first().map(String::as_str).unwrap_or("help");
     let result = match task {
         "test" => test(&args[1..]),
+        "setup" => setup(),
         "features" => features(),
         "bench" => bench(&args[1..]),
         "bench-report" => bench_report().map(|report| println!("{report}")),
@@ -86,7 +91,7 @@ fn main() {
             ]),
         ),
         _ => {
-            eprintln!("usage: cargo xtask <test|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|plots [--check]|diagrams [--check]|accuracy>");
+            eprintln!("usage: cargo xtask <test|setup|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|plots [--check]|diagrams [--check]|accuracy>");
             exit(2);
         }
     };
@@ -168,20 +173,85 @@ fn soak() -> Result {
 
 /// `redis-server` must exist: tests start their own instances on free ports.
 fn ensure_redis_server() -> Result {
-    if on_path("redis-server") {
+    ensure_installed(
+        "redis-server",
+        "the tests need it (they start their own servers)",
+        || on_path("redis-server"),
+        "redis-server",
+        "(or put a redis-server 6.2+ binary on PATH)",
+    )
+}
+
+/// libclang must exist: the Redis module's bindings are generated with
+/// bindgen when it builds (any build of every crate: clippy, tests).
+fn ensure_libclang() -> Result {
+    ensure_installed(
+        "libclang",
+        "bindgen needs it to build Tollgate's Redis module (backends/redis-module)",
+        has_libclang,
+        "libclang-dev",
+        "(or set LIBCLANG_PATH to the directory holding libclang.so)",
+    )
+}
+
+/// Whether bindgen will find libclang: `LIBCLANG_PATH`, or a `libclang.so`
+/// where Debian and most distributions put it.
+fn has_libclang() -> bool {
+    if env::var_os("LIBCLANG_PATH").is_some() {
+        return true;
+    }
+    let mut dirs = vec![
+        std::path::PathBuf::from("/usr/lib"),
+        std::path::PathBuf::from("/usr/lib64"),
+        std::path::PathBuf::from("/usr/local/lib"),
+        std::path::PathBuf::from("/usr/lib/x86_64-linux-gnu"),
+        std::path::PathBuf::from("/usr/lib/aarch64-linux-gnu"),
+    ];
+    if let Ok(entries) = std::fs::read_dir("/usr/lib") {
+        dirs.extend(
+            entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("llvm"))
+                })
+                .map(|p| p.join("lib")),
+        );
+    }
+    dirs.iter().any(|dir| dir.join("libclang.so").exists())
+}
+
+/// What `cargo xtask test` and CI need on the machine: `redis-server`
+/// and libclang, installed with apt-get where missing (saying so).
+fn setup() -> Result {
+    ensure_redis_server()?;
+    ensure_libclang()
+}
+
+/// Make sure `what` is there (`present`): when it is missing, install the
+/// Debian `package` with apt-get when it can, saying so, or stop with the
+/// exact command to run.
+fn ensure_installed(
+    what: &str,
+    why: &str,
+    present: fn() -> bool,
+    package: &str,
+    otherwise: &str,
+) -> Result {
+    if present() {
         return Ok(());
     }
-    const INSTALL: &str = "sudo apt-get update && sudo apt-get install -y redis-server";
+    let install =
+        format!("sudo apt-get update && sudo apt-get install -y --no-install-recommends {package}");
     let is_root = Command::new("id")
         .arg("-u")
         .output()
         .map(|o| o.stdout.starts_with(b"0"))
         .unwrap_or(false);
     if on_path("apt-get") && (is_root || on_path("sudo")) {
-        eprintln!(
-            "redis-server is not installed; the tests need it (they start their own servers)."
-        );
-        eprintln!("Installing it now with apt-get (`{INSTALL}`)…");
+        eprintln!("{what} is not installed; {why}.");
+        eprintln!("Installing it now with apt-get (`{install}`)…");
         let sudo = |args: &[&str]| {
             let mut cmd = if is_root {
                 Command::new(args[0])
@@ -198,17 +268,24 @@ fn ensure_redis_server() -> Result {
         };
         run("apt-get update", &mut sudo(&["apt-get", "update", "-q"]))?;
         run(
-            "apt-get install redis-server",
-            &mut sudo(&["apt-get", "install", "-y", "-q", "redis-server"]),
+            &format!("apt-get install {package}"),
+            &mut sudo(&[
+                "apt-get",
+                "install",
+                "-y",
+                "-q",
+                "--no-install-recommends",
+                package,
+            ]),
         )?;
-        if on_path("redis-server") {
+        if present() {
             return Ok(());
         }
     }
     Err(format!(
-        "redis-server is not installed and could not be installed automatically.\n\
-         The tests start their own redis-server processes; install it with:\n\n    {INSTALL}\n\n\
-         (or put a redis-server 6.2+ binary on PATH), then run `cargo xtask test` again."
+        "{what} is not installed and could not be installed automatically ({why}).\n\
+         Install it with:\n\n    {install}\n\n\
+         {otherwise}, then run the command again."
     ))
 }
 
@@ -216,7 +293,7 @@ fn ensure_redis_server() -> Result {
 /// The PostgreSQL example store is the one exception: it needs a PostgreSQL
 /// server, so it runs in `cargo xtask custom-store` (a CI step of its own).
 fn test(extra: &[String]) -> Result {
-    ensure_redis_server()?;
+    setup()?;
     run(
         "cargo test --workspace --all-features --exclude tollgate-postgres-store",
         cargo()

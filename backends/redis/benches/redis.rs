@@ -4,9 +4,13 @@
 //! Every case decides over 10,000 keys with a quota no decision exceeds, so
 //! every decision admits and writes (the expensive path):
 //!
-//! - `limiter/fcall`: `Limiter::check` on a `RedisStore` (multiplexed
-//!   connection), one token-bucket layer, the code run as a Redis function
-//!   (`FCALL`, the default on Redis 7);
+//! - `limiter/module`: `Limiter::check` on a `RedisStore` (multiplexed
+//!   connection), one token-bucket layer, decided by Tollgate's native
+//!   module (`TOLLGATE.DECIDE`; the bench's server loads it, the store
+//!   finds it); `limiter/module-3layers` three layers in one call;
+//! - `limiter/fcall`: the same store and layer with the code run as a
+//!   Redis function (`FCALL`, what a server without the module gets on
+//!   Redis 7);
 //! - `limiter/evalsha`: the same with `Scripting::Eval` (the script form,
 //!   as on Redis 6.2);
 //! - `limiter/fcall-3layers`: three layers (subject, tenant, global), one
@@ -218,20 +222,32 @@ fn setup() -> Setup {
         .enable_all()
         .build()
         .expect("runtime");
-    let server = RedisServer::start();
+    // The module built for this profile (release under `cargo bench`).
+    let server = RedisServer::start_with_module(&[]);
     let url = server.url().to_string();
     let contexts = Arc::new(contexts());
     let targets = rt.block_on(async {
-        let fcall = store(&url, "tollgate", Scripting::Auto).await;
+        let module = store(&url, "bench-module", Scripting::Auto).await;
+        assert!(module.uses_module(), "the server loaded the module");
+        let module_three = store(&url, "bench-module-3", Scripting::Module).await;
+        let fcall = store(&url, "tollgate", Scripting::Functions).await;
         assert!(fcall.uses_functions(), "Redis 7 runs functions");
         let evalsha = store(&url, "bench-eval", Scripting::Eval).await;
-        let three = store(&url, "bench-3", Scripting::Auto).await;
+        let three = store(&url, "bench-3", Scripting::Functions).await;
         let (con, sha) = classic(&url).await;
         let keys: Vec<String> = (0..KEYS).map(|i| format!("tb:key-{i:012}")).collect();
         let raw_keys: Vec<String> = (0..KEYS)
             .map(|i| format!("bench-raw:{{key-{i:012}}}:api:v1:tb:s"))
             .collect();
         vec![
+            (
+                "limiter/module",
+                Target::Limiter(limiter(module, false), contexts.clone()),
+            ),
+            (
+                "limiter/module-3layers",
+                Target::Limiter(limiter(module_three, true), contexts.clone()),
+            ),
             (
                 "limiter/fcall",
                 Target::Limiter(limiter(fcall, false), contexts.clone()),
@@ -379,19 +395,25 @@ fn cost_report(setup: &Setup) {
         let mut admin = classic(url).await.0;
         let mut cases: Vec<(String, &'static str, Target)> = Vec::new();
         for (name, limit) in &limits {
-            let store = store(url, "bench-cost", Scripting::Auto).await;
-            let limiter = Limiter::builder(Arc::new(store) as Arc<dyn Store>)
-                .layer("key", Scope::Subject, roomy("api", limit.clone()))
-                .build()
-                .expect("valid");
-            cases.push((
-                format!("{name}, 1 layer, fcall"),
-                "fcall",
-                Target::Limiter(limiter, Arc::new(contexts())),
-            ));
+            for (way, scripting, command) in [
+                ("module", Scripting::Module, "tollgate.decide"),
+                ("fcall", Scripting::Functions, "fcall"),
+            ] {
+                let store = store(url, "bench-cost", scripting).await;
+                let limiter = Limiter::builder(Arc::new(store) as Arc<dyn Store>)
+                    .layer("key", Scope::Subject, roomy("api", limit.clone()))
+                    .build()
+                    .expect("valid");
+                cases.push((
+                    format!("{name}, 1 layer, {way}"),
+                    command,
+                    Target::Limiter(limiter, Arc::new(contexts())),
+                ));
+            }
         }
         for (name, _) in &setup.targets {
             let (label, command) = match *name {
+                "limiter/module-3layers" => ("token bucket, 3 layers, module", "tollgate.decide"),
                 "limiter/evalsha" => ("token bucket, 1 layer, evalsha", "evalsha"),
                 "limiter/fcall-3layers" => ("token bucket, 3 layers, fcall", "fcall"),
                 "classic-script" => ("classic token bucket (evalsha)", "evalsha"),

@@ -41,6 +41,11 @@ pub enum RedisStoreError {
     /// has no Redis Functions (before Redis 7.0).
     #[error("this Redis server has no Redis Functions (FUNCTION LOAD and FCALL came with Redis 7.0): upgrade Redis, or build the store with Scripting::Auto or Scripting::Eval to run the same code with EVALSHA")]
     NoFunctions,
+    /// The store was built with [`Scripting::Module`](crate::Scripting::Module)
+    /// and the server has not loaded Tollgate's module, or one of another
+    /// protocol.
+    #[error("this Redis server has no Tollgate module speaking this store's protocol ({0}): load backends/redis-module's library (loadmodule in redis.conf or MODULE LOAD; see docs/redis-module.md), or build the store with Scripting::Auto to use Redis Functions without it")]
+    NoModule(String),
     /// A charge was not acknowledged by enough replicas within the
     /// [`replica_ack`](crate::RedisStore::builder) timeout: it is on the
     /// primary, and would be lost if the primary died now.
@@ -122,6 +127,12 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
         ErrorKind::Extension if e.code() == Some("WRONGTYPE") => crate::conflicts::unlocated(),
         ErrorKind::Client if e.detail() == Some(crate::scripting::NO_FUNCTIONS) => {
             RedisStoreError::NoFunctions.into()
+        }
+        ErrorKind::Client
+            if e.detail()
+                .is_some_and(|d| d.starts_with(crate::scripting::NO_MODULE)) =>
+        {
+            RedisStoreError::NoModule(e.detail().unwrap_or_default().to_string()).into()
         }
         ErrorKind::Io
         | ErrorKind::AuthenticationFailed

@@ -24,6 +24,12 @@
 //!   code (restart, failover, `FUNCTION FLUSH`, `SCRIPT FLUSH`) gets it
 //!   again at the first call that misses it, and that call is sent once
 //!   more.
+//! - **The native module, where loaded.** A server that loaded Tollgate's
+//!   module (`backends/redis-module`: `TOLLGATE.DECIDE`, the reference
+//!   algorithms compiled into Redis, same arguments, answers and states)
+//!   is decided by it at a fraction of the Lua's Redis CPU: an `Auto`
+//!   store finds it at connect and after the server lost what it used
+//!   ([`Scripting`], [`RedisStore::uses_module`], docs/redis-module.md).
 //! - **Same answers as Rust.** Each algorithm is a Lua function in
 //!   `lua/<algorithm>.lua`, a line-by-line port of the reference in
 //!   `tollgate-algorithms` in exact integer arithmetic; a differential test
@@ -128,7 +134,7 @@ pub use acl::AclRule;
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use error::RedisStoreError;
 pub use script::{function_library, function_name, library_name, SCRIPT};
-pub use scripting::Scripting;
+pub use scripting::{Scripting, MODULE_PROTOCOL};
 pub use settings::{check_prefix, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_PREFIX};
 pub use store::{ConnectionMode, RedisStore, RedisStoreBuilder};
 #[cfg(feature = "tls")]

@@ -197,6 +197,7 @@ impl ScriptCall {
         time: &TimeArgs,
     ) -> Self {
         let mut cmd = match style {
+            Style::Module => redis::cmd("TOLLGATE.DECIDE"),
             Style::Fcall => {
                 let mut cmd = redis::cmd("FCALL");
                 cmd.arg(function_name());

@@ -1,30 +1,41 @@
-//! How a store runs its Lua code on the server: as a function library
+//! How a store has the server decide: with Tollgate's native module
+//! (`TOLLGATE.DECIDE`, where the server loaded it), as a function library
 //! (`FCALL`, Redis 7.0 and later) or as a script (`EVALSHA`), chosen by
 //! [`Scripting`] and, in the default [`Scripting::Auto`], by what the
 //! server answers; and loading the code where a server lost it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
 use crate::script::{function_library, library_name, sha1, SCRIPT};
 
-/// How a store runs its Lua code; see
+/// How a store has the server decide; see
 /// [`RedisStoreBuilder::scripting`](crate::RedisStoreBuilder::scripting).
 ///
-/// Both ways run the same code and decide alike. A function library is
-/// defined once per load, so each call skips re-creating the code's
-/// helpers and tables: it costs Redis less CPU per decision.
+/// Every way decides alike: the module runs the reference algorithms the
+/// Lua code is held to bit for bit, with the same arguments, replies,
+/// encodings and keys (docs/redis-module.md). The module costs Redis the
+/// least CPU per decision; a function library is defined once per load, so
+/// each call skips re-creating the code's helpers and tables: it costs
+/// Redis less than the script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Scripting {
-    /// A function library where the server has Redis Functions (Redis 7.0
-    /// and later), `EVALSHA` of the script otherwise: the store finds out
-    /// when it connects (or at its first call), from the server's answer to
-    /// `FUNCTION LOAD`. The default.
+    /// The fastest way the server offers: Tollgate's module where the
+    /// server loaded it (and it speaks this store's protocol), else a
+    /// function library where the server has Redis Functions (Redis 7.0
+    /// and later), else `EVALSHA` of the script. The store finds out when
+    /// it connects (or at its first call) and again whenever the server
+    /// lost what it used (a restart, a failover, `FUNCTION FLUSH`, a
+    /// module unloaded). The default.
     #[default]
     Auto,
+    /// Tollgate's module only: a server without it (or with a module of
+    /// another protocol) fails the connection and every decision with
+    /// [`RedisStoreError::NoModule`](crate::RedisStoreError::NoModule).
+    Module,
     /// A function library only: a server without Redis Functions fails
     /// the connection (and every decision) with
     /// [`RedisStoreError::NoFunctions`](crate::RedisStoreError::NoFunctions).
@@ -34,28 +45,49 @@ pub enum Scripting {
     Eval,
 }
 
-/// The command a call is sent as.
+/// The command a call is sent as, fastest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Style {
+    /// `TOLLGATE.DECIDE`, the module's command.
+    Module = 0,
     /// `FCALL` of the library's function.
-    Fcall,
+    Fcall = 1,
     /// `EVALSHA` of the script.
-    Evalsha,
+    Evalsha = 2,
 }
+
+impl Style {
+    fn from_u8(n: u8) -> Style {
+        match n {
+            0 => Style::Module,
+            1 => Style::Fcall,
+            _ => Style::Evalsha,
+        }
+    }
+}
+
+/// The module's calling convention this store speaks: it sends
+/// `TOLLGATE.DECIDE` only to a module answering this to
+/// `TOLLGATE.PROTOCOL` (the module crate's `PROTOCOL`; a test checks the
+/// two agree).
+pub const MODULE_PROTOCOL: i64 = 1;
 
 /// What a store knows of how to call its server, shared by its clones.
 #[derive(Debug)]
 pub(crate) struct Runner {
     scripting: Scripting,
-    /// Set once an `Auto` store found that its server has no functions.
-    fell_back: AtomicBool,
+    /// An `Auto` store's current way ([`Style`] as a number): the module
+    /// until the server shows it has none, then functions, then the
+    /// script. Every load starts again from the module.
+    auto: AtomicU8,
 }
 
 impl Runner {
     pub(crate) fn new(scripting: Scripting) -> Self {
         Runner {
             scripting,
-            fell_back: AtomicBool::new(false),
+            auto: AtomicU8::new(Style::Module as u8),
         }
     }
 
@@ -64,25 +96,34 @@ impl Runner {
         match self.scripting {
             Scripting::Eval => Style::Evalsha,
             Scripting::Functions => Style::Fcall,
-            Scripting::Auto if self.fell_back.load(Ordering::Relaxed) => Style::Evalsha,
-            Scripting::Auto => Style::Fcall,
+            Scripting::Module => Style::Module,
+            Scripting::Auto => Style::from_u8(self.auto.load(Ordering::Relaxed)),
         }
     }
 
-    /// After the server said it has no functions: whether to go on with
-    /// `EVALSHA` (only `Auto` does; from then on every call is `EVALSHA`).
-    fn fall_back(&self) -> bool {
-        if self.scripting == Scripting::Auto {
-            self.fell_back.store(true, Ordering::Relaxed);
+    /// After the server showed it lacks `style` (no module, no functions):
+    /// whether to go on with the next way (only `Auto` does).
+    fn fall_back(&self, style: Style) -> bool {
+        if self.scripting == Scripting::Auto && style != Style::Evalsha {
+            self.auto.fetch_max(style as u8 + 1, Ordering::Relaxed);
             return true;
         }
         false
     }
 
-    /// The load command for `style`: `FUNCTION LOAD REPLACE <library>` or
-    /// `SCRIPT LOAD <script>`.
+    /// Start an `Auto` store's detection again from the module.
+    pub(crate) fn detect_again(&self) {
+        if self.scripting == Scripting::Auto {
+            self.auto.store(Style::Module as u8, Ordering::Relaxed);
+        }
+    }
+
+    /// The load command for `style`: `TOLLGATE.PROTOCOL` (the module is
+    /// loaded by the server's operator: this asks which one it is),
+    /// `FUNCTION LOAD REPLACE <library>` or `SCRIPT LOAD <script>`.
     pub(crate) fn load_command(style: Style) -> Cmd {
         match style {
+            Style::Module => redis::cmd("TOLLGATE.PROTOCOL"),
             Style::Fcall => {
                 let mut cmd = redis::cmd("FUNCTION");
                 cmd.arg("LOAD").arg("REPLACE").arg(function_library());
@@ -96,32 +137,49 @@ impl Runner {
         }
     }
 
-    /// Load the code on the server of `con` the way calls will run it
-    /// (falling back to the script when an `Auto` store's server has no
-    /// functions), checking what the server answered.
+    /// Find the fastest way the server of `con` offers and load the code
+    /// there the way calls will run it (an `Auto` store starts from the
+    /// module and falls back to functions, then the script), checking what
+    /// the server answered.
     pub(crate) async fn load<C: ConnectionLike + Send>(&self, con: &mut C) -> RedisResult<()> {
+        self.detect_again();
         loop {
             let style = self.style();
-            match Self::load_command(style).query_async::<String>(con).await {
-                Ok(answer) => return check_load(style, &answer),
+            let answer = Self::load_command(style).query_async::<String>(con).await;
+            match answer.and_then(|a| check_load(style, &a)) {
+                Ok(()) => return Ok(()),
                 Err(e) => self.fall_back_on(style, e)?,
             }
         }
     }
 
     /// After a load command or a call sent as `style` failed with `e`:
-    /// `Ok` to go on with the script (an `Auto` store whose server has no
-    /// functions just fell back to it), or the error to report. Every
-    /// store's fallback goes through here.
+    /// `Ok` to go on with the next way (an `Auto` store whose server has
+    /// no module, or no functions, just fell back), or the error to
+    /// report. Every store's fallback goes through here.
     pub(crate) fn fall_back_on(&self, style: Style, e: RedisError) -> RedisResult<()> {
-        if style == Style::Fcall && is_unknown_command(&e) {
-            return if self.fall_back() {
-                Ok(())
-            } else {
-                Err(no_functions())
-            };
+        let lacks = match style {
+            // No module, a module of another protocol, or a user not
+            // allowed its commands: the next way may do.
+            Style::Module => {
+                is_unknown_command(&e)
+                    || is_other_protocol(&e)
+                    || e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+            }
+            Style::Fcall => is_unknown_command(&e),
+            Style::Evalsha => false,
+        };
+        if !lacks {
+            return Err(e);
         }
-        Err(e)
+        if self.fall_back(style) {
+            return Ok(());
+        }
+        Err(match style {
+            Style::Module if is_unknown_command(&e) || is_other_protocol(&e) => no_module(&e),
+            Style::Module => e,
+            _ => no_functions(),
+        })
     }
 
     /// Send `cmd`, a call built as `style`; when the server lost the code
@@ -149,10 +207,12 @@ impl Runner {
 }
 
 /// Whether `answer` to the load command of `style` names the store's code:
-/// the library's name (`FUNCTION LOAD`) or the script's SHA-1 (`SCRIPT
-/// LOAD`).
+/// the module's protocol (`TOLLGATE.PROTOCOL`), the library's name
+/// (`FUNCTION LOAD`) or the script's SHA-1 (`SCRIPT LOAD`).
 pub(crate) fn check_load(style: Style, answer: &str) -> RedisResult<()> {
+    let protocol = MODULE_PROTOCOL.to_string();
     let (expected, mismatch) = match style {
+        Style::Module => (protocol.as_str(), OTHER_PROTOCOL),
         Style::Fcall => (
             library_name(),
             "FUNCTION LOAD answered another library name than the library's",
@@ -176,9 +236,30 @@ pub(crate) fn check_load(style: Style, answer: &str) -> RedisResult<()> {
 /// code (and a load may fix it).
 pub(crate) fn needs_load(e: &RedisError, style: Style) -> bool {
     match style {
+        Style::Module => is_unknown_command(e),
         Style::Evalsha => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
         Style::Fcall => is_missing_function(e) || is_unknown_command(e),
     }
+}
+
+/// What a module answering another protocol is told apart by.
+const OTHER_PROTOCOL: &str = "TOLLGATE.PROTOCOL answered another protocol than the store's";
+
+/// Whether `e` says the server's module speaks another protocol.
+fn is_other_protocol(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::UnexpectedReturnType && e.to_string().contains(OTHER_PROTOCOL)
+}
+
+/// The detail of [`no_module`], by which `from_redis` knows it.
+pub(crate) const NO_MODULE: &str = "the server has no Tollgate module of this store's protocol";
+
+/// The error of a `Module` store whose server lacks the module.
+pub(crate) fn no_module(e: &RedisError) -> RedisError {
+    RedisError::from((
+        ErrorKind::Client,
+        "Tollgate's Redis module required",
+        format!("{NO_MODULE} ({e})"),
+    ))
 }
 
 /// `ERR Function not found`: the server has functions but not this one.

@@ -183,6 +183,15 @@ macro_rules! settings_getters {
             self.decides.runner.style() == crate::scripting::Style::Fcall
         }
 
+        /// Whether calls go to Tollgate's module (`TOLLGATE.DECIDE`): true
+        /// when the server has loaded it (and it speaks this store's
+        /// protocol) and the store was built with
+        /// [`Scripting::Auto`](crate::Scripting::Auto) or
+        /// [`Scripting::Module`](crate::Scripting::Module).
+        pub fn uses_module(&self) -> bool {
+            self.decides.runner.style() == crate::scripting::Style::Module
+        }
+
         /// The per-decision deadline.
         pub fn deadline(&self) -> std::time::Duration {
             self.decides.deadline

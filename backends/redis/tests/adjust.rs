@@ -12,7 +12,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tollgate_limiter::{Adjustment, LayerRequest, Limit, ManualClock, Policy, Store, StoreKey};
 use tollgate_memory::MemoryStore;
-use tollgate_redis::ConnectionMode;
+use tollgate_redis::{ConnectionMode, Scripting};
 use tollgate_testkit::conformance::{unique, START};
 use tollgate_testkit::redis_server::RedisServer;
 
@@ -55,16 +55,23 @@ fn limit() -> impl Strategy<Value = Limit> {
     })
 }
 
-async fn run(limits: Vec<Limit>, ops: Vec<Op>) {
+/// Where the Redis side decides: the function library, or the module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Functions,
+    Module,
+}
+
+async fn run(limits: Vec<Limit>, ops: Vec<Op>, path: Path) {
     let clock = ManualClock::new(START);
-    let redis: Arc<dyn Store> = Arc::new(
-        common::store_at(
-            RedisServer::shared().url(),
-            clock.clone(),
-            ConnectionMode::Multiplexed,
-        )
-        .await,
-    );
+    let (url, scripting) = match path {
+        Path::Functions => (RedisServer::shared().url(), Scripting::Functions),
+        Path::Module => (RedisServer::shared_with_module().url(), Scripting::Module),
+    };
+    let store =
+        common::store_with(url, clock.clone(), ConnectionMode::Multiplexed, scripting).await;
+    assert_eq!(store.uses_module(), path == Path::Module);
+    let redis: Arc<dyn Store> = Arc::new(store);
     let memory: Arc<dyn Store> = Arc::new(
         MemoryStore::builder()
             .clock(Arc::new(clock.clone()))
@@ -125,11 +132,15 @@ async fn run(limits: Vec<Limit>, ops: Vec<Op>) {
 }
 
 fn check(limits: Vec<Limit>, ops: Vec<Op>) {
+    check_on(limits, ops, Path::Functions);
+}
+
+fn check_on(limits: Vec<Limit>, ops: Vec<Op>, path: Path) {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap()
-        .block_on(run(limits, ops));
+        .block_on(run(limits, ops, path));
 }
 
 proptest! {
@@ -147,5 +158,17 @@ proptest! {
         ops in prop::collection::vec(op(), 1..60),
     ) {
         check(vec![first, second], ops);
+    }
+
+    /// The module's operator changes (and decisions, peeks), against the
+    /// in-process store.
+    #[test]
+    fn module_layers_match_rust(
+        first in limit(),
+        second in limit(),
+        ops in prop::collection::vec(op(), 1..60),
+    ) {
+        check_on(vec![first.clone()], ops.clone(), Path::Module);
+        check_on(vec![first, second], ops, Path::Module);
     }
 }

@@ -71,6 +71,71 @@ mod conformance {
     }
 }
 
+/// The same suite on a cluster whose every node loaded Tollgate's module:
+/// the store finds it on every master and decides with it.
+mod module_conformance {
+    use super::*;
+
+    fn module_cluster() -> &'static RedisCluster {
+        static CLUSTER: std::sync::OnceLock<RedisCluster> = std::sync::OnceLock::new();
+        CLUSTER.get_or_init(|| RedisCluster::start_with_module(&[]))
+    }
+
+    async fn module_store(clock: ManualClock) -> RedisClusterStore {
+        let store = store_on(module_cluster(), Some(clock)).await;
+        assert!(store.uses_module(), "the store found the module");
+        store
+    }
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        Arc::new(module_store(clock).await) as Arc<dyn Store>
+    });
+}
+
+/// A master without the module (unloaded from one): the store goes on
+/// with the function library, where the module's states are the same
+/// bytes, and every subject is admitted exactly its capacity whichever
+/// master holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_with_and_without_the_module_decide_alike() {
+    let cluster = RedisCluster::start_with_module(&["--enable-module-command", "yes"]);
+    let clock = ManualClock::new(START);
+    let store: Arc<dyn Store> = {
+        let store = store_on(&cluster, Some(clock.clone())).await;
+        assert!(store.uses_module());
+        Arc::new(store)
+    };
+    let policy = Policy::new(
+        "mixed",
+        Limit::fixed_window(10, Duration::from_secs(3600)).unwrap(),
+    )
+    .unwrap();
+    // A subject on every master.
+    let subjects: Vec<String> = (0..MASTERS)
+        .map(|m| find_tag("m", |slot| cluster.master_for_slot(slot) == m))
+        .collect();
+    let limiter = Limiter::builder(store.clone())
+        .layer("key", Scope::Subject, policy)
+        .build()
+        .expect("valid");
+    let mut admitted = vec![0; subjects.len()];
+    for round in 0..20 {
+        if round == 5 {
+            let unloaded = cluster
+                .command(0, &["MODULE", "UNLOAD", "tollgate"])
+                .expect("MODULE UNLOAD");
+            assert_eq!(unloaded, Reply::Status("OK".into()));
+        }
+        for (i, subject) in subjects.iter().enumerate() {
+            let ctx = Context::for_subject(tollgate_limiter::Subject::new(subject).unwrap());
+            let d = limiter.check(&ctx, 1).await.expect("decides");
+            assert!(d.store_error().is_none(), "{d:?}");
+            admitted[i] += usize::from(d.is_allowed());
+        }
+    }
+    assert_eq!(admitted, vec![10; subjects.len()]);
+}
+
 /// A subject (without tenant, so its own tag) whose slot is served by
 /// another master than `other`'s, and whose slot is below (`below`) or above
 /// `other`'s: which group is reserved first.

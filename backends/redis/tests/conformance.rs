@@ -1,6 +1,6 @@
 //! The store conformance suite on the Redis store (multiplexed connection and
-//! bb8 pool, function library; and the script form), against a real
-//! redis-server, time from the manual clock.
+//! bb8 pool, function library; the script form; Tollgate's native module),
+//! against a real redis-server, time from the manual clock.
 
 mod common;
 
@@ -68,6 +68,40 @@ mod eval {
         .await;
         let foreign = common::RedisForeign {
             con: common::raw(RedisServer::shared().url()).await,
+            prefix: store.prefix().to_string(),
+        };
+        tollgate_testkit::conformance::foreign_values_are_conflicts(Arc::new(store), &foreign)
+            .await;
+    }
+}
+
+/// Tollgate's native module (`TOLLGATE.DECIDE`) on a server that loaded it
+/// passes the same suite: the store finds it and uses it.
+mod module {
+    use super::*;
+    use tollgate_redis::Scripting;
+
+    async fn store(clock: ManualClock) -> tollgate_redis::RedisStore {
+        let store = common::store_with(
+            RedisServer::shared_with_module().url(),
+            clock,
+            ConnectionMode::Multiplexed,
+            Scripting::Auto,
+        )
+        .await;
+        assert!(store.uses_module(), "the store found the module");
+        store
+    }
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        Arc::new(store(clock).await) as Arc<dyn Store>
+    });
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn foreign_values_are_conflicts() {
+        let store = store(ManualClock::new(tollgate_testkit::conformance::START)).await;
+        let foreign = common::RedisForeign {
+            con: common::raw(RedisServer::shared_with_module().url()).await,
             prefix: store.prefix().to_string(),
         };
         tollgate_testkit::conformance::foreign_values_are_conflicts(Arc::new(store), &foreign)

@@ -1,4 +1,5 @@
-//! The Lua scripts against the Rust reference, bit for bit.
+//! The Lua scripts — and Tollgate's native module — against the Rust
+//! reference, bit for bit.
 //!
 //! Random policies and long random sequences of operations (time steps of
 //! 0, sub-millisecond, fractions of the window, long idles, and backward
@@ -176,25 +177,40 @@ enum ObservedState {
     },
 }
 
+/// How the server decides: the function library (Lua), or the module's
+/// command on a server that loaded it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Functions,
+    Module,
+}
+
 struct Harness {
+    path: Path,
     con: MultiplexedConnection,
     keys: Vec<String>,
     policies: Vec<Policy>,
 }
 
 impl Harness {
-    async fn new(limits: Vec<Limit>) -> Harness {
-        let mut con = common::raw(RedisServer::shared().url()).await;
-        // The function library, as the stores run it on Redis 7 (the script
-        // form is the same code; the refund and conformance tests run it).
-        let loaded: String = redis::cmd("FUNCTION")
-            .arg("LOAD")
-            .arg("REPLACE")
-            .arg(tollgate_redis::function_library())
-            .query_async(&mut con)
-            .await
-            .expect("FUNCTION LOAD");
-        assert_eq!(loaded, tollgate_redis::library_name());
+    async fn new(limits: Vec<Limit>, path: Path) -> Harness {
+        let mut con = match path {
+            Path::Functions => common::raw(RedisServer::shared().url()).await,
+            Path::Module => common::raw(RedisServer::shared_with_module().url()).await,
+        };
+        if path == Path::Functions {
+            // The function library, as the stores run it on Redis 7 (the
+            // script form is the same code; the refund and conformance
+            // tests run it).
+            let loaded: String = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(tollgate_redis::function_library())
+                .query_async(&mut con)
+                .await
+                .expect("FUNCTION LOAD");
+            assert_eq!(loaded, tollgate_redis::library_name());
+        }
         let prefix = unique("diff");
         let policies: Vec<Policy> = limits
             .into_iter()
@@ -206,6 +222,7 @@ impl Harness {
             .map(|p| format!("{prefix}:{}", StoreKey::new("diff", p, "subject", "s")))
             .collect();
         Harness {
+            path,
             con,
             keys,
             policies,
@@ -215,9 +232,15 @@ impl Harness {
     /// Run the script for `costs` at `now`; return its verdicts, what each
     /// key looks like afterwards, and the server's time before and after (µs).
     async fn step(&mut self, now: u64, costs: &[u64]) -> (Vec<Verdict>, Vec<Observed>, u64, u64) {
-        let mut eval = redis::cmd("FCALL");
-        eval.arg(tollgate_redis::function_name())
-            .arg(self.keys.len());
+        let mut eval = match self.path {
+            Path::Functions => {
+                let mut fcall = redis::cmd("FCALL");
+                fcall.arg(tollgate_redis::function_name());
+                fcall
+            }
+            Path::Module => redis::cmd("TOLLGATE.DECIDE"),
+        };
+        eval.arg(self.keys.len());
         for key in &self.keys {
             eval.arg(key);
         }
@@ -248,7 +271,13 @@ impl Harness {
             }
         }
         pipe.cmd("TIME").cmd("EXEC");
-        let replies: Vec<Value> = pipe.query_async(&mut self.con).await.expect("pipeline");
+        let replies: Vec<Value> = match pipe.query_async(&mut self.con).await {
+            Ok(r) => r,
+            Err(e) => panic!(
+                "pipeline: {e}: {:?}",
+                String::from_utf8_lossy(&pipe.get_packed_pipeline())
+            ),
+        };
         let before = server_time(&replies[0]);
         let Some(Value::Array(results)) = replies.last() else {
             panic!("EXEC answered {:?}", replies.last());
@@ -310,8 +339,8 @@ struct Model {
 
 /// Run `ops` through the script and the reference; panic at the first
 /// difference, naming the step.
-async fn differential(limits: Vec<Limit>, ops: &[Op]) {
-    let mut harness = Harness::new(limits.clone()).await;
+async fn differential(limits: Vec<Limit>, ops: &[Op], path: Path) {
+    let mut harness = Harness::new(limits.clone(), path).await;
     let mut model = Model {
         states: vec![None; limits.len()],
     };
@@ -479,11 +508,15 @@ fn compare_state(
 }
 
 fn run(limits: Vec<Limit>, ops: &[Op]) {
+    run_on(limits, ops, Path::Functions);
+}
+
+fn run_on(limits: Vec<Limit>, ops: &[Op], path: Path) {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime")
-        .block_on(differential(limits, ops));
+        .block_on(differential(limits, ops, path));
 }
 
 /// Operations per sequence: 10,000, or `TOLLGATE_SOAK_OPS` (`cargo xtask
@@ -565,5 +598,57 @@ proptest! {
         ops in ops(1_500),
     ) {
         run(limits, &ops);
+    }
+}
+
+/// The module's runs: one sequence of 10,000 operations per algorithm (the
+/// module runs the reference itself, so what is checked is its reading and
+/// writing of states, TTLs and replies; `cargo xtask soak` sets more).
+fn module_runs() -> ProptestConfig {
+    ProptestConfig {
+        cases: env_number("TOLLGATE_SOAK_CASES").map_or(1, |n| n as u32),
+        ..long_runs()
+    }
+}
+
+proptest! {
+    #![proptest_config(module_runs())]
+
+    #[test]
+    fn module_token_bucket_matches_rust(limit in token_bucket(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Module);
+    }
+
+    #[test]
+    fn module_gcra_matches_rust(limit in gcra(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Module);
+    }
+
+    #[test]
+    fn module_fixed_window_matches_rust(limit in fixed_window(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Module);
+    }
+
+    #[test]
+    fn module_sliding_window_matches_rust(limit in sliding_window(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Module);
+    }
+
+    #[test]
+    fn module_sliding_log_matches_rust(limit in sliding_log(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Module);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, max_shrink_iters: 64, ..ProptestConfig::default() })]
+
+    /// The module's layered decisions: all-or-nothing, as the reference.
+    #[test]
+    fn module_layered_decisions_match_rust(
+        limits in proptest::collection::vec(any_limit(), 2..=3),
+        ops in ops(1_500),
+    ) {
+        run_on(limits, &ops, Path::Module);
     }
 }

@@ -92,33 +92,52 @@ fn scale(limit: &Limit) -> u64 {
     .max(1)
 }
 
+/// Whether the server decides with the script or with the module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Script,
+    Module,
+}
+
 struct Harness {
+    path: Path,
     con: MultiplexedConnection,
     key: String,
     policy: Policy,
 }
 
 impl Harness {
-    async fn new(limit: Limit) -> Harness {
-        let mut con = redis::Client::open(RedisServer::shared().url())
+    async fn new(limit: Limit, path: Path) -> Harness {
+        let url = match path {
+            Path::Script => RedisServer::shared().url(),
+            Path::Module => RedisServer::shared_with_module().url(),
+        };
+        let mut con = redis::Client::open(url)
             .expect("url")
             .get_multiplexed_async_connection()
             .await
             .expect("connect");
-        let loaded: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(tollgate_redis::SCRIPT)
-            .query_async(&mut con)
-            .await
-            .expect("SCRIPT LOAD");
-        assert_eq!(loaded, sha1());
+        if path == Path::Script {
+            let loaded: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(tollgate_redis::SCRIPT)
+                .query_async(&mut con)
+                .await
+                .expect("SCRIPT LOAD");
+            assert_eq!(loaded, sha1());
+        }
         let policy = Policy::new("p", limit).expect("valid");
         let key = format!(
             "{}:{}",
             unique("refund"),
             StoreKey::new("r", &policy, "subject", "s")
         );
-        Harness { con, key, policy }
+        Harness {
+            path,
+            con,
+            key,
+            policy,
+        }
     }
 
     fn args(&self, cost: u64) -> [u64; 5] {
@@ -132,8 +151,15 @@ impl Harness {
     }
 
     async fn script(&mut self, now: u64, args: &[u64], mode: &str) -> Vec<i64> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(sha1()).arg(1).arg(&self.key).arg(now).arg("");
+        let mut cmd = match self.path {
+            Path::Script => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(sha1());
+                cmd
+            }
+            Path::Module => redis::cmd("TOLLGATE.DECIDE"),
+        };
+        cmd.arg(1).arg(&self.key).arg(now).arg("");
         for a in args {
             cmd.arg(*a);
         }
@@ -189,8 +215,8 @@ fn normalized(state: Option<State>) -> Option<State> {
     }
 }
 
-async fn differential(limit: Limit, ops: &[(Step, Action)]) {
-    let mut h = Harness::new(limit.clone()).await;
+async fn differential(limit: Limit, ops: &[(Step, Action)], path: Path) {
+    let mut h = Harness::new(limit.clone(), path).await;
     let name = limit.algorithm_name();
     let scale = scale(&limit);
     let mut state: Option<State> = None;
@@ -273,7 +299,17 @@ proptest! {
         ops in proptest::collection::vec((step(), action()), 1..60),
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(differential(limit, &ops));
+        rt.block_on(differential(limit, &ops, Path::Script));
+    }
+
+    /// The module's reservations and refunds, against the same reference.
+    #[test]
+    fn module_reservations_and_refunds_match_rust(
+        limit in limit(),
+        ops in proptest::collection::vec((step(), action()), 1..60),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(differential(limit, &ops, Path::Module));
     }
 }
 
@@ -281,6 +317,12 @@ proptest! {
 /// bit, for every algorithm (the common case the cluster store relies on).
 #[tokio::test]
 async fn an_immediate_refund_undoes_the_charge() {
+    for path in [Path::Script, Path::Module] {
+        immediate_refund(path).await;
+    }
+}
+
+async fn immediate_refund(path: Path) {
     let second = Duration::from_secs(1);
     for limit in [
         Limit::token_bucket(10, 10, second).unwrap(),
@@ -290,7 +332,7 @@ async fn an_immediate_refund_undoes_the_charge() {
         Limit::sliding_log(10, second).unwrap(),
     ] {
         let name = limit.algorithm_name();
-        let mut h = Harness::new(limit.clone()).await;
+        let mut h = Harness::new(limit.clone(), path).await;
         let now = START.as_micros();
         let first = h.args(3);
         h.script(now, &first, "reserve").await;

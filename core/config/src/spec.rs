@@ -1,7 +1,7 @@
 //! The file's sections, and their validation: every error is collected with
 //! its field path, none stops the others from being found.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

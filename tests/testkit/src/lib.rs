@@ -36,6 +36,7 @@ pub use recorder::AtomicRecorder;
 #[doc(hidden)]
 pub mod doc_support;
 pub mod redis_cluster;
+pub mod redis_module;
 pub mod redis_sentinel;
 pub mod redis_server;
 pub mod resp;

@@ -142,7 +142,7 @@ impl RedisCluster {
     /// When `redis-server` is not installed (the message gives the install
     /// command), or the cluster is not ready within 30 seconds.
     pub fn start() -> RedisCluster {
-        RedisCluster::start_with(None)
+        RedisCluster::start_with(None, &[])
     }
 
     /// The same cluster with TLS everywhere: every node also listens with
@@ -156,13 +156,19 @@ impl RedisCluster {
     ///
     /// As [`start`](RedisCluster::start).
     pub fn start_tls(certs: &TestCertificates) -> RedisCluster {
-        RedisCluster::start_with(Some(certs))
+        RedisCluster::start_with(Some(certs), &[])
     }
 
-    fn start_with(tls: Option<&TestCertificates>) -> RedisCluster {
+    /// The cluster of [`start`](RedisCluster::start) with `extra`
+    /// `redis-server` arguments on every node.
+    pub(crate) fn start_with_extra(extra: &[&str]) -> RedisCluster {
+        RedisCluster::start_with(None, extra)
+    }
+
+    fn start_with(tls: Option<&TestCertificates>, extra: &[&str]) -> RedisCluster {
         let new_enough = check_binary();
         let servers: Vec<(RedisServer, u16)> = (0..2 * MASTERS)
-            .map(|_| start_node(new_enough, tls))
+            .map(|_| start_node(new_enough, tls, extra))
             .collect();
         let mut nodes = Vec::with_capacity(servers.len());
         for (i, (server, bus_port)) in servers.into_iter().enumerate() {
@@ -661,7 +667,11 @@ fn check_binary() -> bool {
 /// the default, port + 10000, is out of range for the upper ephemeral
 /// ports); older servers use port + 10000, and the harness's own retries
 /// skip ports whose bus port does not exist.
-fn start_node(new_enough: bool, tls: Option<&TestCertificates>) -> (RedisServer, u16) {
+fn start_node(
+    new_enough: bool,
+    tls: Option<&TestCertificates>,
+    extra: &[&str],
+) -> (RedisServer, u16) {
     let timeout = NODE_TIMEOUT_MS.to_string();
     let mut last_panic = None;
     for _ in 0..NODE_ATTEMPTS {
@@ -687,6 +697,7 @@ fn start_node(new_enough: bool, tls: Option<&TestCertificates>) -> (RedisServer,
         if tls.is_some() {
             args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
         }
+        args.extend_from_slice(extra);
         let start = || match tls {
             Some(certs) => RedisServer::start_tls(certs, &args),
             None => RedisServer::start_with_args(&args),

@@ -190,12 +190,15 @@ impl RedisClusterStore {
 
     settings_getters!();
 
-    /// Load the code on every master: `FUNCTION LOAD REPLACE` of the
-    /// function library, or `SCRIPT LOAD` of the script (done by
+    /// Find the fastest way every master offers (the module on all of
+    /// them, else functions, else the script) and load the code on every
+    /// master: `FUNCTION LOAD REPLACE` of the function library, or `SCRIPT
+    /// LOAD` of the script (done by
     /// [`connect`](RedisClusterStoreBuilder::connect); nodes that lack it
     /// later get it at their first call).
     pub async fn load_script(&self) -> Result<(), StoreError> {
         let runner = &self.decides.runner;
+        runner.detect_again();
         loop {
             let style = runner.style();
             let routing = RoutingInfo::MultiNode((

@@ -11,7 +11,7 @@ use tollgate_limiter::StoreError;
 
 use super::slots::hash_slot;
 use crate::error::from_redis;
-use crate::script::SCRIPT;
+use crate::script::{function_name, SCRIPT};
 use crate::scripting::{check_load, is_missing_function, is_unknown_command, Runner, Style};
 
 /// The longest pause between two attempts of a call Redis answered it did
@@ -34,7 +34,12 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_millis(20);
 ///   LOAD REPLACE` on that node and the call once more; for `EVALSHA`
 ///   (`NOSCRIPT`), the whole script with `EVAL` through the same route,
 ///   which also caches it on that node. A node without functions at all
-///   (before Redis 7.0) turns an `Auto` store to the script.
+///   (before Redis 7.0) turns an `Auto` store to the script; a node
+///   without the module (`TOLLGATE.DECIDE` unknown there) turns it to the
+///   function library, and the call is sent again as `FCALL`.
+///
+/// The module's command is routed by its first key's slot here: the
+/// client does not know where its keys are (it would route by `numkeys`).
 ///
 /// Anything else is returned: after an I/O error the call may have run, so
 /// it is not resent (a lost reservation is under-admission; a resent one
@@ -44,7 +49,8 @@ pub(crate) async fn call(
     cmd: Cmd,
     runner: Arc<Runner>,
 ) -> Result<Vec<i64>, StoreError> {
-    let style = style_of(&cmd);
+    let mut cmd = cmd;
+    let mut style = style_of(&cmd);
     let mut eval: Option<Cmd> = None;
     let mut loaded = false;
     let mut target: Option<(Redirect, String, u16)> = None;
@@ -55,6 +61,13 @@ pub(crate) async fn call(
         let current = eval.as_ref().unwrap_or(&cmd);
         let sent_to = target.take();
         let result = match sent_to.clone() {
+            None if style == Style::Module => {
+                let node = SingleNodeRoutingInfo::SpecificNode(Route::new(
+                    slot_of(current),
+                    SlotAddr::Master,
+                ));
+                send(&mut conn, current, node).await
+            }
             None => current.query_async::<Vec<i64>>(&mut conn).await,
             Some((redirect, host, port)) => send_to(&mut conn, current, redirect, host, port).await,
         };
@@ -62,6 +75,15 @@ pub(crate) async fn call(
             Ok(reply) => return Ok(reply),
             Err(e) => e,
         };
+        if style == Style::Module && is_unknown_command(&e) {
+            // This node has no module: an `Auto` store goes on with the
+            // function library (loaded on every master at connect).
+            runner.fall_back_on(style, e).map_err(from_redis)?;
+            cmd = fcall_of(&cmd);
+            style = Style::Fcall;
+            target = sent_to;
+            continue;
+        }
         if style == Style::Fcall && eval.is_none() {
             if is_missing_function(&e) && !loaded {
                 // Load where the call went, then send it there again.
@@ -164,21 +186,49 @@ async fn send_to(
     Ok(redis::from_redis_value(reply.extract_error()?)?)
 }
 
+/// Send `cmd` to `node` as is.
+async fn send(
+    conn: &mut ClusterConnection,
+    cmd: &Cmd,
+    node: SingleNodeRoutingInfo,
+) -> RedisResult<Vec<i64>> {
+    let reply = conn
+        .route_command(cmd.clone(), RoutingInfo::SingleNode(node))
+        .await?;
+    Ok(redis::from_redis_value(reply.extract_error()?)?)
+}
+
 /// The style a call was built in (its first word).
 fn style_of(cmd: &Cmd) -> Style {
     match cmd.args_iter().next() {
+        Some(redis::Arg::Simple(b"TOLLGATE.DECIDE")) => Style::Module,
         Some(redis::Arg::Simple(b"FCALL")) => Style::Fcall,
         _ => Style::Evalsha,
     }
 }
 
 /// The slot of a call's keys (all in one slot): its first key's, the
-/// fourth word (`FCALL <function> <numkeys> <key> …`).
+/// third word of the module's command (`TOLLGATE.DECIDE <numkeys> <key>
+/// …`), else the fourth (`FCALL <function> <numkeys> <key> …`).
 fn slot_of(cmd: &Cmd) -> u16 {
-    match cmd.args_iter().nth(3) {
+    let at = if style_of(cmd) == Style::Module { 2 } else { 3 };
+    match cmd.args_iter().nth(at) {
         Some(redis::Arg::Simple(key)) => hash_slot(key),
         _ => 0,
     }
+}
+
+/// `FCALL <function> …` with the arguments of `TOLLGATE.DECIDE …`.
+fn fcall_of(module: &Cmd) -> Cmd {
+    let mut fcall = redis::cmd("FCALL");
+    fcall.arg(function_name());
+    for arg in module.args_iter().skip(1) {
+        // Calls hold plain arguments only (no cursor).
+        if let redis::Arg::Simple(bytes) = arg {
+            fcall.arg(bytes);
+        }
+    }
+    fcall
 }
 
 /// `FUNCTION LOAD REPLACE` of the library on one node.
@@ -221,6 +271,13 @@ mod tests {
         evalsha.arg("sha").arg(1).arg("p:{other}:x");
         assert_eq!(style_of(&evalsha), Style::Evalsha);
         assert_eq!(slot_of(&evalsha), hash_slot(b"other"));
+        let mut module = redis::cmd("TOLLGATE.DECIDE");
+        module.arg(1).arg("p:{third}:x").arg("");
+        assert_eq!(style_of(&module), Style::Module);
+        assert_eq!(slot_of(&module), hash_slot(b"third"));
+        let fcall = fcall_of(&module);
+        assert_eq!(style_of(&fcall), Style::Fcall);
+        assert_eq!(slot_of(&fcall), hash_slot(b"third"));
     }
 
     #[test]

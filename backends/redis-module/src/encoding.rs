@@ -1,0 +1,176 @@
+//! How states are stored in Redis: the Lua path's encoding, byte for byte
+//! (`backends/redis/lua/layered.lua`: `read_cells`, `write_cells`,
+//! `read_log`, `block_end`), so servers with and without the module read
+//! each other's states.
+//!
+//! - Counter algorithms keep a string of decimal cells separated by one
+//!   space: token bucket `full_at` or `full_at remainder` (the remainder
+//!   left out when 0), GCRA `tat`, fixed window `count last`, sliding
+//!   window `current previous last`.
+//! - The sliding log keeps a list of decimal timestamps, oldest first.
+//! - A block is the string `b<µs>` (or a list of that one item for the log).
+//!
+//! A value is a state only when its time cell lies in 2020–2101 (what a
+//! state Tollgate wrote always holds): anything else is someone else's
+//! data, never overwritten.
+
+use std::collections::VecDeque;
+
+use tollgate_limiter::State;
+
+use crate::call::Code;
+
+/// The first instant a stored time may hold (2020-01-01, µs).
+pub(crate) const EARLIEST: u64 = 1_577_836_800_000_000;
+/// The first instant a stored time may no longer hold (2101-01-01, µs).
+pub(crate) const LATEST: u64 = 4_133_980_800_000_000;
+
+/// The number of cells `code` keeps (the token bucket may keep one).
+fn cells_of(code: Code) -> usize {
+    match code {
+        Code::TokenBucket | Code::FixedWindow => 2,
+        Code::Gcra => 1,
+        Code::SlidingWindow => 3,
+        Code::SlidingLog => 0,
+    }
+}
+
+/// The cell holding a time (0-based).
+fn time_cell(code: Code) -> usize {
+    match code {
+        Code::TokenBucket | Code::Gcra => 0,
+        Code::FixedWindow => 1,
+        _ => 2,
+    }
+}
+
+/// A decimal number as the Lua pattern `%d+` reads it (digits only), or
+/// `None`. Numbers beyond `u64` are not states.
+fn digits(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || !s.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(s).ok()?.parse().ok()
+}
+
+/// The end of the block `v` holds (`b<µs>` within 2020–2101), or `None`.
+pub(crate) fn block_end(v: &[u8]) -> Option<u64> {
+    let u = digits(v.strip_prefix(b"b")?)?;
+    (EARLIEST..LATEST).contains(&u).then_some(u)
+}
+
+/// The counter state of `code` in the string `v`, a block, or `None` when
+/// `v` is not a state Tollgate wrote (a conflict).
+pub(crate) fn read_cells(code: Code, v: &[u8]) -> Option<State> {
+    let parts: Vec<&[u8]> = v.split(|&b| b == b' ').collect();
+    let n = parts.len();
+    let fits = n == cells_of(code) || (code == Code::TokenBucket && n == 1);
+    if !fits {
+        return block_end(v).map(State::Blocked);
+    }
+    let mut cells = [0u64; 3];
+    for (cell, part) in cells.iter_mut().zip(&parts) {
+        match digits(part) {
+            Some(x) => *cell = x,
+            None => return block_end(v).map(State::Blocked),
+        }
+    }
+    let at = cells[time_cell(code)];
+    (EARLIEST..LATEST)
+        .contains(&at)
+        .then_some(State::Cells(cells))
+}
+
+/// The text of counter cells as `code` stores them.
+pub(crate) fn write_cells(code: Code, [a, b, c]: [u64; 3]) -> String {
+    match cells_of(code) {
+        1 => a.to_string(),
+        2 if code == Code::TokenBucket && b == 0 => a.to_string(),
+        2 => format!("{a} {b}"),
+        _ => format!("{a} {b} {c}"),
+    }
+}
+
+/// The log in `items` (a list's values, oldest first), a block, or `None`
+/// when the list is not a log Tollgate wrote.
+pub(crate) fn read_log(items: &[Vec<u8>]) -> Option<State> {
+    if let [only] = items {
+        if let Some(until) = block_end(only) {
+            return Some(State::Blocked(until));
+        }
+    }
+    items
+        .iter()
+        .map(|v| digits(v))
+        .collect::<Option<VecDeque<u64>>>()
+        .map(State::Log)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: u64 = 1_780_000_000_000_000;
+
+    #[test]
+    fn counter_states_read_back_what_they_write() {
+        for (code, cells) in [
+            (Code::TokenBucket, [T, 0, 0]),
+            (Code::TokenBucket, [T, 7, 0]),
+            (Code::Gcra, [T, 0, 0]),
+            (Code::FixedWindow, [3, T, 0]),
+            (Code::SlidingWindow, [3, 4, T]),
+        ] {
+            let text = write_cells(code, cells);
+            assert_eq!(
+                read_cells(code, text.as_bytes()),
+                Some(State::Cells(cells)),
+                "{text}"
+            );
+        }
+        assert_eq!(write_cells(Code::TokenBucket, [T, 0, 0]), T.to_string());
+        assert_eq!(
+            write_cells(Code::SlidingWindow, [1, 2, T]),
+            format!("1 2 {T}")
+        );
+    }
+
+    #[test]
+    fn what_tollgate_did_not_write_is_not_a_state() {
+        let t = T.to_string();
+        for (code, v) in [
+            (Code::Gcra, "hello".to_string()),
+            (Code::Gcra, "12".to_string()),
+            (Code::Gcra, format!("{t} 1")),
+            (Code::Gcra, format!("+{t}")),
+            (Code::Gcra, format!("{t} ")),
+            (Code::FixedWindow, format!("1  {t}")),
+            (Code::FixedWindow, "12 34".to_string()),
+            (Code::SlidingWindow, format!("1 2 {t} 4")),
+            (Code::TokenBucket, format!("{t} 1 2")),
+            (Code::Gcra, "99999999999999999999999".to_string()),
+            (Code::Gcra, "b12".to_string()),
+            (Code::Gcra, String::new()),
+        ] {
+            assert_eq!(read_cells(code, v.as_bytes()), None, "{code:?} {v:?}");
+        }
+        assert_eq!(read_log(&[b"x".to_vec()]), None);
+        assert_eq!(read_log(&[t.clone().into_bytes(), b"-1".to_vec()]), None);
+    }
+
+    #[test]
+    fn blocks_read_the_same_for_every_algorithm() {
+        let v = format!("b{T}");
+        for code in [
+            Code::TokenBucket,
+            Code::Gcra,
+            Code::FixedWindow,
+            Code::SlidingWindow,
+        ] {
+            assert_eq!(read_cells(code, v.as_bytes()), Some(State::Blocked(T)));
+        }
+        assert_eq!(read_log(&[v.into_bytes()]), Some(State::Blocked(T)));
+        assert_eq!(block_end(format!("b{LATEST}").as_bytes()), None);
+        assert_eq!(read_log(&[]), Some(State::Log(VecDeque::new())));
+    }
+}

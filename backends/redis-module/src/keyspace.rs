@@ -1,0 +1,236 @@
+//! Reading and writing states in the keyspace of the call, replicating
+//! every write as its effect (never the command: a decision depends on the
+//! clock, so replaying the command on a replica or from the AOF would
+//! decide again, later, differently).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis_module::{
+    CallOptions, CallOptionsBuilder, CallReply, CallResult, Context, KeyType, RedisError,
+    RedisString, RedisValue,
+};
+use tollgate_limiter::State;
+
+use crate::call::Code;
+use crate::encoding::{read_cells, read_log, write_cells};
+
+/// Added to every TTL a decision sets: Redis counts a relative TTL from its
+/// clock truncated to the millisecond (the Lua path's `TTL_MARGIN_MS`).
+pub(crate) const TTL_MARGIN_MS: u64 = 1;
+
+/// Entries pushed per `RPUSH` (the Lua path's chunk).
+const PUSH_CHUNK: u64 = 1000;
+
+/// The server's clock in µs since the Unix epoch: the clock of `TIME`.
+pub(crate) fn server_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The conflict error for the `i`-th key (1-based): the Redis store reads
+/// it as `StoreError::Conflict` naming the layer's policy.
+pub(crate) fn conflict(i: usize, found: &str) -> RedisError {
+    RedisError::String(format!("TOLLGATE_CONFLICT {i} {found}"))
+}
+
+/// The state of layer `i` (1-based) of algorithm `code` at `key`: `None`
+/// when the key is missing; a conflict when it holds anything Tollgate did
+/// not write (nothing is written then).
+pub(crate) fn read(
+    ctx: &Context,
+    key: &RedisString,
+    code: Code,
+    i: usize,
+) -> Result<Option<State>, RedisError> {
+    let k = ctx.open_key(key);
+    match (k.key_type(), code) {
+        (KeyType::Empty, _) => Ok(None),
+        (KeyType::String, code) if code != Code::SlidingLog => {
+            let v = k.read()?.unwrap_or_default();
+            read_cells(code, v)
+                .map(Some)
+                .ok_or_else(|| conflict(i, "not_a_state"))
+        }
+        (KeyType::List, Code::SlidingLog) => {
+            drop(k);
+            let items = list(ctx, key)?;
+            read_log(&items)
+                .map(Some)
+                .ok_or_else(|| conflict(i, "not_a_state"))
+        }
+        _ => Err(conflict(i, "wrong_type")),
+    }
+}
+
+/// The items of the list at `key`.
+fn list(ctx: &Context, key: &RedisString) -> Result<Vec<Vec<u8>>, RedisError> {
+    match ctx.call("LRANGE", &[key.as_slice(), b"0", b"-1"][..])? {
+        RedisValue::Array(items) => items
+            .into_iter()
+            .map(|v| match v {
+                RedisValue::SimpleString(s) | RedisValue::BulkString(s) => Ok(s.into_bytes()),
+                RedisValue::StringBuffer(b) => Ok(b),
+                RedisValue::BulkRedisString(s) => Ok(s.as_slice().to_vec()),
+                _ => Err(RedisError::Str(
+                    "TOLLGATE_ARGS LRANGE answered a non-string",
+                )),
+            })
+            .collect(),
+        _ => Err(RedisError::Str("TOLLGATE_ARGS LRANGE answered a non-list")),
+    }
+}
+
+/// The remaining TTL of `key` in ms (-1: none, -2: missing).
+pub(crate) fn pttl(ctx: &Context, key: &RedisString) -> Result<i64, RedisError> {
+    match ctx.call("PTTL", &[key.as_slice()][..])? {
+        RedisValue::Integer(ms) => Ok(ms),
+        _ => Err(RedisError::Str("TOLLGATE_ARGS PTTL answered a non-integer")),
+    }
+}
+
+/// Run a write through Redis, replicated as it ran.
+fn effect(ctx: &Context, command: &str, args: &[&[u8]]) -> Result<(), RedisError> {
+    let options: CallOptions = CallOptionsBuilder::new()
+        .replicate()
+        .errors_as_replies()
+        .build();
+    let reply: CallResult<'_> = ctx.call_ext(command, &options, args);
+    reply.map(|_| ()).map_err(RedisError::from)
+}
+
+/// A TTL as Redis keeps it: whole milliseconds, rounded up, at least one.
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
+    (ttl.as_micros() as u64).div_ceil(1000).max(1)
+}
+
+/// Store counter `cells` of `code` at `key` for `ttl_ms` milliseconds.
+pub(crate) fn write_counter(
+    ctx: &Context,
+    key: &RedisString,
+    code: Code,
+    cells: [u64; 3],
+    ttl_ms: u64,
+) -> Result<(), RedisError> {
+    write_string(ctx, key, &write_cells(code, cells), ttl_ms)
+}
+
+/// `SET key text PX ttl_ms`, written through the key API and replicated
+/// with the absolute expiry, as Redis itself propagates `SET … PX`.
+fn write_string(
+    ctx: &Context,
+    key: &RedisString,
+    text: &str,
+    ttl_ms: u64,
+) -> Result<(), RedisError> {
+    let w = ctx.open_key_writable(key);
+    w.write(text)?;
+    w.set_expire(Duration::from_millis(ttl_ms))?;
+    let at = (server_micros() / 1000 + ttl_ms).to_string();
+    ctx.replicate(
+        "SET",
+        &[key.as_slice(), text.as_bytes(), b"PXAT", at.as_bytes()][..],
+    );
+    Ok(())
+}
+
+/// Store the sliding log `next`, which the decision made from `before`
+/// (the stored log, or `None` for no state or an ended block) by dropping
+/// its oldest entries and adding `cost` entries at its newest time.
+pub(crate) fn write_log(
+    ctx: &Context,
+    key: &RedisString,
+    before: Option<&State>,
+    next: &State,
+    cost: u64,
+    ttl_ms: u64,
+) -> Result<(), RedisError> {
+    let State::Log(next) = next else {
+        return Err(RedisError::Str(
+            "TOLLGATE_ARGS a log's decision wrote no log",
+        ));
+    };
+    let k = key.as_slice();
+    match before {
+        Some(State::Blocked(_)) => effect(ctx, "DEL", &[k])?,
+        Some(State::Log(old)) => {
+            let drop = (old.len() as u64 + cost).saturating_sub(next.len() as u64);
+            if drop > 0 {
+                effect(ctx, "LTRIM", &[k, drop.to_string().as_bytes(), b"-1"])?;
+            }
+        }
+        _ => {}
+    }
+    let stamp = next.back().copied().unwrap_or_default().to_string();
+    let mut left = cost;
+    while left > 0 {
+        let chunk = left.min(PUSH_CHUNK);
+        let mut args: Vec<&[u8]> = vec![k];
+        args.extend(std::iter::repeat_n(stamp.as_bytes(), chunk as usize));
+        effect(ctx, "RPUSH", &args)?;
+        left -= chunk;
+    }
+    effect(ctx, "PEXPIRE", &[k, ttl_ms.to_string().as_bytes()])
+}
+
+/// Block the key until `until` (µs): the string `b<until>`, or a list of
+/// that one item for the log, living until then (plus the margin).
+pub(crate) fn write_block(
+    ctx: &Context,
+    key: &RedisString,
+    code: Code,
+    until: u64,
+    now: u64,
+) -> Result<(), RedisError> {
+    let ttl = ttl_ms(Duration::from_micros(until.saturating_sub(now))) + TTL_MARGIN_MS;
+    let v = format!("b{until}");
+    if code == Code::SlidingLog {
+        let k = key.as_slice();
+        effect(ctx, "DEL", &[k])?;
+        effect(ctx, "RPUSH", &[k, v.as_bytes()])?;
+        effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
+    } else {
+        write_string(ctx, key, &v, ttl)
+    }
+}
+
+/// Delete `keys`.
+pub(crate) fn delete(ctx: &Context, keys: &[RedisString]) -> Result<(), RedisError> {
+    let args: Vec<&[u8]> = keys.iter().map(RedisString::as_slice).collect();
+    if args.is_empty() {
+        return Ok(());
+    }
+    effect(ctx, "DEL", &args)
+}
+
+/// `LTRIM key 0 -(units + 1)`: the log's newest `units` entries go.
+pub(crate) fn drop_newest(ctx: &Context, key: &RedisString, units: u64) -> Result<(), RedisError> {
+    let end = format!("-{}", units.saturating_add(1));
+    effect(ctx, "LTRIM", &[key.as_slice(), b"0", end.as_bytes()])
+}
+
+/// `LREM key -cost at`: up to `cost` entries equal to `at`, newest first;
+/// how many went.
+pub(crate) fn remove_newest(
+    ctx: &Context,
+    key: &RedisString,
+    cost: u64,
+    at: u64,
+) -> Result<u64, RedisError> {
+    let count = format!("-{cost}");
+    let at = at.to_string();
+    let options: CallOptions = CallOptionsBuilder::new()
+        .replicate()
+        .errors_as_replies()
+        .build();
+    let reply: CallResult<'_> = ctx.call_ext(
+        "LREM",
+        &options,
+        &[key.as_slice(), count.as_bytes(), at.as_bytes()][..],
+    );
+    match reply {
+        Ok(CallReply::I64(n)) => Ok(n.to_i64().max(0) as u64),
+        Ok(_) => Err(RedisError::Str("TOLLGATE_ARGS LREM answered a non-integer")),
+        Err(e) => Err(e.into()),
+    }
+}

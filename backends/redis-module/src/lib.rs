@@ -1,0 +1,75 @@
+//! Tollgate's algorithms inside Redis: `TOLLGATE.DECIDE` decides every
+//! layer of a request at once, all-or-nothing, with the reference
+//! algorithms of `tollgate-algorithms` compiled into the server — the same
+//! code as the in-process store, so the two cannot disagree.
+//!
+//! The command takes the Lua path's arguments and answers its replies
+//! (see `call.rs`), reads and writes its encoding and key layout (see
+//! `encoding.rs`), so servers with and without the module, or a Cluster
+//! whose masters differ, share states. Writes are replicated as their
+//! effects with absolute expiries (see `keyspace.rs`); keys are declared
+//! through the module API's key-position callback, so Cluster routing,
+//! `CROSSSLOT` checks and ACL key patterns apply.
+//!
+//! Load it with `loadmodule /path/to/libtollgate_redis_module.so` in
+//! redis.conf, `redis-server --loadmodule …` or `MODULE LOAD …`; the Redis
+//! store uses it when it finds it (docs/redis-module.md).
+//!
+//! `TOLLGATE.PROTOCOL` answers [`PROTOCOL`], the calling convention's
+//! version: a store only sends `TOLLGATE.DECIDE` to a module that speaks
+//! its own.
+
+mod call;
+mod decide;
+mod encoding;
+mod keyspace;
+
+use redis_module::{Context, RedisResult, RedisString, RedisValue};
+
+/// The calling convention's version (arguments, modes, replies and
+/// encodings). The Redis store sends `TOLLGATE.DECIDE` only to a module
+/// answering its own version to `TOLLGATE.PROTOCOL`.
+pub const PROTOCOL: i64 = 1;
+
+fn protocol(_ctx: &Context, _args: Vec<RedisString>) -> RedisResult {
+    Ok(RedisValue::Integer(PROTOCOL))
+}
+
+fn decide_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    if ctx.is_keys_position_request() {
+        // The keys follow numkeys; a call whose numkeys is more than its
+        // arguments declares none (the command then refuses it).
+        let raw: Vec<&[u8]> = args.iter().map(RedisString::as_slice).collect();
+        if let Ok(n) = call::numkeys(&raw) {
+            for i in 0..n {
+                ctx.key_at_pos((2 + i) as i32);
+            }
+        }
+        return Ok(RedisValue::NoReply);
+    }
+    decide::run(ctx, &args)
+}
+
+// The module's entry point. `redis_module!` expands to the `unsafe`
+// `RedisModule_OnLoad` and command trampolines the module API requires
+// (C functions Redis calls with its own pointers); this crate writes no
+// other `unsafe` code.
+#[allow(unsafe_code)]
+mod entry {
+    use super::{decide_command, protocol};
+    use redis_module::redis_module;
+
+    redis_module! {
+        name: "tollgate",
+        version: 1,
+        // The system allocator: the crate's tests link it outside Redis.
+        allocator: (std::alloc::System, std::alloc::System),
+        data_types: [],
+        commands: [
+            // `getkeys-api`: the keys are declared by the callback above
+            // (a count, then the keys, then other arguments).
+            ["tollgate.decide", decide_command, "write deny-oom getkeys-api", 0, 0, 0],
+            ["tollgate.protocol", protocol, "readonly fast", 0, 0, 0],
+        ],
+    }
+}

@@ -1,0 +1,400 @@
+//! The store with Tollgate's native module (`backends/redis-module`) on real
+//! servers: found and used when loaded, left when not, replaced by the
+//! function library when it goes away, its writes replicated as effects
+//! (a replica and an AOF replay hold the primary's states), and its
+//! states the same bytes as the Lua path's, so both paths share them.
+//!
+//! The conformance, differential, refund and adjustment suites run the
+//! module too (`conformance.rs`, `differential.rs`, `refund.rs`,
+//! `adjust.rs`); the Cluster's are in `cluster.rs`.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_limiter::{
+    Clock, LayerRequest, Limit, ManualClock, Policy, Store, StoreKey, SystemClock,
+};
+use tollgate_redis::{ConnectionMode, RedisStore, RedisStoreError, Scripting, MODULE_PROTOCOL};
+use tollgate_testkit::conformance::{unique, START};
+use tollgate_testkit::redis_server::RedisServer;
+use tollgate_testkit::resp::Reply;
+
+fn text(reply: Reply) -> String {
+    match reply {
+        Reply::Bulk(Some(b)) => String::from_utf8(b).expect("text"),
+        Reply::Status(s) => s,
+        Reply::Int(n) => n.to_string(),
+        other => panic!("not a text: {other:?}"),
+    }
+}
+
+fn int(reply: Reply) -> i64 {
+    match reply {
+        Reply::Int(n) => n,
+        other => panic!("not an integer: {other:?}"),
+    }
+}
+
+/// The first word of `ROLE`.
+fn role(server: &RedisServer) -> String {
+    match server.command(&["ROLE"]) {
+        Reply::Array(Some(mut items)) if !items.is_empty() => text(items.remove(0)),
+        other => panic!("ROLE answered {other:?}"),
+    }
+}
+
+/// A store on `url` deciding at the server's clock (what replicas must
+/// follow without a manual clock's help).
+async fn server_clock_store(url: &str, prefix: &str, scripting: Scripting) -> RedisStore {
+    RedisStore::builder(url)
+        .prefix(prefix)
+        .clock(Arc::new(SystemClock) as Arc<dyn Clock>)
+        .scripting(scripting)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+fn policies() -> Vec<Policy> {
+    let minute = Duration::from_secs(60);
+    vec![
+        Policy::new("tb", Limit::token_bucket(50, 10, minute).unwrap()).unwrap(),
+        Policy::new("gcra", Limit::gcra(50, minute, 50).unwrap()).unwrap(),
+        Policy::new("fw", Limit::fixed_window(50, minute).unwrap()).unwrap(),
+        Policy::new("sw", Limit::sliding_window(50, minute).unwrap()).unwrap(),
+        Policy::new("log", Limit::sliding_log(50, minute).unwrap()).unwrap(),
+    ]
+}
+
+/// Every layer of `policies` for `subject`, at `cost`.
+fn layers<'a>(policies: &'a [Policy], subject: &'a str, cost: u64) -> Vec<LayerRequest<'a>> {
+    policies
+        .iter()
+        .map(|p| LayerRequest {
+            key: StoreKey::new(subject, p, "s", subject),
+            policy: p,
+            cost,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_module_speaks_the_stores_protocol_and_declares_its_keys() {
+    let server = RedisServer::shared_with_module();
+    assert_eq!(int(server.command(&["TOLLGATE.PROTOCOL"])), MODULE_PROTOCOL);
+    // numkeys, then the keys, then the rest: Cluster routing and ACL key
+    // patterns see exactly the keys.
+    let keys = server.command(&[
+        "COMMAND",
+        "GETKEYS",
+        "TOLLGATE.DECIDE",
+        "2",
+        "a",
+        "b",
+        "",
+        "",
+        "2",
+        "1",
+        "5",
+        "1000",
+        "0",
+        "3",
+        "1",
+        "5",
+        "1000",
+        "0",
+    ]);
+    assert_eq!(
+        keys,
+        Reply::Array(Some(vec![
+            Reply::Bulk(Some(b"a".to_vec())),
+            Reply::Bulk(Some(b"b".to_vec()))
+        ]))
+    );
+    // Arguments the Lua path would refuse are refused the same way.
+    match server.command(&[
+        "TOLLGATE.DECIDE",
+        "1",
+        "k",
+        "",
+        "",
+        "9",
+        "1",
+        "5",
+        "1000",
+        "0",
+    ]) {
+        Reply::Error(e) => assert!(e.starts_with("TOLLGATE_ARGS unknown algorithm 9"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    match server.command(&["TOLLGATE.DECIDE", "1", "k", "", ""]) {
+        Reply::Error(e) => assert!(
+            e.starts_with("TOLLGATE_ARGS expected 2 arguments and 5 per key"),
+            "{e}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_store_uses_the_module_only_where_it_is_loaded() {
+    let clock = ManualClock::new(START);
+    let with = common::store_at(
+        RedisServer::shared_with_module().url(),
+        clock.clone(),
+        ConnectionMode::Multiplexed,
+    )
+    .await;
+    assert!(with.uses_module());
+    let without = common::store_at(
+        RedisServer::shared().url(),
+        clock.clone(),
+        ConnectionMode::Multiplexed,
+    )
+    .await;
+    assert!(!without.uses_module() && without.uses_functions());
+    // Asked for the module where there is none: a clear error at connect.
+    let refused = RedisStore::builder(RedisServer::shared().url())
+        .prefix(unique("t"))
+        .scripting(Scripting::Module)
+        .connect()
+        .await
+        .expect_err("no module");
+    assert!(
+        matches!(
+            RedisStoreError::of(&refused),
+            Some(RedisStoreError::NoModule(_))
+        ),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("MODULE LOAD"), "{refused}");
+}
+
+/// Both paths read and write the same states: a subject charged by the
+/// module, then by the function library on the same server, then by the
+/// module again, is charged exactly as by one path, and the stored bytes
+/// are the same.
+#[tokio::test]
+async fn the_module_and_the_function_library_share_states() {
+    let server = RedisServer::start_with_module(&[]);
+    let url = server.url().to_string();
+    let clock = ManualClock::new(START);
+    let prefix = unique("mix");
+    let store = |scripting| {
+        let clock = clock.clone();
+        let prefix = prefix.clone();
+        let url = url.clone();
+        async move {
+            RedisStore::builder(url)
+                .prefix(prefix)
+                .clock(Arc::new(clock) as Arc<dyn Clock>)
+                .scripting(scripting)
+                .connect()
+                .await
+                .expect("connect")
+        }
+    };
+    let module = store(Scripting::Module).await;
+    let lua = store(Scripting::Functions).await;
+    let policies = policies();
+    let subject = unique("s");
+    let mut admitted = 0;
+    for i in 0..60 {
+        let by: &RedisStore = if (i / 7) % 2 == 0 { &module } else { &lua };
+        let verdicts = by
+            .decide(&layers(&policies, &subject, 1))
+            .await
+            .expect("decide");
+        if verdicts.iter().all(|v| v.allowed) {
+            admitted += 1;
+        }
+        clock.advance(Duration::from_millis(10));
+    }
+    assert_eq!(admitted, 50, "one budget of 50 across both paths");
+    // Peeks agree on every layer, whichever path answers.
+    let a = module.peek(&layers(&policies, &subject, 1)).await.unwrap();
+    let b = lua.peek(&layers(&policies, &subject, 1)).await.unwrap();
+    assert_eq!(a.iter().collect::<Vec<_>>(), b.iter().collect::<Vec<_>>());
+}
+
+/// A module unloaded under a running store: the store finds out at its
+/// next call, goes on with the function library and loses nothing.
+#[tokio::test]
+async fn a_store_goes_on_without_a_module_that_went_away() {
+    let server = RedisServer::start_with_module(&["--enable-module-command", "yes"]);
+    let clock = ManualClock::new(START);
+    let store = common::store_at(server.url(), clock.clone(), ConnectionMode::Multiplexed).await;
+    assert!(store.uses_module());
+    let policies = policies();
+    let subject = unique("s");
+    let mut admitted = 0;
+    for i in 0..60 {
+        if i == 20 {
+            assert_eq!(
+                server.command(&["MODULE", "UNLOAD", "tollgate"]),
+                Reply::Status("OK".into())
+            );
+        }
+        let verdicts = store
+            .decide(&layers(&policies, &subject, 1))
+            .await
+            .expect("decide");
+        admitted += usize::from(verdicts.iter().all(|v| v.allowed));
+    }
+    assert!(!store.uses_module() && store.uses_functions());
+    assert_eq!(admitted, 50);
+}
+
+/// Decisions at the server's clock, replicated as their effects: the
+/// replica (which has no module) holds every state byte for byte with the
+/// same absolute expiry, and so does a server replaying the AOF.
+#[tokio::test]
+async fn replicas_and_the_aof_hold_the_primarys_states() {
+    let primary = RedisServer::start_with_module(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--enable-debug-command",
+        "yes",
+    ]);
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
+    for _ in 0..200 {
+        if role(&replica) == "slave" && int(primary.command(&["WAIT", "1", "0"])) == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let prefix = unique("repl");
+    let store = server_clock_store(primary.url(), &prefix, Scripting::Module).await;
+    let policies = policies();
+    let subjects: Vec<String> = (0..5).map(|_| unique("s")).collect();
+    for subject in &subjects {
+        for cost in [1, 3, 2] {
+            store
+                .decide(&layers(&policies, subject, cost))
+                .await
+                .expect("decide");
+        }
+    }
+    let blocked = &subjects[0];
+    store
+        .adjust(
+            &layers(&policies[..1], blocked, 1),
+            tollgate_limiter::Adjustment::Block(Duration::from_secs(90)),
+        )
+        .await
+        .expect("block");
+    assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
+    let keys = match primary.command(&["KEYS", &format!("{prefix}:*")]) {
+        Reply::Array(Some(keys)) => keys.into_iter().map(text).collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(keys.len(), subjects.len() * policies.len());
+    let snapshot = |server: &RedisServer| -> Vec<(String, String, i64)> {
+        let mut all: Vec<(String, String, i64)> = keys
+            .iter()
+            .map(|k| {
+                let value = match text(server.command(&["TYPE", k])).as_str() {
+                    "list" => format!("{:?}", server.command(&["LRANGE", k, "0", "-1"])),
+                    "string" => text(server.command(&["GET", k])),
+                    other => panic!("{k} is a {other} on port {}", server.port()),
+                };
+                (k.clone(), value, int(server.command(&["PEXPIRETIME", k])))
+            })
+            .collect();
+        all.sort();
+        all
+    };
+    let on_primary = snapshot(&primary);
+    assert!(
+        on_primary.iter().all(|(_, _, at)| *at > 0),
+        "every state has a TTL"
+    );
+    assert_eq!(
+        snapshot(&replica),
+        on_primary,
+        "the replica holds the primary's states"
+    );
+    // Reloaded from its AOF (the effects as appended), the primary holds
+    // the same; and after the AOF is rewritten.
+    assert_eq!(
+        primary.command(&["DEBUG", "LOADAOF"]),
+        Reply::Status("OK".into())
+    );
+    assert_eq!(snapshot(&primary), on_primary, "the AOF replays the states");
+    primary.command(&["BGREWRITEAOF"]);
+    for _ in 0..500 {
+        let info = text(primary.command(&["INFO", "persistence"]));
+        if info.contains("aof_rewrite_in_progress:0") && info.contains("aof_rewrite_scheduled:0") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        primary.command(&["DEBUG", "LOADAOF"]),
+        Reply::Status("OK".into())
+    );
+    assert_eq!(
+        snapshot(&primary),
+        on_primary,
+        "the rewritten AOF holds the states"
+    );
+    // DEBUG RELOAD (save and load the RDB) keeps them too.
+    primary.command(&["DEBUG", "RELOAD"]);
+    assert_eq!(snapshot(&primary), on_primary);
+}
+
+/// A store built with `Scripting::Module` keeps exact admission under
+/// concurrency on one key (the conformance suite runs it on every
+/// algorithm; this is the plain case at the server's clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_decisions_admit_exactly_the_capacity() {
+    let store = Arc::new(
+        server_clock_store(
+            RedisServer::shared_with_module().url(),
+            &unique("c"),
+            Scripting::Module,
+        )
+        .await,
+    );
+    let policy = Arc::new(
+        Policy::new(
+            "c",
+            Limit::gcra(100, Duration::from_secs(3600), 100).unwrap(),
+        )
+        .unwrap(),
+    );
+    let subject = Arc::new(unique("s"));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (store, policy, subject) = (store.clone(), policy.clone(), subject.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0;
+            for _ in 0..4 {
+                let layer = LayerRequest {
+                    key: StoreKey::new(&subject, &policy, "s", &subject),
+                    policy: &policy,
+                    cost: 1,
+                };
+                admitted += usize::from(
+                    store
+                        .decide(&[layer])
+                        .await
+                        .unwrap()
+                        .iter()
+                        .all(|v| v.allowed),
+                );
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    assert_eq!(admitted, 100);
+}
