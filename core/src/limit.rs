@@ -24,8 +24,11 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const MAX_RECOVERY: Duration = Duration::from_secs(14 * 24 * 3600);
 
 /// The algorithm of a policy with its validated parameters.
+///
+/// Not `#[non_exhaustive]`: every store and the reference must handle
+/// every algorithm, so a new variant is meant to break their matches (a
+/// store that cannot run one answers `StoreError::Unsupported`).
 #[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
 pub enum Limit {
     /// A bucket of `capacity` tokens refilled continuously.
     TokenBucket(TokenBucket),

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use tollgate_limiter::{Gcra, Limit};
+use tollgate_limiter::{Adjustment, Gcra, Limit};
 
 /// The algorithm codes (the Redis store's `Code`, `lua/codes.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +103,9 @@ pub(crate) fn numkeys(args: &[&[u8]]) -> Result<usize, String> {
         .get(1)
         .and_then(|a| number(a))
         .ok_or_else(|| args_error("numkeys must be a whole number"))? as usize;
-    if args.len() < 2 + n {
+    // Checked: numkeys comes from the client, and the key-position
+    // callback trusts what this answers.
+    if n.checked_add(2).is_none_or(|needed| args.len() < needed) {
         return Err(args_error("numkeys is more than the keys given"));
     }
     Ok(n)
@@ -182,6 +184,8 @@ pub(crate) fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, String> {
         };
         let limit =
             limit(code, p1, p2, p3).map_err(|e| args_error(format!("layer {}: {e}", i + 1)))?;
+        let cost = checked_cost(mode, &limit, cost)
+            .map_err(|e| args_error(format!("layer {}: {e}", i + 1)))?;
         layers.push(Layer {
             code,
             limit,
@@ -191,6 +195,35 @@ pub(crate) fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, String> {
         });
     }
     Ok(Call { mode, time, layers })
+}
+
+/// A layer's cost as the reference algorithms may take it: the store sends
+/// nothing else (a policy's cost lies between 1 and its capacity; a block
+/// within `Adjustment::check`), and anything else from a client is refused
+/// here rather than reaching arithmetic that assumes it.
+fn checked_cost(mode: Mode, limit: &Limit, cost: u64) -> Result<u64, String> {
+    let capacity = limit.capacity();
+    match mode {
+        Mode::Decide | Mode::Reserve | Mode::Peek | Mode::Reset | Mode::Refund => {
+            if cost == 0 || cost > capacity {
+                return Err(format!(
+                    "cost {cost} must be between 1 and the capacity {capacity}"
+                ));
+            }
+            Ok(cost)
+        }
+        // Units beyond what a layer holds change nothing more for a
+        // counter; a log's reward drops at most every entry, however many.
+        Mode::Penalize => Ok(cost.min(capacity)),
+        Mode::Reward if matches!(limit, Limit::SlidingLog(_)) => Ok(cost),
+        Mode::Reward => Ok(cost.min(capacity)),
+        Mode::Block => {
+            Adjustment::Block(Duration::from_micros(cost))
+                .check()
+                .map_err(|e| e.to_string())?;
+            Ok(cost)
+        }
+    }
 }
 
 /// The limit the Redis store described with `code` and its parameters

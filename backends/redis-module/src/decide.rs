@@ -71,7 +71,7 @@ fn judge(
     cost: u64,
     now: u64,
 ) -> Result<(Option<State>, Transition), RedisError> {
-    let state = keyspace::read(ctx, key, layer.code, i + 1)?;
+    let state = keyspace::read(ctx, key, layer, i + 1)?;
     let t = tollgate_algorithms::decide(
         &layer.limit,
         state.as_ref(),
@@ -161,7 +161,7 @@ fn adjust(
     }
     let mut reply = Vec::with_capacity(keys.len() * 5);
     for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {
-        let state = keyspace::read(ctx, key, layer.code, i + 1)?;
+        let state = keyspace::read(ctx, key, layer, i + 1)?;
         let blocked = live_block(state.as_ref(), now);
         match call.mode {
             Mode::Block => {
@@ -193,6 +193,9 @@ fn penalize(
         return Ok(());
     }
     let take = layer.cost.min(probe.verdict.remaining + 1);
+    if take == 0 {
+        return Ok(());
+    }
     let (state, t) = judge(ctx, key, layer, i, take, now)?;
     if t.verdict.allowed {
         write(ctx, key, layer, state.as_ref(), &t, take)?;
@@ -246,7 +249,7 @@ fn refund_layers(
     let mut reply = Vec::with_capacity(keys.len());
     for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {
         // A missing key or one Tollgate did not write gives nothing back.
-        let state = keyspace::read(ctx, key, layer.code, i + 1).ok().flatten();
+        let state = keyspace::read(ctx, key, layer, i + 1).ok().flatten();
         let charge = Charge {
             cost: layer.cost,
             at: layer.at,

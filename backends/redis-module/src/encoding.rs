@@ -40,7 +40,8 @@ fn time_cell(code: Code) -> usize {
     match code {
         Code::TokenBucket | Code::Gcra => 0,
         Code::FixedWindow => 1,
-        _ => 2,
+        // The log keeps no cells: its entries are times.
+        Code::SlidingWindow | Code::SlidingLog => 2,
     }
 }
 
@@ -91,24 +92,69 @@ pub(crate) fn write_cells(code: Code, [a, b, c]: [u64; 3]) -> String {
     }
 }
 
-/// The log in `items` (a list's values, oldest first), a block, or `None`
-/// when the list is not a log Tollgate wrote.
-pub(crate) fn read_log(items: &[Vec<u8>]) -> Option<State> {
-    if let [only] = items {
-        if let Some(until) = block_end(only) {
-            return Some(State::Blocked(until));
+/// Reads a list item by item (oldest first) into the state it holds: a
+/// log, a block (the one item `b<µs>`), or nothing Tollgate wrote. Items
+/// are parsed where they lie, so reading a long log copies no entry.
+pub(crate) struct LogReader {
+    entries: VecDeque<u64>,
+    block: Option<u64>,
+    read: usize,
+}
+
+impl LogReader {
+    /// A reader for a list of `len` items.
+    pub(crate) fn with_capacity(len: usize) -> LogReader {
+        LogReader {
+            entries: VecDeque::with_capacity(len),
+            block: None,
+            read: 0,
         }
     }
-    items
-        .iter()
-        .map(|v| digits(v))
-        .collect::<Option<VecDeque<u64>>>()
-        .map(State::Log)
+
+    /// Take the next item; `false` when the list cannot be a state
+    /// Tollgate wrote (the caller stops: a conflict).
+    pub(crate) fn push(&mut self, item: &[u8]) -> bool {
+        self.read += 1;
+        if self.block.is_some() {
+            // A block is a list of exactly one item.
+            return false;
+        }
+        if self.read == 1 {
+            if let Some(until) = block_end(item) {
+                self.block = Some(until);
+                return true;
+            }
+        }
+        match digits(item) {
+            Some(at) => {
+                self.entries.push_back(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The state of the items taken.
+    pub(crate) fn finish(self) -> State {
+        match self.block {
+            Some(until) => State::Blocked(until),
+            None => State::Log(self.entries),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The state of the list `items`, or `None` when it is not one.
+    fn read_log(items: &[Vec<u8>]) -> Option<State> {
+        let mut log = LogReader::with_capacity(items.len());
+        items
+            .iter()
+            .all(|item| log.push(item))
+            .then(|| log.finish())
+    }
 
     const T: u64 = 1_780_000_000_000_000;
 
@@ -169,7 +215,12 @@ mod tests {
         ] {
             assert_eq!(read_cells(code, v.as_bytes()), Some(State::Blocked(T)));
         }
-        assert_eq!(read_log(&[v.into_bytes()]), Some(State::Blocked(T)));
+        assert_eq!(read_log(&[v.clone().into_bytes()]), Some(State::Blocked(T)));
+        assert_eq!(read_log(&[v.clone().into_bytes(), v.into_bytes()]), None);
+        assert_eq!(
+            read_log(&[T.to_string().into_bytes(), format!("b{T}").into_bytes()]),
+            None
+        );
         assert_eq!(block_end(format!("b{LATEST}").as_bytes()), None);
         assert_eq!(read_log(&[]), Some(State::Log(VecDeque::new())));
     }

@@ -9,10 +9,10 @@ use redis_module::{
     CallOptions, CallOptionsBuilder, CallReply, CallResult, Context, KeyType, RedisError,
     RedisString, RedisValue,
 };
-use tollgate_limiter::State;
+use tollgate_limiter::{Limit, State, MAX_EXACT};
 
-use crate::call::Code;
-use crate::encoding::{read_cells, read_log, write_cells};
+use crate::call::{Code, Layer};
+use crate::encoding::{read_cells, write_cells, LogReader};
 
 /// Added to every TTL a decision sets: Redis counts a relative TTL from its
 /// clock truncated to the millisecond (the Lua path's `TTL_MARGIN_MS`).
@@ -34,51 +34,78 @@ pub(crate) fn conflict(i: usize, found: &str) -> RedisError {
     RedisError::String(format!("TOLLGATE_CONFLICT {i} {found}"))
 }
 
-/// The state of layer `i` (1-based) of algorithm `code` at `key`: `None`
-/// when the key is missing; a conflict when it holds anything Tollgate did
-/// not write (nothing is written then).
+/// The state of layer `i` (1-based) at `key`: `None` when the key is
+/// missing; a conflict when it holds anything Tollgate did not write, or
+/// numbers no state of the layer's algorithm could hold (nothing is
+/// written then).
 pub(crate) fn read(
     ctx: &Context,
     key: &RedisString,
-    code: Code,
+    layer: &Layer,
     i: usize,
 ) -> Result<Option<State>, RedisError> {
     let k = ctx.open_key(key);
-    match (k.key_type(), code) {
+    match (k.key_type(), layer.code) {
         (KeyType::Empty, _) => Ok(None),
         (KeyType::String, code) if code != Code::SlidingLog => {
             let v = k.read()?.unwrap_or_default();
             read_cells(code, v)
+                .filter(|state| within_reach(&layer.limit, state))
                 .map(Some)
                 .ok_or_else(|| conflict(i, "not_a_state"))
         }
         (KeyType::List, Code::SlidingLog) => {
             drop(k);
-            let items = list(ctx, key)?;
-            read_log(&items)
-                .map(Some)
-                .ok_or_else(|| conflict(i, "not_a_state"))
+            read_log(ctx, key, i).map(Some)
         }
         _ => Err(conflict(i, "wrong_type")),
     }
 }
 
-/// The items of the list at `key`.
-fn list(ctx: &Context, key: &RedisString) -> Result<Vec<Vec<u8>>, RedisError> {
-    match ctx.call("LRANGE", &[key.as_slice(), b"0", b"-1"][..])? {
-        RedisValue::Array(items) => items
-            .into_iter()
-            .map(|v| match v {
-                RedisValue::SimpleString(s) | RedisValue::BulkString(s) => Ok(s.into_bytes()),
-                RedisValue::StringBuffer(b) => Ok(b),
-                RedisValue::BulkRedisString(s) => Ok(s.as_slice().to_vec()),
-                _ => Err(RedisError::Str(
-                    "TOLLGATE_ARGS LRANGE answered a non-string",
-                )),
-            })
-            .collect(),
-        _ => Err(RedisError::Str("TOLLGATE_ARGS LRANGE answered a non-list")),
+/// Whether the reference algorithms can take counter `state` under
+/// `limit` without overflowing. Tollgate's own states stay far inside
+/// these bounds (a count below 2^53, a sliding window's count times its
+/// window below 2^62): a number beyond came from someone else, who put a
+/// plausible time beside it.
+fn within_reach(limit: &Limit, state: &State) -> bool {
+    let State::Cells([a, b, _]) = *state else {
+        return true;
+    };
+    match limit {
+        // [full at, remainder]
+        Limit::TokenBucket(_) => b <= MAX_EXACT,
+        // [count, last]
+        Limit::FixedWindow(_) => a <= MAX_EXACT,
+        // [current, previous, last]: each weighted by the window.
+        Limit::SlidingWindow(w) => {
+            let most = MAX_EXACT.min((u64::MAX / 4) / w.window_us());
+            a <= most && b <= most
+        }
+        // A time only, or no cells.
+        Limit::Gcra(_) | Limit::SlidingLog(_) | Limit::Custom(_) => true,
     }
+}
+
+/// The sliding log (or block) in the list at `key`, read with `LRANGE`
+/// and parsed from the reply where it lies.
+fn read_log(ctx: &Context, key: &RedisString, i: usize) -> Result<State, RedisError> {
+    let options: CallOptions = CallOptionsBuilder::new().errors_as_replies().build();
+    let reply: CallResult<'_> =
+        ctx.call_ext("LRANGE", &options, &[key.as_slice(), b"0", b"-1"][..]);
+    let CallReply::Array(items) = reply.map_err(RedisError::from)? else {
+        return Err(RedisError::Str("TOLLGATE_ARGS LRANGE answered a non-list"));
+    };
+    let mut log = LogReader::with_capacity(items.len());
+    for item in items.iter() {
+        let taken = match item {
+            Ok(CallReply::String(s)) => log.push(s.as_bytes()),
+            _ => false,
+        };
+        if !taken {
+            return Err(conflict(i, "not_a_state"));
+        }
+    }
+    Ok(log.finish())
 }
 
 /// The remaining TTL of `key` in ms (-1: none, -2: missing).
@@ -115,23 +142,24 @@ pub(crate) fn write_counter(
     write_string(ctx, key, &write_cells(code, cells), ttl_ms)
 }
 
-/// `SET key text PX ttl_ms`, written through the key API and replicated
-/// with the absolute expiry, as Redis itself propagates `SET … PX`.
+/// `SET key text PX ttl_ms`, run through Redis so that the primary and
+/// what it propagates (`SET … PXAT`, the expiry it stored) agree to the
+/// millisecond, and keyspace notifications fire as for the Lua path's
+/// `SET`. (Redis keeps the value as a string, not in the compact integer
+/// form a client's `SET` of a number gets: the module's arguments are
+/// shared objects, which Redis does not re-encode.)
 fn write_string(
     ctx: &Context,
     key: &RedisString,
     text: &str,
     ttl_ms: u64,
 ) -> Result<(), RedisError> {
-    let w = ctx.open_key_writable(key);
-    w.write(text)?;
-    w.set_expire(Duration::from_millis(ttl_ms))?;
-    let at = (server_micros() / 1000 + ttl_ms).to_string();
-    ctx.replicate(
+    let ttl = ttl_ms.to_string();
+    effect(
+        ctx,
         "SET",
-        &[key.as_slice(), text.as_bytes(), b"PXAT", at.as_bytes()][..],
-    );
-    Ok(())
+        &[key.as_slice(), text.as_bytes(), b"PX", ttl.as_bytes()],
+    )
 }
 
 /// Store the sliding log `next`, which the decision made from `before`

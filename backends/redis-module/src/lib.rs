@@ -24,7 +24,9 @@ mod decide;
 mod encoding;
 mod keyspace;
 
-use redis_module::{Context, RedisResult, RedisString, RedisValue};
+use std::panic::AssertUnwindSafe;
+
+use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
 /// The calling convention's version (arguments, modes, replies and
 /// encodings). The Redis store sends `TOLLGATE.DECIDE` only to a module
@@ -47,7 +49,15 @@ fn decide_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         }
         return Ok(RedisValue::NoReply);
     }
-    decide::run(ctx, &args)
+    // A panic unwinding into Redis's C frames would abort the server. None
+    // is reachable from a client (arguments and stored numbers are checked
+    // before any arithmetic); should one happen, the call fails instead of
+    // the server.
+    std::panic::catch_unwind(AssertUnwindSafe(|| decide::run(ctx, &args))).unwrap_or_else(|_| {
+        Err(RedisError::Str(
+            "TOLLGATE_FAILED the module failed on this call (a bug: please report it with the call's arguments)",
+        ))
+    })
 }
 
 // The module's entry point. `redis_module!` expands to the `unsafe`

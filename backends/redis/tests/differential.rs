@@ -16,6 +16,10 @@
 //! test says it is still live: both sides keep state until the algorithm
 //! replaces it (the TTL itself is checked, not waited for). The two `TIME`s
 //! bracket the instant the script's `PEXPIRE` counted from.
+//!
+//! Every way a server decides runs it: the function library (three
+//! sequences per algorithm and layered cases), the script form and the
+//! module (one sequence per algorithm each; the module's layered cases too).
 
 mod common;
 
@@ -177,11 +181,15 @@ enum ObservedState {
     },
 }
 
-/// How the server decides: the function library (Lua), or the module's
-/// command on a server that loaded it.
+/// How the server decides: the Lua as a function or as a script, or the
+/// module's command on a server that loaded it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
+    /// The function library (`FCALL`), as the stores run it on Redis 7.
     Functions,
+    /// The script form (`EVALSHA`), as on Redis 6.2.
+    Script,
+    /// Tollgate's native module (`TOLLGATE.DECIDE`).
     Module,
 }
 
@@ -190,18 +198,26 @@ struct Harness {
     con: MultiplexedConnection,
     keys: Vec<String>,
     policies: Vec<Policy>,
+    /// The script's digest on the `Script` path.
+    sha: String,
 }
 
 impl Harness {
     async fn new(limits: Vec<Limit>, path: Path) -> Harness {
         let mut con = match path {
-            Path::Functions => common::raw(RedisServer::shared().url()).await,
+            Path::Functions | Path::Script => common::raw(RedisServer::shared().url()).await,
             Path::Module => common::raw(RedisServer::shared_with_module().url()).await,
         };
+        let mut sha = String::new();
+        if path == Path::Script {
+            sha = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(tollgate_redis::SCRIPT)
+                .query_async(&mut con)
+                .await
+                .expect("SCRIPT LOAD");
+        }
         if path == Path::Functions {
-            // The function library, as the stores run it on Redis 7 (the
-            // script form is the same code; the refund and conformance
-            // tests run it).
             let loaded: String = redis::cmd("FUNCTION")
                 .arg("LOAD")
                 .arg("REPLACE")
@@ -226,6 +242,7 @@ impl Harness {
             con,
             keys,
             policies,
+            sha,
         }
     }
 
@@ -237,6 +254,11 @@ impl Harness {
                 let mut fcall = redis::cmd("FCALL");
                 fcall.arg(tollgate_redis::function_name());
                 fcall
+            }
+            Path::Script => {
+                let mut evalsha = redis::cmd("EVALSHA");
+                evalsha.arg(&self.sha);
+                evalsha
             }
             Path::Module => redis::cmd("TOLLGATE.DECIDE"),
         };
@@ -637,6 +659,38 @@ proptest! {
     #[test]
     fn module_sliding_log_matches_rust(limit in sliding_log(), ops in ops(steps())) {
         run_on(vec![limit], &ops, Path::Module);
+    }
+}
+
+proptest! {
+    #![proptest_config(module_runs())]
+
+    /// The script form runs the function library's code: one sequence per
+    /// algorithm shows the script's wrapper passes every call and reply
+    /// through unchanged.
+    #[test]
+    fn script_token_bucket_matches_rust(limit in token_bucket(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Script);
+    }
+
+    #[test]
+    fn script_gcra_matches_rust(limit in gcra(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Script);
+    }
+
+    #[test]
+    fn script_fixed_window_matches_rust(limit in fixed_window(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Script);
+    }
+
+    #[test]
+    fn script_sliding_window_matches_rust(limit in sliding_window(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Script);
+    }
+
+    #[test]
+    fn script_sliding_log_matches_rust(limit in sliding_log(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Script);
     }
 }
 

@@ -138,6 +138,109 @@ async fn the_module_speaks_the_stores_protocol_and_declares_its_keys() {
     }
 }
 
+/// The module runs inside Redis: a panic would take the server down. What
+/// a client may send (absurd key counts, costs, blocks, stored numbers)
+/// is refused as an argument error or a conflict, the server answers on,
+/// and nothing is written.
+#[test]
+fn client_input_never_brings_the_server_down() {
+    let server = RedisServer::shared_with_module();
+    let refused = |args: &[&str], starts: &str| match server.command(args) {
+        Reply::Error(e) => assert!(e.starts_with(starts), "{args:?}: {e}"),
+        other => panic!("{args:?}: {other:?}"),
+    };
+    let huge = u64::MAX.to_string();
+    let k = unique("input");
+    let hour = "3600000000";
+    // Each algorithm's code with valid parameters (capacity 10).
+    let token_bucket = ["1", "10", "10", hour];
+    let gcra = ["2", "10", "1000", "0"];
+    let fixed_window = ["3", "10", hour, "0"];
+    let sliding_window = ["4", "10", hour, "0"];
+    let sliding_log = ["5", "10", hour, "0"];
+    let call =
+        |numkeys: &str, now: &str, [code, p1, p2, p3]: [&str; 4], cost: &str, mode: &[&str]| {
+            let mut args = vec![
+                "TOLLGATE.DECIDE".to_string(),
+                numkeys.into(),
+                k.clone(),
+                now.into(),
+                String::new(),
+            ];
+            args.extend([code, cost, p1, p2, p3].map(String::from));
+            args.extend(mode.iter().map(|m| m.to_string()));
+            args
+        };
+    let send = |args: &[String], starts: &str| {
+        refused(&args.iter().map(String::as_str).collect::<Vec<_>>(), starts)
+    };
+    // A key count beyond the arguments, or one that overflows: the command
+    // and its key-position callback (COMMAND GETKEYS, Cluster routing,
+    // ACL key patterns) refuse it.
+    for n in [huge.as_str(), "18446744073709551614", "11"] {
+        send(
+            &call(n, "", token_bucket, "1", &[]),
+            "TOLLGATE_ARGS numkeys",
+        );
+        assert!(matches!(
+            server.command(&["COMMAND", "GETKEYS", "TOLLGATE.DECIDE", n, &k, "", ""]),
+            Reply::Error(_)
+        ));
+    }
+    // Costs no policy allows: above the capacity (the sliding log would
+    // index past its entries), zero, beyond u64 arithmetic.
+    for (layer, cost) in [
+        (sliding_log, "11"),
+        (sliding_log, huge.as_str()),
+        (token_bucket, "0"),
+        (gcra, huge.as_str()),
+        (sliding_window, huge.as_str()),
+        (fixed_window, "11"),
+    ] {
+        for mode in [&[][..], &["reserve"], &["peek"]] {
+            send(
+                &call("1", "", layer, cost, mode),
+                "TOLLGATE_ARGS layer 1: cost",
+            );
+        }
+    }
+    // Blocks outside 1 ms to 14 days.
+    for length in ["0", "999", huge.as_str()] {
+        send(
+            &call("1", "", token_bucket, length, &["block"]),
+            "TOLLGATE_ARGS layer 1:",
+        );
+    }
+    assert_eq!(int(server.command(&["EXISTS", &k])), 0, "nothing written");
+    // Stored counts beyond what any state holds, beside a plausible time:
+    // someone else's data, left as it is.
+    let now = START.as_micros().to_string();
+    for (layer, value) in [
+        (fixed_window, format!("9007199254740993 {now}")),
+        (sliding_window, format!("{huge} 0 {now}")),
+        (sliding_window, format!("0 4611686018427387904 {now}")),
+        (token_bucket, format!("{now} {huge}")),
+    ] {
+        server.command(&["SET", &k, &value]);
+        send(
+            &call("1", &now, layer, "1", &[]),
+            "TOLLGATE_CONFLICT 1 not_a_state",
+        );
+        assert_eq!(text(server.command(&["GET", &k])), value, "untouched");
+    }
+    server.command(&["DEL", &k]);
+    // A penalty of no units writes nothing (as the Lua path).
+    let args = call("1", "", token_bucket, "0", &["penalize"]);
+    let answered = server.command(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(matches!(answered, Reply::Array(Some(_))), "{answered:?}");
+    assert_eq!(
+        int(server.command(&["EXISTS", &k])),
+        0,
+        "a penalty of 0 writes nothing"
+    );
+    assert_eq!(server.command(&["PING"]), Reply::Status("PONG".into()));
+}
+
 #[tokio::test]
 async fn a_store_uses_the_module_only_where_it_is_loaded() {
     let clock = ManualClock::new(START);

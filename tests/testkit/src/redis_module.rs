@@ -92,7 +92,7 @@ impl RedisServer {
     ///
     /// # Panics
     ///
-    /// As [`start`](RedisServer::start) and [`module_path`].
+    /// As [`start`](RedisServer::start) and [`module_path()`].
     pub fn start_with_module(extra: &[&str]) -> RedisServer {
         let path = module_path().to_string_lossy().into_owned();
         let mut args = load_args(&path).to_vec();
@@ -116,7 +116,7 @@ impl RedisCluster {
     ///
     /// # Panics
     ///
-    /// As [`start`](RedisCluster::start) and [`module_path`].
+    /// As [`start`](RedisCluster::start) and [`module_path()`].
     pub fn start_with_module(extra: &[&str]) -> RedisCluster {
         let path = module_path().to_string_lossy().into_owned();
         let mut args = load_args(&path).to_vec();

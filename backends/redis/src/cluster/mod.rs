@@ -58,7 +58,7 @@ use async_trait::async_trait;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use tokio::time::Instant;
 use tollgate_limiter::{Adjustment, LayerRequest, Store, StoreError, Verdict, Verdicts};
@@ -201,25 +201,32 @@ impl RedisClusterStore {
         runner.detect_again();
         loop {
             let style = runner.style();
-            let routing = RoutingInfo::MultiNode((
-                MultipleNodeRoutingInfo::AllMasters,
-                Some(ResponsePolicy::AllSucceeded),
-            ));
+            // Every master's own answer (no combined one: a combined
+            // answer is one node's), each checked as the standalone store
+            // checks its server's.
+            let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
             let sent = self
                 .conn
                 .clone()
                 .route_command(Runner::load_command(style), routing)
                 .await
-                // A node's refusal (no permission, no functions) comes
-                // back inside the combined answer.
+                // A node's refusal (no module, no permission, no
+                // functions) comes back inside the answers.
                 .and_then(redis::Value::extract_error);
-            match sent {
-                Ok(answer) => {
-                    let answer: String = redis::from_redis_value(answer)
-                        .map_err(|e| StoreError::Protocol(format!("loading the code: {e}")))?;
-                    return check_load(style, &answer).map_err(from_redis);
+            let answers = match sent {
+                Ok(answers) => answers,
+                Err(e) => {
+                    runner.fall_back_on(style, e).map_err(connect_error)?;
+                    continue;
                 }
-                Err(e) => runner.fall_back_on(style, e).map_err(connect_error)?,
+            };
+            match every_answer(style, answers)? {
+                Ok(()) => return Ok(()),
+                // A module speaking another protocol: the next way may do.
+                Err(e) if style == Style::Module => {
+                    runner.fall_back_on(style, e).map_err(connect_error)?
+                }
+                Err(e) => return Err(from_redis(e)),
             }
         }
     }
@@ -527,4 +534,23 @@ fn in_group(e: StoreError, layers: &[LayerRequest<'_>], group: &[usize]) -> Stor
             .and_then(|&layer| layers.get(layer))
             .map(|l| l.policy.name())
     })
+}
+
+/// Every master's answer to the load command of `style` (a map of node to
+/// answer), checked: the first mismatch, or `Ok`. An answer that is not
+/// text is a protocol error.
+fn every_answer(style: Style, answers: redis::Value) -> Result<redis::RedisResult<()>, StoreError> {
+    let redis::Value::Map(answers) = answers else {
+        return Err(StoreError::Protocol(format!(
+            "loading the code: expected one answer per master, got {answers:?}"
+        )));
+    };
+    for (_, answer) in answers {
+        let answer: String = redis::from_redis_value(answer)
+            .map_err(|e| StoreError::Protocol(format!("loading the code: {e}")))?;
+        if let Err(e) = check_load(style, &answer) {
+            return Ok(Err(e));
+        }
+    }
+    Ok(Ok(()))
 }
