@@ -45,6 +45,19 @@ fn role(server: &RedisServer) -> String {
     }
 }
 
+/// A replica (without the module) of `primary`, in sync.
+fn replica_of(primary: &RedisServer) -> RedisServer {
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
+    for _ in 0..200 {
+        if role(&replica) == "slave" && int(primary.command(&["WAIT", "1", "0"])) == 1 {
+            return replica;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the replica on port {} never synced", replica.port());
+}
+
 /// A store on `url` deciding at the server's clock (what replicas must
 /// follow without a manual clock's help).
 async fn server_clock_store(url: &str, prefix: &str, scripting: Scripting) -> RedisStore {
@@ -363,14 +376,7 @@ async fn replicas_and_the_aof_hold_the_primarys_states() {
         "--enable-debug-command",
         "yes",
     ]);
-    let port = primary.port().to_string();
-    let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
-    for _ in 0..200 {
-        if role(&replica) == "slave" && int(primary.command(&["WAIT", "1", "0"])) == 1 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let replica = replica_of(&primary);
     let prefix = unique("repl");
     let store = server_clock_store(primary.url(), &prefix, Scripting::Module).await;
     let policies = policies();
@@ -449,6 +455,50 @@ async fn replicas_and_the_aof_hold_the_primarys_states() {
     // DEBUG RELOAD (save and load the RDB) keeps them too.
     primary.command(&["DEBUG", "RELOAD"]);
     assert_eq!(snapshot(&primary), on_primary);
+}
+
+/// A failover to a replica without the module: the promoted replica holds
+/// what the primary's module wrote, and a store connected to it decides
+/// on with the function library from exactly where the module left off.
+#[tokio::test]
+async fn a_replica_promoted_without_the_module_decides_on_from_the_same_states() {
+    let primary = RedisServer::start_with_module(&[]);
+    let replica = replica_of(&primary);
+    let prefix = unique("failover");
+    let before = server_clock_store(primary.url(), &prefix, Scripting::Auto).await;
+    assert!(before.uses_module());
+    let policies = policies();
+    let subject = unique("s");
+    // 30 of every layer's 50 spent through the module.
+    for _ in 0..10 {
+        let verdicts = before
+            .decide(&layers(&policies, &subject, 3))
+            .await
+            .expect("decide");
+        assert!(verdicts.iter().all(|v| v.allowed));
+    }
+    assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
+    primary.kill();
+    assert_eq!(
+        replica.command(&["REPLICAOF", "NO", "ONE"]),
+        Reply::Status("OK".into())
+    );
+    let after = server_clock_store(replica.url(), &prefix, Scripting::Auto).await;
+    assert!(!after.uses_module(), "the promoted replica has no module");
+    let mut admitted = 0;
+    for _ in 0..30 {
+        let verdicts = after
+            .decide(&layers(&policies, &subject, 1))
+            .await
+            .expect("decide");
+        if verdicts.iter().all(|v| v.allowed) {
+            admitted += 1;
+        }
+    }
+    // Every layer had 20 left. The token bucket and GCRA may refill a
+    // unit in the seconds this takes; the sliding log's entries stay for
+    // their minute, so all five layers admit exactly 20 more, together.
+    assert_eq!(admitted, 20);
 }
 
 /// A store built with `Scripting::Module` keeps exact admission under
