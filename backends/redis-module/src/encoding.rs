@@ -10,9 +10,9 @@
 //! - The sliding log keeps a list of decimal timestamps, oldest first.
 //! - A block is the string `b<µs>` (or a list of that one item for the log).
 //!
-//! A value is a state only when its time cell lies in 2020–2101 (what a
-//! state Tollgate wrote always holds): anything else is someone else's
-//! data, never overwritten.
+//! A value is a state only when its time cell (for the log: every entry)
+//! lies in 2020–2101, what a state Tollgate wrote always holds: anything
+//! else is someone else's data, never overwritten.
 
 use std::collections::VecDeque;
 
@@ -125,7 +125,9 @@ impl LogReader {
                 return true;
             }
         }
-        match digits(item) {
+        // Every entry is the time of an admitted unit, which a store only
+        // takes in 2020–2101.
+        match digits(item).filter(|at| (EARLIEST..LATEST).contains(at)) {
             Some(at) => {
                 self.entries.push_back(at);
                 true
@@ -201,6 +203,11 @@ mod tests {
             assert_eq!(read_cells(code, v.as_bytes()), None, "{code:?} {v:?}");
         }
         assert_eq!(read_log(&[b"x".to_vec()]), None);
+        assert_eq!(read_log(&[b"12".to_vec(), b"34".to_vec()]), None);
+        assert_eq!(
+            read_log(&[t.clone().into_bytes(), u64::MAX.to_string().into_bytes()]),
+            None
+        );
         assert_eq!(read_log(&[t.clone().into_bytes(), b"-1".to_vec()]), None);
     }
 

@@ -73,13 +73,18 @@ impl Style {
 /// two agree).
 pub const MODULE_PROTOCOL: i64 = 1;
 
+/// Loads a call may need in a row before its error is reported (see
+/// [`Runner::call`]).
+const LOADS: usize = 3;
+
 /// What a store knows of how to call its server, shared by its clones.
 #[derive(Debug)]
 pub(crate) struct Runner {
     scripting: Scripting,
     /// An `Auto` store's current way ([`Style`] as a number): the module
     /// until the server shows it has none, then functions, then the
-    /// script. Every load starts again from the module.
+    /// script. Every load looks again from the module and publishes what
+    /// it found ([`settle`](Self::settle)).
     auto: AtomicU8,
 }
 
@@ -101,20 +106,21 @@ impl Runner {
         }
     }
 
-    /// After the server showed it lacks `style` (no module, no functions):
-    /// whether to go on with the next way (only `Auto` does).
-    fn fall_back(&self, style: Style) -> bool {
-        if self.scripting == Scripting::Auto && style != Style::Evalsha {
-            self.auto.fetch_max(style as u8 + 1, Ordering::Relaxed);
-            return true;
+    /// The way a load tries first: the module for an `Auto` store (every
+    /// load looks again), else the store's own.
+    pub(crate) fn first_style(&self) -> Style {
+        match self.scripting {
+            Scripting::Auto => Style::Module,
+            _ => self.style(),
         }
-        false
     }
 
-    /// Start an `Auto` store's detection again from the module.
-    pub(crate) fn detect_again(&self) {
+    /// Send calls as `style` from now on: what an `Auto` store's load
+    /// found. Only a finished load publishes its way, so calls sent while
+    /// another task loads never see the ways it tries on the way down.
+    pub(crate) fn settle(&self, style: Style) {
         if self.scripting == Scripting::Auto {
-            self.auto.store(Style::Module as u8, Ordering::Relaxed);
+            self.auto.store(style as u8, Ordering::Relaxed);
         }
     }
 
@@ -142,22 +148,24 @@ impl Runner {
     /// module and falls back to functions, then the script), checking what
     /// the server answered.
     pub(crate) async fn load<C: ConnectionLike + Send>(&self, con: &mut C) -> RedisResult<()> {
-        self.detect_again();
+        let mut style = self.first_style();
         loop {
-            let style = self.style();
             let answer = Self::load_command(style).query_async::<String>(con).await;
             match answer.and_then(|a| check_load(style, &a)) {
-                Ok(()) => return Ok(()),
-                Err(e) => self.fall_back_on(style, e)?,
+                Ok(()) => {
+                    self.settle(style);
+                    return Ok(());
+                }
+                Err(e) => style = self.next_style(style, e)?,
             }
         }
     }
 
-    /// After a load command or a call sent as `style` failed with `e`:
-    /// `Ok` to go on with the next way (an `Auto` store whose server has
-    /// no module, or no functions, just fell back), or the error to
-    /// report. Every store's fallback goes through here.
-    pub(crate) fn fall_back_on(&self, style: Style, e: RedisError) -> RedisResult<()> {
+    /// After a load command or a call sent as `style` failed with `e`: the
+    /// next way to try (an `Auto` store whose server has no module, or no
+    /// functions), or the error to report. Changes nothing shared; every
+    /// store's fallback goes through here.
+    pub(crate) fn next_style(&self, style: Style, e: RedisError) -> RedisResult<Style> {
         let lacks = match style {
             // No module, a module of another protocol, or a user not
             // allowed its commands: the next way may do.
@@ -172,8 +180,8 @@ impl Runner {
         if !lacks {
             return Err(e);
         }
-        if self.fall_back(style) {
-            return Ok(());
+        if self.scripting == Scripting::Auto && style != Style::Evalsha {
+            return Ok(Style::from_u8(style as u8 + 1));
         }
         Err(match style {
             Style::Module if is_unknown_command(&e) || is_other_protocol(&e) => no_module(&e),
@@ -182,27 +190,47 @@ impl Runner {
         })
     }
 
+    /// A call sent as `style` failed with `e`: `Ok` when the store goes on
+    /// with the next way from now on (see [`next_style`](Self::next_style)),
+    /// or the error to report.
+    pub(crate) fn fall_back_on(&self, style: Style, e: RedisError) -> RedisResult<()> {
+        let next = self.next_style(style, e)?;
+        // Never back up: a concurrent load may have settled further down.
+        self.auto.fetch_max(next as u8, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Send `cmd`, a call built as `style`; when the server lost the code
-    /// (restart, failover, `FUNCTION FLUSH`, `SCRIPT FLUSH`) or has no
-    /// functions, load it and send the call once more (as `rebuild` makes
-    /// it, if the store fell back to the script meanwhile).
+    /// (restart, failover, `FUNCTION FLUSH`, `SCRIPT FLUSH`, `MODULE
+    /// UNLOAD`) or has no functions, load it and send the call again (as
+    /// `rebuild` makes it, if the store changed its way meanwhile). Up to
+    /// [`LOADS`] times in a row: code flushed again while a call was
+    /// reloaded and resent gets another load, never an endless one. A
+    /// resend is safe: every error that asks for a load means the call
+    /// did not run.
     pub(crate) async fn call<C: ConnectionLike + Send>(
         &self,
         con: &mut C,
         cmd: &Cmd,
         style: Style,
-        rebuild: impl FnOnce(Style) -> Cmd,
+        rebuild: impl Fn(Style) -> Cmd,
     ) -> RedisResult<Vec<i64>> {
-        match cmd.query_async::<Vec<i64>>(con).await {
-            Err(e) if needs_load(&e, style) => {
-                self.load(con).await?;
-                match self.style() {
-                    now if now == style => cmd.query_async(con).await,
-                    now => rebuild(now).query_async(con).await,
-                }
+        let mut sent = style;
+        let mut result = cmd.query_async::<Vec<i64>>(con).await;
+        for _ in 0..LOADS {
+            match &result {
+                Err(e) if needs_load(e, sent) => {}
+                _ => break,
             }
-            other => other,
+            self.load(con).await?;
+            sent = self.style();
+            result = if sent == style {
+                cmd.query_async(con).await
+            } else {
+                rebuild(sent).query_async(con).await
+            };
         }
+        result
     }
 }
 

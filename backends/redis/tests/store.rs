@@ -330,9 +330,9 @@ async fn a_flush_under_load_loses_no_decision_and_counts_each_once() {
             let done = done.clone();
             let mut admin = admin.clone();
             tokio::spawn(async move {
-                // Flushes 10 ms apart: a decision is sent again once after
-                // a reload, so two flushes inside one decision's reload
-                // and resend (well under a millisecond) would fail it.
+                // Flushes 10 ms apart: a decision is reloaded and sent
+                // again up to three times in a row, so only four flushes
+                // inside one decision's reloads and resends would fail it.
                 for _ in 0..FLUSHES {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     flush_code(&mut admin).await;

@@ -198,9 +198,8 @@ impl RedisClusterStore {
     /// later get it at their first call).
     pub async fn load_script(&self) -> Result<(), StoreError> {
         let runner = &self.decides.runner;
-        runner.detect_again();
+        let mut style = runner.first_style();
         loop {
-            let style = runner.style();
             // Every master's own answer (no combined one: a combined
             // answer is one node's), each checked as the standalone store
             // checks its server's.
@@ -216,15 +215,18 @@ impl RedisClusterStore {
             let answers = match sent {
                 Ok(answers) => answers,
                 Err(e) => {
-                    runner.fall_back_on(style, e).map_err(connect_error)?;
+                    style = runner.next_style(style, e).map_err(connect_error)?;
                     continue;
                 }
             };
             match every_answer(style, answers)? {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    runner.settle(style);
+                    return Ok(());
+                }
                 // A module speaking another protocol: the next way may do.
                 Err(e) if style == Style::Module => {
-                    runner.fall_back_on(style, e).map_err(connect_error)?
+                    style = runner.next_style(style, e).map_err(connect_error)?;
                 }
                 Err(e) => return Err(from_redis(e)),
             }
