@@ -146,15 +146,15 @@ impl Runner {
     /// Find the fastest way the server of `con` offers and load the code
     /// there the way calls will run it (an `Auto` store starts from the
     /// module and falls back to functions, then the script), checking what
-    /// the server answered.
-    pub(crate) async fn load<C: ConnectionLike + Send>(&self, con: &mut C) -> RedisResult<()> {
+    /// the server answered; the way found.
+    pub(crate) async fn load<C: ConnectionLike + Send>(&self, con: &mut C) -> RedisResult<Style> {
         let mut style = self.first_style();
         loop {
             let answer = Self::load_command(style).query_async::<String>(con).await;
             match answer.and_then(|a| check_load(style, &a)) {
                 Ok(()) => {
                     self.settle(style);
-                    return Ok(());
+                    return Ok(style);
                 }
                 Err(e) => style = self.next_style(style, e)?,
             }
@@ -222,8 +222,9 @@ impl Runner {
                 Err(e) if needs_load(e, sent) => {}
                 _ => break,
             }
-            self.load(con).await?;
-            sent = self.style();
+            // Resent the way this load checked (another task's load may
+            // settle the shared way differently meanwhile).
+            sent = self.load(con).await?;
             result = if sent == style {
                 cmd.query_async(con).await
             } else {
@@ -264,7 +265,7 @@ pub(crate) fn check_load(style: Style, answer: &str) -> RedisResult<()> {
 /// code (and a load may fix it).
 pub(crate) fn needs_load(e: &RedisError, style: Style) -> bool {
     match style {
-        Style::Module => is_unknown_command(e),
+        Style::Module => is_module_missing(e),
         Style::Evalsha => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
         Style::Fcall => is_missing_function(e) || is_unknown_command(e),
     }
@@ -303,6 +304,17 @@ pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
         && e.detail()
             .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown command"))
+}
+
+/// Whether `e`, the answer to a module call, says the server has no
+/// `TOLLGATE.DECIDE`. Only that command's name counts: an "unknown
+/// command" naming another one (say, a `RPUSH` an operator renamed away)
+/// comes from inside a call that may have written, and must never make it
+/// be sent again.
+pub(crate) fn is_module_missing(e: &RedisError) -> bool {
+    is_unknown_command(e)
+        && e.detail()
+            .is_some_and(|d| d.to_ascii_lowercase().contains("'tollgate.decide'"))
 }
 
 /// The detail of [`no_functions`], by which `from_redis` knows it.

@@ -1,4 +1,6 @@
-//! The store: one `FCALL` (or `EVALSHA`) per decision, under a deadline.
+//! The store: one call per decision (`TOLLGATE.DECIDE` where the server
+//! loaded Tollgate's module, else `FCALL`, else `EVALSHA`), under a
+//! deadline.
 
 use std::fmt;
 use std::time::Duration;
@@ -340,23 +342,26 @@ impl RedisStore {
         self.mode
     }
 
-    /// Load the code: `FUNCTION LOAD REPLACE` of the function library, or
+    /// Find the fastest way the server offers and load the code: the
+    /// module when it answers `TOLLGATE.PROTOCOL` (an `Auto` or `Module`
+    /// store), else `FUNCTION LOAD REPLACE` of the function library, else
     /// `SCRIPT LOAD` of the script (done by
     /// [`connect`](RedisStoreBuilder::connect); a decision that finds the
-    /// code missing also loads it, and is sent again once).
+    /// code missing also loads it and is sent again, up to three times in
+    /// a row).
     pub async fn load_script(&self) -> Result<(), StoreError> {
         let runner = &self.decides.runner;
         match &self.conn {
-            Conn::Multiplexed(manager) => runner.load(&mut manager.clone()).await,
+            Conn::Multiplexed(manager) => runner.load(&mut manager.clone()).await.map(|_| ()),
             Conn::Pool(pool) => {
                 let mut pooled = self.checkout(pool).await?;
-                let result = runner.load(&mut pooled.con).await;
+                let result = runner.load(&mut pooled.con).await.map(|_| ());
                 pooled.check(&result);
                 result
             }
             Conn::Sentinel(sentinel) => {
                 let (generation, mut con) = sentinel.connection().await?;
-                let result = runner.load(&mut con).await;
+                let result = runner.load(&mut con).await.map(|_| ());
                 if let Err(e) = &result {
                     sentinel.check(generation, e);
                 }
@@ -422,8 +427,9 @@ impl RedisStore {
         let runner = &*self.decides.runner;
         let style = runner.style();
         let cmd = self.command(style, layers, &time, mode)?;
-        // Only a store that fell back to the script builds the call again;
-        // its arguments were checked above.
+        // A call is built again when a reload found another way than it
+        // was built for (a fallback, or the module back); its arguments
+        // were checked above, so building it cannot fail.
         let rebuild = |style| {
             self.command(style, layers, &time, mode)
                 .unwrap_or_else(|_| cmd.clone())

@@ -12,7 +12,9 @@ use tollgate_limiter::StoreError;
 use super::slots::hash_slot;
 use crate::error::from_redis;
 use crate::script::{function_name, SCRIPT};
-use crate::scripting::{check_load, is_missing_function, is_unknown_command, Runner, Style};
+use crate::scripting::{
+    check_load, is_missing_function, is_module_missing, is_unknown_command, Runner, Style,
+};
 
 /// The longest pause between two attempts of a call Redis answered it did
 /// not run (`TRYAGAIN` while a slot moves, `CLUSTERDOWN` during a failover):
@@ -75,9 +77,10 @@ pub(crate) async fn call(
             Ok(reply) => return Ok(reply),
             Err(e) => e,
         };
-        if style == Style::Module && is_unknown_command(&e) {
+        if style == Style::Module && is_module_missing(&e) {
             // This node has no module: an `Auto` store goes on with the
-            // function library (loaded on every master at connect).
+            // function library (a node without it gets it below, on
+            // `Function not found`).
             runner.fall_back_on(style, e).map_err(from_redis)?;
             cmd = fcall_of(&cmd);
             style = Style::Fcall;
