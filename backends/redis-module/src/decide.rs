@@ -155,9 +155,9 @@ fn adjust(
     call: &Call,
     now: u64,
 ) -> Result<Vec<i64>, RedisError> {
-    // Every key judged first: a foreign one fails the call unchanged.
+    // Every key read first: a foreign one fails the call unchanged.
     for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {
-        judge(ctx, key, layer, i, 1, now)?;
+        keyspace::read(ctx, key, layer, i + 1)?;
     }
     let mut reply = Vec::with_capacity(keys.len() * 5);
     for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {

@@ -4,8 +4,8 @@
 //! The library is the one named by `TOLLGATE_REDIS_MODULE` when it is set
 //! (a library built elsewhere); otherwise the first use builds it with
 //! `cargo build -p tollgate-redis-module` (`--release` in optimized
-//! builds, such as benches) in this workspace's target directory (the module's bindings need libclang:
-//! `sudo apt-get install libclang-dev`).
+//! builds, such as benches) in this workspace's target directory (the
+//! module's bindings need libclang: `sudo apt-get install libclang-dev`).
 
 use std::path::PathBuf;
 use std::process::Command;
