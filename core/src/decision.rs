@@ -156,6 +156,25 @@ impl Decision {
         }
     }
 
+    /// The decision of a store's `verdicts` for `layers`, one each, in
+    /// order. Written out rather than collected: it runs on every
+    /// decision, and a collect moves each layer's answer more than once.
+    #[inline]
+    pub(crate) fn of_store(layers: &[Layer], verdicts: &[Verdict]) -> Self {
+        let mut decided = Layers::new();
+        for (layer, verdict) in layers.iter().zip(verdicts) {
+            decided.push(LayerDecision {
+                info: layer.info,
+                verdict: *verdict,
+                source: Source::Store,
+            });
+        }
+        Decision {
+            layers: decided,
+            store_error: None,
+        }
+    }
+
     /// A decision made without the store, which failed with an error of
     /// `class` (see [`StoreError::class`](crate::StoreError::class)).
     pub fn degraded(layers: impl IntoIterator<Item = LayerDecision>, class: &'static str) -> Self {
@@ -182,6 +201,7 @@ impl Decision {
     }
 
     /// Whether the request may proceed: every enforced layer admits.
+    #[inline]
     pub fn is_allowed(&self) -> bool {
         self.layers
             .iter()

@@ -183,6 +183,7 @@ impl Limit {
     }
 
     /// The most a single request may cost.
+    #[inline]
     pub fn capacity(&self) -> u64 {
         match self {
             Limit::TokenBucket(p) => p.capacity,

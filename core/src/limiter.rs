@@ -154,20 +154,32 @@ impl Limiter {
     /// [`start`](Self::start) without awaiting anything; the paths that
     /// wait are boxed, so the future every decision carries stays small.
     async fn decide(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
-        let left_out = |l: &Layer| undecidable(l, ctx, cost);
         // The start is consumed before anything is awaited, so none of it
         // is kept in this future: only the box of a path that waits.
-        let rest: Pin<Box<dyn Future<Output = Result<Decision, Error>> + Send + '_>> = match self
-            .start(ctx, cost)
-        {
+        let rest = match self.start(ctx, cost) {
             Start::Done(result) => return result,
-            Start::Undecidable => Box::pin(self.without(ctx, cost, &left_out)),
+            start => self.rest(ctx, cost, start),
+        };
+        rest.await
+    }
+
+    /// The rest of a decision that [`start`](Self::start) could not finish,
+    /// boxed. Kept out of line: the futures of the paths that wait are
+    /// large, and built inline they would make every decision's stack
+    /// frame as large.
+    #[inline(never)]
+    fn rest<'a>(&'a self, ctx: &'a Context, cost: u64, start: Start<'a>) -> Rest<'a> {
+        match start {
+            Start::Done(result) => Box::pin(std::future::ready(result)),
+            Start::Undecidable => Box::pin(async move {
+                let left_out = |l: &Layer| undecidable(l, ctx, cost);
+                self.without(ctx, cost, &left_out).await
+            }),
             Start::Waiting(requests, admission) => {
                 Box::pin(self.wait_for_store(ctx, cost, requests, admission))
             }
             Start::Answered(requests, answer) => Box::pin(self.settle(ctx, cost, requests, answer)),
-        };
-        rest.await
+        }
     }
 
     /// [`decide`](Self::decide), declared `Send`: the shadow path decides
@@ -182,6 +194,7 @@ impl Limiter {
     }
 
     /// Everything a decision does before it would have to wait.
+    #[inline(always)]
     fn start<'a>(&'a self, ctx: &'a Context, cost: u64) -> Start<'a> {
         // A shadow layer never fails a request: one that cannot be decided
         // (a cost above its capacity, no subject for it) is left out.
@@ -214,6 +227,8 @@ impl Limiter {
             }
         }
         let admission = self.breaker.admit();
+        // Written by the store in place: the answer is not moved.
+        let mut verdicts = Verdicts::new();
         let answer = match admission {
             Admission::Skip(wait) => {
                 observe::store_skipped(self.store.kind());
@@ -225,7 +240,7 @@ impl Limiter {
                 let probe = ProbeGuard {
                     breaker: (admission == Admission::Probe).then_some(&*self.breaker),
                 };
-                let Some(answer) = self.store.decide_now(&requests) else {
+                let Some(answer) = self.store.decide_now(&requests, &mut verdicts) else {
                     // Nothing was decided: the waiting path takes over
                     // the probe.
                     probe.settled();
@@ -233,17 +248,17 @@ impl Limiter {
                 };
                 // An in-process answer is not timed: it takes less time
                 // than reading a clock twice.
-                let answer = counted(answer, requests.len());
-                self.after_call(admission, None, &answer);
+                let answer = answer.and_then(|()| one_each(&verdicts, requests.len()));
+                self.after_call(admission, None, answer.as_ref().err());
                 probe.settled();
                 answer
             }
         };
         match answer {
-            Ok(verdicts) if !denied_only_by_shadow(&requests, &verdicts) => {
-                Start::Done(Ok(self.finish(&requests, cost, verdicts)))
+            Ok(()) if !denied_only_by_shadow(&requests, &verdicts) => {
+                Start::Done(Ok(self.finish(&requests, cost, &verdicts)))
             }
-            answer => Start::Answered(requests, answer),
+            answer => Start::Answered(requests, answer.map(|()| verdicts)),
         }
     }
 
@@ -260,25 +275,26 @@ impl Limiter {
         };
         let started = self.metrics.start();
         let answer = counted(self.store.decide(&requests).await, requests.len());
-        self.after_call(admission, started, &answer);
+        self.after_call(admission, started, answer.as_ref().err());
         probe.settled();
         self.settle(ctx, cost, requests, answer).await
     }
 
-    /// Tell the metrics and the breaker how a store call went.
+    /// Tell the metrics and the breaker how a store call went (`error`:
+    /// how it failed, if it did).
+    #[inline]
     fn after_call(
         &self,
         admission: Admission,
         started: observe::Started,
-        answer: &Result<Verdicts, StoreError>,
+        error: Option<&StoreError>,
     ) {
-        self.metrics
-            .store_call(self.store.kind(), started, answer.as_ref().err());
+        self.metrics.store_call(self.store.kind(), started, error);
         // Any answer that is not an outage (a decision, or an error
         // about one key, a budget or the clock) means the store is
         // there: it closes the breaker as a success does.
-        match answer {
-            Err(e) if e.is_outage() => {
+        match error {
+            Some(e) if e.is_outage() => {
                 if self.breaker.failure(admission == Admission::Probe) {
                     observe::breaker(self.store.kind(), BreakerState::Open, Some(e))
                 }
@@ -324,7 +340,7 @@ impl Limiter {
             }
         }
         match answer {
-            Ok(verdicts) => Ok(self.finish(&requests, cost, verdicts)),
+            Ok(verdicts) => Ok(self.finish(&requests, cost, &verdicts)),
             Err(error) => {
                 let decision = self.degraded(&requests, &error).await;
                 Ok(self.finished(&requests, cost, decision))
@@ -333,17 +349,14 @@ impl Limiter {
     }
 
     /// The decision of the store's `verdicts`, counted.
-    fn finish(&self, requests: &[LayerRequest<'_>], cost: u64, verdicts: Verdicts) -> Decision {
-        let decision = Decision::new(
-            self.layers
-                .iter()
-                .zip(verdicts)
-                .map(|(layer, v)| LayerDecision::new(layer, v, Source::Store)),
-        );
+    #[inline]
+    fn finish(&self, requests: &[LayerRequest<'_>], cost: u64, verdicts: &[Verdict]) -> Decision {
+        let decision = Decision::of_store(&self.layers, verdicts);
         self.finished(requests, cost, decision)
     }
 
     /// `decision`, remembered when the blocked-key cache should, and counted.
+    #[inline]
     fn finished(&self, requests: &[LayerRequest<'_>], cost: u64, decision: Decision) -> Decision {
         #[cfg(feature = "blocked-cache")]
         if let (Some(cache), false) = (&self.blocked, decision.is_allowed()) {
@@ -504,6 +517,9 @@ impl Limiter {
     }
 }
 
+/// What is left of a decision that must wait, boxed ([`Limiter::rest`]).
+type Rest<'a> = Pin<Box<dyn Future<Output = Result<Decision, Error>> + Send + 'a>>;
+
 /// One request's layers as the store sees them (up to four inline).
 pub(crate) type Requests<'a> = SmallVec<[LayerRequest<'a>; 4]>;
 
@@ -603,8 +619,11 @@ async fn past_shadow(
 /// one verdict per layer, or a protocol error: every store call of the
 /// limiter goes through here.
 async fn ask(store: &dyn Store, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-    match store.decide_now(layers) {
-        Some(answer) => counted(answer, layers.len()),
+    let mut verdicts = Verdicts::new();
+    match store.decide_now(layers, &mut verdicts) {
+        Some(answer) => answer
+            .and_then(|()| one_each(&verdicts, layers.len()))
+            .map(|()| verdicts),
         None => counted(store.decide(layers).await, layers.len()),
     }
 }
@@ -612,6 +631,13 @@ async fn ask(store: &dyn Store, layers: &[LayerRequest<'_>]) -> Result<Verdicts,
 /// `answer`, unless it does not have one verdict per layer.
 fn counted(answer: Result<Verdicts, StoreError>, layers: usize) -> Result<Verdicts, StoreError> {
     let verdicts = answer?;
+    one_each(&verdicts, layers)?;
+    Ok(verdicts)
+}
+
+/// A protocol error unless there is one verdict per layer.
+#[inline]
+fn one_each(verdicts: &[Verdict], layers: usize) -> Result<(), StoreError> {
     if verdicts.len() != layers {
         return Err(StoreError::Protocol(format!(
             "{} verdicts for {} layers",
@@ -619,7 +645,7 @@ fn counted(answer: Result<Verdicts, StoreError>, layers: usize) -> Result<Verdic
             layers
         )));
     }
-    Ok(verdicts)
+    Ok(())
 }
 
 /// Builds a [`Limiter`]; see [`Limiter::builder`].

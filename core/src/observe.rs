@@ -276,6 +276,7 @@ impl LimiterMetrics {
 
     /// Count every layer of `decision` (its layers are the limiter's, in
     /// order) and log what deserves it.
+    #[inline]
     pub(crate) fn decision(&self, decision: &Decision) {
         for (i, layer) in decision.layers().iter().enumerate() {
             self.layer(i, layer);
@@ -284,6 +285,7 @@ impl LimiterMetrics {
     }
 
     /// Count layer `i`'s part of a decision.
+    #[inline]
     pub(crate) fn layer(&self, i: usize, layer: &LayerDecision) {
         #[cfg(feature = "metrics")]
         if let Some(counters) = self.layers.get(i) {

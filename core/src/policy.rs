@@ -200,22 +200,30 @@ impl Policy {
     }
 
     /// The most a single request may cost: the bucket capacity or window limit.
+    #[inline]
     pub fn capacity(&self) -> u64 {
         self.limit.capacity()
     }
 
     /// `Ok` when a request of `cost` can ever be admitted under this policy.
+    #[inline]
     pub fn check_cost(&self, cost: u64) -> Result<(), PolicyError> {
         if cost == 0 || cost > self.capacity() {
-            return Err(PolicyError::new(
-                "cost",
-                format!(
-                    "{cost} must be between 1 and the capacity {} of policy {:?}",
-                    self.capacity(),
-                    self.name
-                ),
-            ));
+            return Err(self.cost_error(cost));
         }
         Ok(())
+    }
+
+    /// Why `cost` is refused (kept off the path of every decision).
+    #[cold]
+    fn cost_error(&self, cost: u64) -> PolicyError {
+        PolicyError::new(
+            "cost",
+            format!(
+                "{cost} must be between 1 and the capacity {} of policy {:?}",
+                self.capacity(),
+                self.name
+            ),
+        )
     }
 }

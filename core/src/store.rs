@@ -48,10 +48,9 @@ use crate::verdicts::Verdicts;
 #[derive(Debug, Clone, Copy)]
 pub struct StoreKey<'a> {
     tag: &'a str,
-    policy: &'a str,
-    version: u32,
-    algorithm: &'a str,
-    custom: bool,
+    /// Its name, version and algorithm are the key's: one reference keeps
+    /// the key small (it is copied into every request of a decision).
+    policy: &'a Policy,
     scope: &'a str,
     subject: &'a str,
     /// A hash of the parts that are the same for every key of a layer
@@ -119,18 +118,18 @@ impl PartialEq for StoreKey<'_> {
     fn eq(&self, other: &Self) -> bool {
         (
             self.tag,
-            self.policy,
-            self.version,
-            self.algorithm,
-            self.custom,
+            self.policy.name(),
+            self.policy.version(),
+            self.algorithm(),
+            self.custom(),
             self.scope,
             self.subject,
         ) == (
             other.tag,
-            other.policy,
-            other.version,
-            other.algorithm,
-            other.custom,
+            other.policy.name(),
+            other.policy.version(),
+            other.algorithm(),
+            other.custom(),
             other.scope,
             other.subject,
         )
@@ -155,10 +154,7 @@ impl<'a> StoreKey<'a> {
         let custom = matches!(policy.limit(), Limit::Custom(_));
         StoreKey {
             tag,
-            policy: policy.name(),
-            version: policy.version(),
-            algorithm,
-            custom,
+            policy,
             scope,
             subject,
             layer_hash: layer_hash(policy.name(), policy.version(), algorithm, custom, scope),
@@ -176,10 +172,7 @@ impl<'a> StoreKey<'a> {
     ) -> Self {
         StoreKey {
             tag,
-            policy: policy.name(),
-            version: policy.version(),
-            algorithm: policy.limit().key_code(),
-            custom: matches!(policy.limit(), Limit::Custom(_)),
+            policy,
             scope,
             subject,
             layer_hash: middle.hash,
@@ -195,7 +188,7 @@ impl<'a> StoreKey<'a> {
     /// The key's text, built in one allocation.
     pub fn render(&self) -> String {
         let mut version = [0u8; 10];
-        let version = format_u32(self.version, &mut version);
+        let version = format_u32(self.policy.version(), &mut version);
         let parts = self.parts(version);
         let mut out = String::with_capacity(
             parts.iter().map(|p| p.len()).sum::<usize>() + 1 + self.subject.len(),
@@ -210,6 +203,16 @@ impl<'a> StoreKey<'a> {
         out
     }
 
+    /// The algorithm's code ([`Limit::key_code`]).
+    fn algorithm(&self) -> &'a str {
+        self.policy.limit().key_code()
+    }
+
+    /// Whether the algorithm is a custom one (its code follows `x-`).
+    fn custom(&self) -> bool {
+        matches!(self.policy.limit(), Limit::Custom(_))
+    }
+
     /// Whether the subject is the tag, and so not written again.
     fn subject_is_tag(&self) -> bool {
         self.subject == self.tag
@@ -221,12 +224,12 @@ impl<'a> StoreKey<'a> {
             "{",
             self.tag,
             "}:",
-            self.policy,
+            self.policy.name(),
             ":v",
             version,
             ":",
-            if self.custom { "x-" } else { "" },
-            self.algorithm,
+            if self.custom() { "x-" } else { "" },
+            self.algorithm(),
             ":",
             self.scope,
         ]
@@ -255,7 +258,7 @@ impl<'a> StoreKey<'a> {
                 && self.rest_matches(&rendered[middle_end..]);
         }
         let mut version = [0u8; 10];
-        let version = format_u32(self.version, &mut version);
+        let version = format_u32(self.policy.version(), &mut version);
         let mut rest = rendered;
         for part in self.parts(version) {
             match rest.strip_prefix(part) {
@@ -272,7 +275,7 @@ impl fmt::Display for StoreKey<'_> {
     /// store can write it straight into a command buffer.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut version = [0u8; 10];
-        let version = format_u32(self.version, &mut version);
+        let version = format_u32(self.policy.version(), &mut version);
         for part in self.parts(version) {
             f.write_str(part)?;
         }
@@ -336,9 +339,16 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// The same decision, for stores that never wait (in-process ones):
     /// `Some` answer without going through a boxed future, which the
-    /// limiter tries first. The default, `None`, means "use `decide`".
-    fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Option<Result<Verdicts, StoreError>> {
-        let _ = layers;
+    /// limiter tries first, with the verdicts written into `verdicts`
+    /// (received empty; on `Some(Ok(()))`, one per layer), so a decision's
+    /// answer is never moved on its way out. The default, `None`, means
+    /// "use `decide`" (and writes nothing).
+    fn decide_now(
+        &self,
+        layers: &[LayerRequest<'_>],
+        verdicts: &mut Verdicts,
+    ) -> Option<Result<(), StoreError>> {
+        let _ = (layers, verdicts);
         None
     }
 

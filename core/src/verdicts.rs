@@ -40,8 +40,14 @@ impl Verdicts {
     }
 
     /// Add the next layer's verdict.
+    #[inline]
     pub fn push(&mut self, verdict: Verdict) {
         self.0.push(verdict);
+    }
+
+    /// Add the next layers' verdicts.
+    pub fn extend_from_slice(&mut self, verdicts: &[Verdict]) {
+        self.0.extend_from_slice(verdicts);
     }
 }
 

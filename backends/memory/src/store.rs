@@ -23,6 +23,11 @@ use tollgate_limiter::{
 /// evicts).
 const MAX_ROOM_PASSES: u32 = 4;
 
+/// Expiries raised under a shard's shared lock are rounded up to the end of
+/// a grain of this many microseconds (a power of two, about 16 ms): see
+/// [`Entry::outlive`].
+const EXPIRY_GRAIN: u64 = 1 << 14;
+
 /// Sweep a shard once it holds this many entries, at the least.
 const MIN_SWEEP: usize = 64;
 
@@ -103,6 +108,21 @@ impl Entry {
     /// When the entry expires (µs).
     fn expires_at(&self) -> u64 {
         self.expires_at.load(Ordering::Relaxed)
+    }
+
+    /// Keep the entry until `at` (µs) at least, under the shard's shared
+    /// lock (a GCRA decision). The expiry is raised to the end of `at`'s
+    /// [`EXPIRY_GRAIN`], and only when `at` is past it: a hot key's expiry
+    /// creeps on by a few microseconds with every decision, and a locked
+    /// read-modify-write on each would cost more than the decision. The
+    /// entry may outlive its state by up to a grain; a GCRA state whose
+    /// TAT has passed decides exactly as no state, so that only delays
+    /// reclaiming it.
+    fn outlive(&self, at: u64) {
+        if self.expires_at.load(Ordering::Relaxed) < at {
+            self.expires_at
+                .fetch_max(at | (EXPIRY_GRAIN - 1), Ordering::Relaxed);
+        }
     }
 
     /// Whether the entry holds a unit of `budget` (the store's when `None`:
@@ -524,7 +544,18 @@ impl MemoryStore {
     /// Decide all layers, making room across the store when a budget is
     /// full (then deciding again: the first answer was not written).
     fn decide_all(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.with_room(|now| self.decide_locked(layers, now))
+        let mut verdicts = Verdicts::new();
+        self.decide_into(layers, &mut verdicts).map(|()| verdicts)
+    }
+
+    /// [`decide_all`](Self::decide_all), writing the verdicts into
+    /// `verdicts` (received empty): the answer is not moved on its way out.
+    fn decide_into(
+        &self,
+        layers: &[LayerRequest<'_>],
+        verdicts: &mut Verdicts,
+    ) -> Result<(), StoreError> {
+        self.with_room(verdicts, |now, out| self.decide_locked(layers, now, out))
     }
 
     /// Adjust all layers, making room as [`decide_all`](Self::decide_all)
@@ -534,19 +565,23 @@ impl MemoryStore {
         layers: &[LayerRequest<'_>],
         adjustment: Adjustment,
     ) -> Result<Verdicts, StoreError> {
-        self.with_room(|now| {
-            self.write_locked(layers, now, |states| {
+        let mut verdicts = Verdicts::new();
+        self.with_room(&mut verdicts, |now, out| {
+            self.write_locked(layers, now, out, |states| {
                 tollgate_algorithms::adjust_layers(layers, states, now, adjustment)
             })
         })
+        .map(|()| verdicts)
     }
 
     /// Run `attempt` at the clock's now until it finds room for the keys
-    /// it writes (each failed attempt wrote nothing).
+    /// it writes (each failed attempt wrote nothing, not even a verdict
+    /// into `verdicts`).
     fn with_room(
         &self,
-        attempt: impl Fn(Timestamp) -> Result<Result<Verdicts, StoreError>, NeedRoom>,
-    ) -> Result<Verdicts, StoreError> {
+        verdicts: &mut Verdicts,
+        attempt: impl Fn(Timestamp, &mut Verdicts) -> Result<Result<(), StoreError>, NeedRoom>,
+    ) -> Result<(), StoreError> {
         let now = self.clock.now();
         if !now.is_plausible() {
             return Err(StoreError::ImplausibleTime(now));
@@ -554,8 +589,8 @@ impl MemoryStore {
         let now_us = now.as_micros();
         let mut attempt_no = 0;
         loop {
-            match attempt(now) {
-                Ok(verdicts) => return verdicts,
+            match attempt(now, verdicts) {
+                Ok(answered) => return answered,
                 Err(NeedRoom(full)) => {
                     // Each pass makes room for one key; concurrent decisions
                     // may take it first, so a few passes are allowed.
@@ -568,12 +603,14 @@ impl MemoryStore {
         }
     }
 
-    /// Decide all layers under the locks of their shards.
+    /// Decide all layers under the locks of their shards, writing their
+    /// verdicts into `out`.
     fn decide_locked(
         &self,
         layers: &[LayerRequest<'_>],
         now: tollgate_limiter::Timestamp,
-    ) -> Result<Result<Verdicts, StoreError>, NeedRoom> {
+        out: &mut Verdicts,
+    ) -> Result<Result<(), StoreError>, NeedRoom> {
         let now_us = now.as_micros();
         if let [layer] = layers {
             // One layer, one lock: the common case, without the bookkeeping.
@@ -583,10 +620,10 @@ impl MemoryStore {
                 if let Some(entry) = shard.find(hash, &layer.key) {
                     if let Some(t) = entry.state.gcra(p, now_us, layer.cost) {
                         if let Some(next) = &t.next {
-                            let expires_at = now_us.saturating_add(duration_micros(next.ttl));
-                            entry.expires_at.fetch_max(expires_at, Ordering::Relaxed);
+                            entry.outlive(now_us.saturating_add(duration_micros(next.ttl)));
                         }
-                        return Ok(Ok(Verdicts::one(t.verdict)));
+                        out.push(t.verdict);
+                        return Ok(Ok(()));
                     }
                 }
             }
@@ -604,7 +641,8 @@ impl MemoryStore {
                     *entry.expires_at.get_mut() = expires_at;
                     shard.next_expiry = shard.next_expiry.min(expires_at);
                 }
-                return Ok(Ok(Verdicts::one(t.verdict)));
+                out.push(t.verdict);
+                return Ok(Ok(()));
             }
             let t = tollgate_algorithms::decide(layer.policy.limit(), None, now, layer.cost);
             if let Some(next) = t.next {
@@ -617,22 +655,25 @@ impl MemoryStore {
                     budget.as_ref(),
                 );
             }
-            return Ok(Ok(Verdicts::one(t.verdict)));
+            out.push(t.verdict);
+            return Ok(Ok(()));
         }
-        self.write_locked(layers, now, |states| {
+        self.write_locked(layers, now, out, |states| {
             Ok(tollgate_algorithms::decide_layers(layers, states, now))
         })
     }
 
     /// Judge `layers` with `judge` under the exclusive locks of their
     /// shards, then make its writes when it admits (an adjustment always
-    /// does). Up to four layers: every list here lives on the stack.
+    /// does); the verdicts go to `out`. Up to four layers: every list here
+    /// lives on the stack.
     fn write_locked(
         &self,
         layers: &[LayerRequest<'_>],
         now: Timestamp,
+        out: &mut Verdicts,
         judge: impl FnOnce(&[Option<&State>]) -> Result<Layered, StoreError>,
-    ) -> Result<Result<Verdicts, StoreError>, NeedRoom> {
+    ) -> Result<Result<(), StoreError>, NeedRoom> {
         let now_us = now.as_micros();
         let located: SmallVec<[(u64, usize); 4]> =
             layers.iter().map(|l| self.locate(&l.key)).collect();
@@ -667,7 +708,8 @@ impl MemoryStore {
             }
         };
         if !layered.admitted() {
-            return Ok(Ok(layered.verdicts));
+            out.extend_from_slice(&layered.verdicts);
+            return Ok(Ok(()));
         }
         // Units for new keys are taken before anything is written, and given
         // back if any budget is full.
@@ -706,7 +748,8 @@ impl MemoryStore {
                 );
             }
         }
-        Ok(Ok(layered.verdicts))
+        out.extend_from_slice(&layered.verdicts);
+        Ok(Ok(()))
     }
 }
 
@@ -802,8 +845,12 @@ impl Store for MemoryStore {
         self.decide_all(layers)
     }
 
-    fn decide_now(&self, layers: &[LayerRequest<'_>]) -> Option<Result<Verdicts, StoreError>> {
-        Some(self.decide_all(layers))
+    fn decide_now(
+        &self,
+        layers: &[LayerRequest<'_>],
+        verdicts: &mut Verdicts,
+    ) -> Option<Result<(), StoreError>> {
+        Some(self.decide_into(layers, verdicts))
     }
 
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {

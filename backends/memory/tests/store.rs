@@ -273,6 +273,35 @@ fn state_expires_after_inactivity_and_the_key_starts_full() {
 }
 
 #[test]
+fn a_gcra_entry_decided_under_the_shared_lock_lives_as_long_as_its_state_and_a_grain_at_most() {
+    let clock = ManualClock::new(START);
+    let store = store(&clock, 100);
+    let limiter = limiter(
+        store.clone(),
+        Limit::gcra(10, Duration::from_secs(1), 5).unwrap(),
+    );
+    let ctx = subject("busy");
+    // The first decision inserts the key; the next four move its TAT on
+    // under the shard's shared lock, which must keep the entry alive.
+    let mut reset = Duration::ZERO;
+    for _ in 0..5 {
+        let d = ready(limiter.check(&ctx, 1)).unwrap();
+        assert!(d.is_allowed());
+        reset = d.layers()[0].verdict.reset_after;
+    }
+    clock.advance(reset - Duration::from_micros(1));
+    store.purge_expired();
+    assert_eq!(store.len(), 1, "the entry is kept while its state lives");
+    // Expiries are whole milliseconds, raised to the end of a 16.384 ms grain.
+    clock.advance(Duration::from_millis(18));
+    store.purge_expired();
+    assert!(
+        store.is_empty(),
+        "the entry is reclaimed a grain after its state at most"
+    );
+}
+
+#[test]
 fn invalid_input_fails_before_the_store_is_touched() {
     let clock = ManualClock::new(START);
     let store = store(&clock, 10);
