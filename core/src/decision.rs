@@ -161,18 +161,18 @@ impl Decision {
     /// decision, and a collect moves each layer's answer more than once.
     #[inline]
     pub(crate) fn of_store(layers: &[Layer], verdicts: &[Verdict]) -> Self {
-        let mut decided = Layers::new();
+        let mut decision = Decision {
+            layers: Layers::new(),
+            store_error: None,
+        };
         for (layer, verdict) in layers.iter().zip(verdicts) {
-            decided.push(LayerDecision {
+            decision.layers.push(LayerDecision {
                 info: layer.info,
                 verdict: *verdict,
                 source: Source::Store,
             });
         }
-        Decision {
-            layers: decided,
-            store_error: None,
-        }
+        decision
     }
 
     /// A decision made without the store, which failed with an error of
@@ -216,6 +216,7 @@ impl Decision {
     }
 
     /// Every layer, in the limiter's order.
+    #[inline]
     pub fn layers(&self) -> &[LayerDecision] {
         &self.layers
     }

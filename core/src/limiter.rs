@@ -154,11 +154,17 @@ impl Limiter {
     /// [`start`](Self::start) without awaiting anything; the paths that
     /// wait are boxed, so the future every decision carries stays small.
     async fn decide(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
-        // The start is consumed before anything is awaited, so none of it
-        // is kept in this future: only the box of a path that waits.
-        let rest = match self.start(ctx, cost) {
-            Start::Done(result) => return result,
-            start => self.rest(ctx, cost, start),
+        // The start's lists are gone before anything is awaited, so none
+        // of them is kept in this future: only the box of a path that
+        // waits. The common path builds its decision where it returns it.
+        let rest = {
+            let mut requests = Requests::new();
+            let mut verdicts = Verdicts::new();
+            match self.start(ctx, cost, &mut requests, &mut verdicts) {
+                Start::Decided => return Ok(self.finish(&requests, cost, &verdicts)),
+                Start::Done(result) => return result,
+                start => self.rest(ctx, cost, start, requests, verdicts),
+            }
         };
         rest.await
     }
@@ -168,17 +174,30 @@ impl Limiter {
     /// large, and built inline they would make every decision's stack
     /// frame as large.
     #[inline(never)]
-    fn rest<'a>(&'a self, ctx: &'a Context, cost: u64, start: Start<'a>) -> Rest<'a> {
+    fn rest<'a>(
+        &'a self,
+        ctx: &'a Context,
+        cost: u64,
+        start: Start,
+        requests: Requests<'a>,
+        verdicts: Verdicts,
+    ) -> Rest<'a> {
         match start {
+            Start::Decided => Box::pin(std::future::ready(Ok(
+                self.finish(&requests, cost, &verdicts)
+            ))),
             Start::Done(result) => Box::pin(std::future::ready(result)),
             Start::Undecidable => Box::pin(async move {
                 let left_out = |l: &Layer| undecidable(l, ctx, cost);
                 self.without(ctx, cost, &left_out).await
             }),
-            Start::Waiting(requests, admission) => {
+            Start::Waiting(admission) => {
                 Box::pin(self.wait_for_store(ctx, cost, requests, admission))
             }
-            Start::Answered(requests, answer) => Box::pin(self.settle(ctx, cost, requests, answer)),
+            Start::Answered(answer) => {
+                let answer = answer.map(|()| verdicts);
+                Box::pin(self.settle(ctx, cost, requests, answer))
+            }
         }
     }
 
@@ -193,16 +212,23 @@ impl Limiter {
         self.decide(ctx, cost)
     }
 
-    /// Everything a decision does before it would have to wait.
+    /// Everything a decision does before it would have to wait: the
+    /// layers' requests go to `requests` (received empty) and the store's
+    /// verdicts, when it answers at once, to `verdicts` (received empty).
     #[inline(always)]
-    fn start<'a>(&'a self, ctx: &'a Context, cost: u64) -> Start<'a> {
+    fn start<'a>(
+        &'a self,
+        ctx: &'a Context,
+        cost: u64,
+        requests: &mut Requests<'a>,
+        verdicts: &mut Verdicts,
+    ) -> Start {
         // A shadow layer never fails a request: one that cannot be decided
         // (a cost above its capacity, no subject for it) is left out.
         if self.has_shadow && self.layers.iter().any(|l| undecidable(l, ctx, cost)) {
             return Start::Undecidable;
         }
         // Up to four layers live on the stack: no allocation per decision.
-        let mut requests: Requests<'a> = SmallVec::new();
         for layer in self.layers.iter() {
             if let Err(e) = layer.policy.check_cost(cost) {
                 return Start::Done(Err(e.into()));
@@ -221,14 +247,12 @@ impl Limiter {
         }
         #[cfg(feature = "blocked-cache")]
         if let Some(cache) = &self.blocked {
-            if let Some(decision) = cache.get(&requests, cost, &*self.clock) {
+            if let Some(decision) = cache.get(requests, cost, &*self.clock) {
                 self.metrics.decision(&decision);
                 return Start::Done(Ok(decision));
             }
         }
         let admission = self.breaker.admit();
-        // Written by the store in place: the answer is not moved.
-        let mut verdicts = Verdicts::new();
         let answer = match admission {
             Admission::Skip(wait) => {
                 observe::store_skipped(self.store.kind());
@@ -240,25 +264,24 @@ impl Limiter {
                 let probe = ProbeGuard {
                     breaker: (admission == Admission::Probe).then_some(&*self.breaker),
                 };
-                let Some(answer) = self.store.decide_now(&requests, &mut verdicts) else {
+                // Written by the store in place: the answer is not moved.
+                let Some(answer) = self.store.decide_now(requests, verdicts) else {
                     // Nothing was decided: the waiting path takes over
                     // the probe.
                     probe.settled();
-                    return Start::Waiting(requests, admission);
+                    return Start::Waiting(admission);
                 };
                 // An in-process answer is not timed: it takes less time
                 // than reading a clock twice.
-                let answer = answer.and_then(|()| one_each(&verdicts, requests.len()));
+                let answer = answer.and_then(|()| one_each(verdicts, requests.len()));
                 self.after_call(admission, None, answer.as_ref().err());
                 probe.settled();
                 answer
             }
         };
         match answer {
-            Ok(()) if !denied_only_by_shadow(&requests, &verdicts) => {
-                Start::Done(Ok(self.finish(&requests, cost, &verdicts)))
-            }
-            answer => Start::Answered(requests, answer.map(|()| verdicts)),
+            Ok(()) if !denied_only_by_shadow(requests, verdicts) => Start::Decided,
+            answer => Start::Answered(answer),
         }
     }
 
@@ -523,19 +546,24 @@ type Rest<'a> = Pin<Box<dyn Future<Output = Result<Decision, Error>> + Send + 'a
 /// One request's layers as the store sees them (up to four inline).
 pub(crate) type Requests<'a> = SmallVec<[LayerRequest<'a>; 4]>;
 
-/// Where [`Limiter::start`] left a decision. Large, and on purpose: it
-/// lives on the stack for a moment (never in a future), and boxing its
-/// variants would allocate on every decision.
+/// Where [`Limiter::start`] left a decision (its requests and the store's
+/// verdicts are in the lists the caller gave it). `Done` is large, and on
+/// purpose: a `Start` lives on the stack for a moment (never in a future),
+/// and boxing would allocate for every refusal and cached denial.
 #[allow(clippy::large_enum_variant)]
-enum Start<'a> {
-    /// Decided (or refused as bad input).
+enum Start {
+    /// The store decided: its verdicts are the decision.
+    Decided,
+    /// Decided otherwise: refused as bad input, or answered by the
+    /// blocked-key cache.
     Done(Result<Decision, Error>),
     /// A shadow layer cannot take part: decide without it.
     Undecidable,
     /// The store must be waited for (nothing decided yet).
-    Waiting(Requests<'a>, Admission),
-    /// The store answered; shadow layers or a failure need more steps.
-    Answered(Requests<'a>, Result<Verdicts, StoreError>),
+    Waiting(Admission),
+    /// The store answered (its verdicts are in the list when `Ok`); shadow
+    /// layers or a failure need more steps.
+    Answered(Result<(), StoreError>),
 }
 
 /// Whether `layer` is a shadow layer this request cannot be decided by (a
@@ -568,6 +596,7 @@ impl Drop for ProbeGuard<'_> {
 
 /// Whether the store denied `requests` and every denying layer is in
 /// shadow mode.
+#[inline]
 fn denied_only_by_shadow(requests: &[LayerRequest<'_>], verdicts: &[Verdict]) -> bool {
     let mut denied = requests.iter().zip(verdicts).filter(|(_, v)| !v.allowed);
     let first = denied.next();

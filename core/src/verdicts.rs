@@ -53,6 +53,7 @@ impl Verdicts {
 
 impl Deref for Verdicts {
     type Target = [Verdict];
+    #[inline]
     fn deref(&self) -> &[Verdict] {
         &self.0
     }
