@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use tollgate_algorithms::Layered;
 use tollgate_limiter::{
     duration_micros, Adjustment, Clock, LayerRequest, Limit, MonotonicClock, Policy, State, Store,
-    StoreError, StoreKey, Timestamp, Verdicts, WhenFull,
+    StoreError, StoreKey, Stored, Timestamp, Verdicts, WhenFull,
 };
 
 /// Passes of a decision that found a budget full: each makes room across
@@ -164,6 +164,47 @@ impl Shard {
         self.entries.find(hash, |e| key.matches(&e.key))
     }
 
+    /// Where `key`'s entry is in the table (valid until an insert).
+    fn find_index(&self, hash: u64, key: &StoreKey<'_>) -> Option<usize> {
+        self.entries
+            .find_bucket_index(hash, |e| key.matches(&e.key))
+    }
+
+    /// Replace the state of the entry at `index` (found by
+    /// [`find_index`](Self::find_index) under this lock) with `next`.
+    fn overwrite(&mut self, index: usize, next: Stored, now_us: u64) {
+        let expires_at = now_us.saturating_add(duration_micros(next.ttl));
+        self.next_expiry = self.next_expiry.min(expires_at);
+        let entry = self
+            .entries
+            .get_bucket_mut(index)
+            .expect("an entry found under this lock is still there");
+        entry.state.set(next.state);
+        *entry.expires_at.get_mut() = expires_at;
+    }
+
+    /// Add an entry for `key`, known to have none (a unit of every budget
+    /// was taken for it).
+    fn insert(
+        &mut self,
+        hash: u64,
+        key: &StoreKey<'_>,
+        next: Stored,
+        now_us: u64,
+        budget: Option<&Arc<Budget>>,
+    ) {
+        let expires_at = now_us.saturating_add(duration_micros(next.ttl));
+        self.next_expiry = self.next_expiry.min(expires_at);
+        let entry = Entry {
+            key: key.render().into_boxed_str(),
+            hash,
+            state: Slot::new(next.state),
+            expires_at: AtomicU64::new(expires_at),
+            budget: budget.cloned(),
+        };
+        self.entries.insert_unique(hash, entry, |e| e.hash);
+    }
+
     /// Drop expired entries (except those of the decision in progress,
     /// `keep`), giving their units back, and set the next sweep point.
     fn sweep(&mut self, now: u64, total: &Budget, keep: &[u64]) {
@@ -225,35 +266,6 @@ impl Shard {
             })
             .map(|e| e.expires_at())
             .min()
-    }
-
-    /// Store `state` under `key`: the entry exists (a unit was taken when it
-    /// was inserted), or a unit of every budget was taken for it.
-    fn write(
-        &mut self,
-        hash: u64,
-        key: &StoreKey<'_>,
-        state: State,
-        expires_at: u64,
-        budget: Option<&Arc<Budget>>,
-    ) {
-        self.next_expiry = self.next_expiry.min(expires_at);
-        match self.entries.find_mut(hash, |e| key.matches(&e.key)) {
-            Some(entry) => {
-                entry.state.set(state);
-                *entry.expires_at.get_mut() = expires_at;
-            }
-            None => {
-                let entry = Entry {
-                    key: key.render().into_boxed_str(),
-                    hash,
-                    state: Slot::new(state),
-                    expires_at: AtomicU64::new(expires_at),
-                    budget: budget.cloned(),
-                };
-                self.entries.insert_unique(hash, entry, |e| e.hash);
-            }
-        }
     }
 }
 
@@ -647,13 +659,7 @@ impl MemoryStore {
             let t = tollgate_algorithms::decide(layer.policy.limit(), None, now, layer.cost);
             if let Some(next) = t.next {
                 let budget = self.take_units(shard, layer.policy, now_us, &[hash])?;
-                shard.write(
-                    hash,
-                    &layer.key,
-                    next.state,
-                    now_us.saturating_add(duration_micros(next.ttl)),
-                    budget.as_ref(),
-                );
+                shard.insert(hash, &layer.key, next, now_us, budget.as_ref());
             }
             out.push(t.verdict);
             return Ok(Ok(()));
@@ -685,15 +691,20 @@ impl MemoryStore {
         let mut guards: SmallVec<[RwLockWriteGuard<'_, Shard>; 4]> =
             order.iter().map(|&i| lock(&self.shards[i])).collect();
         let slot = |id: usize| order.binary_search(&id).expect("locked shard");
-        let mut present: SmallVec<[bool; 4]> = SmallVec::new();
+        // Where each layer's entry is in its shard's table, when it has
+        // one: its write needs no second lookup. (Under these locks only
+        // this call changes the tables, and it inserts last.)
+        let mut found: SmallVec<[Option<usize>; 4]> = SmallVec::new();
         let layered = {
             let snapshots: SmallVec<[Option<Snapshot<'_>>; 4]> = layers
                 .iter()
                 .zip(&located)
                 .map(|(l, &(hash, id))| {
-                    let found = guards[slot(id)].find(hash, &l.key);
-                    present.push(found.is_some());
-                    found
+                    let shard = &guards[slot(id)];
+                    let index = shard.find_index(hash, &l.key);
+                    found.push(index);
+                    index
+                        .and_then(|i| shard.entries.get_bucket(i))
                         .filter(|e| e.expires_at() > now_us)
                         .map(|e| e.state.read())
                 })
@@ -715,7 +726,7 @@ impl MemoryStore {
         // back if any budget is full.
         let mut taken: SmallVec<[(usize, Option<Arc<Budget>>); 4]> = SmallVec::new();
         for i in 0..layers.len() {
-            if present[i] || layered.writes[i].is_none() {
+            if found[i].is_some() || layered.writes[i].is_none() {
                 continue;
             }
             let shard = &mut guards[slot(located[i].1)];
@@ -732,21 +743,24 @@ impl MemoryStore {
                 }
             }
         }
-        for (i, ((l, &(hash, id)), write)) in
-            layers.iter().zip(&located).zip(layered.writes).enumerate()
-        {
-            if let Some(next) = write {
-                guards[slot(id)].write(
-                    hash,
-                    &l.key,
-                    next.state,
-                    now_us.saturating_add(duration_micros(next.ttl)),
-                    taken
-                        .iter()
-                        .find(|(j, _)| *j == i)
-                        .and_then(|(_, b)| b.as_ref()),
-                );
+        // Existing entries first, where they were found; then the new
+        // ones (an insert may grow a table and move its entries).
+        let mut new_keys: SmallVec<[(usize, Stored); 4]> = SmallVec::new();
+        for (i, write) in layered.writes.into_iter().enumerate() {
+            let Some(next) = write else { continue };
+            let shard = &mut *guards[slot(located[i].1)];
+            match found[i] {
+                Some(index) => shard.overwrite(index, next, now_us),
+                None => new_keys.push((i, next)),
             }
+        }
+        for (i, next) in new_keys {
+            let (hash, id) = located[i];
+            let budget = taken
+                .iter()
+                .find(|(j, _)| *j == i)
+                .and_then(|(_, b)| b.as_ref());
+            guards[slot(id)].insert(hash, &layers[i].key, next, now_us, budget);
         }
         out.extend_from_slice(&layered.verdicts);
         Ok(Ok(()))

@@ -149,6 +149,42 @@ fn layered_decisions_stay_atomic_across_threads() {
 }
 
 #[test]
+fn layered_writes_of_new_and_existing_keys_in_one_shard_are_exact() {
+    // One shard: every decision overwrites the global key where it was
+    // found and inserts its subject's key beside it, while the table grows.
+    let clock = ManualClock::new(START);
+    for limit in every_algorithm(3) {
+        let name = limit.algorithm_name();
+        let store = Arc::new(
+            MemoryStore::builder()
+                .shards(1)
+                .clock(Arc::new(clock.clone()))
+                .build(),
+        );
+        let global = Limit::fixed_window(1000, Duration::from_secs(3600)).unwrap();
+        let limiter = Limiter::builder(store.clone())
+            .layer("key", Scope::Subject, Policy::new("k", limit).unwrap())
+            .layer("all", Scope::Global, Policy::new("g", global).unwrap())
+            .build()
+            .unwrap();
+        for i in 0..200 {
+            let ctx = subject(&format!("key-{i}"));
+            let admitted = (0..5)
+                .filter(|_| ready(limiter.check(&ctx, 1)).unwrap().is_allowed())
+                .count();
+            assert_eq!(admitted, 3, "{name}: key-{i}");
+        }
+        assert_eq!(store.len(), 201, "{name}: one entry per key");
+        let last = ready(limiter.check(&subject("last"), 1)).unwrap();
+        assert_eq!(
+            last.layers()[1].verdict.remaining,
+            1000 - 601,
+            "{name}: the global layer was charged once per admission"
+        );
+    }
+}
+
+#[test]
 fn memory_is_bounded_and_a_full_store_refuses_rather_than_evicts() {
     let clock = ManualClock::new(START);
     let store = MemoryStore::builder()
