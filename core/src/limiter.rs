@@ -163,7 +163,7 @@ impl Limiter {
             match self.start(ctx, cost, &mut requests, &mut verdicts) {
                 Start::Decided => return Ok(self.finish(&requests, cost, &verdicts)),
                 Start::Done(result) => return result,
-                start => self.rest(ctx, cost, start, requests, verdicts),
+                Start::Unfinished(rest) => self.rest(ctx, cost, rest, requests, verdicts),
             }
         };
         rest.await
@@ -178,23 +178,19 @@ impl Limiter {
         &'a self,
         ctx: &'a Context,
         cost: u64,
-        start: Start,
+        unfinished: Unfinished,
         requests: Requests<'a>,
         verdicts: Verdicts,
     ) -> Rest<'a> {
-        match start {
-            Start::Decided => Box::pin(std::future::ready(Ok(
-                self.finish(&requests, cost, &verdicts)
-            ))),
-            Start::Done(result) => Box::pin(std::future::ready(result)),
-            Start::Undecidable => Box::pin(async move {
+        match unfinished {
+            Unfinished::Undecidable => Box::pin(async move {
                 let left_out = |l: &Layer| undecidable(l, ctx, cost);
                 self.without(ctx, cost, &left_out).await
             }),
-            Start::Waiting(admission) => {
+            Unfinished::Waiting(admission) => {
                 Box::pin(self.wait_for_store(ctx, cost, requests, admission))
             }
-            Start::Answered(answer) => {
+            Unfinished::Answered(answer) => {
                 let answer = answer.map(|()| verdicts);
                 Box::pin(self.settle(ctx, cost, requests, answer))
             }
@@ -226,7 +222,7 @@ impl Limiter {
         // A shadow layer never fails a request: one that cannot be decided
         // (a cost above its capacity, no subject for it) is left out.
         if self.has_shadow && self.layers.iter().any(|l| undecidable(l, ctx, cost)) {
-            return Start::Undecidable;
+            return Start::Unfinished(Unfinished::Undecidable);
         }
         // Up to four layers live on the stack: no allocation per decision.
         for layer in self.layers.iter() {
@@ -269,7 +265,7 @@ impl Limiter {
                     // Nothing was decided: the waiting path takes over
                     // the probe.
                     probe.settled();
-                    return Start::Waiting(admission);
+                    return Start::Unfinished(Unfinished::Waiting(admission));
                 };
                 // An in-process answer is not timed: it takes less time
                 // than reading a clock twice.
@@ -281,7 +277,7 @@ impl Limiter {
         };
         match answer {
             Ok(()) if !denied_only_by_shadow(requests, verdicts) => Start::Decided,
-            answer => Start::Answered(answer),
+            answer => Start::Unfinished(Unfinished::Answered(answer)),
         }
     }
 
@@ -557,6 +553,12 @@ enum Start {
     /// Decided otherwise: refused as bad input, or answered by the
     /// blocked-key cache.
     Done(Result<Decision, Error>),
+    /// More steps to take, which may wait ([`Limiter::rest`]).
+    Unfinished(Unfinished),
+}
+
+/// A decision [`Limiter::start`] could not finish.
+enum Unfinished {
     /// A shadow layer cannot take part: decide without it.
     Undecidable,
     /// The store must be waited for (nothing decided yet).

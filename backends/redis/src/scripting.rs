@@ -193,6 +193,7 @@ impl Runner {
     /// A call sent as `style` failed with `e`: `Ok` when the store goes on
     /// with the next way from now on (see [`next_style`](Self::next_style)),
     /// or the error to report.
+    #[cfg(feature = "cluster")]
     pub(crate) fn fall_back_on(&self, style: Style, e: RedisError) -> RedisResult<()> {
         let next = self.next_style(style, e)?;
         // Never back up: a concurrent load may have settled further down.
