@@ -51,7 +51,7 @@ pub use limiter::{Limiter, LimiterBuilder};
 pub use live::{LimiterSource, LiveRoute, RouteLimits};
 pub use login::{Escalation, LoginGuard};
 pub use policy::{check_name, Policy};
-pub use spec::{DurationSpec, LimitSpec, ModeSpec, OnFailureSpec, WhenFullSpec};
+pub use spec::{DurationSpec, FieldKind, LimitSpec, ModeSpec, OnFailureSpec, WhenFullSpec};
 pub use store::{LayerRequest, Store, StoreKey};
 pub use subject::{HashKey, Subject};
 #[cfg(feature = "wait")]

@@ -68,7 +68,86 @@ pub enum LimitSpec {
     },
 }
 
+/// What a parameter of a [`LimitSpec`] holds, as a configuration file
+/// writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldKind {
+    /// A whole number (`capacity = 100`).
+    Count,
+    /// A duration string ([`DurationSpec`]: `period = "1s"`).
+    Duration,
+}
+
+/// Every built-in algorithm's name as configuration files write it, and
+/// its parameters in order: the one list configuration readers check a
+/// policy's fields against (a test holds it to the serde form above).
+const FIELDS: &[(&str, &[(&str, FieldKind)])] = &[
+    (
+        "token_bucket",
+        &[
+            ("capacity", FieldKind::Count),
+            ("refill", FieldKind::Count),
+            ("period", FieldKind::Duration),
+        ],
+    ),
+    (
+        "gcra",
+        &[
+            ("rate", FieldKind::Count),
+            ("period", FieldKind::Duration),
+            ("burst", FieldKind::Count),
+        ],
+    ),
+    (
+        "fixed_window",
+        &[("limit", FieldKind::Count), ("window", FieldKind::Duration)],
+    ),
+    (
+        "sliding_window",
+        &[("limit", FieldKind::Count), ("window", FieldKind::Duration)],
+    ),
+    (
+        "sliding_log",
+        &[("limit", FieldKind::Count), ("window", FieldKind::Duration)],
+    ),
+];
+
 impl LimitSpec {
+    /// The parameters the algorithm named `algorithm` (as configuration
+    /// files write it: `token_bucket`, `gcra`, `fixed_window`,
+    /// `sliding_window`, `sliding_log`) takes, in order; `None` for any
+    /// other name.
+    ///
+    /// ```
+    /// use tollgate_limiter::{FieldKind, LimitSpec};
+    /// let fields = LimitSpec::fields("gcra").unwrap();
+    /// assert_eq!(fields[1], ("period", FieldKind::Duration));
+    /// assert!(LimitSpec::fields("leaky_bucket").is_none());
+    /// ```
+    pub fn fields(algorithm: &str) -> Option<&'static [(&'static str, FieldKind)]> {
+        FIELDS
+            .iter()
+            .find(|(name, _)| *name == algorithm)
+            .map(|(_, fields)| *fields)
+    }
+
+    /// What a parameter named `field` holds, in whichever algorithm takes
+    /// it; `None` when no built-in algorithm does.
+    ///
+    /// ```
+    /// use tollgate_limiter::{FieldKind, LimitSpec};
+    /// assert_eq!(LimitSpec::field_kind("burst"), Some(FieldKind::Count));
+    /// assert_eq!(LimitSpec::field_kind("window"), Some(FieldKind::Duration));
+    /// assert_eq!(LimitSpec::field_kind("mode"), None);
+    /// ```
+    pub fn field_kind(field: &str) -> Option<FieldKind> {
+        FIELDS
+            .iter()
+            .flat_map(|(_, fields)| fields.iter())
+            .find(|(name, _)| *name == field)
+            .map(|(_, kind)| *kind)
+    }
+
     /// Validate the parameters.
     pub fn build(&self) -> Result<Limit, PolicyError> {
         match *self {
@@ -300,6 +379,59 @@ impl TryFrom<PolicyDef> for Policy {
         match def.on_failure {
             Some(spec) => policy.with_on_failure(spec.build().map_err(|e| e.within("on_failure"))?),
             None => Ok(policy),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A policy table holding `fields` with a valid value of each kind.
+    fn table(algorithm: &str, fields: &[(&str, FieldKind)]) -> serde_json::Value {
+        let mut table = serde_json::Map::new();
+        table.insert("algorithm".into(), algorithm.into());
+        for (name, kind) in fields {
+            let value = match kind {
+                FieldKind::Count => serde_json::Value::from(5),
+                FieldKind::Duration => serde_json::Value::from("1s"),
+            };
+            table.insert((*name).into(), value);
+        }
+        serde_json::Value::Object(table)
+    }
+
+    #[test]
+    fn the_field_list_is_the_serde_form() {
+        for (algorithm, fields) in FIELDS {
+            let spec: LimitSpec = serde_json::from_value(table(algorithm, fields))
+                .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
+            assert!(spec.build().is_ok(), "{algorithm}");
+            for i in 0..fields.len() {
+                let mut fewer = fields.to_vec();
+                let (missing, _) = fewer.remove(i);
+                let parsed = serde_json::from_value::<LimitSpec>(table(algorithm, &fewer));
+                assert!(parsed.is_err(), "{algorithm} without {missing}");
+            }
+            for (_, others) in FIELDS {
+                for field in others.iter().filter(|f| !fields.contains(f)) {
+                    let mut more = fields.to_vec();
+                    more.push(*field);
+                    let parsed = serde_json::from_value::<LimitSpec>(table(algorithm, &more));
+                    assert!(parsed.is_err(), "{algorithm} with {}", field.0);
+                }
+            }
+        }
+        let unknown = serde_json::json!({ "algorithm": "leaky_bucket", "limit": 5 });
+        assert!(serde_json::from_value::<LimitSpec>(unknown).is_err());
+    }
+
+    #[test]
+    fn a_field_has_one_kind_whatever_the_algorithm() {
+        for (_, fields) in FIELDS {
+            for (name, kind) in fields.iter() {
+                assert_eq!(LimitSpec::field_kind(name), Some(*kind), "{name}");
+            }
         }
     }
 }

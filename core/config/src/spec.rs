@@ -10,8 +10,9 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tollgate_http::{check_method, check_path, AccessRules, Cidr};
 use tollgate_limiter::{
-    check_name, duplicate_names, shared_counters, BreakerConfig, DurationSpec, KeyBudget, Layer,
-    LimitSpec, ModeSpec, OnFailureSpec, Policy, PolicyError, Scope, Subject, WhenFullSpec,
+    check_name, duplicate_names, shared_counters, BreakerConfig, DurationSpec, FieldKind,
+    KeyBudget, Layer, LimitSpec, ModeSpec, OnFailureSpec, Policy, PolicyError, Scope, Subject,
+    WhenFullSpec,
 };
 use toml::{Table, Value};
 
@@ -677,10 +678,6 @@ fn redis_options(errors: &mut Vec<PolicyError>, f: &RedisFields) -> RedisOptions
     }
 }
 
-/// Fields of the limit that hold whole numbers, and durations.
-const COUNT_FIELDS: &[&str] = &["capacity", "refill", "rate", "burst", "limit"];
-const DURATION_FIELDS: &[&str] = &["period", "window"];
-
 /// One `[policies.<name>]` table; `None` when invalid (the errors are recorded).
 fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Policy> {
     let path = format!("policies.{name}");
@@ -736,13 +733,14 @@ fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Pol
     // Check the parameters' types here, where the field path is known
     // (the tagged LimitSpec reports them without it).
     for (key, value) in table.iter_mut() {
-        if COUNT_FIELDS.contains(&key.as_str()) && !matches!(value, Value::Integer(n) if *n >= 0) {
+        let kind = LimitSpec::field_kind(key);
+        if kind == Some(FieldKind::Count) && !matches!(value, Value::Integer(n) if *n >= 0) {
             errors.push(field_error(
                 &format!("{path}.{key}"),
                 format!("{} must be a whole number > 0", show(value)),
             ));
             *value = Value::Integer(1);
-        } else if DURATION_FIELDS.contains(&key.as_str()) {
+        } else if kind == Some(FieldKind::Duration) {
             let parsed = match value.as_str() {
                 Some(text) => text.parse::<DurationSpec>(),
                 None => Err(format!(
@@ -758,12 +756,11 @@ fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Pol
     }
     // Unknown fields are reported (and dropped) here, so the limit's
     // values are still checked in the same pass.
-    let fields = match table.get("algorithm").and_then(Value::as_str) {
-        Some("token_bucket") => Some(&["capacity", "refill", "period"][..]),
-        Some("gcra") => Some(&["rate", "period", "burst"][..]),
-        Some("fixed_window" | "sliding_window" | "sliding_log") => Some(&["limit", "window"][..]),
-        _ => None,
-    };
+    let fields: Option<Vec<&str>> = table
+        .get("algorithm")
+        .and_then(Value::as_str)
+        .and_then(LimitSpec::fields)
+        .map(|fields| fields.iter().map(|(name, _)| *name).collect());
     let before_unknown = errors.len();
     if let Some(fields) = fields {
         table.retain(|key, _| {
