@@ -4,6 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Poll};
 
 use std::time::Duration;
 
@@ -143,30 +144,10 @@ impl Limiter {
                 layers = self.layers.len(),
                 cost
             );
-            self.decide(ctx, cost).instrument(span)
+            Check::new(self, ctx, cost).instrument(span)
         }
         #[cfg(not(feature = "tracing"))]
-        self.decide(ctx, cost)
-    }
-
-    /// The decision. Its common path (an in-process store answering at
-    /// once, nothing in shadow mode to set aside, no failure) runs in
-    /// [`start`](Self::start) without awaiting anything; the paths that
-    /// wait are boxed, so the future every decision carries stays small.
-    async fn decide(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
-        // The start's lists are gone before anything is awaited, so none
-        // of them is kept in this future: only the box of a path that
-        // waits. The common path builds its decision where it returns it.
-        let rest = {
-            let mut requests = Requests::new();
-            let mut verdicts = Verdicts::new();
-            match self.start(ctx, cost, &mut requests, &mut verdicts) {
-                Start::Decided => return Ok(self.finish(&requests, cost, &verdicts)),
-                Start::Done(result) => return result,
-                Start::Unfinished(rest) => self.rest(ctx, cost, rest, requests, verdicts),
-            }
-        };
-        rest.await
+        Check::new(self, ctx, cost)
     }
 
     /// The rest of a decision that [`start`](Self::start) could not finish,
@@ -195,17 +176,6 @@ impl Limiter {
                 Box::pin(self.settle(ctx, cost, requests, answer))
             }
         }
-    }
-
-    /// [`decide`](Self::decide), declared `Send`: the shadow path decides
-    /// recursively, and the compiler proves a recursive future `Send` only
-    /// through a declared bound.
-    fn decide_sent<'a>(
-        &'a self,
-        ctx: &'a Context,
-        cost: u64,
-    ) -> impl Future<Output = Result<Decision, Error>> + Send + 'a {
-        self.decide(ctx, cost)
     }
 
     /// Everything a decision does before it would have to wait: the
@@ -418,7 +388,7 @@ impl Limiter {
                 blocked: None,
             };
             // Fewer shadow layers each time: the recursion ends.
-            Some(Box::pin(subset.decide_sent(ctx, cost)).await?)
+            Some(Check::new(&subset, ctx, cost).await?)
         };
         let (decided_layers, store_error) =
             decided_kept.map(Decision::into_parts).unwrap_or_default();
@@ -533,6 +503,81 @@ impl Limiter {
                     _ => closed(layer),
                 });
         Decision::degraded(layers, error.class())
+    }
+}
+
+/// The future of [`Limiter::check`]: the decision itself. Its first poll
+/// runs the common path ([`Limiter::start`]) and, when that path finishes
+/// (an in-process store answering at once, nothing in shadow mode to set
+/// aside, no failure), returns the decision it builds straight from the
+/// poll: no state machine sits between the decision and its caller. A
+/// decision that must wait keeps only the box of its rest, so the future
+/// stays small, and a shadow layer's recursive re-decision needs no box of
+/// its own.
+struct Check<'a> {
+    limiter: &'a Limiter,
+    ctx: &'a Context,
+    cost: u64,
+    stage: Stage<'a>,
+}
+
+/// How far a [`Check`] got.
+enum Stage<'a> {
+    /// Not polled yet.
+    Start,
+    /// Waiting for the rest of the decision.
+    Rest(Rest<'a>),
+    /// Answered: polling again is a bug of the caller's.
+    Done,
+}
+
+impl<'a> Check<'a> {
+    fn new(limiter: &'a Limiter, ctx: &'a Context, cost: u64) -> Self {
+        Check {
+            limiter,
+            ctx,
+            cost,
+            stage: Stage::Start,
+        }
+    }
+}
+
+impl Future for Check<'_> {
+    type Output = Result<Decision, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let (limiter, ctx, cost) = (this.limiter, this.ctx, this.cost);
+        loop {
+            match &mut this.stage {
+                Stage::Start => {
+                    // The start's lists live on this poll's stack: a
+                    // decision that waits moves them into its rest.
+                    let mut requests = Requests::new();
+                    let mut verdicts = Verdicts::new();
+                    match limiter.start(ctx, cost, &mut requests, &mut verdicts) {
+                        Start::Decided => {
+                            this.stage = Stage::Done;
+                            return Poll::Ready(Ok(limiter.finish(&requests, cost, &verdicts)));
+                        }
+                        Start::Done(result) => {
+                            this.stage = Stage::Done;
+                            return Poll::Ready(result);
+                        }
+                        Start::Unfinished(unfinished) => {
+                            let rest = limiter.rest(ctx, cost, unfinished, requests, verdicts);
+                            this.stage = Stage::Rest(rest);
+                        }
+                    }
+                }
+                Stage::Rest(rest) => {
+                    let answer = ready!(rest.as_mut().poll(cx));
+                    this.stage = Stage::Done;
+                    return Poll::Ready(answer);
+                }
+                Stage::Done => panic!("a `Limiter::check` future polled after it answered"),
+            }
+        }
     }
 }
 
