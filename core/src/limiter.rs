@@ -551,19 +551,19 @@ impl Future for Check<'_> {
         loop {
             match &mut this.stage {
                 Stage::Start => {
+                    // Marked first: if the store panics, a caller that
+                    // catches it and polls again gets a panic, never a
+                    // second decision.
+                    this.stage = Stage::Done;
                     // The start's lists live on this poll's stack: a
                     // decision that waits moves them into its rest.
                     let mut requests = Requests::new();
                     let mut verdicts = Verdicts::new();
                     match limiter.start(ctx, cost, &mut requests, &mut verdicts) {
                         Start::Decided => {
-                            this.stage = Stage::Done;
                             return Poll::Ready(Ok(limiter.finish(&requests, cost, &verdicts)));
                         }
-                        Start::Done(result) => {
-                            this.stage = Stage::Done;
-                            return Poll::Ready(result);
-                        }
+                        Start::Done(result) => return Poll::Ready(result),
                         Start::Unfinished(unfinished) => {
                             let rest = limiter.rest(ctx, cost, unfinished, requests, verdicts);
                             this.stage = Stage::Rest(rest);

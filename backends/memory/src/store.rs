@@ -170,15 +170,20 @@ impl Shard {
             .find_bucket_index(hash, |e| key.matches(&e.key))
     }
 
-    /// Replace the state of the entry at `index` (found by
+    /// Replace the state of the entry of `hash` at `index` (found by
     /// [`find_index`](Self::find_index) under this lock) with `next`.
-    fn overwrite(&mut self, index: usize, next: Stored, now_us: u64) {
+    /// Removing other entries (sweeps, evictions) moves none, and nothing
+    /// is inserted before the overwrites; the hash is checked all the
+    /// same, so a broken assumption stops the decision instead of writing
+    /// another key's state.
+    fn overwrite(&mut self, index: usize, hash: u64, next: Stored, now_us: u64) {
         let expires_at = now_us.saturating_add(duration_micros(next.ttl));
         self.next_expiry = self.next_expiry.min(expires_at);
         let entry = self
             .entries
             .get_bucket_mut(index)
-            .expect("an entry found under this lock is still there");
+            .filter(|e| e.hash == hash)
+            .expect("an entry found under this lock is still where it was found");
         entry.state.set(next.state);
         *entry.expires_at.get_mut() = expires_at;
     }
@@ -680,6 +685,13 @@ impl MemoryStore {
         out: &mut Verdicts,
         judge: impl FnOnce(&[Option<&State>]) -> Result<Layered, StoreError>,
     ) -> Result<Result<(), StoreError>, NeedRoom> {
+        debug_assert!(
+            layers
+                .iter()
+                .enumerate()
+                .all(|(i, l)| layers[..i].iter().all(|o| o.key != l.key)),
+            "the Store contract: a request's layers have distinct keys"
+        );
         let now_us = now.as_micros();
         let located: SmallVec<[(u64, usize); 4]> =
             layers.iter().map(|l| self.locate(&l.key)).collect();
@@ -750,7 +762,7 @@ impl MemoryStore {
             let Some(next) = write else { continue };
             let shard = &mut *guards[slot(located[i].1)];
             match found[i] {
-                Some(index) => shard.overwrite(index, next, now_us),
+                Some(index) => shard.overwrite(index, located[i].0, next, now_us),
                 None => new_keys.push((i, next)),
             }
         }
