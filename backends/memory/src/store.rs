@@ -110,6 +110,15 @@ impl Entry {
         self.expires_at.load(Ordering::Relaxed)
     }
 
+    /// Replace the state with `next` (under the shard's exclusive lock),
+    /// living `next.ttl` from `now_us`; the new expiry (µs).
+    fn replace(&mut self, next: Stored, now_us: u64) -> u64 {
+        let expires_at = now_us.saturating_add(duration_micros(next.ttl));
+        self.state.set(next.state);
+        *self.expires_at.get_mut() = expires_at;
+        expires_at
+    }
+
     /// Keep the entry until `at` (µs) at least, under the shard's shared
     /// lock (a GCRA decision). The expiry is raised to the end of `at`'s
     /// [`EXPIRY_GRAIN`], and only when `at` is past it: a hot key's expiry
@@ -177,15 +186,13 @@ impl Shard {
     /// same, so a broken assumption stops the decision instead of writing
     /// another key's state.
     fn overwrite(&mut self, index: usize, hash: u64, next: Stored, now_us: u64) {
-        let expires_at = now_us.saturating_add(duration_micros(next.ttl));
-        self.next_expiry = self.next_expiry.min(expires_at);
-        let entry = self
+        let expires_at = self
             .entries
             .get_bucket_mut(index)
             .filter(|e| e.hash == hash)
-            .expect("an entry found under this lock is still where it was found");
-        entry.state.set(next.state);
-        *entry.expires_at.get_mut() = expires_at;
+            .expect("an entry found under this lock is still where it was found")
+            .replace(next, now_us);
+        self.next_expiry = self.next_expiry.min(expires_at);
     }
 
     /// Add an entry for `key`, known to have none (a unit of every budget
@@ -653,9 +660,7 @@ impl MemoryStore {
                 let t = tollgate_algorithms::decide(layer.policy.limit(), state, now, layer.cost);
                 drop(snapshot);
                 if let Some(next) = t.next {
-                    let expires_at = now_us.saturating_add(duration_micros(next.ttl));
-                    entry.state.set(next.state);
-                    *entry.expires_at.get_mut() = expires_at;
+                    let expires_at = entry.replace(next, now_us);
                     shard.next_expiry = shard.next_expiry.min(expires_at);
                 }
                 out.push(t.verdict);
