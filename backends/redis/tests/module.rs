@@ -93,6 +93,17 @@ fn layers<'a>(policies: &'a [Policy], subject: &'a str, cost: u64) -> Vec<LayerR
         .collect()
 }
 
+/// Whether `store` admits a request of `cost` on every layer of `policies`
+/// for `subject` (decided, and so charged when it does).
+async fn admits(store: &RedisStore, policies: &[Policy], subject: &str, cost: u64) -> bool {
+    store
+        .decide(&layers(policies, subject, cost))
+        .await
+        .expect("decide")
+        .iter()
+        .all(|v| v.allowed)
+}
+
 #[tokio::test]
 async fn the_module_speaks_the_stores_protocol_and_declares_its_keys() {
     let server = RedisServer::shared_with_module();
@@ -319,11 +330,7 @@ async fn the_module_and_the_function_library_share_states() {
     let mut admitted = 0;
     for i in 0..60 {
         let by: &RedisStore = if (i / 7) % 2 == 0 { &module } else { &lua };
-        let verdicts = by
-            .decide(&layers(&policies, &subject, 1))
-            .await
-            .expect("decide");
-        if verdicts.iter().all(|v| v.allowed) {
+        if admits(by, &policies, &subject, 1).await {
             admitted += 1;
         }
         clock.advance(Duration::from_millis(10));
@@ -353,11 +360,7 @@ async fn a_store_goes_on_without_a_module_that_went_away() {
                 Reply::Status("OK".into())
             );
         }
-        let verdicts = store
-            .decide(&layers(&policies, &subject, 1))
-            .await
-            .expect("decide");
-        admitted += usize::from(verdicts.iter().all(|v| v.allowed));
+        admitted += usize::from(admits(&store, &policies, &subject, 1).await);
     }
     assert!(!store.uses_module() && store.uses_functions());
     assert_eq!(admitted, 50);
@@ -471,11 +474,7 @@ async fn a_replica_promoted_without_the_module_decides_on_from_the_same_states()
     let subject = unique("s");
     // 30 of every layer's 50 spent through the module.
     for _ in 0..10 {
-        let verdicts = before
-            .decide(&layers(&policies, &subject, 3))
-            .await
-            .expect("decide");
-        assert!(verdicts.iter().all(|v| v.allowed));
+        assert!(admits(&before, &policies, &subject, 3).await);
     }
     assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
     primary.kill();
@@ -487,11 +486,7 @@ async fn a_replica_promoted_without_the_module_decides_on_from_the_same_states()
     assert!(!after.uses_module(), "the promoted replica has no module");
     let mut admitted = 0;
     for _ in 0..30 {
-        let verdicts = after
-            .decide(&layers(&policies, &subject, 1))
-            .await
-            .expect("decide");
-        if verdicts.iter().all(|v| v.allowed) {
+        if admits(&after, &policies, &subject, 1).await {
             admitted += 1;
         }
     }
