@@ -3,8 +3,6 @@
 //! (the Redis store's Lua code, `lua/layered.lua`'s adjustment modes,
 //! gives identical verdicts: `backends/redis/tests/adjust.rs`).
 
-use std::collections::VecDeque;
-
 use tollgate_limiter::{
     duration_micros as duration_us, Adjustment, LayerRequest, Limit, State, StoreError, Stored,
     Timestamp, Verdict, Verdicts,
@@ -12,7 +10,7 @@ use tollgate_limiter::{
 
 use crate::layered::{Layered, Writes};
 
-use crate::refund::{refund, Charge};
+use crate::builtin;
 use crate::{after, decide, ttl_until};
 
 /// One layer adjusted: its verdict for a request of one unit afterwards
@@ -178,10 +176,6 @@ fn penalize(limit: &Limit, state: Option<&State>, now: Timestamp, units: u64) ->
     decide(limit, state, now, take).next
 }
 
-/// A charge no refund rule can find too old: GCRA and the token bucket owe
-/// it whole while their full-again instant is ahead of now.
-const FAR: u64 = u64::MAX;
-
 /// The state after giving `units` back; `None` when nothing changes.
 fn reward(
     limit: &Limit,
@@ -193,47 +187,8 @@ fn reward(
         // No state is a full one.
         return Ok(None);
     };
-    let charge = |at, mark| Charge {
-        cost: units,
-        at,
-        mark,
-    };
-    Ok(match (limit, state) {
-        (Limit::TokenBucket(_), _) => refund(limit, Some(state), now, charge(0, FAR)).next,
-        (Limit::Gcra(_), _) => refund(limit, Some(state), now, charge(0, FAR)).next,
-        (Limit::FixedWindow(_), State::Cells([_, last, _])) => {
-            refund(limit, Some(state), now, charge(*last, 0)).next
-        }
-        (Limit::SlidingWindow(p), State::Cells([_, _, last])) => {
-            // The current window's count first, then the previous one's.
-            let current = refund(limit, Some(state), now, charge(*last, 0));
-            let rest = units - current.given;
-            let after_current = current.next.unwrap_or_else(|| state.clone());
-            if rest == 0 {
-                return Ok(Some(after_current));
-            }
-            let previous = refund(
-                limit,
-                Some(&after_current),
-                now,
-                Charge {
-                    cost: rest,
-                    at: last.saturating_sub(p.window_us()),
-                    mark: 0,
-                },
-            );
-            previous
-                .next
-                .or((current.given > 0).then_some(after_current))
-        }
-        (Limit::SlidingLog(_), State::Log(entries)) => {
-            let keep = entries.len().saturating_sub(units as usize);
-            (keep < entries.len())
-                .then(|| State::Log(entries.range(..keep).copied().collect::<VecDeque<u64>>()))
-        }
-        (Limit::Custom(c), _) => return Err(StoreError::Unsupported(c.0.name())),
-        _ => None,
-    })
+    builtin::reward(limit, state, now, units)
+        .ok_or_else(|| StoreError::Unsupported(limit.algorithm_name()))
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Fixed window: a counter per aligned window.
 
-use tollgate_limiter::{State, Stored, Transition, Verdict, Window};
+use tollgate_limiter::{FixedWindow, State, Stored, Transition, Verdict, Window, MAX_EXACT};
 
+use crate::builtin::{cells, Reference};
 use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
@@ -57,4 +58,38 @@ pub fn fixed_window_refund(p: &Window, [count, last, _]: [u64; 3], c: Charge) ->
         return Refund::NOTHING;
     }
     Refund::cells(give, [count - give, last, 0])
+}
+
+impl Reference for FixedWindow {
+    #[inline]
+    fn decide(&self, state: Option<&State>, now: u64, cost: u64) -> Transition {
+        fixed_window(self, cells(state), now, cost)
+    }
+    fn refund(&self, state: &State, _now: u64, charge: Charge) -> Refund {
+        match state {
+            State::Cells(c) => fixed_window_refund(self, *c, charge),
+            _ => Refund::NOTHING,
+        }
+    }
+    /// The time of the charge.
+    fn charge_marks(&self, next: &State) -> Option<(u64, u64)> {
+        match next {
+            State::Cells([_, at, _]) => Some((*at, 0)),
+            _ => None,
+        }
+    }
+    /// From the current window's count.
+    fn reward(&self, state: &State, now: u64, units: u64) -> Option<State> {
+        let (at, _) = self.charge_marks(state)?;
+        let charge = Charge {
+            cost: units,
+            at,
+            mark: 0,
+        };
+        self.refund(state, now, charge).next
+    }
+    /// [count, last]: the count within exact integers.
+    fn within_reach(&self, [count, _, _]: [u64; 3]) -> bool {
+        count <= MAX_EXACT
+    }
 }

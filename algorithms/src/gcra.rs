@@ -2,6 +2,7 @@
 
 use tollgate_limiter::{Gcra, State, Stored, Transition, Verdict};
 
+use crate::builtin::{cells, Reference, FAR};
 use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
@@ -80,4 +81,32 @@ pub fn gcra_refund(p: &Gcra, [tat, _, _]: [u64; 3], now: u64, c: Charge) -> Refu
         return Refund::NOTHING;
     }
     Refund::cells(tat - lowered, [lowered, 0, 0])
+}
+
+impl Reference for Gcra {
+    #[inline]
+    fn decide(&self, state: Option<&State>, now: u64, cost: u64) -> Transition {
+        gcra(self, cells(state), now, cost)
+    }
+    fn refund(&self, state: &State, now: u64, charge: Charge) -> Refund {
+        match state {
+            State::Cells(c) => gcra_refund(self, *c, now, charge),
+            _ => Refund::NOTHING,
+        }
+    }
+    /// The TAT the charge wrote.
+    fn charge_marks(&self, next: &State) -> Option<(u64, u64)> {
+        match next {
+            State::Cells([tat, _, _]) => Some((0, *tat)),
+            _ => None,
+        }
+    }
+    fn reward(&self, state: &State, now: u64, units: u64) -> Option<State> {
+        let charge = Charge {
+            cost: units,
+            at: 0,
+            mark: FAR,
+        };
+        self.refund(state, now, charge).next
+    }
 }

@@ -17,6 +17,7 @@
 //! [`decide`] dispatches a [`Limit`] to its algorithm.
 
 mod adjust;
+mod builtin;
 mod fixed_window;
 mod gcra;
 mod layered;
@@ -65,29 +66,28 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Timestamp, cost: u64) -
         Some(State::Blocked(_)) => None,
         other => other,
     };
-    match limit {
-        Limit::TokenBucket(p) => token_bucket(p, cells(state), now.as_micros(), cost),
-        Limit::Gcra(p) => gcra(p, cells(state), now.as_micros(), cost),
-        Limit::FixedWindow(p) => fixed_window(p, cells(state), now.as_micros(), cost),
-        Limit::SlidingWindow(p) => sliding_window(p, cells(state), now.as_micros(), cost),
-        Limit::SlidingLog(p) => sliding_log(p, log(state), now.as_micros(), cost),
-        Limit::Custom(c) => c.0.decide(state, now, cost),
-    }
+    builtin::decide(limit, state, now, cost)
 }
 
-/// The cells of a counter state; a state of the wrong shape counts as none
-/// (it can only come from another algorithm under the same key).
-fn cells(state: Option<&State>) -> Option<[u64; 3]> {
+/// Whether the reference can take the counter `state` read from a store
+/// under `limit` without overflowing. Tollgate's own states stay far
+/// inside these bounds (a count below 2^53, a sliding window's count times
+/// its window below 2^62): a number beyond came from someone else, who put
+/// a plausible time beside it, and a store treats it as data Tollgate did
+/// not write. Any other state is within reach.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_limiter::{Limit, State};
+/// let limit = Limit::fixed_window(10, Duration::from_secs(1)).unwrap();
+/// let t = 1_780_000_000_000_000;
+/// assert!(tollgate_algorithms::within_reach(&limit, &State::Cells([3, t, 0])));
+/// assert!(!tollgate_algorithms::within_reach(&limit, &State::Cells([u64::MAX, t, 0])));
+/// ```
+pub fn within_reach(limit: &Limit, state: &State) -> bool {
     match state {
-        Some(State::Cells(c)) => Some(*c),
-        _ => None,
-    }
-}
-
-fn log(state: Option<&State>) -> Option<&std::collections::VecDeque<u64>> {
-    match state {
-        Some(State::Log(entries)) => Some(entries),
-        _ => None,
+        State::Cells(cells) => builtin::within_reach(limit, *cells),
+        _ => true,
     }
 }
 

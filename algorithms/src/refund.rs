@@ -33,10 +33,7 @@
 
 use tollgate_limiter::{Limit, State};
 
-use crate::{
-    fixed_window_refund, gcra_refund, sliding_log_refund, sliding_window_refund,
-    token_bucket_refund,
-};
+use crate::builtin;
 
 /// What a reservation charged one layer, as the script reports it in
 /// `reserve` mode.
@@ -56,20 +53,7 @@ impl Charge {
     /// The charge of an admitted decision of `cost` under `limit` that wrote
     /// `next` (the reference for the script's `reserve` reply).
     pub fn of(limit: &Limit, next: &State, cost: u64) -> Option<Charge> {
-        let (at, mark) = match (limit, next) {
-            // The token bucket's refund, like GCRA's, needs the instant
-            // it wrote (when full again) and its remainder.
-            (Limit::TokenBucket(_), State::Cells([full_at, remainder, _])) => {
-                (*remainder, *full_at)
-            }
-            // GCRA's refund needs no time: its state expires only after
-            // the TAT it wrote.
-            (Limit::Gcra(_), State::Cells([tat, _, _])) => (0, *tat),
-            (Limit::FixedWindow(_), State::Cells([_, at, _])) => (*at, 0),
-            (Limit::SlidingWindow(_), State::Cells([_, _, at])) => (*at, 0),
-            (Limit::SlidingLog(_), State::Log(entries)) => (*entries.back()?, 0),
-            _ => return None,
-        };
+        let (at, mark) = builtin::charge_marks(limit, next)?;
         Some(Charge { cost, at, mark })
     }
 }
@@ -104,14 +88,9 @@ impl Refund {
 /// `None` or a state of another shape owes nothing. Custom algorithms have
 /// no refund (the Redis stores do not run them).
 pub fn refund(limit: &Limit, state: Option<&State>, now: u64, charge: Charge) -> Refund {
-    match (limit, state) {
-        (Limit::TokenBucket(p), Some(State::Cells(c))) => token_bucket_refund(p, *c, now, charge),
-        (Limit::Gcra(p), Some(State::Cells(c))) => gcra_refund(p, *c, now, charge),
-        (Limit::FixedWindow(p), Some(State::Cells(c))) => fixed_window_refund(p, *c, charge),
-        (Limit::SlidingWindow(p), Some(State::Cells(c))) => sliding_window_refund(p, *c, charge),
-        (Limit::SlidingLog(_), Some(State::Log(entries))) => sliding_log_refund(entries, charge),
-        _ => Refund::NOTHING,
-    }
+    state
+        .and_then(|state| builtin::refund(limit, state, now, charge))
+        .unwrap_or(Refund::NOTHING)
 }
 
 #[cfg(test)]

@@ -2,8 +2,9 @@
 
 use std::collections::VecDeque;
 
-use tollgate_limiter::{State, Stored, Transition, Verdict, Window};
+use tollgate_limiter::{SlidingLog, State, Stored, Transition, Verdict, Window};
 
+use crate::builtin::Reference;
 use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
@@ -76,5 +77,38 @@ pub fn sliding_log_refund(entries: &VecDeque<u64>, c: Charge) -> Refund {
     Refund {
         given,
         next: Some(State::Log(next)),
+    }
+}
+
+impl Reference for SlidingLog {
+    #[inline]
+    fn decide(&self, state: Option<&State>, now: u64, cost: u64) -> Transition {
+        let log = match state {
+            Some(State::Log(entries)) => Some(entries),
+            _ => None,
+        };
+        sliding_log(self, log, now, cost)
+    }
+    fn refund(&self, state: &State, _now: u64, charge: Charge) -> Refund {
+        match state {
+            State::Log(entries) => sliding_log_refund(entries, charge),
+            _ => Refund::NOTHING,
+        }
+    }
+    /// The time of the charge's entries.
+    fn charge_marks(&self, next: &State) -> Option<(u64, u64)> {
+        match next {
+            State::Log(entries) => Some((*entries.back()?, 0)),
+            _ => None,
+        }
+    }
+    /// The newest `units` entries go.
+    fn reward(&self, state: &State, _now: u64, units: u64) -> Option<State> {
+        let State::Log(entries) = state else {
+            return None;
+        };
+        let keep = entries.len().saturating_sub(units as usize);
+        (keep < entries.len())
+            .then(|| State::Log(entries.range(..keep).copied().collect::<VecDeque<u64>>()))
     }
 }

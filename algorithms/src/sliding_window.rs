@@ -1,7 +1,8 @@
 //! Sliding window counter: two aligned windows, the previous one weighted.
 
-use tollgate_limiter::{State, Stored, Transition, Verdict, Window};
+use tollgate_limiter::{SlidingWindow, State, Stored, Transition, Verdict, Window, MAX_EXACT};
 
+use crate::builtin::{cells, Reference};
 use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
@@ -100,5 +101,49 @@ pub fn sliding_window_refund(p: &Window, [cur, prev, last]: [u64; 3], c: Charge)
         Refund::cells(give, [cur, prev - give, last])
     } else {
         Refund::NOTHING
+    }
+}
+
+impl Reference for SlidingWindow {
+    #[inline]
+    fn decide(&self, state: Option<&State>, now: u64, cost: u64) -> Transition {
+        sliding_window(self, cells(state), now, cost)
+    }
+    fn refund(&self, state: &State, _now: u64, charge: Charge) -> Refund {
+        match state {
+            State::Cells(c) => sliding_window_refund(self, *c, charge),
+            _ => Refund::NOTHING,
+        }
+    }
+    /// The time of the charge.
+    fn charge_marks(&self, next: &State) -> Option<(u64, u64)> {
+        match next {
+            State::Cells([_, _, at]) => Some((*at, 0)),
+            _ => None,
+        }
+    }
+    /// The current window's count first, then the previous one's.
+    fn reward(&self, state: &State, now: u64, units: u64) -> Option<State> {
+        let (last, _) = self.charge_marks(state)?;
+        let charge = |cost, at| Charge { cost, at, mark: 0 };
+        let current = self.refund(state, now, charge(units, last));
+        let rest = units - current.given;
+        let after_current = current.next.unwrap_or_else(|| state.clone());
+        if rest == 0 {
+            return Some(after_current);
+        }
+        let previous = self.refund(
+            &after_current,
+            now,
+            charge(rest, last.saturating_sub(self.window_us())),
+        );
+        previous
+            .next
+            .or((current.given > 0).then_some(after_current))
+    }
+    /// [current, previous, last]: each count weighted by the window.
+    fn within_reach(&self, [cur, prev, _]: [u64; 3]) -> bool {
+        let most = MAX_EXACT.min((u64::MAX / 4) / self.window_us());
+        cur <= most && prev <= most
     }
 }

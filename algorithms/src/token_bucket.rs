@@ -1,7 +1,8 @@
 //! Token bucket, kept exactly: tokens scaled by the period in microseconds.
 
-use tollgate_limiter::{State, Stored, TokenBucket, Transition, Verdict};
+use tollgate_limiter::{State, Stored, TokenBucket, Transition, Verdict, MAX_EXACT};
 
+use crate::builtin::{cells, Reference, FAR};
 use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
@@ -125,4 +126,36 @@ pub fn token_bucket_refund(p: &TokenBucket, state: [u64; 3], now: u64, c: Charge
         [now + until_full, remainder, 0]
     };
     Refund::cells(give, next)
+}
+
+impl Reference for TokenBucket {
+    #[inline]
+    fn decide(&self, state: Option<&State>, now: u64, cost: u64) -> Transition {
+        token_bucket(self, cells(state), now, cost)
+    }
+    fn refund(&self, state: &State, now: u64, charge: Charge) -> Refund {
+        match state {
+            State::Cells(c) => token_bucket_refund(self, *c, now, charge),
+            _ => Refund::NOTHING,
+        }
+    }
+    /// The remainder and the full-again instant the charge wrote.
+    fn charge_marks(&self, next: &State) -> Option<(u64, u64)> {
+        match next {
+            State::Cells([full_at, remainder, _]) => Some((*remainder, *full_at)),
+            _ => None,
+        }
+    }
+    fn reward(&self, state: &State, now: u64, units: u64) -> Option<State> {
+        let charge = Charge {
+            cost: units,
+            at: 0,
+            mark: FAR,
+        };
+        self.refund(state, now, charge).next
+    }
+    /// [full at, remainder]: the remainder within exact integers.
+    fn within_reach(&self, [_, remainder, _]: [u64; 3]) -> bool {
+        remainder <= MAX_EXACT
+    }
 }

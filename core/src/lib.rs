@@ -44,8 +44,9 @@ pub use error::{BuildError, Error, HashKeyError, PolicyError, StoreError, Subjec
 pub use failure::{BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure};
 pub use layer::{duplicate_names, shared_counters, Layer, Scope};
 pub use limit::{
-    CustomAlgorithm, Gcra, Limit, TokenBucket, Window, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT,
-    MAX_RECOVERY, MAX_WINDOW, MIN_WINDOW,
+    Builtin, CustomAlgorithm, FixedWindow, FixedWindowSpec, Gcra, GcraSpec, Layout, Limit,
+    SlidingLog, SlidingLogSpec, SlidingWindow, SlidingWindowSpec, TokenBucket, TokenBucketSpec,
+    Window, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY, MAX_WINDOW, MIN_WINDOW,
 };
 pub use limiter::{Limiter, LimiterBuilder};
 pub use live::{LimiterSource, LiveRoute, RouteLimits};

@@ -11,62 +11,46 @@ use serde::Deserialize;
 use crate::budget::KeyBudget;
 use crate::error::PolicyError;
 use crate::failure::{Fallback, OnStoreFailure};
-use crate::limit::Limit;
+use crate::limit::{Builtin, Limit, Parameters};
 use crate::policy::Policy;
 
-/// A limit as written in a configuration file, before validation.
-///
-/// ```
-/// use tollgate_limiter::LimitSpec;
-/// let spec: LimitSpec = serde_json::from_str(
-///     r#"{ "algorithm": "sliding_window", "limit": 100, "window": "1m" }"#,
-/// ).unwrap();
-/// assert_eq!(spec.build().unwrap().capacity(), 100);
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(tag = "algorithm", rename_all = "snake_case", deny_unknown_fields)]
-#[non_exhaustive]
-pub enum LimitSpec {
-    /// See [`Limit::token_bucket`].
-    TokenBucket {
-        /// Tokens when full.
-        capacity: u64,
-        /// Tokens added per `period`.
-        refill: u64,
-        /// Refill period, for example `"1s"`.
-        period: DurationSpec,
-    },
-    /// See [`Limit::gcra`].
-    Gcra {
-        /// Sustained requests per `period`.
-        rate: u64,
-        /// The period of `rate`.
-        period: DurationSpec,
-        /// Requests admitted at once from a full state.
-        burst: u64,
-    },
-    /// See [`Limit::fixed_window`].
-    FixedWindow {
-        /// Units per window.
-        limit: u64,
-        /// Window length.
-        window: DurationSpec,
-    },
-    /// See [`Limit::sliding_window`].
-    SlidingWindow {
-        /// Units per window.
-        limit: u64,
-        /// Window length.
-        window: DurationSpec,
-    },
-    /// See [`Limit::sliding_log`].
-    SlidingLog {
-        /// Units per window.
-        limit: u64,
-        /// Window length.
-        window: DurationSpec,
-    },
+/// `LimitSpec` from the list of built-ins.
+macro_rules! define_limit_spec {
+    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident) = $code:literal, )*) => {
+        /// A limit as written in a configuration file, before validation:
+        /// `algorithm` names the variant, the other fields are its
+        /// configuration type's.
+        ///
+        /// ```
+        /// use tollgate_limiter::LimitSpec;
+        /// let spec: LimitSpec = serde_json::from_str(
+        ///     r#"{ "algorithm": "sliding_window", "limit": 100, "window": "1m" }"#,
+        /// ).unwrap();
+        /// assert_eq!(spec.build().unwrap().capacity(), 100);
+        /// ```
+        #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+        #[serde(tag = "algorithm", rename_all = "snake_case")]
+        #[non_exhaustive]
+        pub enum LimitSpec {
+            $(
+                #[doc = concat!("See [`Limit::", stringify!($module), "`].")]
+                $variant(crate::limit::$spec),
+            )*
+        }
+
+        impl LimitSpec {
+            /// Validate the parameters.
+            pub fn build(&self) -> Result<Limit, PolicyError> {
+                match self {
+                    $( LimitSpec::$variant(spec) => {
+                        <crate::limit::$variant as Parameters>::from_spec(spec).map(Limit::$variant)
+                    } )*
+                }
+            }
+        }
+    };
 }
+crate::builtin_algorithms!(define_limit_spec);
 
 /// What a parameter of a [`LimitSpec`] holds, as a configuration file
 /// writes it.
@@ -77,40 +61,6 @@ pub enum FieldKind {
     /// A duration string ([`DurationSpec`]: `period = "1s"`).
     Duration,
 }
-
-/// Every built-in algorithm's name as configuration files write it, and
-/// its parameters in order: the one list configuration readers check a
-/// policy's fields against (a test holds it to the serde form above).
-const FIELDS: &[(&str, &[(&str, FieldKind)])] = &[
-    (
-        "token_bucket",
-        &[
-            ("capacity", FieldKind::Count),
-            ("refill", FieldKind::Count),
-            ("period", FieldKind::Duration),
-        ],
-    ),
-    (
-        "gcra",
-        &[
-            ("rate", FieldKind::Count),
-            ("period", FieldKind::Duration),
-            ("burst", FieldKind::Count),
-        ],
-    ),
-    (
-        "fixed_window",
-        &[("limit", FieldKind::Count), ("window", FieldKind::Duration)],
-    ),
-    (
-        "sliding_window",
-        &[("limit", FieldKind::Count), ("window", FieldKind::Duration)],
-    ),
-    (
-        "sliding_log",
-        &[("limit", FieldKind::Count), ("window", FieldKind::Duration)],
-    ),
-];
 
 impl LimitSpec {
     /// The parameters the algorithm named `algorithm` (as configuration
@@ -125,10 +75,7 @@ impl LimitSpec {
     /// assert!(LimitSpec::fields("leaky_bucket").is_none());
     /// ```
     pub fn fields(algorithm: &str) -> Option<&'static [(&'static str, FieldKind)]> {
-        FIELDS
-            .iter()
-            .find(|(name, _)| *name == algorithm)
-            .map(|(_, fields)| *fields)
+        Builtin::named(algorithm).map(|b| b.fields)
     }
 
     /// What a parameter named `field` holds, in whichever algorithm takes
@@ -141,30 +88,11 @@ impl LimitSpec {
     /// assert_eq!(LimitSpec::field_kind("mode"), None);
     /// ```
     pub fn field_kind(field: &str) -> Option<FieldKind> {
-        FIELDS
+        Builtin::all()
             .iter()
-            .flat_map(|(_, fields)| fields.iter())
+            .flat_map(|b| b.fields.iter())
             .find(|(name, _)| *name == field)
             .map(|(_, kind)| *kind)
-    }
-
-    /// Validate the parameters.
-    pub fn build(&self) -> Result<Limit, PolicyError> {
-        match *self {
-            LimitSpec::TokenBucket {
-                capacity,
-                refill,
-                period,
-            } => Limit::token_bucket(capacity, refill, period.0),
-            LimitSpec::Gcra {
-                rate,
-                period,
-                burst,
-            } => Limit::gcra(rate, period.0, burst),
-            LimitSpec::FixedWindow { limit, window } => Limit::fixed_window(limit, window.0),
-            LimitSpec::SlidingWindow { limit, window } => Limit::sliding_window(limit, window.0),
-            LimitSpec::SlidingLog { limit, window } => Limit::sliding_log(limit, window.0),
-        }
     }
 }
 
@@ -403,7 +331,12 @@ mod tests {
 
     #[test]
     fn the_field_list_is_the_serde_form() {
-        for (algorithm, fields) in FIELDS {
+        for Builtin {
+            name: algorithm,
+            fields,
+            ..
+        } in Builtin::all()
+        {
             let spec: LimitSpec = serde_json::from_value(table(algorithm, fields))
                 .unwrap_or_else(|e| panic!("{algorithm}: {e}"));
             assert!(spec.build().is_ok(), "{algorithm}");
@@ -413,7 +346,7 @@ mod tests {
                 let parsed = serde_json::from_value::<LimitSpec>(table(algorithm, &fewer));
                 assert!(parsed.is_err(), "{algorithm} without {missing}");
             }
-            for (_, others) in FIELDS {
+            for others in Builtin::all().iter().map(|b| b.fields) {
                 for field in others.iter().filter(|f| !fields.contains(f)) {
                     let mut more = fields.to_vec();
                     more.push(*field);
@@ -428,8 +361,8 @@ mod tests {
 
     #[test]
     fn a_field_has_one_kind_whatever_the_algorithm() {
-        for (_, fields) in FIELDS {
-            for (name, kind) in fields.iter() {
+        for builtin in Builtin::all() {
+            for (name, kind) in builtin.fields {
                 assert_eq!(LimitSpec::field_kind(name), Some(*kind), "{name}");
             }
         }

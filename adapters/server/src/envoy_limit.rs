@@ -1,8 +1,6 @@
 //! A policy as Envoy expresses a limit: requests per second, minute, hour
 //! or day.
 
-use std::time::Duration;
-
 use tollgate_limiter::Limit;
 
 /// Envoy's units, in seconds, with their protobuf numbers
@@ -30,20 +28,6 @@ pub struct EnvoyLimit {
     pub exact: bool,
 }
 
-/// What `limit` allows over what time: a window's limit per window; a token
-/// bucket's refill per period (its sustained rate); GCRA's one request per
-/// emission interval (its rate).
-pub fn rate(limit: &Limit) -> Option<(u64, Duration)> {
-    Some(match limit {
-        Limit::TokenBucket(p) => (p.refill(), Duration::from_micros(p.period_us())),
-        Limit::Gcra(p) => (1, Duration::from_micros(p.interval_us())),
-        Limit::FixedWindow(p) | Limit::SlidingWindow(p) | Limit::SlidingLog(p) => {
-            (p.limit(), Duration::from_micros(p.window_us()))
-        }
-        _ => return None,
-    })
-}
-
 /// `limit` as Envoy's `requests_per_unit` and `unit`: the first unit, from
 /// the smallest at least as long as the policy's period up to a day, in
 /// which its rate is a whole number of requests (exact); when there is
@@ -51,7 +35,7 @@ pub fn rate(limit: &Limit) -> Option<(u64, Duration)> {
 /// a period longer than a day is sent per day. `None` for a custom
 /// algorithm.
 pub fn envoy_limit(limit: &Limit) -> Option<EnvoyLimit> {
-    let (count, per) = rate(limit)?;
+    let (count, per) = limit.rate()?;
     let per_us = per.as_micros().max(1);
     let mut candidates: Vec<(u64, i32, &'static str)> = UNITS
         .into_iter()
@@ -80,6 +64,8 @@ pub fn envoy_limit(limit: &Limit) -> Option<EnvoyLimit> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn of(limit: Limit) -> (u32, &'static str, bool) {

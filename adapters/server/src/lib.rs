@@ -38,7 +38,7 @@ use tokio::task::JoinHandle;
 use tollgate_config::{Config, LiveConfig};
 use tollgate_limiter::{Clock, Store};
 
-pub use envoy_limit::{envoy_limit, rate, EnvoyLimit};
+pub use envoy_limit::{envoy_limit, EnvoyLimit};
 pub use error::{BadRequest, ServerError};
 pub use rules::{Descriptor, Outcome, Rules, Status};
 pub use settings::{Role, RuleSpec, Settings, Unknown};

@@ -9,30 +9,7 @@
 
 use std::time::Duration;
 
-use tollgate_limiter::{Adjustment, Gcra, Limit};
-
-/// The algorithm codes (the Redis store's `Code`, `lua/codes.lua`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Code {
-    TokenBucket,
-    Gcra,
-    FixedWindow,
-    SlidingWindow,
-    SlidingLog,
-}
-
-impl Code {
-    fn of(n: u64) -> Option<Code> {
-        Some(match n {
-            1 => Code::TokenBucket,
-            2 => Code::Gcra,
-            3 => Code::FixedWindow,
-            4 => Code::SlidingWindow,
-            5 => Code::SlidingLog,
-            _ => return None,
-        })
-    }
-}
+use tollgate_limiter::{Adjustment, Layout, Limit};
 
 /// What the call does (the last argument; none to decide).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +27,8 @@ pub(crate) enum Mode {
 /// One layer of the call.
 #[derive(Debug, Clone)]
 pub(crate) struct Layer {
-    pub(crate) code: Code,
+    /// How its state is kept.
+    pub(crate) layout: Layout,
     pub(crate) limit: Limit,
     /// Its cost (penalties and rewards: the units; a block: its length in µs).
     pub(crate) cost: u64,
@@ -156,12 +134,13 @@ pub(crate) fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, String> {
     for i in 0..keys {
         let a = &argv[2 + per_layer * i..2 + per_layer * (i + 1)];
         let num = |j: usize| number(a[j]);
-        let code = num(0).and_then(Code::of).ok_or_else(|| {
+        let unknown = || {
             args_error(format!(
                 "unknown algorithm {}",
                 String::from_utf8_lossy(a[0])
             ))
-        })?;
+        };
+        let code = num(0).ok_or_else(unknown)?;
         let [cost, p1, p2, p3] = [1, 2, 3, 4].map(num);
         let (Some(cost), Some(p1), Some(p2), Some(p3)) = (cost, p1, p2, p3) else {
             return Err(args_error(format!(
@@ -182,12 +161,14 @@ pub(crate) fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, String> {
         } else {
             (0, 0)
         };
-        let limit =
-            limit(code, p1, p2, p3).map_err(|e| args_error(format!("layer {}: {e}", i + 1)))?;
+        let limit = Limit::from_args(code, [p1, p2, p3])
+            .ok_or_else(unknown)?
+            .map_err(|e| args_error(format!("layer {}: {e}", i + 1)))?;
+        let layout = limit.layout().ok_or_else(unknown)?;
         let cost = checked_cost(mode, &limit, cost)
             .map_err(|e| args_error(format!("layer {}: {e}", i + 1)))?;
         layers.push(Layer {
-            code,
+            layout,
             limit,
             cost,
             at,
@@ -215,7 +196,7 @@ fn checked_cost(mode: Mode, limit: &Limit, cost: u64) -> Result<u64, String> {
         // Units beyond what a layer holds change nothing more for a
         // counter; a log's reward drops at most every entry, however many.
         Mode::Penalize => Ok(cost.min(capacity)),
-        Mode::Reward if matches!(limit, Limit::SlidingLog(_)) => Ok(cost),
+        Mode::Reward if limit.layout() == Some(Layout::Log) => Ok(cost),
         Mode::Reward => Ok(cost.min(capacity)),
         Mode::Block => {
             Adjustment::Block(Duration::from_micros(cost))
@@ -226,21 +207,10 @@ fn checked_cost(mode: Mode, limit: &Limit, cost: u64) -> Result<u64, String> {
     }
 }
 
-/// The limit the Redis store described with `code` and its parameters
-/// (its `layer_args`).
-fn limit(code: Code, p1: u64, p2: u64, p3: u64) -> Result<Limit, tollgate_limiter::PolicyError> {
-    let us = Duration::from_micros;
-    match code {
-        Code::TokenBucket => Limit::token_bucket(p1, p2, us(p3)),
-        Code::Gcra => Gcra::from_interval(p1, us(p2)).map(Limit::Gcra),
-        Code::FixedWindow => Limit::fixed_window(p1, us(p2)),
-        Code::SlidingWindow => Limit::sliding_window(p1, us(p2)),
-        Code::SlidingLog => Limit::sliding_log(p1, us(p2)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use tollgate_limiter::Gcra;
+
     use super::*;
 
     fn args(s: &str) -> Vec<&[u8]> {
@@ -253,7 +223,6 @@ mod tests {
     fn calls_parse_as_the_lua_reads_them() {
         let call = parse(&args("- - 2 1 10 1000000 0"), 1).unwrap();
         assert_eq!((call.mode, call.time), (Mode::Decide, Time::Server));
-        assert_eq!(call.layers[0].code, Code::Gcra);
         assert_eq!(
             call.layers[0].limit,
             Limit::gcra(1, Duration::from_secs(1), 10).unwrap()

@@ -4,9 +4,9 @@
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use tollgate_algorithms::refund::{refund, Charge};
-use tollgate_limiter::{Adjustment, State, Timestamp, Transition, Verdict};
+use tollgate_limiter::{Adjustment, Layout, State, Timestamp, Transition, Verdict};
 
-use crate::call::{self, Call, Code, Layer, Mode, Time};
+use crate::call::{self, Call, Layer, Mode, Time};
 use crate::keyspace::{self, TTL_MARGIN_MS};
 
 /// Answer the command `args` (the command name first).
@@ -95,7 +95,7 @@ fn write(
     };
     let ttl = keyspace::ttl_ms(next.ttl) + TTL_MARGIN_MS;
     match &next.state {
-        State::Cells(cells) => keyspace::write_counter(ctx, key, layer.code, *cells, ttl),
+        State::Cells(cells) => keyspace::write_counter(ctx, key, layer.layout, *cells, ttl),
         log => keyspace::write_log(ctx, key, before, log, cost, ttl),
     }
 }
@@ -166,7 +166,7 @@ fn adjust(
         match call.mode {
             Mode::Block => {
                 let until = now.saturating_add(layer.cost).max(blocked.unwrap_or(0));
-                keyspace::write_block(ctx, key, layer.code, until, now)?;
+                keyspace::write_block(ctx, key, layer.layout, until, now)?;
             }
             // A block is kept through penalties and rewards.
             _ if blocked.is_some() => {}
@@ -212,7 +212,7 @@ fn reward(
     state: Option<&State>,
     now: u64,
 ) -> Result<(), RedisError> {
-    if layer.code == Code::SlidingLog {
+    if layer.layout == Layout::Log {
         // The newest entries go (a list left empty is removed).
         return keyspace::drop_newest(ctx, key, layer.cost);
     }
@@ -233,7 +233,7 @@ fn reward(
     .map_err(|e| RedisError::String(call::args_error(e)))?;
     match rewarded.next.map(|n| n.state) {
         Some(State::Cells(next)) if next != *cells => {
-            keyspace::write_counter(ctx, key, layer.code, next, ttl as u64)
+            keyspace::write_counter(ctx, key, layer.layout, next, ttl as u64)
         }
         _ => Ok(()),
     }
@@ -264,7 +264,7 @@ fn refund_layers(
                 let back = refund(&layer.limit, Some(&state), now, charge);
                 match back.next {
                     Some(State::Cells(cells)) if ttl > 0 => {
-                        keyspace::write_counter(ctx, key, layer.code, cells, ttl as u64)?;
+                        keyspace::write_counter(ctx, key, layer.layout, cells, ttl as u64)?;
                         back.given
                     }
                     _ => 0,

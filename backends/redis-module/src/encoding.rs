@@ -18,32 +18,12 @@ use std::collections::VecDeque;
 
 use tollgate_limiter::State;
 
-use crate::call::Code;
+use tollgate_limiter::Layout;
 
 /// The first instant a stored time may hold (2020-01-01, µs).
 pub(crate) const EARLIEST: u64 = 1_577_836_800_000_000;
 /// The first instant a stored time may no longer hold (2101-01-01, µs).
 pub(crate) const LATEST: u64 = 4_133_980_800_000_000;
-
-/// The number of cells `code` keeps (the token bucket may keep one).
-fn cells_of(code: Code) -> usize {
-    match code {
-        Code::TokenBucket | Code::FixedWindow => 2,
-        Code::Gcra => 1,
-        Code::SlidingWindow => 3,
-        Code::SlidingLog => 0,
-    }
-}
-
-/// The cell holding a time (0-based).
-fn time_cell(code: Code) -> usize {
-    match code {
-        Code::TokenBucket | Code::Gcra => 0,
-        Code::FixedWindow => 1,
-        // The log keeps no cells: its entries are times.
-        Code::SlidingWindow | Code::SlidingLog => 2,
-    }
-}
 
 /// A decimal number as the Lua pattern `%d+` reads it (digits only), or
 /// `None`. Numbers beyond `u64` are not states.
@@ -60,35 +40,43 @@ pub(crate) fn block_end(v: &[u8]) -> Option<u64> {
     (EARLIEST..LATEST).contains(&u).then_some(u)
 }
 
-/// The counter state of `code` in the string `v`, a block, or `None` when
-/// `v` is not a state Tollgate wrote (a conflict).
-pub(crate) fn read_cells(code: Code, v: &[u8]) -> Option<State> {
+/// The counter state kept as `layout` in the string `v`, a block, or
+/// `None` when `v` is not a state Tollgate wrote (a conflict).
+pub(crate) fn read_cells(layout: Layout, v: &[u8]) -> Option<State> {
+    let Layout::Cells { cells, time_cell } = layout else {
+        return None;
+    };
     let parts: Vec<&[u8]> = v.split(|&b| b == b' ').collect();
-    let n = parts.len();
-    let fits = n == cells_of(code) || (code == Code::TokenBucket && n == 1);
-    if !fits {
+    // Cells after the time cell may have been left out (0).
+    if !(time_cell + 1..=cells).contains(&parts.len()) {
         return block_end(v).map(State::Blocked);
     }
-    let mut cells = [0u64; 3];
-    for (cell, part) in cells.iter_mut().zip(&parts) {
+    let mut read = [0u64; 3];
+    for (cell, part) in read.iter_mut().zip(&parts) {
         match digits(part) {
             Some(x) => *cell = x,
             None => return block_end(v).map(State::Blocked),
         }
     }
-    let at = cells[time_cell(code)];
     (EARLIEST..LATEST)
-        .contains(&at)
-        .then_some(State::Cells(cells))
+        .contains(&read[time_cell])
+        .then_some(State::Cells(read))
 }
 
-/// The text of counter cells as `code` stores them.
-pub(crate) fn write_cells(code: Code, [a, b, c]: [u64; 3]) -> String {
-    match cells_of(code) {
-        1 => a.to_string(),
-        2 if code == Code::TokenBucket && b == 0 => a.to_string(),
-        2 => format!("{a} {b}"),
-        _ => format!("{a} {b} {c}"),
+/// The text of counter cells as `layout` keeps them: its cells, but those
+/// after the time cell that are 0 (the token bucket's remainder, mostly).
+pub(crate) fn write_cells(layout: Layout, cells: [u64; 3]) -> String {
+    let (mut n, time_cell) = match layout {
+        Layout::Cells { cells, time_cell } => (cells, time_cell),
+        Layout::Log => unreachable!("a log is not kept as cells"),
+    };
+    while n > time_cell + 1 && cells[n - 1] == 0 {
+        n -= 1;
+    }
+    match n {
+        1 => cells[0].to_string(),
+        2 => format!("{} {}", cells[0], cells[1]),
+        _ => format!("{} {} {}", cells[0], cells[1], cells[2]),
     }
 }
 
@@ -160,14 +148,19 @@ mod tests {
 
     const T: u64 = 1_780_000_000_000_000;
 
+    /// The layout of the built-in algorithm `name`.
+    fn of(name: &str) -> Layout {
+        tollgate_limiter::Builtin::named(name).unwrap().layout
+    }
+
     #[test]
     fn counter_states_read_back_what_they_write() {
         for (code, cells) in [
-            (Code::TokenBucket, [T, 0, 0]),
-            (Code::TokenBucket, [T, 7, 0]),
-            (Code::Gcra, [T, 0, 0]),
-            (Code::FixedWindow, [3, T, 0]),
-            (Code::SlidingWindow, [3, 4, T]),
+            (of("token_bucket"), [T, 0, 0]),
+            (of("token_bucket"), [T, 7, 0]),
+            (of("gcra"), [T, 0, 0]),
+            (of("fixed_window"), [3, T, 0]),
+            (of("sliding_window"), [3, 4, T]),
         ] {
             let text = write_cells(code, cells);
             assert_eq!(
@@ -176,9 +169,9 @@ mod tests {
                 "{text}"
             );
         }
-        assert_eq!(write_cells(Code::TokenBucket, [T, 0, 0]), T.to_string());
+        assert_eq!(write_cells(of("token_bucket"), [T, 0, 0]), T.to_string());
         assert_eq!(
-            write_cells(Code::SlidingWindow, [1, 2, T]),
+            write_cells(of("sliding_window"), [1, 2, T]),
             format!("1 2 {T}")
         );
     }
@@ -187,18 +180,18 @@ mod tests {
     fn what_tollgate_did_not_write_is_not_a_state() {
         let t = T.to_string();
         for (code, v) in [
-            (Code::Gcra, "hello".to_string()),
-            (Code::Gcra, "12".to_string()),
-            (Code::Gcra, format!("{t} 1")),
-            (Code::Gcra, format!("+{t}")),
-            (Code::Gcra, format!("{t} ")),
-            (Code::FixedWindow, format!("1  {t}")),
-            (Code::FixedWindow, "12 34".to_string()),
-            (Code::SlidingWindow, format!("1 2 {t} 4")),
-            (Code::TokenBucket, format!("{t} 1 2")),
-            (Code::Gcra, "99999999999999999999999".to_string()),
-            (Code::Gcra, "b12".to_string()),
-            (Code::Gcra, String::new()),
+            (of("gcra"), "hello".to_string()),
+            (of("gcra"), "12".to_string()),
+            (of("gcra"), format!("{t} 1")),
+            (of("gcra"), format!("+{t}")),
+            (of("gcra"), format!("{t} ")),
+            (of("fixed_window"), format!("1  {t}")),
+            (of("fixed_window"), "12 34".to_string()),
+            (of("sliding_window"), format!("1 2 {t} 4")),
+            (of("token_bucket"), format!("{t} 1 2")),
+            (of("gcra"), "99999999999999999999999".to_string()),
+            (of("gcra"), "b12".to_string()),
+            (of("gcra"), String::new()),
         ] {
             assert_eq!(read_cells(code, v.as_bytes()), None, "{code:?} {v:?}");
         }
@@ -215,10 +208,10 @@ mod tests {
     fn blocks_read_the_same_for_every_algorithm() {
         let v = format!("b{T}");
         for code in [
-            Code::TokenBucket,
-            Code::Gcra,
-            Code::FixedWindow,
-            Code::SlidingWindow,
+            of("token_bucket"),
+            of("gcra"),
+            of("fixed_window"),
+            of("sliding_window"),
         ] {
             assert_eq!(read_cells(code, v.as_bytes()), Some(State::Blocked(T)));
         }

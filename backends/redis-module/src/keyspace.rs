@@ -9,9 +9,9 @@ use redis_module::{
     CallOptions, CallOptionsBuilder, CallReply, CallResult, Context, KeyType, RedisError,
     RedisString, RedisValue,
 };
-use tollgate_limiter::{Limit, State, MAX_EXACT};
+use tollgate_limiter::{Layout, State};
 
-use crate::call::{Code, Layer};
+use crate::call::Layer;
 use crate::encoding::{read_cells, write_cells, LogReader};
 
 /// Added to every TTL a decision sets: Redis counts a relative TTL from its
@@ -45,44 +45,20 @@ pub(crate) fn read(
     i: usize,
 ) -> Result<Option<State>, RedisError> {
     let k = ctx.open_key(key);
-    match (k.key_type(), layer.code) {
+    match (k.key_type(), layer.layout) {
         (KeyType::Empty, _) => Ok(None),
-        (KeyType::String, code) if code != Code::SlidingLog => {
+        (KeyType::String, layout @ Layout::Cells { .. }) => {
             let v = k.read()?.unwrap_or_default();
-            read_cells(code, v)
-                .filter(|state| within_reach(&layer.limit, state))
+            read_cells(layout, v)
+                .filter(|state| tollgate_algorithms::within_reach(&layer.limit, state))
                 .map(Some)
                 .ok_or_else(|| conflict(i, "not_a_state"))
         }
-        (KeyType::List, Code::SlidingLog) => {
+        (KeyType::List, Layout::Log) => {
             drop(k);
             read_log(ctx, key, i).map(Some)
         }
         _ => Err(conflict(i, "wrong_type")),
-    }
-}
-
-/// Whether the reference algorithms can take counter `state` under
-/// `limit` without overflowing. Tollgate's own states stay far inside
-/// these bounds (a count below 2^53, a sliding window's count times its
-/// window below 2^62): a number beyond came from someone else, who put a
-/// plausible time beside it.
-fn within_reach(limit: &Limit, state: &State) -> bool {
-    let State::Cells([a, b, _]) = *state else {
-        return true;
-    };
-    match limit {
-        // [full at, remainder]
-        Limit::TokenBucket(_) => b <= MAX_EXACT,
-        // [count, last]
-        Limit::FixedWindow(_) => a <= MAX_EXACT,
-        // [current, previous, last]: each weighted by the window.
-        Limit::SlidingWindow(w) => {
-            let most = MAX_EXACT.min((u64::MAX / 4) / w.window_us());
-            a <= most && b <= most
-        }
-        // A time only, or no cells.
-        Limit::Gcra(_) | Limit::SlidingLog(_) | Limit::Custom(_) => true,
     }
 }
 
@@ -131,15 +107,16 @@ pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
     (ttl.as_micros() as u64).div_ceil(1000).max(1)
 }
 
-/// Store counter `cells` of `code` at `key` for `ttl_ms` milliseconds.
+/// Store counter `cells`, kept as `layout`, at `key` for `ttl_ms`
+/// milliseconds.
 pub(crate) fn write_counter(
     ctx: &Context,
     key: &RedisString,
-    code: Code,
+    layout: Layout,
     cells: [u64; 3],
     ttl_ms: u64,
 ) -> Result<(), RedisError> {
-    write_string(ctx, key, &write_cells(code, cells), ttl_ms)
+    write_string(ctx, key, &write_cells(layout, cells), ttl_ms)
 }
 
 /// `SET key text PX ttl_ms`, run through Redis so that the primary and
@@ -206,13 +183,13 @@ pub(crate) fn write_log(
 pub(crate) fn write_block(
     ctx: &Context,
     key: &RedisString,
-    code: Code,
+    layout: Layout,
     until: u64,
     now: u64,
 ) -> Result<(), RedisError> {
     let ttl = ttl_ms(Duration::from_micros(until.saturating_sub(now))) + TTL_MARGIN_MS;
     let v = format!("b{until}");
-    if code == Code::SlidingLog {
+    if layout == Layout::Log {
         let k = key.as_slice();
         effect(ctx, "DEL", &[k])?;
         effect(ctx, "RPUSH", &[k, v.as_bytes()])?;

@@ -73,3 +73,6 @@ end
 local function int(x)
   return format('%d', x)
 end
+
+-- A charge no refund rule finds too old (each algorithm's reward_*).
+local FAR = 9007199254740991

@@ -1,7 +1,11 @@
 -- Tollgate: fixed window (Rust reference: algorithms/src/fixed_window.rs).
 --
--- This file defines one function; the store runs it through layered.lua,
--- which holds the KEYS/ARGV layout (one layer = one call of this function).
+-- This file defines the algorithm (`fixed_window`), its refund (`refund_fixed_window`,
+-- see layered.lua's refund mode), its reward (`reward_fixed_window`) and
+-- the charge an admitted state marks (`charge_fixed_window`). The store runs them through
+-- layered.lua, which holds the KEYS/ARGV layout (one layer = one call of
+-- `fixed_window`) and finds them by the algorithm's code (src/script.rs
+-- generates its tables from the Rust list of built-ins).
 --
 --   fixed_window(limit, window_us, _, count, last, _, now, cost)
 --
@@ -37,4 +41,30 @@ local function fixed_window(limit, w, _, stored, last, _, now, cost)
     return true, limit, remaining, reset_after, -1, ttl_ms(stop, now), count_after, t, 0
   end
   return false, limit, remaining, reset_after, after(stop, now)
+end
+
+-- Fixed window: the count goes down only while it still counts the
+-- charge's window.
+local function refund_fixed_window(_, w, _, count, last, _, now, cost, at)
+  if not count then
+    return 0
+  end
+  if last < at or last - mod(last, w) ~= at - mod(at, w) then
+    return 0
+  end
+  local give = min(cost, count)
+  if give <= 0 then
+    return 0
+  end
+  return give, count - give, last, 0
+end
+
+-- A reward: from the current window's count.
+local function reward_fixed_window(p1, w, p3, count, last, c, now, units)
+  return refund_fixed_window(p1, w, p3, count, last, c, now, units, last)
+end
+
+-- The charge an admitted state marks: its time.
+local function charge_fixed_window(_, last, _)
+  return last, 0
 end

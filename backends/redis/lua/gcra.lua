@@ -1,7 +1,11 @@
 -- Tollgate: GCRA (Rust reference: algorithms/src/gcra.rs).
 --
--- This file defines one function; the store runs it through layered.lua,
--- which holds the KEYS/ARGV layout (one layer = one call of this function).
+-- This file defines the algorithm (`gcra`), its refund (`refund_gcra`,
+-- see layered.lua's refund mode), its reward (`reward_gcra`) and
+-- the charge an admitted state marks (`charge_gcra`). The store runs them through
+-- layered.lua, which holds the KEYS/ARGV layout (one layer = one call of
+-- `gcra`) and finds them by the algorithm's code (src/script.rs
+-- generates its tables from the Rust list of built-ins).
 --
 --   gcra(burst, interval_us, _, tat, _, _, now, cost)
 --
@@ -34,4 +38,35 @@ local function gcra(burst, interval, _, tat, _, _, now, cost)
   local retry_at = new_tat - tolerance
   return false, burst, fdiv(max(tolerance - (base - t), 0), interval),
     after(base, now), after(retry_at, now)
+end
+
+-- GCRA. The charge moved the TAT `cost × interval` later, to `tat_after`;
+-- without it the TAT could have been raised to now since, so only what is
+-- still ahead of now goes back, and the TAT never goes below now. A state
+-- recreated since (the charged one expired) owes nothing without a check:
+-- a GCRA state expires only after its TAT, so `tat_after` is not ahead.
+local function refund_gcra(burst, interval, _, tat, _, _, now, cost, at, tat_after)
+  if not tat then
+    return 0
+  end
+  local t = now
+  local give = min(cost * interval, tat_after - t)
+  if give <= 0 then
+    return 0
+  end
+  local lowered = max(tat - give, t)
+  if lowered >= tat then
+    return 0
+  end
+  return tat - lowered, lowered, 0, 0
+end
+
+-- A reward: the refund of a charge that never ages.
+local function reward_gcra(burst, interval, p3, a, b, c, now, units)
+  return refund_gcra(burst, interval, p3, a, b, c, now, units, 0, FAR)
+end
+
+-- The charge an admitted state marks: the TAT it wrote.
+local function charge_gcra(tat, _, _)
+  return 0, tat
 end

@@ -1,7 +1,9 @@
 -- Tollgate: decide every layer of one request in one call, all-or-nothing.
 --
--- common.lua, codes.lua, the five algorithm files, refund.lua and this
--- dispatcher are concatenated in that order (src/script.rs) into one body
+-- common.lua, the algorithm codes, the algorithm files, the tables that
+-- find each algorithm's functions by its code, and this dispatcher are
+-- concatenated in that order (src/script.rs, which generates the codes and
+-- tables from the Rust list of built-ins) into one body
 -- that defines `decide(KEYS, ARGV)`. On Redis 7 the store loads the body as
 -- a function library (FUNCTION LOAD, then FCALL), so the helpers and tables
 -- are made once per load; elsewhere, or when asked to, it runs the same body
@@ -14,12 +16,9 @@
 --          server's TIME (the default: one clock for every key).
 -- ARGV[2]  with a caller's time: the largest allowed distance in µs from the
 --          server's TIME, or "" for no check.
--- ARGV[3 + 5(i−1) ..] layer i: algorithm (codes.lua), cost, p1, p2, p3
---            TOKEN_BUCKET    p = capacity, refill, period_us
---            GCRA            p = burst, interval_us, 0
---            FIXED_WINDOW    p = limit, window_us, 0
---            SLIDING_WINDOW  p = limit, window_us, 0
---            SLIDING_LOG     p = limit, window_us, 0
+-- ARGV[3 + 5(i−1) ..] layer i: algorithm code, cost, p1, p2, p3 (each
+--          algorithm's file names its code's parameters; p1 is its
+--          capacity, which a blocked layer reports as its limit)
 --
 -- Reply: 5 integers per layer, in KEYS order: allowed (1/0), limit,
 --   remaining, reset_after µs, retry_after µs (−1 when the layer admits).
@@ -47,7 +46,7 @@
 --              block the cost argument holds the block's length in µs.
 --              Reply: each layer's verdict for a request of one unit
 --              afterwards, as 'peek' gives it.
---   'refund'   give back reservations (refund.lua). KEYS: the layers'
+--   'refund'   give back reservations (each algorithm's refund_*). KEYS: the layers'
 --              keys; ARGV after the time: per layer algorithm, cost, p1, p2,
 --              p3, at, mark; then 'refund'. Reply: per layer what was given
 --              back. Not idempotent: the store sends a refund at most once.
@@ -73,50 +72,29 @@
 -- admitted report remaining + cost (capped at the limit): the request was not
 -- charged (Rust: Verdict::uncharged).
 
+-- The tables src/script.rs generates before this file, by algorithm code:
+-- ALGORITHMS (every algorithm's function), and for the algorithms kept as
+-- counter cells REFUNDS, REWARDS, CHARGES (each algorithm's file:
+-- refund_*, reward_*, charge_*), CELLS (how many cells its state keeps)
+-- and TIME_CELL (the cell holding a time, from 1). The sliding log, kept
+-- as a list, has branches of its own (`code == LOG`).
 local LOG = SLIDING_LOG
-local ALGORITHMS = {
-  [TOKEN_BUCKET] = token_bucket,
-  [GCRA] = gcra,
-  [FIXED_WINDOW] = fixed_window,
-  [SLIDING_WINDOW] = sliding_window,
-  [SLIDING_LOG] = sliding_log,
-}
--- Refunds of counter states, by algorithm code (the log's is refund_sliding_log).
-local REFUNDS = {
-  [TOKEN_BUCKET] = refund_token_bucket,
-  [GCRA] = refund_gcra,
-  [FIXED_WINDOW] = refund_fixed_window,
-  [SLIDING_WINDOW] = refund_sliding_window,
-}
--- How each counter state is stored: the number of cells kept (trailing
--- cells an algorithm does not use are not written), the pattern that reads
--- them back and the format that writes them (one string.format per state).
-local CELLS = {
-  [TOKEN_BUCKET] = 2,
-  [GCRA] = 1,
-  [FIXED_WINDOW] = 2,
-  [SLIDING_WINDOW] = 3,
-}
+-- Counter states are stored as their cells (trailing cells an algorithm
+-- does not use are not written; nor are cells after the time cell that
+-- are 0), read back by a pattern and written by a format (one
+-- string.format per state).
 local PATTERNS = { '^(%d+)$', '^(%d+) (%d+)$', '^(%d+) (%d+) (%d+)$' }
 local FORMATS = { '%d', '%d %d', '%d %d %d' }
 -- The token bucket leaves its second cell (the remainder) out when it is
 -- 0: one integer, which Redis keeps inside the key's object.
 
--- The cell holding a time (µs since the Unix epoch), which a state
+-- The time cell (µs since the Unix epoch), which a state
 -- Tollgate wrote always has from 2020 to 2101 (clocks are checked to read
 -- 2020–2100; a TAT runs ahead by at most the longest recovery, 14 days):
 -- a value whose time is not is someone else's numbers.
-local TIME_CELL = {
-  [TOKEN_BUCKET] = 1,
-  [GCRA] = 1,
-  [FIXED_WINDOW] = 2,
-  [SLIDING_WINDOW] = 3,
-}
 local EARLIEST, LATEST = 1577836800000000, 4133980800000000
 -- What read_cells answers for a block (its second value: the end).
 local BLOCKED = -1
--- A charge no refund rule finds too old (rewards, refund.lua).
-local FAR = 9007199254740991
 
 -- The end of the block `v` holds ("b<µs>"), or nil when `v` is not one.
 local function block_end(v)
@@ -159,9 +137,12 @@ local function read_cells(key, code)
   if not v then
     return nil
   end
-  local a, b, c = match(v, PATTERNS[CELLS[code]])
-  if not a and code == TOKEN_BUCKET then
-    a = match(v, PATTERNS[1])
+  local n, t = CELLS[code], TIME_CELL[code]
+  local a, b, c = match(v, PATTERNS[n])
+  -- Cells after the time cell may have been left out (0).
+  while not a and n > t do
+    n = n - 1
+    a, b, c = match(v, PATTERNS[n])
   end
   if not a then
     local u = block_end(v)
@@ -171,7 +152,6 @@ local function read_cells(key, code)
     return false
   end
   a, b, c = tonumber(a), tonumber(b or 0), tonumber(c or 0)
-  local t = TIME_CELL[code]
   local at = (t == 1 and a) or (t == 2 and b) or c
   if at < EARLIEST or at >= LATEST then
     return false
@@ -180,8 +160,12 @@ local function read_cells(key, code)
 end
 
 local function write_cells(key, code, ttl, a, b, c)
-  local n = CELLS[code]
-  if code == TOKEN_BUCKET and b == 0 then
+  local n, t = CELLS[code], TIME_CELL[code]
+  -- Cells after the time cell that are 0 are left out.
+  if n == 3 and t < 3 and c == 0 then
+    n = 2
+  end
+  if n == 2 and t < 2 and b == 0 then
     n = 1
   end
   redis.call('SET', key, format(FORMATS[n], a, b, c), 'PX', ttl)
@@ -260,6 +244,26 @@ local function refund_target(key, code)
   return 'foreign'
 end
 
+-- Refunds (the Cluster store's reservations). Each algorithm's
+-- refund_<algorithm>(p1, p2, p3, a, b, c, now, cost, at, mark):
+--
+-- a, b, c: the stored cells (a nil: no state).
+--
+-- at    the effective time (µs) the reservation charged at (token bucket:
+--       the remainder the charge wrote; GCRA: 0);
+-- mark  token bucket: when full again, as the charge wrote it; GCRA: the
+--       TAT it wrote; otherwise 0.
+-- Returns: what was given back (scaled tokens, µs of TAT, counts, log
+--   entries; 0 when nothing), and for counter states the cells to store
+--   (a, b, c; none: write nothing).
+--
+-- A refund never gives back more than the charge took, and never more than
+-- the state would hold had the charge not happened: between the charge and
+-- the refund, other requests may have been admitted against the charged
+-- state, and a bucket that would have been full meanwhile wastes refill.
+-- When that cannot be ruled out the refund gives back less (or nothing):
+-- a brief under-admission, never an over-admission. A state whose time is
+-- before the charge's was recreated since (it expired): nothing to refund.
 local function refund(KEYS, ARGV, now)
   local reply = {}
   for i = 1, #KEYS do
@@ -371,8 +375,8 @@ local function write_block(key, code, until_us, now)
   end
 end
 
--- Give `units` back to the state at `key` (refund.lua's rules for a charge
--- that never ages; the log drops its newest entries). A state keeps its
+-- Give `units` back to the state at `key` (each algorithm's reward_*: its
+-- refund of a charge that never ages; the log drops its newest entries). A state keeps its
 -- expiry: a reward only brings it closer to new.
 local function reward_layer(key, code, p1, p2, p3, now, units)
   if code == LOG then
@@ -386,26 +390,7 @@ local function reward_layer(key, code, p1, p2, p3, now, units)
   if not a or a == BLOCKED or ttl <= 0 then
     return
   end
-  local given, na, nb, nc
-  if code == TOKEN_BUCKET then
-    given, na, nb, nc = refund_token_bucket(p1, p2, p3, a, b, c, now, units, 0, FAR)
-  elseif code == GCRA then
-    given, na, nb, nc = refund_gcra(p1, p2, p3, a, b, c, now, units, 0, FAR)
-  elseif code == FIXED_WINDOW then
-    given, na, nb, nc = refund_fixed_window(p1, p2, p3, a, b, c, now, units, b)
-  else
-    -- The current window's count first, then the previous one's.
-    given, na, nb, nc = refund_sliding_window(p1, p2, p3, a, b, c, now, units, c)
-    if given < units then
-      local from = na and { na, nb, nc } or { a, b, c }
-      local more, xa, xb, xc = refund_sliding_window(p1, p2, p3, from[1], from[2], from[3],
-        now, units - given, c - p2)
-      if xa then
-        na, nb, nc = xa, xb, xc
-      end
-      given = given + more
-    end
-  end
+  local given, na, nb, nc = REWARDS[code](p1, p2, p3, a, b, c, now, units)
   if na and given > 0 then
     write_cells(key, code, ttl, na, nb, nc)
   end
@@ -595,14 +580,8 @@ local function decide(KEYS, ARGV)
         local code = codes[i]
         if code == LOG then
           at = cell_a[i].t
-        elseif code == SLIDING_WINDOW then
-          at = cell_c[i]
-        elseif code == GCRA then
-          mark = cell_a[i]
-        elseif code == TOKEN_BUCKET then
-          at, mark = cell_b[i], cell_a[i]
         else
-          at = cell_b[i]
+          at, mark = CHARGES[code](cell_a[i], cell_b[i], cell_c[i])
         end
       end
       out[7 * (i - 1) + 6] = at

@@ -1,7 +1,10 @@
 -- Tollgate: sliding log (Rust reference: algorithms/src/sliding_log.rs).
 --
--- This file defines one function; the store runs it through layered.lua,
--- which holds the KEYS/ARGV layout (one layer = one call of this function).
+-- This file defines the algorithm (`sliding_log`), its refund (`refund_sliding_log`,
+-- see layered.lua's refund mode). The store runs them through
+-- layered.lua, which holds the KEYS/ARGV layout (one layer = one call of
+-- `sliding_log`) and finds them by the algorithm's code (src/script.rs
+-- generates its tables from the Rust list of built-ins).
 --
 --   sliding_log(limit, window_us, _, log, now, cost)
 --
@@ -48,4 +51,13 @@ local function sliding_log(limit, w, _, log, now, cost)
   end
   -- max() only guards a log written under a larger limit.
   return false, limit, max(limit - live, 0), after(reset_at, now), after(retry_at, now)
+end
+
+-- Sliding log: the charge appended `cost` entries equal to `at`; entries
+-- equal to `at` are interchangeable and age out together, so removing up
+-- to `cost` of them (newest first) removes exactly the charge's, or nothing
+-- once they aged out.
+local function refund_sliding_log(key, cost, at)
+  -- The caller checked the key is a list.
+  return redis.call('LREM', key, -cost, int(at))
 end

@@ -1,7 +1,11 @@
 -- Tollgate: sliding window counter (Rust reference: algorithms/src/sliding_window.rs).
 --
--- This file defines one function; the store runs it through layered.lua,
--- which holds the KEYS/ARGV layout (one layer = one call of this function).
+-- This file defines the algorithm (`sliding_window`), its refund (`refund_sliding_window`,
+-- see layered.lua's refund mode), its reward (`reward_sliding_window`) and
+-- the charge an admitted state marks (`charge_sliding_window`). The store runs them through
+-- layered.lua, which holds the KEYS/ARGV layout (one layer = one call of
+-- `sliding_window`) and finds them by the algorithm's code (src/script.rs
+-- generates its tables from the Rust list of built-ins).
 --
 --   sliding_window(limit, window_us, _, cur, prev, last, now, cost)
 --
@@ -77,4 +81,51 @@ local function sliding_window(limit, w, _, stored_cur, stored_prev, last, now, c
   end
   local retry_at = sliding_window_retry_at(limit, w, prev, cur, cost, start)
   return false, limit, remaining, after(reset_at, now), after(retry_at, now)
+end
+
+-- Sliding window counter: the charge is in the current count while the
+-- state is in the charge's window, and in the previous count once the state
+-- has moved to the next window; later than that it no longer counts.
+local function refund_sliding_window(_, w, _, cur, prev, last, now, cost, at)
+  if not cur then
+    return 0
+  end
+  if last < at then
+    return 0
+  end
+  local start, charged = last - mod(last, w), at - mod(at, w)
+  if start == charged then
+    local give = min(cost, cur)
+    if give <= 0 then
+      return 0
+    end
+    return give, cur - give, prev, last
+  elseif start == charged + w then
+    local give = min(cost, prev)
+    if give <= 0 then
+      return 0
+    end
+    return give, cur, prev - give, last
+  end
+  return 0
+end
+
+-- A reward: the current window's count first, then the previous one's.
+local function reward_sliding_window(p1, w, p3, a, b, c, now, units)
+  local given, na, nb, nc = refund_sliding_window(p1, w, p3, a, b, c, now, units, c)
+  if given < units then
+    local from = na and { na, nb, nc } or { a, b, c }
+    local more, xa, xb, xc = refund_sliding_window(p1, w, p3, from[1], from[2], from[3],
+      now, units - given, c - w)
+    if xa then
+      na, nb, nc = xa, xb, xc
+    end
+    given = given + more
+  end
+  return given, na, nb, nc
+end
+
+-- The charge an admitted state marks: its time.
+local function charge_sliding_window(_, _, last)
+  return last, 0
 end

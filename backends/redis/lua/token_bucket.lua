@@ -1,7 +1,11 @@
 -- Tollgate: token bucket (Rust reference: algorithms/src/token_bucket.rs).
 --
--- This file defines one function; the store runs it through layered.lua,
--- which holds the KEYS/ARGV layout (one layer = one call of this function).
+-- This file defines the algorithm (`token_bucket`), its refund (`refund_token_bucket`,
+-- see layered.lua's refund mode), its reward (`reward_token_bucket`) and
+-- the charge an admitted state marks (`charge_token_bucket`). The store runs them through
+-- layered.lua, which holds the KEYS/ARGV layout (one layer = one call of
+-- `token_bucket`) and finds them by the algorithm's code (src/script.rs
+-- generates its tables from the Rust list of built-ins).
 --
 --   token_bucket(capacity, refill, period_us, full_at, remainder, _, now, cost)
 --
@@ -47,4 +51,45 @@ local function token_bucket(capacity, refill, period, full_at, remainder, _, now
   end
   return false, capacity, fdiv(level, period), cdiv(full - level, refill),
     cdiv(need - level, refill)
+end
+
+-- Token bucket: GCRA's refund in scaled tokens (Rust: token_bucket_refund).
+-- The charge moved the instant the bucket is full again `cost × period`
+-- scaled tokens later, to the mark it wrote (`mark_at`, with
+-- `mark_remainder`); only what is still ahead of now is owed, and the
+-- bucket never goes above full.
+local function refund_token_bucket(capacity, refill, period, full_at, remainder, _, now, cost, mark_remainder, mark_at)
+  if not full_at or mark_at <= now then
+    return 0
+  end
+  local full = capacity * period
+  local owed = cost * period
+  local ahead_us = mark_at - now
+  local ahead = owed
+  -- Compared first so the product stays below 2^53.
+  if ahead_us <= cdiv(full + mark_remainder, refill) then
+    ahead = max(ahead_us * refill - mark_remainder, 0)
+  end
+  local level = token_bucket_level(full, refill, full_at, remainder, now)
+  local give = min(owed, ahead, full - level)
+  if give <= 0 then
+    return 0
+  end
+  local left = level + give
+  if left == full then
+    return give, now, 0, 0
+  end
+  local until_full = cdiv(full - left, refill)
+  return give, now + until_full, until_full * refill - (full - left), 0
+end
+
+-- A reward: the refund of a charge that never ages.
+local function reward_token_bucket(capacity, refill, period, a, b, c, now, units)
+  return refund_token_bucket(capacity, refill, period, a, b, c, now, units, 0, FAR)
+end
+
+-- The charge an admitted state marks (refund's `at` and `mark`): the
+-- remainder and the full-again instant it wrote.
+local function charge_token_bucket(full_at, remainder, _)
+  return remainder, full_at
 end

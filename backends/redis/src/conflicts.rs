@@ -7,7 +7,7 @@
 //! `TYPE` of each key of the call to name it.
 
 use redis::aio::ConnectionLike;
-use tollgate_limiter::{LayerRequest, Limit, StoreError};
+use tollgate_limiter::{LayerRequest, Layout, StoreError};
 
 use crate::error::from_redis;
 use crate::settings::Decides;
@@ -26,11 +26,11 @@ pub(crate) fn is_unlocated(e: &StoreError) -> bool {
     matches!(e, StoreError::Conflict { policy, .. } if policy.is_empty())
 }
 
-/// The Redis type a layer's state has: a list for the sliding log, a
-/// string otherwise.
+/// The Redis type a layer's state has: a list for a log, a string
+/// otherwise.
 fn expected_type(layer: &LayerRequest<'_>) -> &'static str {
-    match layer.policy.limit() {
-        Limit::SlidingLog(_) => "list",
+    match layer.policy.limit().layout() {
+        Some(Layout::Log) => "list",
         _ => "string",
     }
 }

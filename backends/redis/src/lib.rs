@@ -19,7 +19,7 @@
 //!   so two releases sharing a Redis each keep theirs) and every decision
 //!   is an `FCALL`: the code's helpers and tables are made once per load,
 //!   not once per call. Before 7.0, or with [`Scripting::Eval`], the same
-//!   code runs as a script ([`SCRIPT`], `EVALSHA`). The store finds out at
+//!   code runs as a script ([`eval_script`], `EVALSHA`). The store finds out at
 //!   connect ([`Scripting::Auto`], the default). A server that lost the
 //!   code (restart, failover, `FUNCTION FLUSH`, `SCRIPT FLUSH`) gets it
 //!   again at the first call that misses it, and that call is sent once
@@ -133,7 +133,7 @@ pub use acl::AclRule;
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use error::RedisStoreError;
-pub use script::{function_library, function_name, library_name, SCRIPT};
+pub use script::{eval_script, function_library, function_name, library_name};
 pub use scripting::{Scripting, MODULE_PROTOCOL};
 pub use settings::{check_prefix, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_PREFIX};
 pub use store::{ConnectionMode, RedisStore, RedisStoreBuilder};

@@ -1,56 +1,106 @@
 //! The Lua script and its calling convention.
 //!
-//! Each algorithm lives in one file under `lua/` (a Lua function, the single
-//! source of truth for that algorithm); `layered.lua` is the dispatcher that
-//! decides every layer of a request in one call, all-or-nothing. The store
-//! runs one script, [`SCRIPT`]: the helpers, the five algorithm functions,
-//! their refunds (used by the Cluster store) and the dispatcher,
-//! concatenated. A single-policy decision is the same script with one
-//! layer. The files' opening comments give the KEYS/ARGV layout.
+//! Each algorithm lives in one file under `lua/` (its function, its refund,
+//! its reward: the Lua port of its Rust reference); `layered.lua` is the
+//! dispatcher that decides every layer of a request in one call,
+//! all-or-nothing. The store runs one code ([`eval_script`] or
+//! [`function_library`]): the helpers, the algorithm files, the codes and
+//! tables generated from the list of built-ins, and the dispatcher. A
+//! single-policy decision is the same code with one layer. The files'
+//! opening comments give the KEYS/ARGV layout.
 
+use std::fmt::Write as _;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use tollgate_limiter::{LayerRequest, Limit, StoreError, Verdict, Verdicts};
+use tollgate_limiter::{Builtin, LayerRequest, Layout, StoreError, Verdict, Verdicts};
 
 use crate::error::RedisStoreError;
 use crate::scripting::Style;
 
-/// The files of `lua/`, concatenated: the helpers of `common.lua`, the
-/// algorithm codes of `codes.lua`, the five algorithms, the refunds of
-/// `refund.lua` and the dispatcher `layered.lua`, which defines
-/// `decide(KEYS, ARGV)`.
-macro_rules! body {
-    () => {
-        concat!(
-            include_str!("../lua/common.lua"),
-            "\n",
-            include_str!("../lua/codes.lua"),
-            "\n",
-            include_str!("../lua/token_bucket.lua"),
-            "\n",
-            include_str!("../lua/gcra.lua"),
-            "\n",
-            include_str!("../lua/fixed_window.lua"),
-            "\n",
-            include_str!("../lua/sliding_window.lua"),
-            "\n",
-            include_str!("../lua/sliding_log.lua"),
-            "\n",
-            include_str!("../lua/refund.lua"),
-            "\n",
-            include_str!("../lua/layered.lua"),
-        )
+/// Every built-in algorithm's Lua file, from the list of built-ins.
+macro_rules! algorithm_files {
+    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident) = $code:literal, )*) => {
+        /// Every built-in algorithm's Lua file (`lua/<name>.lua`), in the
+        /// registry's order.
+        const ALGORITHM_FILES: &[&str] = &[$(
+            include_str!(concat!("../lua/", stringify!($module), ".lua")),
+        )*];
     };
 }
+tollgate_limiter::builtin_algorithms!(algorithm_files);
 
-/// The code both forms run: it defines `decide(KEYS, ARGV)` (see
-/// `lua/layered.lua` for the arguments and the reply).
-const BODY: &str = body!();
+/// The code both forms run: the helpers of `common.lua`, each algorithm's
+/// code (`local TOKEN_BUCKET = 1`, …), the algorithm files, the tables
+/// that find each one's functions by its code (see `lua/layered.lua`) and
+/// the dispatcher `layered.lua`, which defines `decide(KEYS, ARGV)`. The
+/// codes and tables are generated from the list of built-ins, so the Lua
+/// cannot disagree with the Rust about them.
+fn body() -> &'static str {
+    static BODY: OnceLock<String> = OnceLock::new();
+    BODY.get_or_init(|| {
+        let mut body = String::from(include_str!("../lua/common.lua"));
+        body.push_str("\n-- The algorithms' codes (src/script.rs, from the list of built-ins).\n");
+        for b in Builtin::all() {
+            let _ = writeln!(body, "local {} = {}", b.name.to_uppercase(), b.code);
+        }
+        for file in ALGORITHM_FILES {
+            body.push('\n');
+            body.push_str(file);
+        }
+        body.push_str(
+            "\n-- Each algorithm's functions and state cells, by code (src/script.rs).\n",
+        );
+        let counters = || {
+            Builtin::all().iter().filter_map(|b| match b.layout {
+                Layout::Cells { cells, time_cell } => Some((b, cells, time_cell)),
+                Layout::Log => None,
+            })
+        };
+        let table =
+            |body: &mut String, name: &str, entries: &mut dyn Iterator<Item = (u8, String)>| {
+                let _ = write!(body, "local {name} = {{");
+                for (code, value) in entries {
+                    let _ = write!(body, " [{code}] = {value},");
+                }
+                body.push_str(" }\n");
+            };
+        table(
+            &mut body,
+            "ALGORITHMS",
+            &mut Builtin::all().iter().map(|b| (b.code, b.name.to_string())),
+        );
+        for function in ["refund", "reward", "charge"] {
+            let name = format!("{}S", function.to_uppercase());
+            table(
+                &mut body,
+                &name,
+                &mut counters().map(|(b, _, _)| (b.code, format!("{function}_{}", b.name))),
+            );
+        }
+        table(
+            &mut body,
+            "CELLS",
+            &mut counters().map(|(b, cells, _)| (b.code, cells.to_string())),
+        );
+        table(
+            &mut body,
+            "TIME_CELL",
+            &mut counters().map(|(b, _, time)| (b.code, (time + 1).to_string())),
+        );
+        body.push('\n');
+        body.push_str(include_str!("../lua/layered.lua"));
+        body
+    })
+}
 
 /// The script form, for `EVALSHA` (Redis before 7.0, or
 /// [`Scripting::Eval`](crate::Scripting::Eval)): the code, then a call of
 /// `decide`. Standalone and Cluster stores run the same code.
-pub const SCRIPT: &str = concat!(body!(), "\nreturn decide(KEYS, ARGV)\n");
+pub fn eval_script() -> &'static str {
+    static SCRIPT: OnceLock<String> = OnceLock::new();
+    SCRIPT.get_or_init(|| format!("{}\nreturn decide(KEYS, ARGV)\n", body()))
+}
 
 /// The function library form, for `FUNCTION LOAD` and `FCALL` (Redis 7.0
 /// and later): the same code, registering `decide` as the function
@@ -63,8 +113,9 @@ pub fn function_library() -> &'static str {
     static LIBRARY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     LIBRARY.get_or_init(|| {
         format!(
-            "#!lua name={}\n{BODY}\nredis.register_function('{}', decide)\n",
+            "#!lua name={}\n{}\nredis.register_function('{}', decide)\n",
             library_name(),
+            body(),
             function_name()
         )
     })
@@ -76,7 +127,7 @@ pub fn function_library() -> &'static str {
 pub fn library_name() -> &'static str {
     static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     NAME.get_or_init(|| {
-        let sha = redis::Script::new(BODY).get_hash().to_string();
+        let sha = redis::Script::new(body()).get_hash().to_string();
         format!("tollgate_{}", &sha[..16])
     })
 }
@@ -87,44 +138,15 @@ pub fn function_name() -> &'static str {
     NAME.get_or_init(|| format!("tollgate_decide_{}", &library_name()["tollgate_".len()..]))
 }
 
-/// The algorithm codes the script knows (`lua/codes.lua` names them the
-/// same way; a test checks the two agree).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u64)]
-pub enum Code {
-    /// `TOKEN_BUCKET`.
-    TokenBucket = 1,
-    /// `GCRA`.
-    Gcra = 2,
-    /// `FIXED_WINDOW`.
-    FixedWindow = 3,
-    /// `SLIDING_WINDOW`.
-    SlidingWindow = 4,
-    /// `SLIDING_LOG`.
-    SlidingLog = 5,
-}
-
-impl Code {
-    /// Every code with its name in `codes.lua`.
-    #[cfg(test)]
-    pub const ALL: [(Code, &'static str); 5] = [
-        (Code::TokenBucket, "TOKEN_BUCKET"),
-        (Code::Gcra, "GCRA"),
-        (Code::FixedWindow, "FIXED_WINDOW"),
-        (Code::SlidingWindow, "SLIDING_WINDOW"),
-        (Code::SlidingLog, "SLIDING_LOG"),
-    ];
-}
-
 /// Arguments per layer: algorithm, cost and three parameters.
 pub const LAYER_ARGS: usize = 5;
 /// Integers per layer in the reply.
 pub const REPLY_FIELDS: usize = 5;
 
-/// The SHA-1 of [`SCRIPT`] in hex, as `EVALSHA` expects it.
+/// The SHA-1 of [`eval_script`] in hex, as `EVALSHA` expects it.
 pub fn sha1() -> &'static str {
     static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SHA.get_or_init(|| redis::Script::new(SCRIPT).get_hash().to_string())
+    SHA.get_or_init(|| redis::Script::new(eval_script()).get_hash().to_string())
 }
 
 /// The caller's time and skew arguments of a call (empty: the server's
@@ -277,26 +299,10 @@ pub fn layer_args(layer: &LayerRequest<'_>) -> Result<[u64; LAYER_ARGS], StoreEr
             },
         )));
     }
-    Ok(match limit {
-        Limit::TokenBucket(p) => [
-            Code::TokenBucket as u64,
-            cost,
-            p.capacity(),
-            p.refill(),
-            p.period_us(),
-        ],
-        Limit::Gcra(p) => [Code::Gcra as u64, cost, p.burst(), p.interval_us(), 0],
-        Limit::FixedWindow(p) => [Code::FixedWindow as u64, cost, p.limit(), p.window_us(), 0],
-        Limit::SlidingWindow(p) => [
-            Code::SlidingWindow as u64,
-            cost,
-            p.limit(),
-            p.window_us(),
-            0,
-        ],
-        Limit::SlidingLog(p) => [Code::SlidingLog as u64, cost, p.limit(), p.window_us(), 0],
-        other => return Err(StoreError::Unsupported(other.algorithm_name())),
-    })
+    match limit.args() {
+        Some((code, [p1, p2, p3])) => Ok([code.into(), cost, p1, p2, p3]),
+        None => Err(StoreError::Unsupported(limit.algorithm_name())),
+    }
 }
 
 /// Turn the script's reply (5 integers per layer) into one verdict per
@@ -343,14 +349,16 @@ pub fn parse_reply(reply: &[i64], layers: usize) -> Result<Verdicts, StoreError>
 mod tests {
     use super::*;
 
-    const CODES: &str = include_str!("../lua/codes.lua");
     const LAYERED: &str = include_str!("../lua/layered.lua");
 
     #[test]
     fn the_digest_is_the_scripts() {
         assert_eq!(sha1().len(), 40);
-        assert!(SCRIPT.contains(CODES) && SCRIPT.contains(LAYERED));
-        assert!(SCRIPT.ends_with("return decide(KEYS, ARGV)\n"));
+        assert!(
+            eval_script().contains(LAYERED)
+                && ALGORITHM_FILES.iter().all(|f| eval_script().contains(f))
+        );
+        assert!(eval_script().ends_with("return decide(KEYS, ARGV)\n"));
     }
 
     /// The library is the script's code under a name made from it, and
@@ -359,7 +367,7 @@ mod tests {
     fn the_library_holds_the_same_code() {
         let library = function_library();
         assert!(library.starts_with(&format!("#!lua name={}\n", library_name())));
-        assert!(library.contains(BODY) && SCRIPT.starts_with(BODY));
+        assert!(library.contains(body()) && eval_script().starts_with(body()));
         assert!(library.contains(&format!("register_function('{}', decide)", function_name())));
         assert_eq!(library_name().len(), "tollgate_".len() + 16);
         assert!(library_name()
@@ -367,29 +375,39 @@ mod tests {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_'));
     }
 
-    /// One code per algorithm, the same number on both sides: `codes.lua`
-    /// names exactly the codes of [`Code`], with the same values.
+    /// The generated line defining the Lua table `name`.
+    fn table(name: &str) -> &'static str {
+        let start = format!("local {name} = {{");
+        body().lines().find(|l| l.starts_with(&start)).expect(name)
+    }
+
+    /// Every algorithm's code and functions reach the Lua under its code,
+    /// and each file defines the functions its table entries name.
     #[test]
-    fn the_lua_codes_are_the_rust_codes() {
-        let lua: Vec<(String, u64)> = CODES
-            .lines()
-            .filter_map(|line| line.strip_prefix("local "))
-            .map(|rest| {
-                let (name, value) = rest.split_once(" = ").expect("local NAME = N");
-                (name.to_string(), value.trim().parse().expect("a number"))
-            })
-            .collect();
-        let rust: Vec<(String, u64)> = Code::ALL
-            .iter()
-            .map(|&(code, name)| (name.to_string(), code as u64))
-            .collect();
-        assert_eq!(lua, rust);
-        // And the dispatcher names them instead of using numbers.
-        for (_, name) in Code::ALL {
-            assert!(
-                LAYERED.contains(&format!("[{name}] = ")),
-                "{name} dispatched"
-            );
+    fn the_lua_finds_every_algorithm_by_its_code() {
+        for (b, file) in Builtin::all().iter().zip(ALGORITHM_FILES) {
+            let code = format!("local {} = {}\n", b.name.to_uppercase(), b.code);
+            assert!(body().contains(&code), "{code}");
+            assert!(table("ALGORITHMS").contains(&format!(" [{}] = {},", b.code, b.name)));
+            let mut functions = vec![b.name.to_string(), format!("refund_{}", b.name)];
+            if let Layout::Cells { cells, time_cell } = b.layout {
+                functions.push(format!("reward_{}", b.name));
+                functions.push(format!("charge_{}", b.name));
+                let entry = |value: String| format!(" [{}] = {value},", b.code);
+                assert!(table("CELLS").contains(&entry(cells.to_string())));
+                assert!(table("TIME_CELL").contains(&entry((time_cell + 1).to_string())));
+                for f in ["refund", "reward", "charge"] {
+                    let t = table(&format!("{}S", f.to_uppercase()));
+                    assert!(
+                        t.contains(&entry(format!("{f}_{}", b.name))),
+                        "{f}_{}",
+                        b.name
+                    );
+                }
+            }
+            for f in functions {
+                assert!(file.contains(&format!("local function {f}(")), "{f}");
+            }
         }
     }
 

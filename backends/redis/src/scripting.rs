@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 
-use crate::script::{function_library, library_name, sha1, SCRIPT};
+use crate::script::{eval_script, function_library, library_name, sha1};
 
 /// How a store has the server decide; see
 /// [`RedisStoreBuilder::scripting`](crate::RedisStoreBuilder::scripting).
@@ -137,7 +137,7 @@ impl Runner {
             }
             Style::Evalsha => {
                 let mut cmd = redis::cmd("SCRIPT");
-                cmd.arg("LOAD").arg(SCRIPT);
+                cmd.arg("LOAD").arg(eval_script());
                 cmd
             }
         }

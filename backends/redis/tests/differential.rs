@@ -212,7 +212,7 @@ impl Harness {
         if path == Path::Script {
             sha = redis::cmd("SCRIPT")
                 .arg("LOAD")
-                .arg(tollgate_redis::SCRIPT)
+                .arg(tollgate_redis::eval_script())
                 .query_async(&mut con)
                 .await
                 .expect("SCRIPT LOAD");

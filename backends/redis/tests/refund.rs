@@ -86,7 +86,9 @@ fn scale(limit: &Limit) -> u64 {
     match limit {
         Limit::TokenBucket(p) => p.period_us() * p.capacity() / p.refill().max(1),
         Limit::Gcra(p) => p.interval_us() * p.burst(),
-        Limit::FixedWindow(p) | Limit::SlidingWindow(p) | Limit::SlidingLog(p) => p.window_us(),
+        Limit::FixedWindow(p) => p.window_us(),
+        Limit::SlidingWindow(p) => p.window_us(),
+        Limit::SlidingLog(p) => p.window_us(),
         _ => unreachable!("built-in algorithms only"),
     }
     .max(1)
@@ -120,7 +122,7 @@ impl Harness {
         if path == Path::Script {
             let loaded: String = redis::cmd("SCRIPT")
                 .arg("LOAD")
-                .arg(tollgate_redis::SCRIPT)
+                .arg(tollgate_redis::eval_script())
                 .query_async(&mut con)
                 .await
                 .expect("SCRIPT LOAD");

@@ -11,7 +11,7 @@ use tollgate_limiter::StoreError;
 
 use super::slots::hash_slot;
 use crate::error::from_redis;
-use crate::script::{function_name, SCRIPT};
+use crate::script::{eval_script, function_name};
 use crate::scripting::{
     check_load, is_missing_function, is_module_missing, is_unknown_command, Runner, Style,
 };
@@ -250,7 +250,7 @@ async fn load_at(conn: &mut ClusterConnection, node: SingleNodeRoutingInfo) -> R
 /// `FCALL <function> …`).
 fn eval_of(evalsha: &Cmd) -> Cmd {
     let mut eval = redis::cmd("EVAL");
-    eval.arg(SCRIPT);
+    eval.arg(eval_script());
     for arg in evalsha.args_iter().skip(2) {
         // Script calls hold plain arguments only (no cursor).
         if let redis::Arg::Simple(bytes) = arg {
@@ -296,7 +296,7 @@ mod tests {
             })
             .collect();
         assert_eq!(args[0], b"EVAL");
-        assert_eq!(args[1], SCRIPT.as_bytes());
+        assert_eq!(args[1], eval_script().as_bytes());
         assert_eq!(
             &args[2..],
             &[

@@ -174,7 +174,9 @@ pub fn time_scale(limit: &tollgate_limiter::Limit) -> u64 {
     match limit {
         Limit::TokenBucket(p) => p.period_us(),
         Limit::Gcra(p) => p.interval_us() * p.burst(),
-        Limit::FixedWindow(p) | Limit::SlidingWindow(p) | Limit::SlidingLog(p) => p.window_us(),
+        Limit::FixedWindow(p) => p.window_us(),
+        Limit::SlidingWindow(p) => p.window_us(),
+        Limit::SlidingLog(p) => p.window_us(),
         _ => unreachable!("built-in algorithms only"),
     }
 }

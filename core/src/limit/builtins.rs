@@ -1,0 +1,151 @@
+//! The registry of built-in algorithms: the one list a new algorithm is
+//! added to ([`builtin_algorithms!`](crate::builtin_algorithms)), and what
+//! each built-in tells the rest of Tollgate about itself ([`Builtin`]).
+//!
+//! Everything that treats each algorithm in turn — the `Limit` and
+//! `LimitSpec` enums, the reference's dispatch, the Lua's tables, the
+//! native module — is generated from the list or reads [`Builtin::all`],
+//! so registering an algorithm is one line here. Its parameters live in
+//! their own file beside this one (`limit/<name>.rs`), which implements
+//! `Parameters`.
+
+use crate::error::PolicyError;
+use crate::spec::FieldKind;
+
+/// Calls `$callback!` with every built-in algorithm, once: its doc
+/// comment, its `Limit` variant (also the name of its parameters' type),
+/// its module (its name in configuration files, store keys' algorithm
+/// names, the reference's and the Lua's file names), its configuration
+/// type, and its code (the number the Redis script and the native module
+/// take in a layer's first argument; never reused).
+///
+/// Internal to Tollgate's crates, which generate their dispatch from it.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! builtin_algorithms {
+    ($callback:ident) => {
+        $callback! {
+            /// A bucket of `capacity` tokens refilled continuously.
+            TokenBucket(token_bucket, TokenBucketSpec) = 1,
+            /// The generic cell rate algorithm: a token bucket kept as one arrival time.
+            Gcra(gcra, GcraSpec) = 2,
+            /// At most `limit` per aligned window.
+            FixedWindow(fixed_window, FixedWindowSpec) = 3,
+            /// The previous window's count weighted by how much of it still overlaps.
+            SlidingWindow(sliding_window, SlidingWindowSpec) = 4,
+            /// Every admitted unit's timestamp, kept for one window.
+            SlidingLog(sliding_log, SlidingLogSpec) = 5,
+        }
+    };
+}
+
+/// What a built-in algorithm's parameters tell the rest of Tollgate; each
+/// `limit/<name>.rs` implements it for its parameters.
+pub(crate) trait Parameters: Sized {
+    /// The algorithm's code in store keys (unique among built-ins).
+    const KEY_CODE: &'static str;
+    /// How stores keep its state.
+    const LAYOUT: Layout;
+    /// Its parameters as configuration files write them, in order (a test
+    /// holds them to its configuration type).
+    const FIELDS: &'static [(&'static str, FieldKind)];
+    /// Its configuration-file form.
+    type Spec;
+    /// Validate the configuration form.
+    fn from_spec(spec: &Self::Spec) -> Result<Self, PolicyError>;
+    /// The most a single request may cost.
+    fn capacity_of(&self) -> u64;
+    /// What HTTP headers announce as the window, in µs.
+    fn announced_window_us(&self) -> u64;
+    /// Units over µs at the sustained rate.
+    fn rate(&self) -> (u64, u64);
+    /// These parameters shared by `instances` processes (see
+    /// [`Limit::divided_by`](crate::Limit::divided_by)).
+    fn shared(&self, instances: u64) -> Result<Self, PolicyError>;
+    /// The three numbers the Redis script and the native module take; the
+    /// first is what a blocked layer reports as its limit.
+    fn args(&self) -> [u64; 3];
+    /// These parameters back from [`args`](Self::args).
+    fn from_args(args: [u64; 3]) -> Result<Self, PolicyError>;
+}
+
+/// How a store keeps a built-in algorithm's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Up to three integers ([`State::Cells`](crate::State::Cells)),
+    /// stored as a string of `cells` numbers; cell `time_cell` (from 0)
+    /// holds a time, which tells Tollgate's states from other data, and
+    /// cells after it that are 0 are left out.
+    Cells {
+        /// How many cells the state uses.
+        cells: usize,
+        /// The cell holding a time (µs since the Unix epoch).
+        time_cell: usize,
+    },
+    /// A list of timestamps ([`State::Log`](crate::State::Log)), stored as
+    /// a list.
+    Log,
+}
+
+/// A built-in algorithm as stores and configuration readers see it.
+///
+/// ```
+/// use tollgate_limiter::{Builtin, Layout};
+/// let gcra = Builtin::named("gcra").unwrap();
+/// assert_eq!(gcra.layout, Layout::Cells { cells: 1, time_cell: 0 });
+/// assert_eq!(Builtin::by_code(gcra.code.into()).unwrap().name, "gcra");
+/// assert_eq!(Builtin::all().len(), 5);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Builtin {
+    /// Its name ([`Limit::algorithm_name`](crate::Limit::algorithm_name),
+    /// and `algorithm = "…"` in configuration files).
+    pub name: &'static str,
+    /// The number the Redis script and the native module know it by.
+    pub code: u8,
+    /// Its code in store keys ([`Limit::key_code`](crate::Limit::key_code)).
+    pub key_code: &'static str,
+    /// How stores keep its state.
+    pub layout: Layout,
+    /// Its parameters as configuration files write them, in order.
+    pub fields: &'static [(&'static str, FieldKind)],
+}
+
+impl Builtin {
+    /// Every built-in algorithm, in the order of their codes.
+    pub fn all() -> &'static [Builtin] {
+        super::BUILTINS
+    }
+
+    /// The built-in algorithm with this code.
+    pub fn by_code(code: u64) -> Option<&'static Builtin> {
+        Self::all().iter().find(|b| u64::from(b.code) == code)
+    }
+
+    /// The built-in algorithm with this name (`token_bucket`, `gcra`, …).
+    pub fn named(name: &str) -> Option<&'static Builtin> {
+        Self::all().iter().find(|b| b.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_names_and_key_codes_are_unique() {
+        let all = Builtin::all();
+        for (i, a) in all.iter().enumerate() {
+            assert!(a.code > 0, "{}: code 0 is no algorithm", a.name);
+            for b in &all[i + 1..] {
+                assert_ne!(a.code, b.code, "{} and {}", a.name, b.name);
+                assert_ne!(a.name, b.name);
+                assert_ne!(a.key_code, b.key_code, "{} and {}", a.name, b.name);
+            }
+            if let Layout::Cells { cells, time_cell } = a.layout {
+                assert!((1..=3).contains(&cells) && time_cell < cells, "{}", a.name);
+            }
+        }
+    }
+}

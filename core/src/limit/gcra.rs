@@ -1,0 +1,136 @@
+//! GCRA's parameters (the algorithm: `tollgate_algorithms`'s `gcra.rs`).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::builtins::{Layout, Parameters};
+use super::{
+    check_count, check_recovery, check_window, share, too_many, Limit, MAX_COUNT, MAX_WINDOW,
+};
+use crate::error::PolicyError;
+use crate::spec::{DurationSpec, FieldKind};
+use crate::time::duration_micros;
+
+impl Limit {
+    /// GCRA: `rate` per `period` on average, bursts of up to `burst`.
+    pub fn gcra(rate: u64, period: Duration, burst: u64) -> Result<Self, PolicyError> {
+        Gcra::new(rate, period, burst).map(Limit::Gcra)
+    }
+}
+
+/// GCRA parameters: an emission interval (rounded up to the microsecond, so
+/// the rate is never exceeded) and a burst.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gcra {
+    burst: u64,
+    interval_us: u64,
+}
+
+impl Gcra {
+    /// Validated GCRA parameters; see [`Limit::gcra`].
+    pub fn new(rate: u64, period: Duration, burst: u64) -> Result<Self, PolicyError> {
+        check_count("rate", rate, MAX_COUNT)?;
+        check_count("burst", burst, MAX_COUNT)?;
+        let period_us = check_window("period", period)?;
+        if rate > period_us {
+            return Err(PolicyError::new(
+                "rate",
+                format!("{rate} per {period:?} is more than one per microsecond"),
+            ));
+        }
+        let interval_us = period_us.div_ceil(rate);
+        check_recovery(burst.saturating_mul(interval_us))?;
+        Ok(Gcra { burst, interval_us })
+    }
+    /// The parameters from their emission interval directly, as stores
+    /// carry them ([`interval_us`](Self::interval_us)): what
+    /// [`new`](Self::new) makes of a rate is the interval rounded up to
+    /// the microsecond, and this rebuilds exactly that.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_limiter::Gcra;
+    /// let made = Gcra::new(3, Duration::from_secs(1), 5)?;
+    /// assert_eq!(Gcra::from_interval(made.burst(), Duration::from_micros(made.interval_us()))?, made);
+    /// assert!(Gcra::from_interval(5, Duration::ZERO).is_err());
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
+    /// ```
+    pub fn from_interval(burst: u64, interval: Duration) -> Result<Self, PolicyError> {
+        check_count("burst", burst, MAX_COUNT)?;
+        let interval_us = duration_micros(interval);
+        if interval_us == 0 || interval > MAX_WINDOW {
+            return Err(PolicyError::new(
+                "interval",
+                format!("{interval:?} must be between 1µs and {MAX_WINDOW:?} (7 days)"),
+            ));
+        }
+        check_recovery(burst.saturating_mul(interval_us))?;
+        Ok(Gcra { burst, interval_us })
+    }
+    /// Requests admitted at once from a full state.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+    /// Microseconds between two requests at the sustained rate.
+    pub fn interval_us(&self) -> u64 {
+        self.interval_us
+    }
+}
+
+/// GCRA as written in a configuration file (`algorithm = "gcra"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcraSpec {
+    /// Sustained requests per `period`.
+    pub rate: u64,
+    /// The period of `rate`.
+    pub period: DurationSpec,
+    /// Requests admitted at once from a full state.
+    pub burst: u64,
+}
+
+impl Parameters for Gcra {
+    const KEY_CODE: &'static str = "gcra";
+    // [the theoretical arrival time (µs)]
+    const LAYOUT: Layout = Layout::Cells {
+        cells: 1,
+        time_cell: 0,
+    };
+    const FIELDS: &'static [(&'static str, FieldKind)] = &[
+        ("rate", FieldKind::Count),
+        ("period", FieldKind::Duration),
+        ("burst", FieldKind::Count),
+    ];
+    type Spec = GcraSpec;
+
+    fn from_spec(s: &GcraSpec) -> Result<Self, PolicyError> {
+        Self::new(s.rate, s.period.0, s.burst)
+    }
+    #[inline]
+    fn capacity_of(&self) -> u64 {
+        self.burst
+    }
+    /// The time a full burst takes to be available again.
+    fn announced_window_us(&self) -> u64 {
+        self.burst * self.interval_us
+    }
+    fn rate(&self) -> (u64, u64) {
+        (1, self.interval_us)
+    }
+    fn shared(&self, instances: u64) -> Result<Self, PolicyError> {
+        let interval_us = self
+            .interval_us
+            .checked_mul(instances)
+            .ok_or_else(|| too_many(instances))?;
+        let burst = share(self.burst, instances);
+        check_recovery(burst.saturating_mul(interval_us))?;
+        Ok(Gcra { burst, interval_us })
+    }
+    fn args(&self) -> [u64; 3] {
+        [self.burst, self.interval_us, 0]
+    }
+    fn from_args([burst, interval_us, _]: [u64; 3]) -> Result<Self, PolicyError> {
+        Self::from_interval(burst, Duration::from_micros(interval_us))
+    }
+}

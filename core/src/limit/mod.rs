@@ -1,0 +1,288 @@
+//! Limits: one algorithm and its validated parameters, never clamped.
+//!
+//! The built-in algorithms are listed once, in `builtins.rs`; each one's
+//! parameters live in their own file here.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::Algorithm;
+use crate::error::PolicyError;
+use crate::time::duration_micros;
+
+/// Largest integer every store computes exactly (Lua numbers are doubles).
+pub const MAX_EXACT: u64 = 1 << 53;
+/// Largest capacity, limit or refill amount a policy accepts.
+pub const MAX_COUNT: u64 = 1_000_000_000;
+/// Largest sliding-log limit: the log keeps one entry per admitted unit.
+pub const MAX_LOG_LIMIT: u64 = 10_000;
+/// Shortest period or window a policy accepts.
+pub const MIN_WINDOW: Duration = Duration::from_millis(1);
+/// Longest period or window a policy accepts.
+pub const MAX_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Longest time any policy may take to return from empty to full. Stored
+/// state lives at most this long after its last write (plus clock skew), so
+/// this is also the longest TTL Tollgate ever sets.
+pub const MAX_RECOVERY: Duration = Duration::from_secs(14 * 24 * 3600);
+
+mod builtins;
+mod fixed_window;
+mod gcra;
+mod sliding_log;
+mod sliding_window;
+mod token_bucket;
+mod window;
+
+pub(crate) use builtins::Parameters;
+pub use builtins::{Builtin, Layout};
+pub use fixed_window::{FixedWindow, FixedWindowSpec};
+pub use gcra::{Gcra, GcraSpec};
+pub use sliding_log::{SlidingLog, SlidingLogSpec};
+pub use sliding_window::{SlidingWindow, SlidingWindowSpec};
+pub use token_bucket::{TokenBucket, TokenBucketSpec};
+pub use window::Window;
+
+/// `Limit`, its per-algorithm methods and the registry's table, from the
+/// list of built-ins.
+macro_rules! define_limit {
+    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident) = $code:literal, )*) => {
+        /// The algorithm of a policy with its validated parameters.
+        ///
+        /// Not `#[non_exhaustive]`: every store and the reference must
+        /// handle every algorithm, so a new variant is meant to break their
+        /// matches (a store that cannot run one answers
+        /// `StoreError::Unsupported`).
+        #[derive(Debug, Clone, PartialEq)]
+        pub enum Limit {
+            $( $(#[$doc])* $variant($variant), )*
+            /// An algorithm supplied by the user; stores without a generic path
+            /// (for example Redis, which runs Lua) reject it.
+            Custom(CustomAlgorithm),
+        }
+
+        /// Every built-in, in the registry's order.
+        const BUILTINS: &[Builtin] = &[$(
+            Builtin {
+                name: stringify!($module),
+                code: $code,
+                key_code: <$variant as Parameters>::KEY_CODE,
+                layout: <$variant as Parameters>::LAYOUT,
+                fields: <$variant as Parameters>::FIELDS,
+            },
+        )*];
+
+        impl Limit {
+            /// Short, stable name of the algorithm (`token_bucket`, `gcra`, …).
+            pub fn algorithm_name(&self) -> &'static str {
+                match self {
+                    $( Limit::$variant(_) => stringify!($module), )*
+                    Limit::Custom(c) => c.0.name(),
+                }
+            }
+
+            /// The algorithm's code in store keys (see
+            /// [`StoreKey`](crate::StoreKey)): `tb`, `gcra`, `fw`, `sw`,
+            /// `log`, or a custom algorithm's name (keys render it as
+            /// `x-<name>`, so it never collides with a built-in one).
+            #[inline]
+            pub fn key_code(&self) -> &'static str {
+                match self {
+                    $( Limit::$variant(_) => <$variant as Parameters>::KEY_CODE, )*
+                    Limit::Custom(c) => c.0.name(),
+                }
+            }
+
+            /// The built-in algorithm this limit runs; `None` for a custom one.
+            pub fn builtin(&self) -> Option<&'static Builtin> {
+                match self {
+                    $( Limit::$variant(_) => Builtin::by_code($code), )*
+                    Limit::Custom(_) => None,
+                }
+            }
+
+            /// How stores keep this limit's state; `None` for a custom
+            /// algorithm.
+            #[inline]
+            pub fn layout(&self) -> Option<Layout> {
+                match self {
+                    $( Limit::$variant(_) => Some(<$variant as Parameters>::LAYOUT), )*
+                    Limit::Custom(_) => None,
+                }
+            }
+
+            /// This limit shared by `instances` processes: each gets the limit
+            /// divided by `instances` (rounded down, at least 1) at the same pace.
+            pub fn divided_by(&self, instances: u32) -> Result<Limit, PolicyError> {
+                let n = u64::from(instances);
+                if n == 0 {
+                    return Err(PolicyError::new("instances", "must be at least 1"));
+                }
+                match self {
+                    $( Limit::$variant(p) => p.shared(n).map(Limit::$variant), )*
+                    Limit::Custom(_) => Err(PolicyError::new(
+                        "fallback",
+                        "a custom algorithm cannot be shared; give the fallback its own limit",
+                    )),
+                }
+            }
+
+            /// The window a policy announces to clients (the `w` of the
+            /// `RateLimit-Policy` header): the window, or the time an empty bucket
+            /// takes to be full again. `None` for a custom algorithm, whose window
+            /// Tollgate cannot know.
+            ///
+            /// ```
+            /// # use std::time::Duration;
+            /// # use tollgate_limiter::Limit;
+            /// let bucket = Limit::token_bucket(10, 5, Duration::from_secs(1))?;
+            /// assert_eq!(bucket.window(), Some(Duration::from_secs(2)));
+            /// # Ok::<(), tollgate_limiter::PolicyError>(())
+            /// ```
+            pub fn window(&self) -> Option<Duration> {
+                match self {
+                    $( Limit::$variant(p) => Some(Duration::from_micros(p.announced_window_us())), )*
+                    Limit::Custom(_) => None,
+                }
+            }
+
+            /// The most a single request may cost.
+            #[inline]
+            pub fn capacity(&self) -> u64 {
+                match self {
+                    $( Limit::$variant(p) => p.capacity_of(), )*
+                    Limit::Custom(c) => c.0.capacity(),
+                }
+            }
+
+            /// What the limit allows over what time at its sustained rate: a
+            /// window's limit per window, a token bucket's refill per
+            /// period, one request per GCRA emission interval. `None` for a
+            /// custom algorithm.
+            ///
+            /// ```
+            /// # use std::time::Duration;
+            /// # use tollgate_limiter::Limit;
+            /// let gcra = Limit::gcra(4, Duration::from_secs(1), 10)?;
+            /// assert_eq!(gcra.rate(), Some((1, Duration::from_millis(250))));
+            /// # Ok::<(), tollgate_limiter::PolicyError>(())
+            /// ```
+            pub fn rate(&self) -> Option<(u64, Duration)> {
+                let (units, micros) = match self {
+                    $( Limit::$variant(p) => p.rate(), )*
+                    Limit::Custom(_) => return None,
+                };
+                Some((units, Duration::from_micros(micros)))
+            }
+
+            /// The algorithm's code and its three parameters, as the Redis
+            /// script and the native module take them (see
+            /// [`from_args`](Self::from_args)); `None` for a custom algorithm.
+            ///
+            /// ```
+            /// # use std::time::Duration;
+            /// # use tollgate_limiter::Limit;
+            /// let limit = Limit::fixed_window(10, Duration::from_secs(1))?;
+            /// let (code, args) = limit.args().unwrap();
+            /// assert_eq!(args, [10, 1_000_000, 0]);
+            /// assert_eq!(Limit::from_args(code.into(), args).unwrap()?, limit);
+            /// # Ok::<(), tollgate_limiter::PolicyError>(())
+            /// ```
+            #[inline]
+            pub fn args(&self) -> Option<(u8, [u64; 3])> {
+                match self {
+                    $( Limit::$variant(p) => Some(($code, p.args())), )*
+                    Limit::Custom(_) => None,
+                }
+            }
+
+            /// The limit [`args`](Self::args) gave `code` and `args` for,
+            /// validated; `None` when no built-in algorithm has `code`.
+            pub fn from_args(code: u64, args: [u64; 3]) -> Option<Result<Limit, PolicyError>> {
+                match code {
+                    $( $code => Some(<$variant as Parameters>::from_args(args).map(Limit::$variant)), )*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+crate::builtin_algorithms!(define_limit);
+
+impl Limit {
+    /// A user-supplied algorithm.
+    pub fn custom(algorithm: Arc<dyn Algorithm>) -> Self {
+        Limit::Custom(CustomAlgorithm(algorithm))
+    }
+}
+
+fn check_count(field: &'static str, value: u64, max: u64) -> Result<(), PolicyError> {
+    if value == 0 || value > max {
+        return Err(PolicyError::new(
+            field,
+            format!("{value} must be between 1 and {max}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_window(field: &'static str, value: Duration) -> Result<u64, PolicyError> {
+    if value < MIN_WINDOW || value > MAX_WINDOW {
+        return Err(PolicyError::new(
+            field,
+            format!("{value:?} must be between {MIN_WINDOW:?} and {MAX_WINDOW:?} (7 days)"),
+        ));
+    }
+    Ok(duration_micros(value))
+}
+
+/// A count shared by `instances`: rounded down, at least 1.
+fn share(value: u64, instances: u64) -> u64 {
+    (value / instances).max(1)
+}
+
+/// A period or interval `instances` times as long.
+fn slower(micros: u64, instances: u64) -> Result<Duration, PolicyError> {
+    micros
+        .checked_mul(instances)
+        .map(Duration::from_micros)
+        .ok_or_else(|| too_many(instances))
+}
+
+fn too_many(instances: u64) -> PolicyError {
+    PolicyError::new(
+        "instances",
+        format!("{instances} is too many to share this limit"),
+    )
+}
+
+fn check_recovery(micros: u64) -> Result<(), PolicyError> {
+    if micros > duration_micros(MAX_RECOVERY) {
+        return Err(PolicyError::new(
+            "capacity",
+            format!(
+                "an empty bucket would take {:?} to refill; at most {MAX_RECOVERY:?} (14 days) is supported, raise the refill rate or lower the capacity",
+                Duration::from_micros(micros)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A user algorithm inside a [`Limit`]; equal only to itself.
+#[derive(Clone)]
+pub struct CustomAlgorithm(pub Arc<dyn Algorithm>);
+
+impl fmt::Debug for CustomAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("CustomAlgorithm")
+            .field(&self.0.name())
+            .finish()
+    }
+}
+
+impl PartialEq for CustomAlgorithm {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
