@@ -18,8 +18,17 @@ pub(crate) trait Reference {
     /// The `(at, mark)` of the charge that wrote `next` (see [`Charge`]).
     fn charge_marks(&self, next: &State) -> Option<(u64, u64)>;
     /// `state` after an operator gives `units` back: the refund of a charge
-    /// that never ages; `None` when nothing changes.
-    fn reward(&self, state: &State, now: u64, units: u64) -> Option<State>;
+    /// that never ages; `None` when nothing changes. By default a charge
+    /// whose mark is ever ahead (what GCRA and the token bucket need; a
+    /// window says which window it gives back from).
+    fn reward(&self, state: &State, now: u64, units: u64) -> Option<State> {
+        let charge = Charge {
+            cost: units,
+            at: 0,
+            mark: FAR,
+        };
+        self.refund(state, now, charge).next
+    }
     /// Whether counter `cells` read from a store are ones this algorithm
     /// can take without overflowing (see [`within_reach`](crate::within_reach)).
     fn within_reach(&self, _cells: [u64; 3]) -> bool {
@@ -29,7 +38,7 @@ pub(crate) trait Reference {
 
 /// A charge no refund rule can find too old: GCRA and the token bucket owe
 /// it whole while their full-again instant is ahead of now.
-pub(crate) const FAR: u64 = u64::MAX;
+const FAR: u64 = u64::MAX;
 
 /// The dispatch, one function per [`Reference`] method (`None`: a custom
 /// algorithm, which only decides).

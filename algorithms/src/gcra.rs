@@ -2,7 +2,7 @@
 
 use tollgate_limiter::{Gcra, State, Stored, Transition, Verdict};
 
-use crate::builtin::{cells, Reference, FAR};
+use crate::builtin::{cells, Reference};
 use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
@@ -100,13 +100,5 @@ impl Reference for Gcra {
             State::Cells([tat, _, _]) => Some((0, *tat)),
             _ => None,
         }
-    }
-    fn reward(&self, state: &State, now: u64, units: u64) -> Option<State> {
-        let charge = Charge {
-            cost: units,
-            at: 0,
-            mark: FAR,
-        };
-        self.refund(state, now, charge).next
     }
 }

@@ -18,25 +18,27 @@
 
 mod adjust;
 mod builtin;
-mod fixed_window;
-mod gcra;
 mod layered;
 pub mod refund;
-mod sliding_log;
-mod sliding_window;
-mod token_bucket;
+
+/// Each built-in algorithm's file (`<name>.rs`: its `<name>` and
+/// `<name>_refund`), from core's list of built-ins.
+macro_rules! algorithm_modules {
+    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident) = $code:literal, )*) => {
+        $(
+            mod $module;
+            pub use $module::*;
+        )*
+    };
+}
+tollgate_limiter::builtin_algorithms!(algorithm_modules);
 
 use std::time::Duration;
 
 use tollgate_limiter::{Limit, State, Timestamp, Transition};
 
 pub use adjust::{adjust, adjust_layers, blocked, Adjusted};
-pub use fixed_window::{fixed_window, fixed_window_refund};
-pub use gcra::{gcra, gcra_refund};
 pub use layered::{decide_layers, Layered, Writes, WritesIntoIter};
-pub use sliding_log::{sliding_log, sliding_log_refund};
-pub use sliding_window::{sliding_window, sliding_window_refund};
-pub use token_bucket::{token_bucket, token_bucket_refund};
 
 /// Decide one request under `limit`: dispatch to the built-in algorithm, or
 /// to the user's [`Algorithm`](tollgate_limiter::Algorithm) for custom limits.

@@ -2,7 +2,7 @@
 
 use tollgate_limiter::{State, Stored, TokenBucket, Transition, Verdict, MAX_EXACT};
 
-use crate::builtin::{cells, Reference, FAR};
+use crate::builtin::{cells, Reference};
 use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
@@ -145,14 +145,6 @@ impl Reference for TokenBucket {
             State::Cells([full_at, remainder, _]) => Some((*remainder, *full_at)),
             _ => None,
         }
-    }
-    fn reward(&self, state: &State, now: u64, units: u64) -> Option<State> {
-        let charge = Charge {
-            cost: units,
-            at: 0,
-            mark: FAR,
-        };
-        self.refund(state, now, charge).next
     }
     /// [full at, remainder]: the remainder within exact integers.
     fn within_reach(&self, [_, remainder, _]: [u64; 3]) -> bool {

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use tollgate_limiter::{Adjustment, Layout, Limit};
+use tollgate_limiter::{Adjustment, Builtin, Layout, Limit};
 
 /// What the call does (the last argument; none to decide).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,7 +140,9 @@ pub(crate) fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, String> {
                 String::from_utf8_lossy(a[0])
             ))
         };
-        let code = num(0).ok_or_else(unknown)?;
+        let code = num(0)
+            .filter(|&code| Builtin::by_code(code).is_some())
+            .ok_or_else(unknown)?;
         let [cost, p1, p2, p3] = [1, 2, 3, 4].map(num);
         let (Some(cost), Some(p1), Some(p2), Some(p3)) = (cost, p1, p2, p3) else {
             return Err(args_error(format!(

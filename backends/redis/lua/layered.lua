@@ -3,11 +3,11 @@
 -- common.lua, the algorithm codes, the algorithm files, the tables that
 -- find each algorithm's functions by its code, and this dispatcher are
 -- concatenated in that order (src/script.rs, which generates the codes and
--- tables from the Rust list of built-ins) into one body
--- that defines `decide(KEYS, ARGV)`. On Redis 7 the store loads the body as
--- a function library (FUNCTION LOAD, then FCALL), so the helpers and tables
--- are made once per load; elsewhere, or when asked to, it runs the same body
--- as a script (EVALSHA) ending in `return decide(KEYS, ARGV)`. Each
+-- tables from the Rust list of built-ins) into one body that defines
+-- `decide(KEYS, ARGV)`. On Redis 7 the store loads the body as a function
+-- library (FUNCTION LOAD, then FCALL), so the helpers and tables are made
+-- once per load; elsewhere, or when asked to, it runs the same body as a
+-- script (EVALSHA) ending in `return decide(KEYS, ARGV)`. Each
 -- algorithm lives in exactly one file; a single-policy decision is this
 -- same code with one layer, so there is one source of truth per algorithm.
 --
@@ -46,8 +46,8 @@
 --              block the cost argument holds the block's length in µs.
 --              Reply: each layer's verdict for a request of one unit
 --              afterwards, as 'peek' gives it.
---   'refund'   give back reservations (each algorithm's refund_*). KEYS: the layers'
---              keys; ARGV after the time: per layer algorithm, cost, p1, p2,
+--   'refund'   give back reservations (each algorithm's refund_*).
+--              KEYS: the layers' keys; ARGV after the time: per layer algorithm, cost, p1, p2,
 --              p3, at, mark; then 'refund'. Reply: per layer what was given
 --              back. Not idempotent: the store sends a refund at most once.
 -- Blocks: a counter key holding "b<µs>", or a list holding that one

@@ -27,26 +27,22 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const MAX_RECOVERY: Duration = Duration::from_secs(14 * 24 * 3600);
 
 mod builtins;
-mod fixed_window;
-mod gcra;
-mod sliding_log;
-mod sliding_window;
-mod token_bucket;
 mod window;
 
 pub(crate) use builtins::Parameters;
 pub use builtins::{Builtin, Layout};
-pub use fixed_window::{FixedWindow, FixedWindowSpec};
-pub use gcra::{Gcra, GcraSpec};
-pub use sliding_log::{SlidingLog, SlidingLogSpec};
-pub use sliding_window::{SlidingWindow, SlidingWindowSpec};
-pub use token_bucket::{TokenBucket, TokenBucketSpec};
 pub use window::Window;
 
-/// `Limit`, its per-algorithm methods and the registry's table, from the
-/// list of built-ins.
+/// Each built-in's module (`limit/<name>.rs`) and types, `Limit`, its
+/// per-algorithm methods and the registry's table, from the list of
+/// built-ins.
 macro_rules! define_limit {
     ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident) = $code:literal, )*) => {
+        $(
+            mod $module;
+            pub use $module::{$spec, $variant};
+        )*
+
         /// The algorithm of a policy with its validated parameters.
         ///
         /// Not `#[non_exhaustive]`: every store and the reference must

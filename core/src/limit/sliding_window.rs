@@ -3,22 +3,16 @@
 
 use std::time::Duration;
 
-use super::builtins::{Layout, Parameters};
-use super::window::{window_parameters, window_spec, Window, FIELDS};
-use super::{share, Limit, MAX_COUNT, MAX_EXACT};
+use super::builtins::Layout;
+use super::window::{window_algorithm, Window};
+use super::{Limit, MAX_COUNT, MAX_EXACT};
 use crate::error::PolicyError;
-use crate::spec::FieldKind;
 
 impl Limit {
     /// Sliding window counter: `limit` per `window`, estimated from two counters.
     pub fn sliding_window(limit: u64, window: Duration) -> Result<Self, PolicyError> {
         SlidingWindow::new(limit, window).map(Limit::SlidingWindow)
     }
-}
-
-window_parameters! {
-    /// Sliding window counter parameters: a [`Window`].
-    SlidingWindow
 }
 
 impl SlidingWindow {
@@ -36,43 +30,13 @@ impl SlidingWindow {
     }
 }
 
-window_spec! {
+window_algorithm! {
+    /// Sliding window counter parameters: a [`Window`].
+    SlidingWindow,
     /// A sliding window counter as written in a configuration file
     /// (`algorithm = "sliding_window"`).
-    SlidingWindowSpec
-}
-
-impl Parameters for SlidingWindow {
-    const KEY_CODE: &'static str = "sw";
-    // [this window's count, the previous window's, the time of the last
-    // charge (µs)]
-    const LAYOUT: Layout = Layout::Cells {
-        cells: 3,
-        time_cell: 2,
-    };
-    const FIELDS: &'static [(&'static str, FieldKind)] = FIELDS;
-    type Spec = SlidingWindowSpec;
-
-    fn from_spec(s: &SlidingWindowSpec) -> Result<Self, PolicyError> {
-        Self::new(s.limit, s.window.0)
-    }
-    #[inline]
-    fn capacity_of(&self) -> u64 {
-        self.limit()
-    }
-    fn announced_window_us(&self) -> u64 {
-        self.window_us()
-    }
-    fn rate(&self) -> (u64, u64) {
-        (self.limit(), self.window_us())
-    }
-    fn shared(&self, instances: u64) -> Result<Self, PolicyError> {
-        Self::new(share(self.limit(), instances), self.window())
-    }
-    fn args(&self) -> [u64; 3] {
-        [self.limit(), self.window_us(), 0]
-    }
-    fn from_args([limit, window_us, _]: [u64; 3]) -> Result<Self, PolicyError> {
-        Self::new(limit, Duration::from_micros(window_us))
-    }
+    SlidingWindowSpec,
+    key_code: "sw",
+    // [this window's count, the previous window's, the last charge's time (µs)]
+    layout: Layout::Cells { cells: 3, time_cell: 2 },
 }

@@ -34,11 +34,18 @@ impl Window {
     }
 }
 
-/// Defines a window algorithm's parameters type: a [`Window`] under the
-/// algorithm's own name, so each algorithm has its own type (and `Limit`
-/// variant) while the three share their fields.
-macro_rules! window_parameters {
-    ($(#[$doc:meta])* $name:ident) => {
+/// Defines a window algorithm: its parameters type (a [`Window`] under
+/// the algorithm's own name, so each algorithm has its own type and `Limit`
+/// variant while the three share their fields and rules), its
+/// configuration type, and its [`Parameters`](super::builtins::Parameters)
+/// from its key code and state layout. Its file adds its constructors.
+macro_rules! window_algorithm {
+    (
+        $(#[$doc:meta])*
+        $name:ident, $(#[$spec_doc:meta])* $spec:ident,
+        key_code: $key_code:literal,
+        layout: $layout:expr,
+    ) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub struct $name(super::window::Window);
@@ -49,28 +56,49 @@ macro_rules! window_parameters {
                 &self.0
             }
         }
-    };
-}
-pub(super) use window_parameters;
 
-/// A window algorithm as written in a configuration file.
-macro_rules! window_spec {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
+        $(#[$spec_doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
         #[serde(deny_unknown_fields)]
-        pub struct $name {
+        pub struct $spec {
             /// Units per window.
             pub limit: u64,
             /// Window length.
             pub window: crate::spec::DurationSpec,
         }
+
+        impl super::builtins::Parameters for $name {
+            const KEY_CODE: &'static str = $key_code;
+            const LAYOUT: super::builtins::Layout = $layout;
+            const FIELDS: &'static [(&'static str, crate::spec::FieldKind)] = &[
+                ("limit", crate::spec::FieldKind::Count),
+                ("window", crate::spec::FieldKind::Duration),
+            ];
+            type Spec = $spec;
+
+            fn from_spec(s: &$spec) -> Result<Self, crate::error::PolicyError> {
+                Self::new(s.limit, s.window.0)
+            }
+            #[inline]
+            fn capacity_of(&self) -> u64 {
+                self.limit()
+            }
+            fn announced_window_us(&self) -> u64 {
+                self.window_us()
+            }
+            fn rate(&self) -> (u64, u64) {
+                (self.limit(), self.window_us())
+            }
+            fn shared(&self, instances: u64) -> Result<Self, crate::error::PolicyError> {
+                Self::new(super::share(self.limit(), instances), self.window())
+            }
+            fn args(&self) -> [u64; 3] {
+                [self.limit(), self.window_us(), 0]
+            }
+            fn from_args([limit, window_us, _]: [u64; 3]) -> Result<Self, crate::error::PolicyError> {
+                Self::new(limit, std::time::Duration::from_micros(window_us))
+            }
+        }
     };
 }
-pub(super) use window_spec;
-
-/// Every window algorithm's configuration fields.
-pub(super) const FIELDS: &[(&str, crate::spec::FieldKind)] = &[
-    ("limit", crate::spec::FieldKind::Count),
-    ("window", crate::spec::FieldKind::Duration),
-];
+pub(super) use window_algorithm;

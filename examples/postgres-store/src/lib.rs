@@ -44,8 +44,8 @@ use tokio::sync::Semaphore;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 use tollgate::{
-    async_trait, duration_micros, Adjustment, Clock, LayerRequest, Limit, State, Store, StoreError,
-    SystemClock, Verdicts, MAX_RECOVERY,
+    async_trait, duration_micros, Adjustment, Clock, LayerRequest, Layout, Limit, State, Store,
+    StoreError, SystemClock, Verdicts, MAX_RECOVERY,
 };
 
 /// How often one decision is retried after a deadlock or a row deleted
@@ -445,10 +445,9 @@ fn foreign(limit: &Limit, is_log: bool, cells: &[i64]) -> Option<&'static str> {
 
 /// Whether `limit` keeps a log (a custom algorithm keeps what it `has`).
 fn wants_log(limit: &Limit, has: bool) -> bool {
-    match limit {
-        Limit::SlidingLog(_) => true,
-        Limit::Custom(_) => has,
-        _ => false,
+    match limit.layout() {
+        Some(layout) => layout == Layout::Log,
+        None => has,
     }
 }
 
