@@ -1,6 +1,6 @@
 //! Refunds of reservations: what a charge still owes, per algorithm (each
 //! algorithm's refund lives in its own file, beside it). The Rust
-//! reference for the Redis store's `lua/refund.lua`.
+//! reference for the Redis store's `refund_<algorithm>` Lua functions.
 //!
 //! The Redis Cluster store decides the layers of one hash slot in one
 //! script call, all-or-nothing. A request whose layers span several slots

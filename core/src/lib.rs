@@ -43,11 +43,9 @@ pub use decision::{Decision, LayerDecision, Source};
 pub use error::{BuildError, Error, HashKeyError, PolicyError, StoreError, SubjectError};
 pub use failure::{BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure};
 pub use layer::{duplicate_names, shared_counters, Layer, Scope};
-pub use limit::{
-    Builtin, CustomAlgorithm, FixedWindow, FixedWindowSpec, Gcra, GcraSpec, Layout, Limit,
-    SlidingLog, SlidingLogSpec, SlidingWindow, SlidingWindowSpec, TokenBucket, TokenBucketSpec,
-    Window, MAX_COUNT, MAX_EXACT, MAX_LOG_LIMIT, MAX_RECOVERY, MAX_WINDOW, MIN_WINDOW,
-};
+// Whole: each built-in algorithm's parameters and configuration types
+// come from the list of built-ins.
+pub use limit::*;
 pub use limiter::{Limiter, LimiterBuilder};
 pub use live::{LimiterSource, LiveRoute, RouteLimits};
 pub use login::{Escalation, LoginGuard};

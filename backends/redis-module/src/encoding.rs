@@ -16,9 +16,7 @@
 
 use std::collections::VecDeque;
 
-use tollgate_limiter::State;
-
-use tollgate_limiter::Layout;
+use tollgate_limiter::{Layout, State};
 
 /// The first instant a stored time may hold (2020-01-01, µs).
 pub(crate) const EARLIEST: u64 = 1_577_836_800_000_000;
@@ -63,12 +61,15 @@ pub(crate) fn read_cells(layout: Layout, v: &[u8]) -> Option<State> {
         .then_some(State::Cells(read))
 }
 
-/// The text of counter cells as `layout` keeps them: its cells, but those
-/// after the time cell that are 0 (the token bucket's remainder, mostly).
+/// The text of counter cells as `layout` keeps them: its cells, but the
+/// trailing ones after the time cell that are 0 (the token bucket's
+/// remainder).
 pub(crate) fn write_cells(layout: Layout, cells: [u64; 3]) -> String {
     let (mut n, time_cell) = match layout {
         Layout::Cells { cells, time_cell } => (cells, time_cell),
-        Layout::Log => unreachable!("a log is not kept as cells"),
+        // Never asked (a log is written as a list): every cell, as before,
+        // rather than a panic inside Redis.
+        Layout::Log => (3, 2),
     };
     while n > time_cell + 1 && cells[n - 1] == 0 {
         n -= 1;

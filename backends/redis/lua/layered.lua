@@ -28,8 +28,9 @@
 -- one. Without it the script decides as above (the standalone store).
 --   'reserve'  decide as above; the reply has 7 integers per layer: the 5,
 --              then what the charge needs to be refunded: the effective
---              time it charged at (µs; GCRA: 0) and a mark (token bucket:
---              the scaled level left; GCRA: the TAT written; otherwise 0);
+--              time it charged at (µs; token bucket: the remainder it wrote;
+--              GCRA: 0) and a mark (token bucket: when full again, as
+--              written; GCRA: the TAT written; otherwise 0);
 --              0 0 when nothing was charged.
 --   'peek'     judge every layer, write nothing; the reply is the one a
 --              denial gives (admitting layers report remaining + cost).
@@ -80,8 +81,8 @@
 -- as a list, has branches of its own (`code == LOG`).
 local LOG = SLIDING_LOG
 -- Counter states are stored as their cells (trailing cells an algorithm
--- does not use are not written; nor are cells after the time cell that
--- are 0), read back by a pattern and written by a format (one
+-- does not use are not written; nor are trailing cells after the time
+-- cell that are 0), read back by a pattern and written by a format (one
 -- string.format per state).
 local PATTERNS = { '^(%d+)$', '^(%d+) (%d+)$', '^(%d+) (%d+) (%d+)$' }
 local FORMATS = { '%d', '%d %d', '%d %d %d' }
@@ -161,7 +162,7 @@ end
 
 local function write_cells(key, code, ttl, a, b, c)
   local n, t = CELLS[code], TIME_CELL[code]
-  -- Cells after the time cell that are 0 are left out.
+  -- Trailing cells after the time cell that are 0 are left out.
   if n == 3 and t < 3 and c == 0 then
     n = 2
   end

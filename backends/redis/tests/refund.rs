@@ -89,7 +89,7 @@ fn scale(limit: &Limit) -> u64 {
         Limit::FixedWindow(p) => p.window_us(),
         Limit::SlidingWindow(p) => p.window_us(),
         Limit::SlidingLog(p) => p.window_us(),
-        _ => unreachable!("built-in algorithms only"),
+        Limit::Custom(_) => unreachable!("built-in algorithms only"),
     }
     .max(1)
 }

@@ -75,7 +75,7 @@ pub enum Layout {
     /// Up to three integers ([`State::Cells`](crate::State::Cells)),
     /// stored as a string of `cells` numbers; cell `time_cell` (from 0)
     /// holds a time, which tells Tollgate's states from other data, and
-    /// cells after it that are 0 are left out.
+    /// trailing cells after it that are 0 are left out.
     Cells {
         /// How many cells the state uses.
         cells: usize,

@@ -177,6 +177,6 @@ pub fn time_scale(limit: &tollgate_limiter::Limit) -> u64 {
         Limit::FixedWindow(p) => p.window_us(),
         Limit::SlidingWindow(p) => p.window_us(),
         Limit::SlidingLog(p) => p.window_us(),
-        _ => unreachable!("built-in algorithms only"),
+        Limit::Custom(_) => unreachable!("built-in algorithms only"),
     }
 }
