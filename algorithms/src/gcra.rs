@@ -94,7 +94,8 @@ impl Reference for Gcra {
             _ => Refund::NOTHING,
         }
     }
-    /// The TAT the charge wrote.
+    /// The TAT the charge wrote. A GCRA refund needs no time: its state
+    /// expires only after the TAT it wrote.
     fn charge_marks(&self, next: &State) -> Option<(u64, u64)> {
         match next {
             State::Cells([tat, _, _]) => Some((0, *tat)),

@@ -134,15 +134,12 @@ pub(crate) fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, String> {
     for i in 0..keys {
         let a = &argv[2 + per_layer * i..2 + per_layer * (i + 1)];
         let num = |j: usize| number(a[j]);
-        let unknown = || {
+        let builtin = num(0).and_then(Builtin::by_code).ok_or_else(|| {
             args_error(format!(
                 "unknown algorithm {}",
                 String::from_utf8_lossy(a[0])
             ))
-        };
-        let code = num(0)
-            .filter(|&code| Builtin::by_code(code).is_some())
-            .ok_or_else(unknown)?;
+        })?;
         let [cost, p1, p2, p3] = [1, 2, 3, 4].map(num);
         let (Some(cost), Some(p1), Some(p2), Some(p3)) = (cost, p1, p2, p3) else {
             return Err(args_error(format!(
@@ -163,14 +160,12 @@ pub(crate) fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, String> {
         } else {
             (0, 0)
         };
-        let limit = Limit::from_args(code, [p1, p2, p3])
-            .ok_or_else(unknown)?
+        let limit = Limit::from_args(builtin.code.into(), [p1, p2, p3])
             .map_err(|e| args_error(format!("layer {}: {e}", i + 1)))?;
-        let layout = limit.layout().ok_or_else(unknown)?;
-        let cost = checked_cost(mode, &limit, cost)
+        let cost = checked_cost(mode, builtin.layout, &limit, cost)
             .map_err(|e| args_error(format!("layer {}: {e}", i + 1)))?;
         layers.push(Layer {
-            layout,
+            layout: builtin.layout,
             limit,
             cost,
             at,
@@ -184,7 +179,7 @@ pub(crate) fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, String> {
 /// nothing else (a policy's cost lies between 1 and its capacity; a block
 /// within `Adjustment::check`), and anything else from a client is refused
 /// here rather than reaching arithmetic that assumes it.
-fn checked_cost(mode: Mode, limit: &Limit, cost: u64) -> Result<u64, String> {
+fn checked_cost(mode: Mode, layout: Layout, limit: &Limit, cost: u64) -> Result<u64, String> {
     let capacity = limit.capacity();
     match mode {
         Mode::Decide | Mode::Reserve | Mode::Peek | Mode::Reset | Mode::Refund => {
@@ -198,7 +193,7 @@ fn checked_cost(mode: Mode, limit: &Limit, cost: u64) -> Result<u64, String> {
         // Units beyond what a layer holds change nothing more for a
         // counter; a log's reward drops at most every entry, however many.
         Mode::Penalize => Ok(cost.min(capacity)),
-        Mode::Reward if limit.layout() == Some(Layout::Log) => Ok(cost),
+        Mode::Reward if layout == Layout::Log => Ok(cost),
         Mode::Reward => Ok(cost.min(capacity)),
         Mode::Block => {
             Adjustment::Block(Duration::from_micros(cost))
@@ -225,6 +220,10 @@ mod tests {
     fn calls_parse_as_the_lua_reads_them() {
         let call = parse(&args("- - 2 1 10 1000000 0"), 1).unwrap();
         assert_eq!((call.mode, call.time), (Mode::Decide, Time::Server));
+        assert_eq!(
+            call.layers[0].layout,
+            Builtin::named("gcra").unwrap().layout
+        );
         assert_eq!(
             call.layers[0].limit,
             Limit::gcra(1, Duration::from_secs(1), 10).unwrap()

@@ -51,47 +51,52 @@ fn body() -> &'static str {
         body.push_str(
             "\n-- Each algorithm's functions and state cells, by code (src/script.rs).\n",
         );
-        let counters = || {
-            Builtin::all().iter().filter_map(|b| match b.layout {
+        let all = Builtin::all();
+        let counters: Vec<(&Builtin, usize, usize)> = all
+            .iter()
+            .filter_map(|b| match b.layout {
                 Layout::Cells { cells, time_cell } => Some((b, cells, time_cell)),
                 Layout::Log => None,
             })
-        };
-        let table =
-            |body: &mut String, name: &str, entries: &mut dyn Iterator<Item = (u8, String)>| {
-                let _ = write!(body, "local {name} = {{");
-                for (code, value) in entries {
-                    let _ = write!(body, " [{code}] = {value},");
-                }
-                body.push_str(" }\n");
-            };
-        table(
+            .collect();
+        lua_table(
             &mut body,
             "ALGORITHMS",
-            &mut Builtin::all().iter().map(|b| (b.code, b.name.to_string())),
+            all.iter().map(|b| (b.code, b.name.to_string())),
         );
         for function in ["refund", "reward", "charge"] {
             let name = format!("{}S", function.to_uppercase());
-            table(
-                &mut body,
-                &name,
-                &mut counters().map(|(b, _, _)| (b.code, format!("{function}_{}", b.name))),
-            );
+            let entries = counters
+                .iter()
+                .map(|(b, _, _)| (b.code, format!("{function}_{}", b.name)));
+            lua_table(&mut body, &name, entries);
         }
-        table(
+        lua_table(
             &mut body,
             "CELLS",
-            &mut counters().map(|(b, cells, _)| (b.code, cells.to_string())),
+            counters
+                .iter()
+                .map(|(b, cells, _)| (b.code, cells.to_string())),
         );
-        table(
-            &mut body,
-            "TIME_CELL",
-            &mut counters().map(|(b, _, time)| (b.code, (time + 1).to_string())),
-        );
+        // From 1, as Lua counts.
+        let time_cells = counters
+            .iter()
+            .map(|(b, _, time)| (b.code, (time + 1).to_string()));
+        lua_table(&mut body, "TIME_CELL", time_cells);
         body.push('\n');
         body.push_str(include_str!("../lua/layered.lua"));
         body
     })
+}
+
+/// Append the Lua table `name` = `{ [code] = value, … }` to `body`, on one
+/// line.
+fn lua_table(body: &mut String, name: &str, entries: impl Iterator<Item = (u8, String)>) {
+    let _ = write!(body, "local {name} = {{");
+    for (code, value) in entries {
+        let _ = write!(body, " [{code}] = {value},");
+    }
+    body.push_str(" }\n");
 }
 
 /// The script form, for `EVALSHA` (Redis before 7.0, or

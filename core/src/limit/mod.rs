@@ -181,7 +181,8 @@ macro_rules! define_limit {
             /// let limit = Limit::fixed_window(10, Duration::from_secs(1))?;
             /// let (code, args) = limit.args().unwrap();
             /// assert_eq!(args, [10, 1_000_000, 0]);
-            /// assert_eq!(Limit::from_args(code.into(), args).unwrap()?, limit);
+            /// assert_eq!(Limit::from_args(code.into(), args)?, limit);
+            /// assert!(Limit::from_args(99, args).is_err());
             /// # Ok::<(), tollgate_limiter::PolicyError>(())
             /// ```
             #[inline]
@@ -193,11 +194,15 @@ macro_rules! define_limit {
             }
 
             /// The limit [`args`](Self::args) gave `code` and `args` for,
-            /// validated; `None` when no built-in algorithm has `code`.
-            pub fn from_args(code: u64, args: [u64; 3]) -> Option<Result<Limit, PolicyError>> {
+            /// validated (an error names the parameter, or `algorithm` when
+            /// no built-in algorithm has `code`).
+            pub fn from_args(code: u64, args: [u64; 3]) -> Result<Limit, PolicyError> {
                 match code {
-                    $( $code => Some(<$variant as Parameters>::from_args(args).map(Limit::$variant)), )*
-                    _ => None,
+                    $( $code => <$variant as Parameters>::from_args(args).map(Limit::$variant), )*
+                    _ => Err(PolicyError::new(
+                        "algorithm",
+                        format!("no built-in algorithm has the code {code}"),
+                    )),
                 }
             }
         }
