@@ -44,6 +44,22 @@ pub enum ServerError {
     },
 }
 
+impl ServerError {
+    /// The class of a refused reload, as `tollgate_config_reloads_total`'s
+    /// `result` label counts it.
+    pub fn class(&self) -> &'static str {
+        match self {
+            ServerError::Config(e) => e.class(),
+            ServerError::Invalid(_) | ServerError::Settings(_) | ServerError::Rule { .. } => {
+                "invalid"
+            }
+            ServerError::NeedsRestart(_) => "needs_restart",
+            ServerError::Env { .. } => "environment",
+            ServerError::Bind { .. } => "bind",
+        }
+    }
+}
+
 /// A request the server cannot decide as sent (gRPC `INVALID_ARGUMENT`,
 /// HTTP 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

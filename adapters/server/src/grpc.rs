@@ -6,12 +6,14 @@ use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use tollgate_http::{decision_headers, HeaderStyle};
 
-use crate::rules::{Descriptor, Outcome, Rules, Status};
+use tonic::codegen::{http, BoxFuture};
+
+use crate::rules::{Outcome, Rules, Status};
+use crate::wire::WireRequest;
 use crate::Shared;
 
 /// The gRPC service: Envoy's rate limit protocol over the running rules.
@@ -76,32 +78,71 @@ pub(crate) fn response(rules: &Rules, outcome: &Outcome) -> RateLimitResponse {
     }
 }
 
-#[tonic::async_trait]
-impl RateLimitService for Service {
-    async fn should_rate_limit(
-        &self,
-        request: tonic::Request<RateLimitRequest>,
-    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        let request = request.into_inner();
-        let descriptors: Vec<Descriptor> = request
-            .descriptors
-            .iter()
-            .map(|d| Descriptor {
-                entries: d
-                    .entries
-                    .iter()
-                    .map(|e| (e.key.clone(), e.value.clone()))
-                    .collect(),
-                hits: d
-                    .hits_addend
-                    .map_or(u64::from(request.hits_addend), |h| h.value),
-            })
-            .collect();
+/// The method's path.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+impl tonic::server::NamedService for Service {
+    const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+impl Service {
+    /// Decide one request.
+    async fn should_rate_limit(&self, request: WireRequest) -> RateLimitResponse {
+        let (domain, descriptors) = request.into_descriptors();
         let rules = self.shared.rules();
-        let outcome = rules
-            .decide(&request.domain, &descriptors)
-            .await
-            .map_err(|e| tonic::Status::invalid_argument(e.0))?;
-        Ok(tonic::Response::new(response(&rules, &outcome)))
+        match rules.decide(&domain, &descriptors).await {
+            Ok(outcome) => response(&rules, &outcome),
+            // Never a gRPC error, which Envoy would turn into an allow.
+            Err(_) => RateLimitResponse {
+                overall_code: Code::OverLimit as i32,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+/// `ShouldRateLimit` as tonic's unary service, decoding [`WireRequest`].
+struct Unary(Service);
+
+impl tonic::server::UnaryService<WireRequest> for Unary {
+    type Response = RateLimitResponse;
+    type Future = BoxFuture<tonic::Response<RateLimitResponse>, tonic::Status>;
+
+    fn call(&mut self, request: tonic::Request<WireRequest>) -> Self::Future {
+        let service = self.0.clone();
+        Box::pin(async move {
+            let response = service.should_rate_limit(request.into_inner()).await;
+            Ok(tonic::Response::new(response))
+        })
+    }
+}
+
+// The service Envoy calls, written out rather than generated: the
+// generated one decodes values as `string` (see `wire.rs`).
+impl<B> tonic::codegen::Service<http::Request<B>> for Service
+where
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            return Box::pin(async { Ok(tonic::Status::unimplemented("").into_http()) });
+        }
+        let unary = Unary(self.clone());
+        Box::pin(async move {
+            let codec = tonic_prost::ProstCodec::<RateLimitResponse, WireRequest>::default();
+            Ok(tonic::server::Grpc::new(codec).unary(unary, request).await)
+        })
     }
 }

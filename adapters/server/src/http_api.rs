@@ -121,9 +121,9 @@ async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response 
     let descriptors: Vec<Descriptor> = request
         .descriptors
         .into_iter()
-        .map(|d| Descriptor {
-            entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
-            hits: d.hits_addend.unwrap_or(request.hits_addend),
+        .map(|d| {
+            let entries = d.entries.into_iter().map(|e| (e.key, e.value));
+            Descriptor::new(entries, d.hits_addend.unwrap_or(request.hits_addend))
         })
         .collect();
     let rules = shared.rules();
@@ -162,7 +162,8 @@ async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response 
         "application/json",
         json!({ "overall": overall, "statuses": statuses }).to_string(),
     );
-    if let Some(decision) = outcome.decisions.first() {
+    let decision = outcome.decisions.first();
+    if let (true, Some(decision)) = (rules.settings().response_headers, decision) {
         apply_headers(
             &decision_headers(decision, HeaderStyle::default()),
             response.headers_mut(),

@@ -10,6 +10,8 @@
 //!   modes, breaker and fallback; a store failure that fails closed answers
 //!   `OVER_LIMIT` (never a gRPC error, which Envoy would turn into an
 //!   allow by default);
+//! - `grpc.health.v1.Health` beside it, for Envoy's and Kubernetes' gRPC
+//!   health checks;
 //! - beside it, HTTP: `POST /v1/check` (JSON), `GET /healthz`, `GET
 //!   /readyz` (the store answers and no breaker is open), `GET /metrics`
 //!   (Prometheus text).
@@ -24,13 +26,14 @@ mod grpc;
 mod http_api;
 mod rules;
 mod settings;
+mod settled;
+mod wire;
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -40,7 +43,7 @@ use tollgate_limiter::{Clock, Store};
 
 pub use envoy_limit::{envoy_limit, EnvoyLimit};
 pub use error::{BadRequest, ServerError};
-pub use rules::{Descriptor, Outcome, Rules, Status};
+pub use rules::{Descriptor, LimitOverride, Outcome, Rules, Status};
 pub use settings::{Role, RuleSpec, Settings, Unknown};
 
 /// What the gRPC service and the HTTP API share: the running rules.
@@ -83,9 +86,28 @@ impl Shared {
     /// Read the file again and apply it — only once it is valid whole:
     /// the library's part, the `[server]` section, every rule built, and
     /// nothing changed that needs a restart. Otherwise the running limits
-    /// are kept.
+    /// are kept. Every outcome is counted in
+    /// `tollgate_config_reloads_total{result}`.
     async fn reload(&self) -> Result<(), ServerError> {
         let _one = self.reloading.lock().await;
+        let config = self.checked_file().inspect_err(|e| {
+            tollgate_limiter::observe::config_reload(e.class(), Some(&e.to_string()), &[]);
+        })?;
+        // Counts its own outcome.
+        self.live.reload_with(config.clone()).await?;
+        let rules = Rules::new(
+            config.clone(),
+            self.live.store(),
+            self.fallback(&config),
+            self.clock.clone(),
+        )?;
+        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
+        Ok(())
+    }
+
+    /// The file, read again and checked whole: what [`reload`](Self::reload)
+    /// may apply.
+    fn checked_file(&self) -> Result<Config, ServerError> {
         let path = self
             .live
             .path()
@@ -117,15 +139,7 @@ impl Shared {
             self.fallback(&config),
             self.clock.clone(),
         )?;
-        self.live.reload_with(config.clone()).await?;
-        let rules = Rules::new(
-            config.clone(),
-            self.live.store(),
-            self.fallback(&config),
-            self.clock.clone(),
-        )?;
-        *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
-        Ok(())
+        Ok(config)
     }
 }
 
@@ -162,6 +176,8 @@ pub struct Server {
     grpc: SocketAddr,
     http: SocketAddr,
     stop: watch::Sender<bool>,
+    /// `grpc.health.v1`: serving until the shutdown begins.
+    health: tonic_health::server::HealthReporter,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -224,9 +240,11 @@ impl Server {
                 source,
             })?;
         let (stop, stopped) = watch::channel(false);
-        let service = RateLimitServiceServer::new(grpc::Service {
+        let service = grpc::Service {
             shared: shared.clone(),
-        });
+        };
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health.set_serving::<grpc::Service>().await;
         let until_stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
@@ -239,6 +257,7 @@ impl Server {
                     .with_nodelay(Some(true));
                 if let Err(e) = tonic::transport::Server::builder()
                     .add_service(service)
+                    .add_service(health_service)
                     .serve_with_incoming_shutdown(incoming, stopped)
                     .await
                 {
@@ -267,6 +286,7 @@ impl Server {
             grpc,
             http,
             stop,
+            health,
             tasks: vec![grpc_task, http_task],
         })
     }
@@ -294,29 +314,25 @@ impl Server {
         self.shared.reload().await
     }
 
-    /// Reload as [`reload`](Self::reload) does whenever the file changes
-    /// (its modification time or length, checked every `every`), reporting
-    /// each outcome; stops when the returned guard is dropped.
+    /// Reload as [`reload`](Self::reload) does whenever the file's contents
+    /// change (read every `every`; its time and length are not trusted),
+    /// once they have stayed the same for one more look, so a file still
+    /// being written is not applied (see `settled.rs`),
+    /// reporting each outcome; stops when the returned guard is dropped.
     pub fn watch(
         &self,
         every: Duration,
         mut report: impl FnMut(Result<(), ServerError>) + Send + 'static,
     ) -> Watch {
         let shared = self.shared.clone();
-        let stamp = |shared: &Shared| {
-            shared
-                .live
-                .path()
-                .and_then(|p| std::fs::metadata(p).ok())
-                .map(|m| (m.modified().ok(), m.len()))
-        };
+        let read = |shared: &Shared| shared.live.path().and_then(|p| std::fs::read(p).ok());
+        // Read now, not in the task: a change made before the task first
+        // runs is a change.
+        let mut file = settled::Settled::new(read(&shared));
         Watch(tokio::spawn(async move {
-            let mut seen = stamp(&shared);
             loop {
                 tokio::time::sleep(every).await;
-                let now = stamp(&shared);
-                if now != seen {
-                    seen = now;
+                if file.changed(read(&shared)) {
                     report(shared.reload().await);
                 }
             }
@@ -326,6 +342,11 @@ impl Server {
     /// Stop accepting, let the requests in flight finish (for at most
     /// [`SHUTDOWN_WITHIN`]), and return.
     pub async fn shutdown(self) {
+        // Health checks see the shutdown first, so Envoy stops sending.
+        self.health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        self.health.set_not_serving::<grpc::Service>().await;
         let _ = self.stop.send(true);
         let deadline = tokio::time::Instant::now() + SHUTDOWN_WITHIN;
         for mut task in self.tasks {

@@ -14,8 +14,8 @@ use std::sync::{Arc, RwLock};
 
 use tollgate_config::Config;
 use tollgate_limiter::{
-    BreakerState, Clock, Context, Decision, HashKey, LayerDecision, Limiter, Policy, Scope, Store,
-    Subject,
+    BreakerState, Clock, Context, Decision, HashKey, LayerDecision, Limit, Limiter, Policy, Scope,
+    Store, Subject,
 };
 
 use crate::error::{BadRequest, ServerError};
@@ -24,10 +24,111 @@ use crate::settings::{RuleSpec, Settings, Unknown};
 /// One descriptor of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Descriptor {
-    /// Its entries, `(key, value)`, in order.
-    pub entries: Vec<(String, String)>,
+    /// Its entries, `(key, value)`, in order. A value is bytes, as on
+    /// Envoy's wire (a request header may hold any): one that is not
+    /// UTF-8 never matches a rule's fixed value and is counted under its
+    /// hash.
+    pub entries: Vec<(String, Vec<u8>)>,
     /// Units it costs (Envoy's `hits_addend`; 0 or unset means 1).
     pub hits: u64,
+    /// Envoy's dynamic limit for this descriptor, which replaces the limit
+    /// of each of its rule's layers.
+    pub limit: Option<LimitOverride>,
+}
+
+impl Descriptor {
+    /// A descriptor of text entries, costing `hits`, without an override.
+    pub fn new<K: Into<String>, V: Into<String>>(
+        entries: impl IntoIterator<Item = (K, V)>,
+        hits: u64,
+    ) -> Descriptor {
+        Descriptor {
+            entries: entries
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into().into_bytes()))
+                .collect(),
+            hits,
+            limit: None,
+        }
+    }
+}
+
+/// Envoy's dynamic limit for one descriptor (`RateLimitDescriptor.limit`,
+/// set by the route's `limit` action from dynamic metadata): requests per
+/// unit, counted in a fixed window of the unit aligned like
+/// envoyproxy/ratelimit's (to the Unix epoch).
+///
+/// Each of the matched rule's layers is counted with it instead of its
+/// policy's limit, on counters of their own (a policy named after the
+/// override), keeping its scope and failure mode, never in shadow mode
+/// (as the reference). A unit Tollgate cannot count as a fixed window
+/// (`UNKNOWN`, `MONTH`, `YEAR`) or a limit of 0 makes the descriptor over
+/// the limit: the server never admits on a limit it does not understand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LimitOverride {
+    /// Requests per unit.
+    pub requests_per_unit: u32,
+    /// The unit, as `envoy.type.v3.RateLimitUnit` numbers it
+    /// (1 second, 2 minute, 3 hour, 4 day, 5 month, 6 year).
+    pub unit: i32,
+}
+
+impl LimitOverride {
+    /// The override Envoy sent.
+    pub fn from_envoy(requests_per_unit: u32, unit: i32) -> LimitOverride {
+        LimitOverride {
+            requests_per_unit,
+            unit,
+        }
+    }
+
+    /// The unit's Envoy name and its length in seconds, for the units a
+    /// fixed window counts.
+    fn unit(&self) -> Option<(&'static str, u64)> {
+        match self.unit {
+            1 => Some(("SECOND", 1)),
+            2 => Some(("MINUTE", 60)),
+            3 => Some(("HOUR", 3600)),
+            4 => Some(("DAY", 86_400)),
+            _ => None,
+        }
+    }
+
+    /// The override as the answer's `current_limit` states it.
+    fn envoy_limit(&self) -> Option<crate::EnvoyLimit> {
+        let (unit_name, _) = self.unit()?;
+        Some(crate::EnvoyLimit {
+            requests_per_unit: self.requests_per_unit,
+            unit: self.unit,
+            unit_name,
+            exact: true,
+        })
+    }
+
+    /// `layer_policy` counted with this override, or `None` when it cannot
+    /// be counted (its descriptor is then over the limit).
+    fn policy(&self, layer_policy: &Policy) -> Option<Policy> {
+        let (unit, secs) = self.unit()?;
+        let limit = Limit::fixed_window(
+            u64::from(self.requests_per_unit),
+            std::time::Duration::from_secs(secs),
+        )
+        .ok()?;
+        let name = format!(
+            "envoy.{}.per-{}",
+            self.requests_per_unit,
+            unit.to_ascii_lowercase()
+        );
+        let policy = Policy::new(name, limit).ok()?;
+        // The configured failure mode, unless it cannot hold this limit
+        // (a fallback limit of another shape): then it fails closed.
+        Some(
+            policy
+                .clone()
+                .with_on_failure(layer_policy.on_failure().clone())
+                .unwrap_or(policy),
+        )
+    }
 }
 
 /// One descriptor's answer.
@@ -38,6 +139,8 @@ pub struct Status {
     /// Its tightest layer (the one with the least left), when a rule
     /// matched and a decision was made.
     pub tightest: Option<LayerDecision>,
+    /// The descriptor's limit override, when it decided.
+    pub limit: Option<LimitOverride>,
 }
 
 /// A request's answer.
@@ -90,6 +193,9 @@ struct Rule {
     layers: Vec<(String, Scope, Policy)>,
 }
 
+/// A rule a request uses, with its descriptor's limit override if any.
+type RuleUse = (usize, Option<LimitOverride>);
+
 /// One limiter for a combination of rules, and the range of its layers
 /// each rule owns.
 struct Combined {
@@ -106,7 +212,7 @@ pub struct Rules {
     fallback: Option<Arc<dyn Store>>,
     clock: Arc<dyn Clock>,
     hash_key: Option<HashKey>,
-    combined: RwLock<HashMap<Vec<usize>, Arc<Combined>>>,
+    combined: RwLock<HashMap<Vec<RuleUse>, Arc<Combined>>>,
 }
 
 impl std::fmt::Debug for Rules {
@@ -147,6 +253,18 @@ fn odd_values_key() -> &'static HashKey {
     KEY.get_or_init(|| {
         HashKey::new(b"tollgate-ratelimit-server: values that are not subjects").expect("16+ bytes")
     })
+}
+
+/// A value as its subject: itself when it is one exactly as sent (UTF-8,
+/// no white space around it, …), else its hash under the public key, so
+/// `" pad "` and `"pad"`, or two byte strings that are not UTF-8, never
+/// share a budget.
+fn plain_subject(value: &[u8]) -> Subject {
+    std::str::from_utf8(value)
+        .ok()
+        .filter(|text| text.trim() == *text)
+        .and_then(|text| Subject::new(text).ok())
+        .unwrap_or_else(|| Subject::hashed(value, odd_values_key()))
 }
 
 /// Most descriptors one request may carry; a request with more is over
@@ -243,10 +361,12 @@ impl Rules {
             combined: RwLock::new(HashMap::new()),
         };
         for (i, rule) in rules.rules.iter().enumerate() {
-            rules.combined(&[i]).map_err(|e| ServerError::Rule {
-                rule: rule.spec.name.clone(),
-                reason: e.0,
-            })?;
+            rules
+                .combined(&[(i, None)])
+                .map_err(|e| ServerError::Rule {
+                    rule: rule.spec.name.clone(),
+                    reason: e.0,
+                })?;
         }
         Ok(rules)
     }
@@ -263,6 +383,9 @@ impl Rules {
 
     /// The limit of a status's tightest layer in Envoy's terms.
     pub fn envoy_limit(&self, status: &Status) -> Option<crate::EnvoyLimit> {
+        if let Some(limit) = &status.limit {
+            return limit.envoy_limit();
+        }
         let layer = status.tightest.as_ref()?;
         crate::envoy_limit(self.policy(layer.policy())?.limit())
     }
@@ -292,13 +415,21 @@ impl Rules {
                 && keys.len() == rule.keys.len()
                 && d.entries.iter().all(|(k, v)| {
                     rule.keys.contains(k)
-                        && rule.spec.values.get(k).is_none_or(|wanted| wanted == v)
+                        && rule
+                            .spec
+                            .values
+                            .get(k)
+                            .is_none_or(|wanted| wanted.as_bytes() == v.as_slice())
                 })
         })
     }
 
-    /// The limiter of a combination of rules (built once).
-    fn combined(&self, rules: &[usize]) -> Result<Arc<Combined>, BadRequest> {
+    /// The limiter of a combination of rules, each with its descriptor's
+    /// override if any (built once).
+    fn combined(
+        &self,
+        rules: &[RuleUse],
+    ) -> Result<Arc<Combined>, BadRequest> {
         if let Some(c) = self
             .combined
             .read()
@@ -316,10 +447,16 @@ impl Rules {
                 .limiter_builder(&self.store, self.fallback.as_ref(), &self.clock);
         let mut ranges = Vec::new();
         let mut at = 0;
-        for &i in rules {
+        for &(i, limit) in rules {
             let rule = &self.rules[i];
             for (name, scope, policy) in &rule.layers {
-                builder = builder.layer(name.clone(), scope.clone(), policy.clone());
+                let policy = match limit {
+                    Some(limit) => limit.policy(policy).ok_or_else(|| {
+                        BadRequest(format!("the limit override {limit:?} cannot be counted"))
+                    })?,
+                    None => policy.clone(),
+                };
+                builder = builder.layer(name.clone(), scope.clone(), policy);
             }
             ranges.push(at..at + rule.layers.len());
             at += rule.layers.len();
@@ -344,9 +481,7 @@ impl Rules {
             };
             let subject = match (&self.hash_key, rule.spec.hashed.contains(key)) {
                 (Some(hash_key), true) => Subject::hashed(value, hash_key),
-                _ => {
-                    Subject::new(value).unwrap_or_else(|_| Subject::hashed(value, odd_values_key()))
-                }
+                _ => plain_subject(value),
             };
             ctx = ctx.with_attribute(attribute.clone(), subject);
         }
@@ -366,16 +501,15 @@ impl Rules {
         domain: &str,
         descriptors: &[Descriptor],
     ) -> Result<Outcome, BadRequest> {
+        let over = |_| Status {
+            ok: false,
+            tightest: None,
+            limit: None,
+        };
         if descriptors.len() > MAX_DESCRIPTORS {
             // Deciding them would be a store call each: refuse the lot.
             return Ok(Outcome {
-                statuses: descriptors
-                    .iter()
-                    .map(|_| Status {
-                        ok: false,
-                        tightest: None,
-                    })
-                    .collect(),
+                statuses: descriptors.iter().map(over).collect(),
                 decisions: Vec::new(),
             });
         }
@@ -385,63 +519,27 @@ impl Rules {
             .collect();
         let mut statuses: Vec<Status> = matched
             .iter()
-            .map(|m| Status {
-                ok: m.is_some() || self.settings.unknown_descriptors == Unknown::Allow,
+            .zip(descriptors)
+            .map(|(m, d)| Status {
+                // An override that cannot be counted is over the limit.
+                ok: match m {
+                    Some(_) => d.limit.is_none_or(|o| o.unit().is_some()),
+                    None => self.settings.unknown_descriptors == Unknown::Allow,
+                },
                 tightest: None,
+                limit: None,
             })
             .collect();
-        // Rounds: descriptors whose rules differ and whose costs agree.
-        let mut rounds: Vec<(u64, Vec<usize>)> = Vec::new();
-        for (d, rule) in matched.iter().enumerate() {
-            let Some(rule) = rule else { continue };
-            let hits = descriptors[d].hits.max(1);
-            match rounds
-                .iter_mut()
-                .find(|(cost, ds)| *cost == hits && ds.iter().all(|&o| matched[o] != Some(*rule)))
-            {
-                Some((_, ds)) => ds.push(d),
-                None => rounds.push((hits, vec![d])),
-            }
-        }
         let mut denied = statuses.iter().any(|s| !s.ok);
         let mut decisions = Vec::new();
-        for (cost, mut ds) in rounds {
-            // In rule order, so one limiter serves every order of them.
-            ds.sort_by_key(|&d| matched[d]);
-            let rules: Vec<usize> = ds.iter().filter_map(|&d| matched[d]).collect();
-            let combined = self.combined(&rules)?;
-            let mut ctx = Context::new();
-            for (&d, &rule) in ds.iter().zip(&rules) {
-                ctx = self.context(ctx, rule, &descriptors[d]);
-            }
-            let limiter = &combined.limiter;
-            // After a denial nothing more is charged: the rest is peeked.
-            let decided = if denied {
-                limiter.peek(&ctx, cost).await.map_err(|e| e.to_string())
-            } else {
-                // An error is bad input for a layer — more than it can ever
-                // hold — so the request is over the limit (an error
-                // answer would be an allow in Envoy).
-                limiter.check(&ctx, cost).await.map_err(|e| e.to_string())
+        for (cost, ds) in rounds(&matched, descriptors, &statuses) {
+            let Some(decision) = self
+                .decide_round(&matched, descriptors, ds, cost, denied, &mut statuses)
+                .await?
+            else {
+                denied = true;
+                continue;
             };
-            let decision = match decided {
-                Ok(decision) => decision,
-                Err(_) => {
-                    for &d in &ds {
-                        statuses[d].ok = false;
-                    }
-                    denied = true;
-                    continue;
-                }
-            };
-            for (&d, range) in ds.iter().zip(&combined.ranges) {
-                let layers = &decision.layers()[range.clone()];
-                let enforced = || layers.iter().filter(|l| !l.is_shadow());
-                statuses[d].ok = enforced().all(|l| l.verdict.allowed);
-                statuses[d].tightest = enforced()
-                    .min_by_key(|l| (l.verdict.allowed, l.verdict.remaining))
-                    .copied();
-            }
             if !decision.is_allowed() {
                 denied = true;
                 decisions.insert(0, decision);
@@ -454,4 +552,81 @@ impl Rules {
             decisions,
         })
     }
+
+    /// Decide one round, descriptors `ds` at `cost` each, writing their
+    /// statuses: charged, or only peeked once the request is `denied`.
+    /// `None` when the limiter refused the request as bad input.
+    async fn decide_round(
+        &self,
+        matched: &[Option<usize>],
+        descriptors: &[Descriptor],
+        mut ds: Vec<usize>,
+        cost: u64,
+        denied: bool,
+        statuses: &mut [Status],
+    ) -> Result<Option<Decision>, BadRequest> {
+        // In rule order, so one limiter serves every order of them.
+        ds.sort_by_key(|&d| (matched[d], descriptors[d].limit));
+        let rules: Vec<RuleUse> = ds
+            .iter()
+            .filter_map(|&d| Some((matched[d]?, descriptors[d].limit)))
+            .collect();
+        let combined = self.combined(&rules)?;
+        let mut ctx = Context::new();
+        for (&d, &(rule, _)) in ds.iter().zip(&rules) {
+            ctx = self.context(ctx, rule, &descriptors[d]);
+        }
+        let limiter = &combined.limiter;
+        // After a denial nothing more is charged: the rest is peeked.
+        let decided = if denied {
+            limiter.peek(&ctx, cost).await
+        } else {
+            limiter.check(&ctx, cost).await
+        };
+        // An error is bad input for a layer — more than it can ever hold
+        // — so the request is over the limit (an error answer would be an
+        // allow in Envoy).
+        let Ok(decision) = decided else {
+            for &d in &ds {
+                statuses[d].ok = false;
+            }
+            return Ok(None);
+        };
+        for (&d, range) in ds.iter().zip(&combined.ranges) {
+            let layers = &decision.layers()[range.clone()];
+            let enforced = || layers.iter().filter(|l| !l.is_shadow());
+            statuses[d].ok = enforced().all(|l| l.verdict.allowed);
+            statuses[d].tightest = enforced()
+                .min_by_key(|l| (l.verdict.allowed, l.verdict.remaining))
+                .copied();
+            statuses[d].limit = descriptors[d].limit;
+        }
+        Ok(Some(decision))
+    }
+}
+
+/// The rounds of a request: descriptors whose rules differ and whose costs
+/// agree are decided together; those already over the limit (no rule, an
+/// override that cannot be counted) are left out.
+fn rounds(
+    matched: &[Option<usize>],
+    descriptors: &[Descriptor],
+    statuses: &[Status],
+) -> Vec<(u64, Vec<usize>)> {
+    let mut rounds: Vec<(u64, Vec<usize>)> = Vec::new();
+    for (d, rule) in matched.iter().enumerate() {
+        let Some(rule) = rule else { continue };
+        if !statuses[d].ok {
+            continue;
+        }
+        let hits = descriptors[d].hits.max(1);
+        match rounds
+            .iter_mut()
+            .find(|(cost, ds)| *cost == hits && ds.iter().all(|&o| matched[o] != Some(*rule)))
+        {
+            Some((_, ds)) => ds.push(d),
+            None => rounds.push((hits, vec![d])),
+        }
+    }
+    rounds
 }

@@ -614,3 +614,320 @@ async fn a_shutdown_lets_requests_in_flight_finish() {
         "the shutdown waited for the request in flight ({took:?})"
     );
 }
+
+/// `ShouldRateLimit`'s request with values as bytes: what Envoy sends for
+/// a header that is not UTF-8, which `string` fields cannot carry.
+mod raw {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Request {
+        #[prost(string, tag = "1")]
+        pub domain: String,
+        #[prost(message, repeated, tag = "2")]
+        pub descriptors: Vec<Descriptor>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Descriptor {
+        #[prost(message, repeated, tag = "1")]
+        pub entries: Vec<Entry>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Entry {
+        #[prost(string, tag = "1")]
+        pub key: String,
+        #[prost(bytes = "vec", tag = "2")]
+        pub value: Vec<u8>,
+    }
+}
+
+/// Ask with raw byte values.
+async fn ask_raw(addr: SocketAddr, entries: &[(&str, &[u8])]) -> RateLimitResponse {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("a URI")
+        .connect()
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let request = raw::Request {
+        domain: "edge".into(),
+        descriptors: vec![raw::Descriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| raw::Entry {
+                    key: k.to_string(),
+                    value: v.to_vec(),
+                })
+                .collect(),
+        }],
+    };
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    let codec = tonic_prost::ProstCodec::<raw::Request, RateLimitResponse>::default();
+    grpc.unary(tonic::Request::new(request), path, codec)
+        .await
+        .expect("answered, not a gRPC error (Envoy would allow)")
+        .into_inner()
+}
+
+/// A value that is not UTF-8 is decided, never an error, which Envoy turns
+/// into an allow: counted under its hash, apart from other bytes.
+#[tokio::test]
+async fn values_that_are_not_utf8_are_counted_not_refused() {
+    let file = File::new(&format!("{LIMITS}{}", server_section("")));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let addr = server.grpc_addr();
+    let crafted: &[(&str, &[u8])] = &[("user_id", b"k\xe9y"), ("tenant_id", b"t1")];
+    let mut answers = Vec::new();
+    for _ in 0..7 {
+        answers.push(ask_raw(addr, crafted).await.overall_code);
+    }
+    assert_eq!(answers, [OK, OK, OK, OK, OK, OVER, OVER], "5 per user");
+    // Other bytes, and the lossy reading of these, are other subjects.
+    let other: &[(&str, &[u8])] = &[("user_id", b"k\xffy"), ("tenant_id", b"t2")];
+    assert_eq!(ask_raw(addr, other).await.overall_code, OK);
+    let mut c = client(addr).await;
+    let lossy = user("k\u{fffd}y", "t3");
+    assert_eq!(ask(&mut c, vec![lossy], 0).await.overall_code, OK);
+    // A fixed value is matched on its bytes: these match no rule.
+    let r = ask_raw(
+        addr,
+        &[
+            ("generic_key", b"login\xff"),
+            ("remote_address", b"10.9.9.9"),
+        ],
+    )
+    .await;
+    assert!(r.statuses[0].current_limit.is_none(), "no rule matched");
+    server.shutdown().await;
+}
+
+/// Values with white space around them are hashed, not trimmed: `" pad "`
+/// and `"pad"` have budgets of their own.
+#[tokio::test]
+async fn values_with_white_space_are_not_trimmed_into_others() {
+    let file = File::new(&format!("{LIMITS}{}", server_section("")));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let mut c = client(server.grpc_addr()).await;
+    for _ in 0..5 {
+        let r = ask(&mut c, vec![user("pad", "t-pad")], 0).await;
+        assert_eq!(r.overall_code, OK);
+    }
+    assert_eq!(
+        ask(&mut c, vec![user("pad", "t-pad2")], 0)
+            .await
+            .overall_code,
+        OVER
+    );
+    for padded in [" pad ", "pad ", "\tpad"] {
+        let r = ask(&mut c, vec![user(padded, "t-pad3")], 0).await;
+        assert_eq!(
+            r.statuses[0].limit_remaining, 4,
+            "{padded:?}: a budget of its own"
+        );
+    }
+    server.shutdown().await;
+}
+
+fn with_override(
+    mut d: RateLimitDescriptor,
+    requests_per_unit: u32,
+    unit: i32,
+) -> RateLimitDescriptor {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit,
+        unit,
+    });
+    d
+}
+
+/// A descriptor's own `limit` (Envoy's dynamic limit) replaces its rule's:
+/// counted on its own, stated in `current_limit`; a unit that cannot be
+/// counted as a window is over the limit.
+#[tokio::test]
+async fn a_descriptor_limit_override_is_applied() {
+    let file = File::new(&format!("{LIMITS}{}", server_section("")));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let mut c = client(server.grpc_addr()).await;
+    let minute = 2;
+    let overridden = || with_override(user("o1", "o-acme"), 2, minute);
+    let r = ask(&mut c, vec![overridden()], 0).await;
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    let limit = r.statuses[0].current_limit.as_ref().expect("stated");
+    assert_eq!((limit.requests_per_unit, limit.unit), (2, minute));
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    assert_eq!(ask(&mut c, vec![overridden()], 0).await.overall_code, OK);
+    assert_eq!(ask(&mut c, vec![overridden()], 0).await.overall_code, OVER);
+    // The configured limit (5) has counters of its own.
+    let r = ask(&mut c, vec![user("o1", "o-acme")], 0).await;
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    // MONTH (5) cannot be counted as a window yet; UNKNOWN (0) is unknown.
+    for unit in [5, 0] {
+        let r = ask(
+            &mut c,
+            vec![with_override(user("o2", "o-acme"), 100, unit)],
+            0,
+        )
+        .await;
+        assert_eq!(codes(&r), (OVER, vec![OVER]), "unit {unit}");
+    }
+    let r = ask(
+        &mut c,
+        vec![with_override(user("o3", "o-acme"), 0, minute)],
+        0,
+    )
+    .await;
+    assert_eq!(r.overall_code, OVER, "a limit of 0");
+    server.shutdown().await;
+}
+
+/// `grpc.health.v1` answers SERVING for the server and the rate limit
+/// service, as Envoy's and Kubernetes' gRPC health checks ask.
+#[tokio::test]
+async fn grpc_health_is_served() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let file = File::new(&format!("{LIMITS}{}", server_section("")));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr()))
+        .expect("a URI")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let r = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .expect("answered")
+            .into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32, "{service:?}");
+    }
+    let unknown = health
+        .check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await;
+    assert_eq!(unknown.expect_err("unknown").code(), tonic::Code::NotFound);
+    server.shutdown().await;
+}
+
+/// The value of a Prometheus line of `/metrics` (0 when absent).
+async fn metric(base: &str, line_start: &str) -> f64 {
+    let (_, text) = get(&format!("{base}/metrics")).await;
+    text.lines()
+        .filter(|l| l.starts_with(line_start))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Refused reloads are counted like applied ones, by class.
+#[tokio::test]
+async fn refused_reloads_are_counted() {
+    let file = File::new(&format!("{LIMITS}{}", server_section("")));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let base = format!("http://{}", server.http_addr());
+    let invalid = "tollgate_config_reloads_total{result=\"invalid\"}";
+    let restart = "tollgate_config_reloads_total{result=\"needs_restart\"}";
+    let (invalid_before, restart_before) =
+        (metric(&base, invalid).await, metric(&base, restart).await);
+    std::fs::write(
+        &file.0,
+        format!(
+            "{LIMITS}{}",
+            server_section("").replace("route = \"login\"", "route = \"nowhere\"")
+        ),
+    )
+    .expect("rewrite");
+    server.reload().await.expect_err("refused");
+    std::fs::write(&file.0, "not toml [").expect("rewrite");
+    server.reload().await.expect_err("refused");
+    std::fs::write(
+        &file.0,
+        format!(
+            "{LIMITS}{}",
+            server_section("").replace("127.0.0.1:0", "127.0.0.1:1")
+        ),
+    )
+    .expect("rewrite");
+    server.reload().await.expect_err("refused");
+    assert!(metric(&base, invalid).await >= invalid_before + 2.0);
+    assert!(metric(&base, restart).await >= restart_before + 1.0);
+    server.shutdown().await;
+}
+
+/// `/v1/check` sends no RateLimit headers when `response_headers = false`.
+#[tokio::test]
+async fn the_http_api_honours_response_headers_false() {
+    let file = File::new(&format!(
+        "{LIMITS}{}",
+        server_section("response_headers = false")
+    ));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let check = format!("http://{}/v1/check", server.http_addr());
+    let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"generic_key","value":"login"},{"key":"remote_address","value":"10.7.7.7"}]}]}"#;
+    for expected in [200, 200, 429] {
+        let (status, text) = send("POST", &check, &[], body).await;
+        assert_eq!(status, expected, "{text}");
+        let head = text.split_once("\n\n").map_or("", |(h, _)| h);
+        assert!(!head.contains("ratelimit"), "{head}");
+        assert!(!head.contains("retry-after"), "{head}");
+    }
+    let mut c = client(server.grpc_addr()).await;
+    let r = ask(&mut c, vec![login("10.7.7.8")], 0).await;
+    assert!(r.response_headers_to_add.is_empty());
+    server.shutdown().await;
+}
+
+/// An edit that keeps the file's length, with its modification time put
+/// back, is still applied by the watch.
+#[tokio::test]
+async fn a_same_length_edit_with_its_time_restored_is_applied() {
+    let file = File::new(&format!("{LIMITS}{}", server_section("")));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let _watch = server.watch(Duration::from_millis(20), move |r| {
+        let _ = tx.send(r.map_err(|e| e.to_string()));
+    });
+    let before = std::fs::metadata(&file.0).expect("metadata");
+    let edited = format!(
+        "{}{}",
+        LIMITS.replacen("limit = 2\n", "limit = 3\n", 1),
+        server_section("")
+    );
+    assert_eq!(edited.len() as u64, before.len(), "the same length");
+    std::fs::write(&file.0, edited).expect("rewrite");
+    std::fs::File::options()
+        .write(true)
+        .open(&file.0)
+        .and_then(|f| f.set_modified(before.modified()?))
+        .expect("the time put back");
+    let applied = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("noticed within 5 s");
+    assert_eq!(applied, Some(Ok(())));
+    let mut c = client(server.grpc_addr()).await;
+    let r = ask(&mut c, vec![login("10.3.0.9")], 0).await;
+    assert_eq!(r.statuses[0].limit_remaining, 2, "login: 3 - 1");
+    server.shutdown().await;
+}
