@@ -426,10 +426,7 @@ impl Rules {
 
     /// The limiter of a combination of rules, each with its descriptor's
     /// override if any (built once).
-    fn combined(
-        &self,
-        rules: &[RuleUse],
-    ) -> Result<Arc<Combined>, BadRequest> {
+    fn combined(&self, rules: &[RuleUse]) -> Result<Arc<Combined>, BadRequest> {
         if let Some(c) = self
             .combined
             .read()

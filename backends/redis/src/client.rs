@@ -43,8 +43,10 @@ pub(crate) fn connection_info(
 pub(crate) fn open_info(info: ConnectionInfo, settings: &Settings) -> Result<Client, StoreError> {
     #[cfg(feature = "tls")]
     if let Some(tls) = &settings.tls {
-        return Client::build_with_tls(info, tls.certificates())
-            .map_err(|e| RedisStoreError::Tls(e.to_string()).into());
+        return Client::build_with_tls(info, tls.certificates()).map_err(|e| {
+            let hint = "check the PEM text passed to Tls::ca_pem and Tls::client_pem";
+            RedisStoreError::Tls(format!("{e}; {hint}")).into()
+        });
     }
     let _ = settings;
     Client::open(info).map_err(|e| RedisStoreError::InvalidUrl(e.to_string()).into())
@@ -55,12 +57,35 @@ pub(crate) fn open_info(info: ConnectionInfo, settings: &Settings) -> Result<Cli
 /// Everything else is as in a decision.
 pub(crate) fn connect_error(e: RedisError) -> StoreError {
     if is_tls_failure(&e) {
-        return RedisStoreError::Tls(e.to_string()).into();
+        let detail = e.to_string();
+        let hint = tls_hint(&detail);
+        return RedisStoreError::Tls(format!("{detail}; {hint}")).into();
     }
     if is_no_permission(&e) {
         return RedisStoreError::NoPermission(e.to_string()).into();
     }
     from_redis(e)
+}
+
+/// What to do about a failed TLS handshake, by the cause rustls named
+/// (its error's text: rustls has no stable kinds for these through
+/// redis-rs). Only the fix for that cause, so it never misleads.
+fn tls_hint(detail: &str) -> &'static str {
+    let names = |words: &[&str]| words.iter().any(|w| detail.contains(w));
+    // BadSignature: an issuer of the same name, but another key.
+    if names(&["UnknownIssuer", "BadSignature"]) {
+        "the server's certificate is signed by a CA this store does not trust: pass that CA with Tls::ca_pem"
+    } else if names(&["Expired", "expired", "NotValidYet", "not valid yet"]) {
+        "the server's certificate is outside its validity period: renew it on the server (and check both machines' clocks)"
+    } else if names(&["NotValidForName", "not valid for name"]) {
+        "the server's certificate does not name the host of the URL: connect by a name or address the certificate holds, or reissue it"
+    } else if names(&["CertificateRequired"]) {
+        "the server requires a client certificate (tls-auth-clients): pass one with Tls::client_pem"
+    } else if names(&["BadCertificate", "UnknownCA", "DecryptError"]) {
+        "the server refused the client certificate: pass one signed by a CA the server trusts (its tls-ca-cert-file) with Tls::client_pem"
+    } else {
+        "if the server's certificate is signed by your own CA pass it with Tls::ca_pem, and if the server requires client certificates (tls-auth-clients) pass one with Tls::client_pem"
+    }
 }
 
 /// A refused command or key (`NOPERM`).

@@ -66,10 +66,11 @@ pub enum RedisStoreError {
     /// prefix).
     #[error("the Redis user lacks a permission Tollgate needs ({0}); grant the rule in docs/operations.md, \"Redis in production\", for this key prefix")]
     NoPermission(String),
-    /// The TLS handshake failed: most often the server's certificate is not
-    /// signed by a CA the store trusts, or the server wants a client
-    /// certificate.
-    #[error("TLS with Redis failed: {0}; if the server's certificate is signed by your own CA pass it with Tls::ca_pem, and if the server requires client certificates (tls-auth-clients) pass one with Tls::client_pem")]
+    /// The TLS handshake failed: what rustls named (a server certificate
+    /// signed by a CA the store does not trust, expired, or for another
+    /// host; a client certificate missing or refused), and what to do
+    /// about that cause.
+    #[error("TLS with Redis failed: {0}")]
     Tls(String),
     /// No Sentinel named a reachable primary for the service.
     #[error("no Sentinel named a reachable primary for service {service:?}: {detail}")]

@@ -267,6 +267,11 @@ impl RedisStoreBuilder {
             // connections are found by has_broken instead.
             .test_on_check_out(false)
             .connection_timeout(self.settings.deadline)
+            // A failed connect is reported at once, as itself: retried
+            // until the timeout, a wrong CA or password would read as "the
+            // store did not answer in time". The breaker and the next
+            // decision retry.
+            .retry_connection(false)
     }
 }
 

@@ -128,6 +128,47 @@ async fn one_permission_fewer_fails_at_connect_with_the_script() {
     one_fewer_fails_at_connect(rule, Scripting::Eval, "fewer-eval").await;
 }
 
+/// A refused login is named at connect in every connection mode, even
+/// with a deadline longer than the connect timeout (a pool used to retry
+/// until its own timeout and report "did not answer within …").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_is_named_in_every_mode_whatever_the_deadline() {
+    use std::time::Duration;
+    use tollgate_redis::ConnectionMode;
+    set_user("tollgate-login", &AclRule::new(PREFIX).to_string());
+    let wrong = format!(
+        "redis://tollgate-login:wrong@127.0.0.1:{}/",
+        server().port()
+    );
+    for mode in [
+        ConnectionMode::Multiplexed,
+        ConnectionMode::Pool { size: 2 },
+    ] {
+        let started = std::time::Instant::now();
+        let error = RedisStore::builder(wrong.clone())
+            .prefix(format!("{PREFIX}:{}", unique("t")))
+            .connection_mode(mode)
+            .deadline(Duration::from_secs(3))
+            .connect_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect_err("a wrong password");
+        let text = error.to_string();
+        assert!(
+            !matches!(error, StoreError::Timeout(_)),
+            "{mode:?}: {error:?}"
+        );
+        assert!(
+            text.contains("WRONGPASS") || text.to_lowercase().contains("auth"),
+            "{mode:?}: the cause is named: {text}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{mode:?}: at once"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_replicas_needs_wait() {
     let rule = AclRule::new(PREFIX).replica_ack(true).to_string();

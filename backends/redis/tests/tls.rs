@@ -44,16 +44,30 @@ async fn connect(tls: Option<Tls>) -> Result<RedisStore, StoreError> {
     builder.connect().await
 }
 
-/// The error's own kind, for the assertions below.
+/// The TLS error's detail (with its hint), for the assertions below.
 fn tls_error(result: Result<RedisStore, StoreError>) -> String {
     let error = result.expect_err("the connection must be refused");
     match RedisStoreError::of(&error) {
-        Some(RedisStoreError::Tls(detail)) => {
-            let message = error.to_string();
-            assert!(message.contains("Tls::ca_pem"), "{message}");
-            detail.clone()
-        }
+        Some(RedisStoreError::Tls(detail)) => detail.clone(),
         _ => panic!("expected a TLS error, got {error:?}"),
+    }
+}
+
+/// Whether `detail` gives the hint that contains `hint`, and no other.
+fn only_hint(detail: &str, hint: &str) {
+    assert!(detail.contains(hint), "{detail}");
+    for other in [
+        "Tls::ca_pem",
+        "Tls::client_pem",
+        "validity period",
+        "does not name the host",
+    ] {
+        if !hint.contains(other) && !other.contains(hint) {
+            assert!(
+                !detail.contains(other),
+                "a hint for another cause: {detail}"
+            );
+        }
     }
 }
 
@@ -78,17 +92,60 @@ mod conformance {
 async fn a_server_certificate_from_an_unknown_ca_is_refused_by_name() {
     let stranger = TestCertificates::generate();
     let detail = tls_error(connect(Some(mutual(&stranger))).await);
-    assert!(detail.contains("certificate"), "{detail}");
+    // Another CA of the same name: its signature does not verify.
+    assert!(detail.contains("BadSignature"), "{detail}");
+    only_hint(&detail, "Tls::ca_pem");
     // Not in the system's trust store either.
     let detail = tls_error(connect(None).await);
-    assert!(detail.contains("certificate"), "{detail}");
+    only_hint(&detail, "Tls::ca_pem");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_wants_a_client_certificate_refuses_a_store_without_one() {
     let (certs, _) = server();
     let result = connect(Some(Tls::new().ca_pem(certs.ca_pem()))).await;
-    tls_error(result);
+    let detail = tls_error(result);
+    only_hint(&detail, "Tls::client_pem");
+}
+
+/// An expired server certificate, and one for another host, are named as
+/// such, with the hint for that cause only (not `Tls::ca_pem`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_and_wrong_host_certificates_get_their_own_hint() {
+    use tollgate_testkit::tls_certificates::ServerCertificate;
+    let cases = [
+        (ServerCertificate::Expired, "validity period"),
+        (
+            ServerCertificate::ForHost("redis.example.invalid".into()),
+            "does not name the host",
+        ),
+    ];
+    for (kind, hint) in cases {
+        let certs = TestCertificates::generate_with(kind.clone());
+        let server = RedisServer::start_tls(&certs, &[]);
+        let result = RedisStore::builder(server.tls_url().expect("TLS"))
+            .tls(mutual(&certs))
+            .connect()
+            .await;
+        let detail = tls_error(result);
+        only_hint(&detail, hint);
+    }
+}
+
+/// A pool whose deadline is longer than the connect timeout still names
+/// the real cause at connect (a wrong CA), not a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_names_the_tls_failure_whatever_the_deadline() {
+    let stranger = TestCertificates::generate();
+    let result = RedisStore::builder(tls_url())
+        .tls(mutual(&stranger))
+        .connection_mode(tollgate_redis::ConnectionMode::Pool { size: 2 })
+        .deadline(Duration::from_secs(3))
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await;
+    let detail = tls_error(result);
+    only_hint(&detail, "Tls::ca_pem");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

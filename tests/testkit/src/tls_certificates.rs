@@ -30,6 +30,19 @@ pub struct TestCertificates {
     dir: PathBuf,
 }
 
+/// The server certificate a [`TestCertificates`] makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerCertificate {
+    /// For `localhost` and `127.0.0.1`, valid now.
+    Valid,
+    /// For `localhost` and `127.0.0.1`, expired (valid in 2001–2002).
+    Expired,
+    /// Valid now, for this host name only (not the loopback a test
+    /// connects to).
+    ForHost(String),
+}
+
 impl TestCertificates {
     /// Make a fresh CA and the two certificates it signs, and write them.
     ///
@@ -37,6 +50,17 @@ impl TestCertificates {
     ///
     /// When a key cannot be generated or the files cannot be written.
     pub fn generate() -> TestCertificates {
+        Self::generate_with(ServerCertificate::Valid)
+    }
+
+    /// As [`generate`](Self::generate), with a server certificate that is
+    /// `server` (expired, or for another host: to see how a client
+    /// reports it).
+    ///
+    /// # Panics
+    ///
+    /// As [`generate`](Self::generate).
+    pub fn generate_with(server: ServerCertificate) -> TestCertificates {
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         ca_params
             .distinguished_name
@@ -45,19 +69,28 @@ impl TestCertificates {
         let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("CA key"))
             .expect("self-signed CA");
 
-        let leaf = |names: Vec<String>, common_name: &str| {
+        let leaf = |names: Vec<String>, common_name: &str, expired: bool| {
             let mut params = CertificateParams::new(names).expect("leaf params");
             params
                 .distinguished_name
                 .push(DnType::CommonName, common_name);
+            if expired {
+                params.not_before = rcgen::date_time_ymd(2001, 1, 1);
+                params.not_after = rcgen::date_time_ymd(2002, 1, 1);
+            }
             let key = KeyPair::generate().expect("leaf key");
             let cert = params.signed_by(&key, &ca).expect("leaf signed by the CA");
             (cert.pem(), key.serialize_pem())
         };
         // Redis presents the server certificate on the cluster bus and to
         // its primary too, so it has no usage restriction.
-        let (server_cert, server_key) = leaf(vec!["localhost".into(), "127.0.0.1".into()], "redis");
-        let (client_cert, client_key) = leaf(Vec::new(), "tollgate-client");
+        let loopback = || vec!["localhost".to_string(), "127.0.0.1".to_string()];
+        let (server_cert, server_key) = match server {
+            ServerCertificate::Valid => leaf(loopback(), "redis", false),
+            ServerCertificate::Expired => leaf(loopback(), "redis", true),
+            ServerCertificate::ForHost(host) => leaf(vec![host], "redis", false),
+        };
+        let (client_cert, client_key) = leaf(Vec::new(), "tollgate-client", false);
 
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
