@@ -28,6 +28,11 @@ const CODE_COMMANDS: [&str; 13] = [
 /// assert!(rule.starts_with("resetkeys ~tollgate:* resetchannels -@all +fcall +function|load"));
 /// let script_only = AclRule::new("tollgate").scripting(Scripting::Eval).to_string();
 /// assert!(script_only.contains("+evalsha +script|load"));
+/// // The recommended rule: an administrator loads the library.
+/// let restricted = AclRule::new("tollgate")
+///     .scripting(Scripting::PreloadedFunctions)
+///     .to_string();
+/// assert!(restricted.contains(" +fcall ") && !restricted.contains("function"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AclRule {
@@ -50,7 +55,10 @@ impl AclRule {
     }
 
     /// For stores built with this [`Scripting`]: [`Scripting::Eval`] needs
-    /// `EVALSHA` and `SCRIPT LOAD` instead of `FCALL` and `FUNCTION LOAD`.
+    /// `EVALSHA` and `SCRIPT LOAD` instead of `FCALL` and `FUNCTION LOAD`;
+    /// [`Scripting::PreloadedFunctions`] `FCALL` alone (the recommended
+    /// rule: it cannot replace any library); [`Scripting::Module`] the
+    /// module's `TOLLGATE.PROTOCOL` and `TOLLGATE.DECIDE`.
     pub fn scripting(mut self, scripting: Scripting) -> Self {
         self.scripting = scripting;
         self
@@ -81,6 +89,9 @@ impl fmt::Display for AclRule {
                     f.write_str(" +eval")?;
                 }
             }
+            // Loaded by an administrator: nothing that can replace code.
+            Scripting::PreloadedFunctions => f.write_str(" +fcall")?,
+            Scripting::Module => f.write_str(" +tollgate.protocol +tollgate.decide")?,
             _ => f.write_str(" +fcall +function|load")?,
         }
         for command in CODE_COMMANDS {

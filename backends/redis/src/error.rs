@@ -41,6 +41,13 @@ pub enum RedisStoreError {
     /// has no Redis Functions (before Redis 7.0).
     #[error("this Redis server has no Redis Functions (FUNCTION LOAD and FCALL came with Redis 7.0): upgrade Redis, or build the store with Scripting::Auto or Scripting::Eval to run the same code with EVALSHA")]
     NoFunctions,
+    /// The store was built with
+    /// [`Scripting::PreloadedFunctions`](crate::Scripting::PreloadedFunctions)
+    /// and the server lacks this release's function library (a new server,
+    /// a `FUNCTION FLUSH`, an upgrade of Tollgate): an administrator loads
+    /// it; the store never does.
+    #[error("this Redis server lacks Tollgate's function library {0}, which an administrator loads (the store's user may not): `cargo run -q -p tollgate-redis --example function-library | redis-cli -u <admin URL> -x FUNCTION LOAD REPLACE` (docs/operations.md, \"Least privilege\")")]
+    LibraryNotLoaded(String),
     /// The store was built with [`Scripting::Module`](crate::Scripting::Module)
     /// and the server has not loaded Tollgate's module, or one of another
     /// protocol.
@@ -128,6 +135,9 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
         ErrorKind::Extension if e.code() == Some("WRONGTYPE") => crate::conflicts::unlocated(),
         ErrorKind::Client if e.detail() == Some(crate::scripting::NO_FUNCTIONS) => {
             RedisStoreError::NoFunctions.into()
+        }
+        ErrorKind::Client if e.detail() == Some(crate::scripting::NOT_LOADED) => {
+            RedisStoreError::LibraryNotLoaded(crate::script::library_name().to_string()).into()
         }
         ErrorKind::Client
             if e.detail()

@@ -43,6 +43,18 @@ pub enum Scripting {
     /// `EVALSHA` of the script only, as on Redis 6.2 (for a user allowed
     /// `EVALSHA` and `SCRIPT LOAD` but not `FCALL` and `FUNCTION LOAD`).
     Eval,
+    /// The function library, loaded beforehand by an administrator
+    /// (`cargo run -p tollgate-redis --example function-library` prints
+    /// it; see docs/operations.md): the store sends `FCALL` only and never
+    /// `FUNCTION LOAD`, so its Redis user needs `+fcall` and cannot replace
+    /// any library (`FUNCTION LOAD REPLACE` of another application's
+    /// code, which an ACL cannot limit to Tollgate's). A server without
+    /// this release's library — a new server, a `FUNCTION FLUSH`, an
+    /// upgrade — fails the connection and every decision with
+    /// [`RedisStoreError::LibraryNotLoaded`](crate::RedisStoreError::LibraryNotLoaded)
+    /// until an administrator loads it; the store never falls back to a
+    /// way that needs more.
+    PreloadedFunctions,
 }
 
 /// The command a call is sent as, fastest first.
@@ -100,7 +112,7 @@ impl Runner {
     pub(crate) fn style(&self) -> Style {
         match self.scripting {
             Scripting::Eval => Style::Evalsha,
-            Scripting::Functions => Style::Fcall,
+            Scripting::Functions | Scripting::PreloadedFunctions => Style::Fcall,
             Scripting::Module => Style::Module,
             Scripting::Auto => Style::from_u8(self.auto.load(Ordering::Relaxed)),
         }
@@ -148,6 +160,13 @@ impl Runner {
     /// module and falls back to functions, then the script), checking what
     /// the server answered; the way found.
     pub(crate) async fn load<C: ConnectionLike + Send>(&self, con: &mut C) -> RedisResult<Style> {
+        if self.preloaded() {
+            return Self::preloaded_check()
+                .query_async::<redis::Value>(con)
+                .await
+                .map(|_| Style::Fcall)
+                .map_err(Self::preloaded_error);
+        }
         let mut style = self.first_style();
         loop {
             let answer = Self::load_command(style).query_async::<String>(con).await;
@@ -158,6 +177,32 @@ impl Runner {
                 }
                 Err(e) => style = self.next_style(style, e)?,
             }
+        }
+    }
+
+    /// Whether an administrator loads the library (the store never does).
+    pub(crate) fn preloaded(&self) -> bool {
+        self.scripting == Scripting::PreloadedFunctions
+    }
+
+    /// What a preloaded store sends instead of a load: a call of no layers
+    /// (it reads the server's time and decides nothing), which finds the
+    /// function or not.
+    pub(crate) fn preloaded_check() -> Cmd {
+        let keyless: [&str; 0] = [];
+        crate::script::ScriptCall::new(Style::Fcall, keyless.iter(), &Default::default())
+            .mode(crate::script::Mode::Decide)
+    }
+
+    /// The answer to [`preloaded_check`](Self::preloaded_check) failing
+    /// with `e`: the library missing, no functions at all, or `e` itself.
+    pub(crate) fn preloaded_error(e: RedisError) -> RedisError {
+        if is_missing_function(&e) {
+            not_loaded()
+        } else if is_unknown_command(&e) {
+            no_functions()
+        } else {
+            e
         }
     }
 
@@ -316,6 +361,20 @@ pub(crate) fn is_module_missing(e: &RedisError) -> bool {
     is_unknown_command(e)
         && e.detail()
             .is_some_and(|d| d.to_ascii_lowercase().contains("'tollgate.decide'"))
+}
+
+/// The detail of [`not_loaded`], by which `from_redis` knows it.
+pub(crate) const NOT_LOADED: &str = "the administrator-loaded function library is missing";
+
+/// The error of a preloaded store whose server lacks the library (as a
+/// Redis client error, so it travels the call's path; the store reports
+/// it as [`RedisStoreError::LibraryNotLoaded`](crate::RedisStoreError::LibraryNotLoaded)).
+pub(crate) fn not_loaded() -> RedisError {
+    RedisError::from((
+        ErrorKind::Client,
+        "Tollgate's function library not loaded",
+        NOT_LOADED.to_string(),
+    ))
 }
 
 /// The detail of [`no_functions`], by which `from_redis` knows it.

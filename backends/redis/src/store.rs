@@ -229,8 +229,16 @@ impl RedisStoreBuilder {
             mode: self.mode,
             decides,
         };
-        within(timeout, store.load_script()).await??;
-        within(timeout, store.check_permissions()).await??;
+        // A preloaded library's check is a call that runs the code, whose
+        // refusal would hide which permission is missing: the probe, which
+        // names it, goes first then.
+        if store.decides.runner.preloaded() {
+            within(timeout, store.check_permissions()).await??;
+            within(timeout, store.load_script()).await??;
+        } else {
+            within(timeout, store.load_script()).await??;
+            within(timeout, store.check_permissions()).await??;
+        }
         Ok(store)
     }
 

@@ -87,6 +87,199 @@ mod eval {
     });
 }
 
+/// Load the function library as the administrator (the default user).
+fn admin_loads_the_library(server: &RedisServer) {
+    let reply = server.command(&[
+        "FUNCTION",
+        "LOAD",
+        "REPLACE",
+        tollgate_redis::function_library(),
+    ]);
+    assert_eq!(
+        reply,
+        Reply::Bulk(Some(tollgate_redis::library_name().as_bytes().to_vec()))
+    );
+}
+
+/// The recommended rule: the library loaded by an administrator, the
+/// store's user allowed `FCALL` only.
+mod preloaded {
+    use super::*;
+
+    pub(super) fn user() -> &'static str {
+        static USER: OnceLock<()> = OnceLock::new();
+        USER.get_or_init(|| {
+            admin_loads_the_library(server());
+            let rule = AclRule::new(PREFIX)
+                .scripting(Scripting::PreloadedFunctions)
+                .to_string();
+            set_user("tollgate-pre", &rule)
+        });
+        "tollgate-pre"
+    }
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        Arc::new(
+            RedisStore::builder(url(user()))
+                .prefix(format!("{PREFIX}:{}", unique("t")))
+                .scripting(Scripting::PreloadedFunctions)
+                .clock(Arc::new(clock) as Arc<dyn Clock>)
+                .connect()
+                .await
+                .expect("connect with exactly the restricted rule"),
+        ) as Arc<dyn Store>
+    });
+}
+
+/// `FUNCTION LOAD REPLACE` of a library, sent as `user` of `server`.
+async fn replace_a_library_as(server: &RedisServer, user: &str) -> redis::RedisResult<String> {
+    let url = format!("redis://{user}:pw@127.0.0.1:{}/", server.port());
+    let mut con = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg("#!lua name=otherapp\nredis.register_function('f', function() return 1 end)")
+        .query_async(&mut con)
+        .await
+}
+
+/// A leaked credential of the restricted rules (library preloaded, script,
+/// module) cannot replace any library, another application's included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restricted_rules_cannot_replace_any_library() {
+    assert_eq!(
+        server().command(&[
+            "FUNCTION",
+            "LOAD",
+            "REPLACE",
+            "#!lua name=otherapp\nredis.register_function('f', function() return 1 end)",
+        ]),
+        Reply::Bulk(Some(b"otherapp".to_vec())),
+        "the administrator can"
+    );
+    preloaded::user();
+    // (The module's rule is tried on a server with the module, in
+    // the_module_rule_decides_through_the_module.)
+    for (user, scripting) in [
+        ("cannot-pre", Scripting::PreloadedFunctions),
+        ("cannot-eval", Scripting::Eval),
+    ] {
+        set_user(user, &AclRule::new(PREFIX).scripting(scripting).to_string());
+        let refused = replace_a_library_as(server(), user)
+            .await
+            .expect_err("FUNCTION LOAD is not granted");
+        assert_eq!(refused.code(), Some("NOPERM"), "{user}: {refused}");
+    }
+    // The documented functions rule can: why it is not the recommended one.
+    set_user("can-fn", &AclRule::new(PREFIX).to_string());
+    assert_eq!(
+        replace_a_library_as(server(), "can-fn").await.ok(),
+        Some("otherapp".to_string())
+    );
+}
+
+/// Without the library (a new server, a `FUNCTION FLUSH`), a preloaded
+/// store fails clearly, at connect and at every decision, never loading
+/// it or falling back to the script; once the administrator loads it, the
+/// same store decides again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preloaded_store_without_the_library_fails_clearly_until_it_is_loaded() {
+    let own = RedisServer::start();
+    let rule = AclRule::new(PREFIX)
+        .scripting(Scripting::PreloadedFunctions)
+        .to_string();
+    let mut args = vec!["ACL", "SETUSER", "pre", "reset", "on", ">pw"];
+    args.extend(rule.split_whitespace());
+    assert_eq!(own.command(&args), Reply::Status("OK".into()));
+    let builder = RedisStore::builder(format!("redis://pre:pw@127.0.0.1:{}/", own.port()))
+        .prefix(format!("{PREFIX}:{}", unique("t")))
+        .scripting(Scripting::PreloadedFunctions);
+    let is_not_loaded = |e: &StoreError| {
+        matches!(
+            RedisStoreError::of(e),
+            Some(RedisStoreError::LibraryNotLoaded(name)) if name == tollgate_redis::library_name()
+        ) && e.to_string().contains("FUNCTION LOAD")
+    };
+    let e = builder.clone().connect().await.expect_err("no library yet");
+    assert!(is_not_loaded(&e), "{e}");
+
+    admin_loads_the_library(&own);
+    let store = builder
+        .connect()
+        .await
+        .expect("loaded by the administrator");
+    let policy = tollgate_limiter::Policy::new(
+        "pre",
+        tollgate_limiter::Limit::fixed_window(5, std::time::Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let key = tollgate_limiter::StoreKey::new("pre", &policy, "s", "u1");
+    let request = [tollgate_limiter::LayerRequest {
+        key,
+        policy: &policy,
+        cost: 1,
+    }];
+    assert!(store.decide(&request).await.expect("decides")[0].allowed);
+
+    assert_eq!(
+        own.command(&["FUNCTION", "FLUSH"]),
+        Reply::Status("OK".into())
+    );
+    let e = store.decide(&request).await.expect_err("flushed");
+    assert!(is_not_loaded(&e), "{e}");
+    assert_eq!(
+        own.command(&["FUNCTION", "LIST"]),
+        Reply::Array(Some(Vec::new())),
+        "the store loaded nothing"
+    );
+    admin_loads_the_library(&own);
+    let verdicts = store.decide(&request).await.expect("decides again");
+    assert_eq!(verdicts[0].remaining, 3, "the count survived the flush");
+}
+
+/// The module path under its own rule: a user with exactly it decides,
+/// and cannot load any library.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_module_rule_decides_through_the_module() {
+    let with_module = RedisServer::shared_with_module();
+    let rule = AclRule::new(PREFIX)
+        .scripting(Scripting::Module)
+        .to_string();
+    let mut args = vec!["ACL", "SETUSER", "tollgate-mod", "reset", "on", ">pw"];
+    args.extend(rule.split_whitespace());
+    assert_eq!(with_module.command(&args), Reply::Status("OK".into()));
+    let store = RedisStore::builder(format!(
+        "redis://tollgate-mod:pw@127.0.0.1:{}/",
+        with_module.port()
+    ))
+    .prefix(format!("{PREFIX}:{}", unique("t")))
+    .scripting(Scripting::Module)
+    .connect()
+    .await
+    .expect("connect with exactly the module rule");
+    let policy = tollgate_limiter::Policy::new(
+        "mod",
+        tollgate_limiter::Limit::fixed_window(2, std::time::Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let request = [tollgate_limiter::LayerRequest {
+        key: tollgate_limiter::StoreKey::new("mod", &policy, "s", "u1"),
+        policy: &policy,
+        cost: 1,
+    }];
+    let mut admitted = 0;
+    for _ in 0..3 {
+        admitted += u32::from(store.decide(&request).await.expect("decides")[0].allowed);
+    }
+    assert_eq!(admitted, 2);
+    let refused = replace_a_library_as(with_module, "tollgate-mod")
+        .await
+        .expect_err("FUNCTION LOAD is not granted");
+    assert_eq!(refused.code(), Some("NOPERM"), "{refused}");
+}
+
 /// Each permission of the rule, removed alone, fails the connect with a
 /// `NoPermission` naming it.
 async fn one_fewer_fails_at_connect(rule: AclRule, scripting: Scripting, user: &str) {
@@ -120,6 +313,13 @@ async fn one_fewer_fails_at_connect(rule: AclRule, scripting: Scripting, user: &
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_permission_fewer_fails_at_connect_with_functions() {
     one_fewer_fails_at_connect(AclRule::new(PREFIX), Scripting::Auto, "fewer-fn").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_permission_fewer_fails_at_connect_with_the_preloaded_library() {
+    preloaded::user();
+    let rule = AclRule::new(PREFIX).scripting(Scripting::PreloadedFunctions);
+    one_fewer_fails_at_connect(rule, Scripting::PreloadedFunctions, "fewer-pre").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,7 +428,24 @@ mod cluster {
         let cluster = tokio::task::spawn_blocking(RedisCluster::start)
             .await
             .unwrap();
-        for scripting in [Scripting::Auto, Scripting::Eval] {
+        // The administrator loads the library on every master (a replica
+        // refuses the write and gets it through replication).
+        for node in 0..cluster.nodes().len() {
+            let _ = cluster.command(
+                node,
+                &[
+                    "FUNCTION",
+                    "LOAD",
+                    "REPLACE",
+                    tollgate_redis::function_library(),
+                ],
+            );
+        }
+        for scripting in [
+            Scripting::Auto,
+            Scripting::Eval,
+            Scripting::PreloadedFunctions,
+        ] {
             let rule = AclRule::new(PREFIX)
                 .scripting(scripting)
                 .cluster(true)

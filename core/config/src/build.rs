@@ -203,6 +203,9 @@ macro_rules! configured {
         if let Some(d) = options.connect_timeout {
             builder = builder.connect_timeout(d.0);
         }
+        if let Some(scripting) = options.scripting {
+            builder = builder.scripting(crate::build::scripting(scripting));
+        }
         if let Some(replicas) = options.replica_ack {
             let timeout = options
                 .replica_ack_timeout
@@ -238,6 +241,21 @@ async fn redis_store(
     };
     let store = store.map_err(|source| BuildError::Store { kind, source })?;
     Ok(Arc::new(store))
+}
+
+/// The Redis store's [`Scripting`](tollgate_redis::Scripting) for the
+/// file's `scripting`.
+#[cfg(feature = "redis")]
+pub(crate) fn scripting(spec: crate::ScriptingSpec) -> tollgate_redis::Scripting {
+    use crate::ScriptingSpec;
+    use tollgate_redis::Scripting;
+    match spec {
+        ScriptingSpec::Auto => Scripting::Auto,
+        ScriptingSpec::Module => Scripting::Module,
+        ScriptingSpec::Functions => Scripting::Functions,
+        ScriptingSpec::PreloadedFunctions => Scripting::PreloadedFunctions,
+        ScriptingSpec::Eval => Scripting::Eval,
+    }
 }
 
 /// How long `replica_ack` waits when the file does not say.

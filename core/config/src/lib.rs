@@ -86,7 +86,8 @@ pub use error::{BuildError, ConfigError};
 pub use live::Watch;
 pub use live::{LiveConfig, LiveRoute, ReloadError, ReloadReport, UnknownRoute};
 pub use spec::{
-    MemorySpec, RedisClusterSpec, RedisOptions, RedisSentinelSpec, RedisSpec, StoreSpec,
+    MemorySpec, RedisClusterSpec, RedisOptions, RedisSentinelSpec, RedisSpec, ScriptingSpec,
+    StoreSpec,
 };
 
 /// A validated configuration file; build the limiters with [`Config::build`].

@@ -162,6 +162,28 @@ pub struct RedisOptions {
     pub replica_ack: Option<u32>,
     /// How long to wait for them (default `"20ms"`).
     pub replica_ack_timeout: Option<DurationSpec>,
+    /// How the server decides (default `"auto"`).
+    pub scripting: Option<ScriptingSpec>,
+}
+
+/// `scripting = "…"`: how a Redis store has the server decide (see
+/// `tollgate_redis::Scripting`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum ScriptingSpec {
+    /// The module where loaded, else functions (loaded by the store), else
+    /// the script.
+    Auto,
+    /// Tollgate's Redis module only.
+    Module,
+    /// A function library the store loads (`FUNCTION LOAD`).
+    Functions,
+    /// A function library an administrator loaded: the store's user needs
+    /// `FCALL` only (the recommended rule, docs/operations.md).
+    PreloadedFunctions,
+    /// `EVALSHA` of the script only.
+    Eval,
 }
 
 /// Every field of the two Redis kinds, read at once; each kind then
@@ -187,6 +209,7 @@ struct RedisFields {
     client_key_file: Option<String>,
     replica_ack: Option<u32>,
     replica_ack_timeout: Option<DurationSpec>,
+    scripting: Option<ScriptingSpec>,
 }
 
 #[derive(Deserialize)]
@@ -675,6 +698,7 @@ fn redis_options(errors: &mut Vec<PolicyError>, f: &RedisFields) -> RedisOptions
         client_key_file: f.client_key_file.clone(),
         replica_ack: f.replica_ack,
         replica_ack_timeout: f.replica_ack_timeout,
+        scripting: f.scripting,
     }
 }
 

@@ -464,6 +464,39 @@ replica_ack_timeout = "10ms"
 }
 
 #[test]
+fn a_redis_store_takes_its_scripting() {
+    let config = Config::from_toml_str(
+        r#"
+[store]
+kind = "redis"
+url = "redis://127.0.0.1:6379/"
+scripting = "preloaded-functions"
+"#,
+    )
+    .expect("valid");
+    let StoreSpec::Redis(spec) = config.store() else {
+        panic!("expected a Redis store, got {:?}", config.store());
+    };
+    assert_eq!(
+        spec.options.scripting,
+        Some(tollgate_config::ScriptingSpec::PreloadedFunctions)
+    );
+    let list = errors(
+        r#"
+[store]
+kind = "redis"
+url = "redis://127.0.0.1:6379/"
+scripting = "lua"
+"#,
+    );
+    assert!(
+        list.iter()
+            .any(|e| e.contains("store") && e.contains("preloaded-functions")),
+        "the field and its values named: {list:#?}"
+    );
+}
+
+#[test]
 fn a_sentinel_store_parses() {
     let config = Config::from_toml_str(
         r#"

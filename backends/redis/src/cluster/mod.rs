@@ -132,8 +132,16 @@ impl RedisClusterStoreBuilder {
             holds: Arc::default(),
             decides,
         };
-        within(timeout, store.load_script()).await??;
-        within(timeout, store.check_permissions()).await??;
+        // A preloaded library's check is a call that runs the code, whose
+        // refusal would hide which permission is missing: the probe, which
+        // names it, goes first then.
+        if store.decides.runner.preloaded() {
+            within(timeout, store.check_permissions()).await??;
+            within(timeout, store.load_script()).await??;
+        } else {
+            within(timeout, store.load_script()).await??;
+            within(timeout, store.check_permissions()).await??;
+        }
         Ok(store)
     }
 
@@ -198,6 +206,9 @@ impl RedisClusterStore {
     /// later get it at their first call).
     pub async fn load_script(&self) -> Result<(), StoreError> {
         let runner = &self.decides.runner;
+        if runner.preloaded() {
+            return self.check_preloaded().await;
+        }
         let mut style = runner.first_style();
         loop {
             // Every master's own answer (no combined one: a combined
@@ -231,6 +242,19 @@ impl RedisClusterStore {
                 Err(e) => return Err(from_redis(e)),
             }
         }
+    }
+
+    /// A preloaded store's check in place of a load: every master has the
+    /// library an administrator loads (a call of no layers on each).
+    async fn check_preloaded(&self) -> Result<(), StoreError> {
+        let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        self.conn
+            .clone()
+            .route_command(Runner::preloaded_check(), routing)
+            .await
+            .and_then(redis::Value::extract_error)
+            .map(|_| ())
+            .map_err(|e| connect_error(Runner::preloaded_error(e)))
     }
 
     /// Try every command the store sends (see `permissions`), one at a

@@ -88,6 +88,10 @@ pub(crate) async fn call(
             continue;
         }
         if style == Style::Fcall && eval.is_none() {
+            if is_missing_function(&e) && runner.preloaded() {
+                // An administrator loads it; this store never does.
+                return Err(from_redis(Runner::preloaded_error(e)));
+            }
             if is_missing_function(&e) && !loaded {
                 // Load where the call went, then send it there again.
                 let node = match &sent_to {
