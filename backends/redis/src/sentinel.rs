@@ -1,8 +1,9 @@
 //! Finding the primary through Redis Sentinel, and following failovers.
 //!
-//! The store keeps one multiplexed connection to the primary. It asks the
-//! sentinels (in the order given) `SENTINEL GET-MASTER-ADDR-BY-NAME`,
-//! connects to the address named, and uses it only if the server itself
+//! The store keeps one multiplexed connection to the primary (or, in pool
+//! mode, opens each pooled connection with [`Sentinel::open_primary`]). It
+//! asks the sentinels (in the order given) `SENTINEL
+//! GET-MASTER-ADDR-BY-NAME`, connects to the address named, and uses it only if the server itself
 //! answers `ROLE` with `master` (during a failover a sentinel may still
 //! name the old primary). A call that finds the connection dead (an I/O
 //! error) or the server demoted (`READONLY`) drops it; the next decision
@@ -142,6 +143,19 @@ impl Sentinel {
                 return Err(self.no_primary(detail.clone()));
             }
         }
+    }
+
+    /// A new connection of its own to the primary the sentinels name now
+    /// (a pool's: each connection is asked for anew, so connections opened
+    /// after a failover reach the new primary).
+    pub(crate) async fn open_primary(&self) -> Result<MultiplexedConnection, RedisError> {
+        self.find().await.map_err(|detail| {
+            RedisError::from((
+                redis::ErrorKind::Io,
+                "no Sentinel named a reachable primary",
+                format!("service {:?}: {detail}", self.service),
+            ))
+        })
     }
 
     /// Forget the connection of `generation` after `e` showed it is no

@@ -144,7 +144,9 @@ macro_rules! settings_setters {
         /// 1 and `timeout` at least 1 ms and shorter than the deadline. It
         /// costs a round trip to the replicas per admitted decision, and
         /// on a multiplexed connection a `WAIT` holds up the calls queued
-        /// behind it: see `docs/operations.md`, "Redis in production".
+        /// behind it (a [`ConnectionMode::Pool`](crate::ConnectionMode::Pool)
+        /// avoids that, standalone or Sentinel): see
+        /// `docs/operations.md`, "Redis in production".
         pub fn replica_ack(mut self, replicas: u32, timeout: std::time::Duration) -> Self {
             self.settings.replica_ack = Some(crate::replication::ReplicaAck { replicas, timeout });
             self

@@ -33,7 +33,11 @@ pub enum ConnectionMode {
     /// `docs/benchmarks.md`).
     Multiplexed,
     /// A bb8 pool of `size` connections; each decision holds one for its
-    /// call. A connection that fails with an I/O error is discarded.
+    /// call (and its `WAIT`, with `replica_ack`: other decisions do not
+    /// queue behind it). A connection that fails with an I/O error, or
+    /// finds its server demoted (`READONLY`), is discarded. On a Sentinel
+    /// store each new connection goes to the primary the sentinels name
+    /// then.
     Pool {
         /// Connections in the pool (all opened up front by
         /// [`connect`](RedisStoreBuilder::connect)).
@@ -146,19 +150,11 @@ impl RedisStoreBuilder {
         let decides = self.settings.checked()?;
         let source = match &self.target {
             Target::Url(url) => Source::Client(client::open(url, &self.settings)?),
-            Target::Sentinel(target) => {
-                if let ConnectionMode::Pool { .. } = self.mode {
-                    return Err(RedisStoreError::InvalidSetting(
-                        "a Sentinel store uses one multiplexed connection to the primary: leave the connection mode at Multiplexed".into(),
-                    )
-                    .into());
-                }
-                Source::Sentinel(Arc::new(Sentinel::new(
-                    target,
-                    &self.settings,
-                    self.connection_config(),
-                )?))
-            }
+            Target::Sentinel(target) => Source::Sentinel(Arc::new(Sentinel::new(
+                target,
+                &self.settings,
+                self.connection_config(),
+            )?)),
         };
         Ok((source, decides))
     }
@@ -191,9 +187,19 @@ impl RedisStoreBuilder {
         let (source, decides) = self.validate()?;
         let timeout = self.settings.connect_timeout;
         let conn = match (source, self.mode) {
-            (Source::Sentinel(sentinel), _) => {
+            (Source::Sentinel(sentinel), ConnectionMode::Multiplexed) => {
                 within(timeout, sentinel.connection()).await??;
                 Conn::Sentinel(sentinel)
+            }
+            (source, ConnectionMode::Pool { size }) => {
+                let pool = self
+                    .pool_builder(size)
+                    .min_idle(Some(size.max(1)))
+                    .build(PoolManager {
+                        source: source.into(),
+                        config: self.connection_config(),
+                    });
+                Conn::Pool(within(timeout, pool).await?.map_err(connect_error)?)
             }
             (Source::Client(client), ConnectionMode::Multiplexed) => {
                 let manager =
@@ -212,16 +218,6 @@ impl RedisStoreBuilder {
                         });
                     }
                 }
-            }
-            (Source::Client(client), ConnectionMode::Pool { size }) => {
-                let pool = self
-                    .pool_builder(size)
-                    .min_idle(Some(size.max(1)))
-                    .build(PoolManager {
-                        client,
-                        config: self.connection_config(),
-                    });
-                Conn::Pool(within(timeout, pool).await?.map_err(connect_error)?)
             }
         };
         let store = RedisStore {
@@ -249,14 +245,14 @@ impl RedisStoreBuilder {
     pub fn build(self) -> Result<RedisStore, StoreError> {
         let (source, decides) = self.validate()?;
         let conn = match (source, self.mode) {
-            (Source::Sentinel(sentinel), _) => Conn::Sentinel(sentinel),
+            (Source::Sentinel(sentinel), ConnectionMode::Multiplexed) => Conn::Sentinel(sentinel),
             (Source::Client(client), ConnectionMode::Multiplexed) => Conn::Multiplexed(
                 ConnectionManager::new_lazy_with_config(client, self.manager_config())
                     .map_err(from_redis)?,
             ),
-            (Source::Client(client), ConnectionMode::Pool { size }) => {
+            (source, ConnectionMode::Pool { size }) => {
                 Conn::Pool(self.pool_builder(size).build_unchecked(PoolManager {
-                    client,
+                    source: source.into(),
                     config: self.connection_config(),
                 }))
             }
@@ -559,11 +555,16 @@ struct PooledConnection {
 
 impl PooledConnection {
     /// Mark the connection broken after an error it cannot recover from
-    /// (I/O, a dropped socket), so the pool replaces it. Server errors
-    /// leave it usable.
+    /// (I/O, a dropped socket) or on a server that is no longer a primary
+    /// (`READONLY`: a Sentinel failover demoted it), so the pool replaces
+    /// it. Other server errors leave it usable.
     fn check<T>(&mut self, result: &RedisResult<T>) {
         if let Err(e) = result {
-            if e.is_unrecoverable_error() {
+            let demoted = matches!(
+                e.kind(),
+                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+            );
+            if e.is_unrecoverable_error() || demoted {
                 self.broken = true;
             }
         }
@@ -572,10 +573,30 @@ impl PooledConnection {
 
 /// Opens the pool's connections (bb8-redis's manager never reports a
 /// broken connection, so a Redis restart would leave the pool full of dead
-/// ones; this one drops a connection after an I/O failure).
+/// ones; this one drops a connection after an I/O failure, or on a primary
+/// demoted to a replica).
 struct PoolManager {
-    client: Client,
+    source: PoolSource,
     config: AsyncConnectionConfig,
+}
+
+/// Where a pool's connections go: a URL's server, or the primary the
+/// sentinels name (asked again for each new connection, so a connection
+/// opened after a failover reaches the new primary). Made once per pool:
+/// the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
+enum PoolSource {
+    Client(Client),
+    Sentinel(Arc<Sentinel>),
+}
+
+impl From<Source> for PoolSource {
+    fn from(source: Source) -> Self {
+        match source {
+            Source::Client(client) => PoolSource::Client(client),
+            Source::Sentinel(sentinel) => PoolSource::Sentinel(sentinel),
+        }
+    }
 }
 
 impl bb8::ManageConnection for PoolManager {
@@ -583,10 +604,14 @@ impl bb8::ManageConnection for PoolManager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<PooledConnection, RedisError> {
-        let con = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+        let con = match &self.source {
+            PoolSource::Client(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await?
+            }
+            PoolSource::Sentinel(sentinel) => sentinel.open_primary().await?,
+        };
         Ok(PooledConnection { con, broken: false })
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tollgate_limiter::{
     Clock, Limit, Limiter, ManualClock, OnStoreFailure, Policy, Scope, Source, Store,
 };
-use tollgate_redis::{RedisStore, RedisStoreError};
+use tollgate_redis::{ConnectionMode, RedisStore, RedisStoreError};
 use tollgate_testkit::conformance::unique;
 use tollgate_testkit::redis_sentinel::{RedisSentinels, DOWN_AFTER_MS, SERVICE};
 
@@ -37,6 +37,23 @@ mod conformance {
                 .connect()
                 .await
                 .expect("connect through the sentinels"),
+        ) as Arc<dyn Store>
+    });
+}
+
+/// The same suite through a pool of connections to the primary.
+mod pool_conformance {
+    use super::*;
+
+    tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
+        Arc::new(
+            RedisStore::sentinel(group().sentinel_urls(), SERVICE)
+                .connection_mode(ConnectionMode::Pool { size: 4 })
+                .prefix(unique("senp"))
+                .clock(Arc::new(clock) as Arc<dyn Clock>)
+                .connect()
+                .await
+                .expect("connect a pool through the sentinels"),
         ) as Arc<dyn Store>
     });
 }
@@ -95,8 +112,20 @@ async fn sentinel_only_settings_are_refused_on_a_url_store() {
 /// store decides again once the sentinels promoted the replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_fails_over_and_decisions_resume() {
+    fail_over_under_load(ConnectionMode::Multiplexed).await;
+}
+
+/// The same with a pool: its connections to the dead primary are dropped
+/// and new ones reach the promoted replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_fails_over_and_a_pool_resumes() {
+    fail_over_under_load(ConnectionMode::Pool { size: 4 }).await;
+}
+
+async fn fail_over_under_load(mode: ConnectionMode) {
     let group = RedisSentinels::start();
     let store = RedisStore::sentinel(group.sentinel_urls(), SERVICE)
+        .connection_mode(mode)
         .prefix(unique("failover"))
         .deadline(DEADLINE)
         .connect_timeout(Duration::from_millis(200))
@@ -151,7 +180,7 @@ async fn a_killed_primary_fails_over_and_decisions_resume() {
         .expect("decisions came back from the store");
     let slowest = max_latency(&seen);
     println!(
-        "Sentinel failover (down-after {DOWN_AFTER_MS} ms): {} decisions; \
+        "Sentinel failover, {mode:?} (down-after {DOWN_AFTER_MS} ms): {} decisions; \
          the sentinels promoted the replica {promoted_after:?} after the kill was noticed; \
          first store decision {:?} after the kill (last failure-mode decision at {:?}); \
          decisions back {back_after:?} after the promotion; slowest decision {slowest:?}",
@@ -164,4 +193,93 @@ async fn a_killed_primary_fails_over_and_decisions_resume() {
         "a decision took {slowest:?}, past the deadline"
     );
     drop(group);
+}
+
+/// With `replica_ack` and a lagging replica, each admitted decision's
+/// `WAIT` takes its whole timeout. On one multiplexed connection every
+/// call queued behind it waits too, denials included; on a pool a `WAIT`
+/// holds up only its own connection. Prints the slowest denial of each
+/// mode (before: the multiplexed connection; after: the pool) and holds
+/// the pool's under the `WAIT` timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_pool_a_lagging_replica_does_not_hold_up_denials() {
+    const WAIT: Duration = Duration::from_millis(100);
+    let group = tokio::task::spawn_blocking(RedisSentinels::start)
+        .await
+        .unwrap();
+    let mut slowest = Vec::new();
+    for mode in [
+        ConnectionMode::Multiplexed,
+        ConnectionMode::Pool { size: 16 },
+    ] {
+        let store = RedisStore::sentinel(group.sentinel_urls(), SERVICE)
+            .connection_mode(mode)
+            .prefix(unique("lag"))
+            .replica_ack(1, WAIT)
+            .deadline(Duration::from_millis(400))
+            .connect()
+            .await
+            .expect("connect through the sentinels");
+        let policy = Policy::new(
+            "lag",
+            Limit::fixed_window(1, Duration::from_secs(600)).unwrap(),
+        )
+        .unwrap();
+        let denied_key = || tollgate_limiter::StoreKey::new("lag", &policy, "s", "full");
+        let full = [tollgate_limiter::LayerRequest {
+            key: denied_key(),
+            policy: &policy,
+            cost: 1,
+        }];
+        assert!(store.decide(&full).await.expect("charged and acknowledged")[0].allowed);
+
+        group.replica().pause();
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let (store, policy) = (store.clone(), policy.clone());
+                tokio::spawn(async move {
+                    for i in 0..6 {
+                        let subject = format!("w{w}-{i}");
+                        let key = tollgate_limiter::StoreKey::new("lag", &policy, "s", &subject);
+                        let layer = [tollgate_limiter::LayerRequest {
+                            key,
+                            policy: &policy,
+                            cost: 1,
+                        }];
+                        // Charged, then not acknowledged in time (or, on
+                        // one connection, not even sent in time).
+                        let result = store.decide(&layer).await;
+                        assert!(result.is_err(), "the replica lags: {result:?}");
+                    }
+                })
+            })
+            .collect();
+        let mut worst = Duration::ZERO;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        for _ in 0..40 {
+            let started = std::time::Instant::now();
+            match store.decide(&full).await {
+                Ok(verdicts) => assert!(!verdicts[0].allowed),
+                // Queued behind the WAITs past its deadline.
+                Err(e) => assert!(
+                    mode == ConnectionMode::Multiplexed
+                        && matches!(e, tollgate_limiter::StoreError::Timeout(_)),
+                    "{mode:?}: a denial needs no WAIT: {e:?}"
+                ),
+            }
+            worst = worst.max(started.elapsed());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for writer in writers {
+            writer.await.expect("writer");
+        }
+        group.replica().resume();
+        slowest.push((mode, worst));
+    }
+    println!("slowest denial under a lagging replica (WAIT timeout {WAIT:?}): {slowest:?}");
+    let (_, pooled) = slowest[1];
+    assert!(
+        pooled < WAIT,
+        "on a pool a denial waits behind no WAIT: {slowest:?}"
+    );
 }

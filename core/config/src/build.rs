@@ -161,6 +161,10 @@ impl Config {
                     spec.service.clone(),
                 )
                 .primary_db(spec.db);
+                if let Some(size) = spec.pool_size {
+                    builder =
+                        builder.connection_mode(tollgate_redis::ConnectionMode::Pool { size });
+                }
                 if let Some(password) = &spec.password {
                     builder = builder.primary_auth(spec.username.as_deref(), password);
                 }

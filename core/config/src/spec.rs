@@ -120,6 +120,10 @@ pub struct RedisSentinelSpec {
     pub password: Option<String>,
     /// The primary's database (default 0).
     pub db: i64,
+    /// A pool of this many connections to the primary instead of one
+    /// multiplexed connection (with `replica_ack`, a `WAIT` then holds up
+    /// only its own connection).
+    pub pool_size: Option<u32>,
     /// What every Redis store takes.
     pub options: RedisOptions,
 }
@@ -132,6 +136,7 @@ impl fmt::Debug for RedisSentinelSpec {
             .field("service", &self.service)
             .field("username", &self.username)
             .field("db", &self.db)
+            .field("pool_size", &self.pool_size)
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -596,14 +601,7 @@ fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Opt
                 "must start with redis://, rediss:// or unix:// (for example \"redis://127.0.0.1:6379/\")",
             ));
         }
-        if let Some(n) = f.pool_size {
-            if n == 0 || n > 1024 {
-                errors.push(field_error(
-                    "store.pool_size",
-                    format!("{n} must be between 1 and 1024"),
-                ));
-            }
-        }
+        check_pool_size(errors, f.pool_size);
         return Some(StoreSpec::Redis(RedisSpec {
             url,
             pool_size: f.pool_size,
@@ -616,12 +614,7 @@ fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Opt
         f.url.is_some(),
         "is for kind = \"redis\"; a Sentinel store takes sentinels and service",
     );
-    refuse(
-        errors,
-        "pool_size",
-        f.pool_size.is_some(),
-        "is for kind = \"redis\"; a Sentinel store keeps one multiplexed connection to the primary",
-    );
+    check_pool_size(errors, f.pool_size);
     let sentinels = f.sentinels.unwrap_or_default();
     if sentinels.is_empty() {
         errors.push(field_error(
@@ -650,8 +643,21 @@ fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Opt
         username: f.username,
         password: f.password,
         db: f.db.unwrap_or(0),
+        pool_size: f.pool_size,
         options,
     }))
+}
+
+/// `pool_size`, when given, is 1–1024 connections.
+fn check_pool_size(errors: &mut Vec<PolicyError>, pool_size: Option<u32>) {
+    if let Some(n) = pool_size {
+        if n == 0 || n > 1024 {
+            errors.push(field_error(
+                "store.pool_size",
+                format!("{n} must be between 1 and 1024"),
+            ));
+        }
+    }
 }
 
 /// The options both Redis kinds share, checked.

@@ -433,7 +433,6 @@ replica_ack = 0
 "#,
     );
     has(&list, "store.url: is for kind = \"redis\"");
-    has(&list, "store.pool_size: is for kind = \"redis\"");
     has(&list, "store.sentinels[0]: must start with redis://");
     has(&list, "store.service: missing");
     has(
@@ -441,7 +440,9 @@ replica_ack = 0
         "store.client_cert_file: client_cert_file and client_key_file go together",
     );
     has(&list, "store.replica_ack: must be at least 1");
-    assert_eq!(list.len(), 6, "{list:#?}");
+    // A Sentinel store takes a pool (pool_size = 4 is fine).
+    assert!(list.iter().all(|e| !e.contains("pool_size")), "{list:#?}");
+    assert_eq!(list.len(), 5, "{list:#?}");
 
     let list = errors(
         r#"
@@ -507,6 +508,7 @@ service = "limits"
 username = "tollgate"
 password = "secret"
 db = 2
+pool_size = 8
 replica_ack = 1
 replica_ack_timeout = "15ms"
 "#,
@@ -521,6 +523,7 @@ replica_ack_timeout = "15ms"
         (2, "limits", 2)
     );
     assert_eq!(spec.options.replica_ack, Some(1));
+    assert_eq!(spec.pool_size, Some(8));
     assert!(!format!("{spec:?}").contains("secret"));
 }
 
