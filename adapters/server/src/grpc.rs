@@ -139,6 +139,16 @@ where
         if request.uri().path() != SHOULD_RATE_LIMIT {
             return Box::pin(async { Ok(tonic::Status::unimplemented("").into_http()) });
         }
+        // The token before the body is read: only clients that may ask
+        // cost a decode.
+        if let Some(token) = &self.shared.grpc_token {
+            if !crate::auth::bearer_matches(request.headers().get("authorization"), token) {
+                let refused = tonic::Status::unauthenticated(
+                    "send the metadata authorization: Bearer <token> (server.grpc_token_env)",
+                );
+                return Box::pin(async move { Ok(refused.into_http()) });
+            }
+        }
         let unary = Unary(self.clone());
         Box::pin(async move {
             let codec = tonic_prost::ProstCodec::<RateLimitResponse, WireRequest>::default();

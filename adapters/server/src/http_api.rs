@@ -73,24 +73,12 @@ fn error(status: StatusCode, message: &str) -> Response {
     )
 }
 
-/// Whether the request carries the API's bearer token (when it has one),
-/// compared in constant time.
+/// Whether the request carries the API's bearer token (when it has one).
 fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
-    let Some(token) = &shared.token else {
-        return true;
-    };
-    let sent = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map_or("", |(_, token)| token.trim());
-    sent.len() == token.len()
-        && sent
-            .bytes()
-            .zip(token.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+    shared
+        .token
+        .as_ref()
+        .is_none_or(|token| crate::auth::bearer_matches(headers.get("authorization"), token))
 }
 
 async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response {

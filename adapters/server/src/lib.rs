@@ -16,17 +16,24 @@
 //!   /readyz` (the store answers and no breaker is open), `GET /metrics`
 //!   (Prometheus text).
 //!
+//! Both listeners take TLS (`[server.tls]`, rustls; certificates reloaded
+//! when their files change), gRPC optionally mutual TLS and a bearer
+//! token, the HTTP API its own token.
+//!
 //! The file is the library's configuration format (`tollgate::config`)
 //! with a `[server]` section; it is reloaded on `SIGHUP` and when it
 //! changes. See `docs/server.md`.
 
+mod auth;
 mod envoy_limit;
 mod error;
 mod grpc;
 mod http_api;
+mod incoming;
 mod rules;
 mod settings;
 mod settled;
+mod tls;
 mod wire;
 
 use std::net::SocketAddr;
@@ -38,6 +45,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 use tollgate_config::{Config, LiveConfig};
 use tollgate_limiter::{Clock, Store};
 
@@ -45,6 +53,7 @@ pub use envoy_limit::{envoy_limit, EnvoyLimit};
 pub use error::{BadRequest, ServerError};
 pub use rules::{Descriptor, LimitOverride, Outcome, Rules, Status};
 pub use settings::{Role, RuleSpec, Settings, Unknown};
+pub use tls::TlsSettings;
 
 /// What the gRPC service and the HTTP API share: the running rules.
 pub struct Shared {
@@ -53,6 +62,8 @@ pub struct Shared {
     clock: Arc<dyn Clock>,
     metrics: Option<PrometheusHandle>,
     token: Option<String>,
+    /// The gRPC service's bearer token, when it has one.
+    grpc_token: Option<String>,
     /// The settings the server started with (what a reload cannot change).
     started: Settings,
     /// The emergency store, kept across reloads.
@@ -126,6 +137,11 @@ impl Shared {
                 "max_body_bytes",
                 settings.max_body_bytes == started.max_body_bytes,
             ),
+            (
+                "grpc_token_env",
+                settings.grpc_token_env == started.grpc_token_env,
+            ),
+            ("tls", settings.tls == started.tls),
         ] {
             if !same {
                 return Err(ServerError::NeedsRestart(what));
@@ -178,13 +194,161 @@ pub struct Server {
     stop: watch::Sender<bool>,
     /// `grpc.health.v1`: serving until the shutdown begins.
     health: tonic_health::server::HealthReporter,
+    /// The listeners' tasks, which end with the shutdown.
     tasks: Vec<JoinHandle<()>>,
+    /// The certificate files' watch, when there is TLS: stops with the
+    /// server.
+    certificates: Option<Watch>,
 }
 
-async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServerError::Bind { addr, source })
+/// A listener on `addr`, and the address it got (port 0: any free one).
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let bind_error = |source| ServerError::Bind { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, local))
+}
+
+/// Resolves once the server is told to stop.
+async fn until_stopped(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|s| *s).await;
+}
+
+/// Serve gRPC (the rate limit service and health) on `listener`, through
+/// TLS when `tls` is set, until stopped.
+async fn serve_grpc(
+    listener: TcpListener,
+    tls: Option<incoming::Acceptor>,
+    routes: tonic::service::Routes,
+    stopped: watch::Receiver<bool>,
+) {
+    let server = tonic::transport::Server::builder().add_routes(routes);
+    let served = match tls {
+        Some(acceptor) => match incoming::Incoming::start(listener, acceptor) {
+            Ok(incoming) => {
+                server
+                    .serve_with_incoming_shutdown(incoming, until_stopped(stopped))
+                    .await
+            }
+            Err(e) => return eprintln!("gRPC server stopped: {e}"),
+        },
+        None => {
+            // Without TCP_NODELAY a small answer waits for the client's
+            // delayed ACK (40 ms).
+            let incoming =
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            server
+                .serve_with_incoming_shutdown(incoming, until_stopped(stopped))
+                .await
+        }
+    };
+    if let Err(e) = served {
+        eprintln!("gRPC server stopped: {e}");
+    }
+}
+
+/// Serve the HTTP API on `listener`, through TLS when `tls` is set, until
+/// stopped.
+async fn serve_http(
+    listener: TcpListener,
+    tls: Option<incoming::Acceptor>,
+    app: axum::Router,
+    stopped: watch::Receiver<bool>,
+) {
+    use axum::serve::ListenerExt;
+    let served = match tls {
+        Some(acceptor) => match incoming::Incoming::start(listener, acceptor) {
+            Ok(incoming) => {
+                axum::serve(incoming, app)
+                    .with_graceful_shutdown(until_stopped(stopped))
+                    .await
+            }
+            Err(e) => Err(e),
+        },
+        None => {
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            axum::serve(listener, app)
+                .with_graceful_shutdown(until_stopped(stopped))
+                .await
+        }
+    };
+    if let Err(e) = served {
+        eprintln!("HTTP server stopped: {e}");
+    }
+}
+
+/// How often the certificate files are read for a change.
+const CERTIFICATES_EVERY: Duration = Duration::from_secs(1);
+
+/// The TLS configurations of both listeners, and the files they came from.
+struct Certificates {
+    settings: TlsSettings,
+    grpc: incoming::Acceptor,
+    http: incoming::Acceptor,
+}
+
+impl Certificates {
+    /// Read the files now: a server with TLS settings it cannot use does
+    /// not start.
+    fn load(settings: &TlsSettings) -> Result<Certificates, ServerError> {
+        let acceptor = |listener| {
+            let config = settings.server_config(listener)?;
+            Ok::<_, ServerError>(Arc::new(RwLock::new(TlsAcceptor::from(config))))
+        };
+        Ok(Certificates {
+            grpc: acceptor(tls::Listener::Grpc)?,
+            http: acceptor(tls::Listener::Http)?,
+            settings: settings.clone(),
+        })
+    }
+
+    /// Read the files every `every` and swap in what they hold once it
+    /// stood still for one look (see `settled.rs`) and makes a valid
+    /// configuration: new handshakes use it, connections already open
+    /// keep theirs. Files that do not make one keep the running
+    /// certificates, said on standard error.
+    fn watch(self, every: Duration) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut files = settled::Settled::new(Some(encoded(&self.settings.contents())));
+            loop {
+                tokio::time::sleep(every).await;
+                if !files.changed(Some(encoded(&self.settings.contents()))) {
+                    continue;
+                }
+                let swap = |acceptor: &incoming::Acceptor, listener| {
+                    let config = self.settings.server_config(listener)?;
+                    *acceptor.write().unwrap_or_else(|p| p.into_inner()) =
+                        TlsAcceptor::from(config);
+                    Ok::<_, ServerError>(())
+                };
+                match swap(&self.grpc, tls::Listener::Grpc)
+                    .and_then(|()| swap(&self.http, tls::Listener::Http))
+                {
+                    Ok(()) => eprintln!("TLS certificates reloaded"),
+                    Err(e) => eprintln!("TLS certificates: {e} (the running ones are kept)"),
+                }
+            }
+        })
+    }
+}
+
+/// The files' contents as one value to compare (`None`, an unreadable
+/// file, told apart from an empty one).
+fn encoded(contents: &tls::Contents) -> Vec<u8> {
+    let mut all = Vec::new();
+    for file in contents {
+        match file {
+            Some(bytes) => {
+                all.push(1);
+                all.extend((bytes.len() as u64).to_le_bytes());
+                all.extend(bytes);
+            }
+            None => all.push(0),
+        }
+    }
+    all
 }
 
 impl Server {
@@ -202,92 +366,60 @@ impl Server {
         let fallback = config.fallback_store(clock.clone());
         let rules = Rules::new(config, live.store(), fallback.clone(), clock.clone())?;
         let settings = rules.settings().clone();
-        let token = match &settings.api_token_env {
-            Some(name) => Some(std::env::var(name).map_err(|_| ServerError::Env {
-                name: name.clone(),
-                reason: "not set (it holds the HTTP API's bearer token)".into(),
-            })?)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| ServerError::Env {
-                name: name.clone(),
-                reason: "empty".into(),
-            })
-            .map(Some)?,
-            None => None,
-        };
+        let token = settings
+            .api_token_env
+            .as_deref()
+            .map(|name| auth::token_from_env(name, "the HTTP API's bearer token"))
+            .transpose()?;
+        let grpc_token = settings
+            .grpc_token_env
+            .as_deref()
+            .map(|name| auth::token_from_env(name, "the gRPC service's bearer token"))
+            .transpose()?;
+        let certificates = settings.tls.as_ref().map(Certificates::load).transpose()?;
         let shared = Arc::new(Shared {
             rules: RwLock::new(Arc::new(rules)),
             live,
             clock,
             metrics,
             token,
+            grpc_token,
             started: settings.clone(),
             fallback: std::sync::Mutex::new(fallback),
             reloading: tokio::sync::Mutex::new(()),
         });
-        let grpc_listener = bind(settings.grpc_listen).await?;
-        let http_listener = bind(settings.http_listen).await?;
-        let grpc = grpc_listener
-            .local_addr()
-            .map_err(|source| ServerError::Bind {
-                addr: settings.grpc_listen,
-                source,
-            })?;
-        let http = http_listener
-            .local_addr()
-            .map_err(|source| ServerError::Bind {
-                addr: settings.http_listen,
-                source,
-            })?;
+        let (grpc_listener, grpc) = bind(settings.grpc_listen).await?;
+        let (http_listener, http) = bind(settings.http_listen).await?;
         let (stop, stopped) = watch::channel(false);
-        let service = grpc::Service {
-            shared: shared.clone(),
-        };
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<grpc::Service>().await;
-        let until_stopped = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        let grpc_task = tokio::spawn({
-            let stopped = until_stopped(stopped.clone());
-            async move {
-                // Without TCP_NODELAY a small answer waits for the
-                // client's delayed ACK (40 ms).
-                let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener)
-                    .with_nodelay(Some(true));
-                if let Err(e) = tonic::transport::Server::builder()
-                    .add_service(service)
-                    .add_service(health_service)
-                    .serve_with_incoming_shutdown(incoming, stopped)
-                    .await
-                {
-                    eprintln!("gRPC server stopped: {e}");
-                }
-            }
-        });
-        let http_task = tokio::spawn({
-            let app = http_api::router(shared.clone());
-            let stopped = until_stopped(stopped);
-            async move {
-                use axum::serve::ListenerExt;
-                let http_listener = http_listener.tap_io(|tcp| {
-                    let _ = tcp.set_nodelay(true);
-                });
-                if let Err(e) = axum::serve(http_listener, app)
-                    .with_graceful_shutdown(stopped)
-                    .await
-                {
-                    eprintln!("HTTP server stopped: {e}");
-                }
-            }
-        });
+        let routes = tonic::service::Routes::new(grpc::Service {
+            shared: shared.clone(),
+        })
+        .add_service(health_service);
+        let tasks = vec![
+            tokio::spawn(serve_grpc(
+                grpc_listener,
+                certificates.as_ref().map(|c| c.grpc.clone()),
+                routes,
+                stopped.clone(),
+            )),
+            tokio::spawn(serve_http(
+                http_listener,
+                certificates.as_ref().map(|c| c.http.clone()),
+                http_api::router(shared.clone()),
+                stopped,
+            )),
+        ];
+        let certificates = certificates.map(|c| Watch(c.watch(CERTIFICATES_EVERY)));
         Ok(Server {
             shared,
             grpc,
             http,
             stop,
             health,
-            tasks: vec![grpc_task, http_task],
+            tasks,
+            certificates,
         })
     }
 
@@ -309,7 +441,8 @@ impl Server {
     /// Read the file again and apply it, only when it is valid whole (the
     /// library's part, the `[server]` section, every rule) and changes
     /// nothing that needs a restart (where it listens, the API token's
-    /// variable, the body limit); otherwise the running limits are kept.
+    /// variable, the body limit, the gRPC token's variable, the TLS
+    /// settings); otherwise the running limits are kept.
     pub async fn reload(&self) -> Result<(), ServerError> {
         self.shared.reload().await
     }
@@ -347,6 +480,8 @@ impl Server {
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
         self.health.set_not_serving::<grpc::Service>().await;
+        // The certificates' watch ends now: it would never end itself.
+        drop(self.certificates);
         let _ = self.stop.send(true);
         let deadline = tokio::time::Instant::now() + SHUTDOWN_WITHIN;
         for mut task in self.tasks {

@@ -92,6 +92,15 @@ pub struct Settings {
     /// the API is open (never put the token itself in the file).
     #[serde(default)]
     pub api_token_env: Option<String>,
+    /// The environment variable holding the gRPC service's bearer token;
+    /// none: any client that reaches the port may ask (protect it with
+    /// mutual TLS, `[server.tls] client_ca_file`, or this). Envoy sends it
+    /// with the `grpc_service`'s `initial_metadata`.
+    #[serde(default)]
+    pub grpc_token_env: Option<String>,
+    /// TLS on both listeners (`[server.tls]`); none: plain TCP.
+    #[serde(default)]
+    pub tls: Option<crate::TlsSettings>,
     /// The environment variable holding the key hashed entries are hashed
     /// with (at least 16 bytes); needed when a rule hashes an entry.
     #[serde(default)]

@@ -328,11 +328,12 @@ async fn one_permission_fewer_fails_at_connect_with_the_script() {
     one_fewer_fails_at_connect(rule, Scripting::Eval, "fewer-eval").await;
 }
 
-/// A refused login is named at connect in every connection mode, even
+/// A refused login, and a missing permission, are named at connect in
+/// every connection mode, even
 /// with a deadline longer than the connect timeout (a pool used to retry
 /// until its own timeout and report "did not answer within …").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_login_is_named_in_every_mode_whatever_the_deadline() {
+async fn a_refused_login_or_permission_is_named_in_every_mode_whatever_the_deadline() {
     use std::time::Duration;
     use tollgate_redis::ConnectionMode;
     set_user("tollgate-login", &AclRule::new(PREFIX).to_string());
@@ -365,6 +366,22 @@ async fn a_refused_login_is_named_in_every_mode_whatever_the_deadline() {
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "{mode:?}: at once"
+        );
+
+        // A missing permission, likewise.
+        let rule = AclRule::new(PREFIX).to_string().replace(" +get", "");
+        set_user("tollgate-noget", &rule);
+        let error = RedisStore::builder(url("tollgate-noget"))
+            .prefix(format!("{PREFIX}:{}", unique("t")))
+            .connection_mode(mode)
+            .deadline(Duration::from_secs(3))
+            .connect_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect_err("GET is not granted");
+        assert!(
+            matches!(RedisStoreError::of(&error), Some(RedisStoreError::NoPermission(d)) if d.contains("get")),
+            "{mode:?}: {error:?}"
         );
     }
 }
