@@ -41,7 +41,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -172,13 +172,28 @@ impl Drop for Watch {
 /// How long a shutdown waits for the requests in flight.
 pub const SHUTDOWN_WITHIN: Duration = Duration::from_secs(30);
 
+/// The buckets of `tollgate_store_latency_seconds`, in seconds: from a
+/// loopback Redis call to the longest deadline worth having. With buckets
+/// the latency is a Prometheus histogram (it aggregates across instances;
+/// without, the exporter would make it a summary, which does not).
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
 /// The process's Prometheus recorder, installed before the first limiter
 /// is built (limiters take their metric handles then).
 fn metrics() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let handle = PrometheusBuilder::new().install_recorder().ok()?;
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full("tollgate_store_latency_seconds".into()),
+                    &LATENCY_BUCKETS,
+                )
+                .ok()?
+                .install_recorder()
+                .ok()?;
             tollgate_limiter::observe::describe();
             Some(handle)
         })

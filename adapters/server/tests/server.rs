@@ -334,6 +334,18 @@ async fn a_stopped_redis_answers_per_the_failure_mode() {
     assert_eq!(codes(&r), (OK, vec![OK]), "Redis decides");
     let http = format!("http://{}", server.http_addr());
     assert_eq!(get(&format!("{http}/readyz")).await.0, 200);
+    // The store's latency is a histogram with buckets, not a summary.
+    let (_, metrics) = get(&format!("{http}/metrics")).await;
+    assert!(
+        metrics.contains("tollgate_store_latency_seconds_bucket{"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("tollgate_store_latency_seconds{") && l.contains("quantile")),
+        "{metrics}"
+    );
 
     redis.pause();
     let started = Instant::now();
