@@ -66,7 +66,12 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn reset(&self, ctx: &Context) -> Result<(), Error> {
-        let requests = self.requests(ctx, 1, |l| l.scope == Scope::Subject)?;
+        self.reset_in(ctx, &Scope::Subject).await
+    }
+
+    /// [`reset`](Limiter::reset) on `ctx`'s layers counted per `scope`.
+    pub(crate) async fn reset_in(&self, ctx: &Context, scope: &Scope) -> Result<(), Error> {
+        let requests = self.requests(ctx, 1, |l| l.scope == *scope)?;
         if requests.is_empty() {
             return Ok(());
         }
@@ -99,7 +104,8 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn penalize(&self, ctx: &Context, units: u64) -> Result<Decision, Error> {
-        self.adjust(ctx, units, Adjustment::Penalize).await
+        self.adjust_in(ctx, units, Adjustment::Penalize, &Scope::Subject)
+            .await
     }
 
     /// Give `ctx`'s own layers `units` back, never above full — a request
@@ -115,7 +121,8 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn reward(&self, ctx: &Context, units: u64) -> Result<Decision, Error> {
-        self.adjust(ctx, units, Adjustment::Reward).await
+        self.adjust_in(ctx, units, Adjustment::Reward, &Scope::Subject)
+            .await
     }
 
     /// Deny every request of `ctx` for `duration` (1 ms to
@@ -136,6 +143,16 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn block(&self, ctx: &Context, duration: Duration) -> Result<Decision, Error> {
+        self.block_in(ctx, duration, &Scope::Subject).await
+    }
+
+    /// [`block`](Limiter::block) on `ctx`'s layers counted per `scope`.
+    pub(crate) async fn block_in(
+        &self,
+        ctx: &Context,
+        duration: Duration,
+        scope: &Scope,
+    ) -> Result<Decision, Error> {
         let block = Adjustment::Block(duration);
         if let Err(e) = block.check() {
             return Err(Error::Operation {
@@ -143,15 +160,16 @@ impl Limiter {
                 reason: e.to_string(),
             });
         }
-        self.adjust(ctx, 1, block).await
+        self.adjust_in(ctx, 1, block, scope).await
     }
 
-    /// Apply `adjustment` of `units` to `ctx`'s per-subject layers.
-    async fn adjust(
+    /// Apply `adjustment` of `units` to `ctx`'s layers counted per `scope`.
+    pub(crate) async fn adjust_in(
         &self,
         ctx: &Context,
         units: u64,
         adjustment: Adjustment,
+        scope: &Scope,
     ) -> Result<Decision, Error> {
         let operation = adjustment.name();
         if units == 0 {
@@ -160,12 +178,13 @@ impl Limiter {
                 reason: "units must be at least 1".into(),
             });
         }
-        let mut requests = self.requests(ctx, 1, |l| l.scope == Scope::Subject)?;
+        let mut requests = self.requests(ctx, 1, |l| l.scope == *scope)?;
         if requests.is_empty() {
-            return Err(Error::Operation {
-                operation,
-                reason: "the limiter has no per-subject layer (Scope::Subject); only a client's own layers are changed".into(),
-            });
+            let reason = match scope {
+                Scope::Subject => "the limiter has no per-subject layer (Scope::Subject); only a client's own layers are changed".into(),
+                other => format!("the limiter has no layer counted per {other:?}"),
+            };
+            return Err(Error::Operation { operation, reason });
         }
         for r in requests.iter_mut() {
             r.cost = units.min(r.policy.limit().capacity());
@@ -182,7 +201,7 @@ impl Limiter {
         Ok(Decision::new(
             self.layers()
                 .iter()
-                .filter(|l| l.scope == Scope::Subject)
+                .filter(|l| l.scope == *scope)
                 .zip(verdicts)
                 .map(|(layer, verdict)| LayerDecision::new(layer, verdict, Source::Store)),
         ))

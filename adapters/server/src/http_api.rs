@@ -38,24 +38,29 @@ struct DescriptorJson {
     hits_addend: Option<u64>,
 }
 
+/// One descriptor entry as JSON.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct EntryJson {
-    key: String,
-    value: String,
+pub(crate) struct EntryJson {
+    pub(crate) key: String,
+    pub(crate) value: String,
 }
 
 /// The router (`POST /v1/check` reads at most `server.max_body_bytes`).
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/check", post(check))
+        .route(
+            "/v1/operations/{operation}",
+            post(crate::operations::operate),
+        )
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
         .with_state(shared)
 }
 
-fn reply(status: StatusCode, content_type: &str, body: String) -> Response {
+pub(crate) fn reply(status: StatusCode, content_type: &str, body: String) -> Response {
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
     response.headers_mut().insert(
@@ -65,7 +70,7 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response {
     response
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
     reply(
         status,
         "application/json",
@@ -81,30 +86,44 @@ fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
         .is_none_or(|token| crate::auth::bearer_matches(headers.get("authorization"), token))
 }
 
-async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response {
-    // The token first: a body is read only for those who may send one.
-    if !authorized(&shared, request.headers()) {
-        let mut r = error(
-            StatusCode::UNAUTHORIZED,
-            "send Authorization: Bearer <token>",
-        );
-        r.headers_mut()
-            .insert("www-authenticate", "Bearer".parse().expect("valid"));
-        return r;
-    }
+/// 401, asking for a bearer token.
+pub(crate) fn unauthorized() -> Response {
+    let mut r = error(
+        StatusCode::UNAUTHORIZED,
+        "send Authorization: Bearer <token>",
+    );
+    r.headers_mut()
+        .insert("www-authenticate", "Bearer".parse().expect("valid"));
+    r
+}
+
+/// The body of `request` as JSON, at most `server.max_body_bytes`; or the
+/// answer saying what is wrong with it (413, 400).
+pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
+    shared: &Shared,
+    request: Request,
+) -> Result<T, Response> {
     let limit = shared.started.max_body_bytes;
-    let body = match axum::body::to_bytes(request.into_body(), limit).await {
-        Ok(body) => body,
-        Err(_) => {
-            return error(
+    let body = axum::body::to_bytes(request.into_body(), limit)
+        .await
+        .map_err(|_| {
+            error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &format!("the body is over {limit} bytes (server.max_body_bytes)"),
             )
-        }
-    };
-    let request: CheckRequest = match serde_json::from_slice(&body) {
+        })?;
+    serde_json::from_slice(&body)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, &format!("the request body: {e}")))
+}
+
+async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    // The token first: a body is read only for those who may send one.
+    if !authorized(&shared, request.headers()) {
+        return unauthorized();
+    }
+    let request: CheckRequest = match json_body(&shared, request).await {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("the request body: {e}")),
+        Err(answer) => return answer,
     };
     let descriptors: Vec<Descriptor> = request
         .descriptors

@@ -30,6 +30,7 @@ mod error;
 mod grpc;
 mod http_api;
 mod incoming;
+mod operations;
 mod rules;
 mod settings;
 mod settled;
@@ -64,6 +65,8 @@ pub struct Shared {
     token: Option<String>,
     /// The gRPC service's bearer token, when it has one.
     grpc_token: Option<String>,
+    /// The operators' tokens: (name, token).
+    operators: Vec<(String, String)>,
     /// The settings the server started with (what a reload cannot change).
     started: Settings,
     /// The emergency store, kept across reloads.
@@ -142,6 +145,10 @@ impl Shared {
                 settings.grpc_token_env == started.grpc_token_env,
             ),
             ("tls", settings.tls == started.tls),
+            (
+                "operator_tokens",
+                settings.operator_tokens == started.operator_tokens,
+            ),
         ] {
             if !same {
                 return Err(ServerError::NeedsRestart(what));
@@ -391,6 +398,14 @@ impl Server {
             .as_deref()
             .map(|name| auth::token_from_env(name, "the gRPC service's bearer token"))
             .transpose()?;
+        let operators = settings
+            .operator_tokens
+            .iter()
+            .map(|(name, env)| {
+                let holds = format!("the operator token {name:?}");
+                auth::token_from_env(env, &holds).map(|token| (name.clone(), token))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let certificates = settings.tls.as_ref().map(Certificates::load).transpose()?;
         let shared = Arc::new(Shared {
             rules: RwLock::new(Arc::new(rules)),
@@ -399,6 +414,7 @@ impl Server {
             metrics,
             token,
             grpc_token,
+            operators,
             started: settings.clone(),
             fallback: std::sync::Mutex::new(fallback),
             reloading: tokio::sync::Mutex::new(()),

@@ -196,6 +196,21 @@ struct Rule {
 /// A rule a request uses, with its descriptor's limit override if any.
 type RuleUse = (usize, Option<LimitOverride>);
 
+/// What an operator's call works on ([`Rules::target`]).
+pub(crate) struct Target {
+    /// The rule's name.
+    pub(crate) rule: String,
+    /// The rule's limiter.
+    pub(crate) limiter: Limiter,
+    /// The descriptor's context.
+    pub(crate) context: Context,
+    /// The scope the rule counts its client in (the route's per-subject
+    /// layers).
+    pub(crate) own: Scope,
+    /// `key=subject` of each mapped entry, for the log (secrets hashed).
+    pub(crate) subjects: Vec<String>,
+}
+
 /// One limiter for a combination of rules, and the range of its layers
 /// each rule owns.
 struct Combined {
@@ -472,17 +487,56 @@ impl Rules {
     fn context(&self, ctx: Context, i: usize, d: &Descriptor) -> Context {
         let rule = &self.rules[i];
         let mut ctx = ctx.with_attribute(rule.global.clone(), global_subject());
-        for (key, value) in &d.entries {
-            let Some(attribute) = rule.attributes.get(key) else {
-                continue;
-            };
+        for (attribute, _, subject) in self.subjects(i, d) {
+            ctx = ctx.with_attribute(attribute, subject);
+        }
+        ctx
+    }
+
+    /// The subject each mapped entry of `d` fills under rule `i`: its
+    /// attribute, its key, and the subject (hashed for a `hashed` entry, or
+    /// a value that is not a subject as sent).
+    fn subjects<'d>(
+        &self,
+        i: usize,
+        d: &'d Descriptor,
+    ) -> impl Iterator<Item = (Arc<str>, &'d str, Subject)> + use<'_, 'd> {
+        let rule = &self.rules[i];
+        d.entries.iter().filter_map(move |(key, value)| {
+            let attribute = rule.attributes.get(key)?.clone();
             let subject = match (&self.hash_key, rule.spec.hashed.contains(key)) {
                 (Some(hash_key), true) => Subject::hashed(value, hash_key),
                 _ => plain_subject(value),
             };
-            ctx = ctx.with_attribute(attribute.clone(), subject);
-        }
-        ctx
+            Some((attribute, key.as_str(), subject))
+        })
+    }
+
+    /// What an operator's call on descriptor `d` of `domain` works on: the
+    /// limiter of the rule it matches (with its override), the context it
+    /// makes, and the scope that rule counts its client in; `None` when no
+    /// rule matches.
+    pub(crate) fn target(
+        &self,
+        domain: &str,
+        d: &Descriptor,
+    ) -> Option<Result<Target, BadRequest>> {
+        let i = self.rule_of(domain, d)?;
+        let combined = match self.combined(&[(i, d.limit)]) {
+            Ok(combined) => combined,
+            Err(e) => return Some(Err(e)),
+        };
+        let rule = &self.rules[i];
+        Some(Ok(Target {
+            rule: rule.spec.name.clone(),
+            limiter: combined.limiter.clone(),
+            context: self.context(Context::new(), i, d),
+            own: Scope::Attribute(scoped(&rule.spec.name, &Scope::Subject).into()),
+            subjects: self
+                .subjects(i, d)
+                .map(|(_, key, subject)| format!("{key}={}", subject.as_str()))
+                .collect(),
+        }))
     }
 
     /// Decide `descriptors` of `domain`: every descriptor a rule matches,

@@ -98,6 +98,12 @@ pub struct Settings {
     /// with the `grpc_service`'s `initial_metadata`.
     #[serde(default)]
     pub grpc_token_env: Option<String>,
+    /// The operators' tokens, by name → the environment variable holding
+    /// each (`POST /v1/operations/…` needs one of them; none: the
+    /// operations are off). Each change is logged with the token's name,
+    /// never the token.
+    #[serde(default)]
+    pub operator_tokens: BTreeMap<String, String>,
     /// TLS on both listeners (`[server.tls]`); none: plain TCP.
     #[serde(default)]
     pub tls: Option<crate::TlsSettings>,
@@ -181,6 +187,16 @@ impl Settings {
                     "{at}: hashed entries need server.hash_key_env, the variable holding the hash key"
                 )));
             }
+        }
+        if let Some(name) = settings.operator_tokens.keys().find(|n| {
+            n.is_empty()
+                || !n
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        }) {
+            return Err(ServerError::Settings(format!(
+                "server.operator_tokens: the name {name:?} is made of letters, digits, '-', '_' and '.' (it is logged)"
+            )));
         }
         if settings.max_body_bytes == 0 {
             return Err(ServerError::Settings(

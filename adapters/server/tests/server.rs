@@ -943,3 +943,92 @@ async fn a_same_length_edit_with_its_time_restored_is_applied() {
     assert_eq!(r.statuses[0].limit_remaining, 2, "login: 3 - 1");
     server.shutdown().await;
 }
+
+/// The operators' API: refused without an operator's token (the check
+/// API's token is not one), then usage, penalty, reward, block and reset
+/// of one client of a rule, each seen by the next decision.
+#[tokio::test]
+async fn operators_change_one_client_of_a_rule() {
+    std::env::set_var("TOLLGATE_TEST_OPS_ALICE", "alice-s3cret-token");
+    std::env::set_var("TOLLGATE_TEST_OPS_API", "api-s3cret-token");
+    let file = File::new(&format!(
+        "{LIMITS}{}",
+        server_section(
+            "api_token_env = \"TOLLGATE_TEST_OPS_API\"\noperator_tokens = { alice = \"TOLLGATE_TEST_OPS_ALICE\" }"
+        )
+    ));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let base = format!("http://{}/v1/operations", server.http_addr());
+    let alice = [("authorization", "Bearer alice-s3cret-token")];
+    let who = r#""domain":"edge","entries":[{"key":"user_id","value":"op1"},{"key":"tenant_id","value":"op-acme"}]"#;
+    let op = |name: &str, extra: &str| {
+        let url = format!("{base}/{name}");
+        let body = format!("{{{who}{extra}}}");
+        async move { send("POST", &url, &alice, &body).await }
+    };
+    for token in [
+        None,
+        Some("Bearer api-s3cret-token"),
+        Some("Bearer alice-s3cret-tokem"),
+    ] {
+        let headers: Vec<(&str, &str)> = token.map(|t| ("authorization", t)).into_iter().collect();
+        let (status, _) = send(
+            "POST",
+            &format!("{base}/usage"),
+            &headers,
+            &format!("{{{who}}}"),
+        )
+        .await;
+        assert_eq!(status, 401, "{token:?}");
+    }
+    let mut c = client(server.grpc_addr()).await;
+    for _ in 0..2 {
+        ask(&mut c, vec![user("op1", "op-acme")], 0).await;
+    }
+    let (status, text) = op("usage", "").await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains(r#""layer":"api.user","limit":5,"policy":"per-user","remaining":3,"resets_in_ms":60000,"used":2"#), "{text}");
+    assert!(
+        text.contains(r#""layer":"api.tenant","limit":8,"policy":"per-tenant","remaining":6"#),
+        "{text}"
+    );
+
+    let (status, text) = op("penalize", r#","units":2"#).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains(r#""remaining":1"#), "user: 3 - 2: {text}");
+    assert!(
+        !text.contains("api.tenant"),
+        "only the client's own layers: {text}"
+    );
+    let (status, _) = op("reward", r#","units":1"#).await;
+    assert_eq!(status, 200);
+    let r = ask(&mut c, vec![user("op1", "op-acme")], 0).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1, "2 left, this one charged");
+
+    let (status, text) = op("block", r#","block_ms":600000"#).await;
+    assert_eq!(status, 200, "{text}");
+    let r = ask(&mut c, vec![user("op1", "op-acme")], 0).await;
+    assert_eq!(r.overall_code, OVER);
+    let wait = r.statuses[0].duration_until_reset.expect("a wait");
+    assert_eq!(wait.seconds, 600, "blocked for 10 minutes");
+    let (status, _) = op("reset", "").await;
+    assert_eq!(status, 200);
+    let r = ask(&mut c, vec![user("op1", "op-acme")], 0).await;
+    assert_eq!(r.overall_code, OK, "the reset lifted the block");
+
+    let (status, text) = op("penalize", "").await;
+    assert_eq!(status, 400, "no units: {text}");
+    let (status, _) = op("explode", "").await;
+    assert_eq!(status, 404);
+    let (status, _) = send(
+        "POST",
+        &format!("{base}/usage"),
+        &alice,
+        r#"{"domain":"edge","entries":[{"key":"nothing","value":"x"}]}"#,
+    )
+    .await;
+    assert_eq!(status, 404, "no rule matches");
+    server.shutdown().await;
+}
