@@ -8,6 +8,8 @@
 //! wheel, unpacked into the user's cache), `TOLLGATE_ENVOY`, or the PATH;
 //! without one the test fails and says how to get it.
 
+mod common;
+
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -55,28 +57,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A directory of its own, removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new() -> Dir {
-        let dir = std::env::temp_dir().join(format!("tollgate-envoy-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory");
-        Dir(dir)
-    }
-
-    fn write(&self, name: &str, text: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).expect("write");
-        path.to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+type Dir = common::TempDir;
 
 /// The Envoy process, killed on drop.
 struct Envoy(Child);
@@ -292,11 +273,8 @@ async fn start_envoy(dir: &Dir, config: &str, port: u16) -> Envoy {
 async fn envoy_enforces_the_servers_decisions_over_mutual_tls() {
     std::env::set_var("TOLLGATE_TEST_ENVOY_TOKEN", TOKEN);
     let certs = TestCertificates::generate();
-    let dir = Dir::new();
-    for name in ["server.crt", "server.key", "ca.crt"] {
-        let text = std::fs::read_to_string(certs.dir().join(name)).expect("a certificate");
-        dir.write(name, &text);
-    }
+    let dir = Dir::new("envoy");
+    dir.install(&certs);
     dir.write("client.crt", certs.client_cert_pem());
     dir.write("client.key", certs.client_key_pem());
     let config = dir.write("server.toml", &server_config(&dir));

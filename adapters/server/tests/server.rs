@@ -97,6 +97,16 @@ impl Drop for File {
     }
 }
 
+/// A server on its own configuration file: [`LIMITS`] and the
+/// `[server]` section with `extra`, on a manual clock at [`START`].
+async fn start_with(extra: &str) -> (File, Server) {
+    let file = File::new(&format!("{LIMITS}{}", server_section(extra)));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    (file, server)
+}
+
 async fn client(addr: SocketAddr) -> RateLimitServiceClient<tonic::transport::Channel> {
     RateLimitServiceClient::connect(format!("http://{addr}"))
         .await
@@ -280,13 +290,7 @@ async fn should_rate_limit_decides_descriptors_together() {
 /// limit, and the known ones are not charged.
 #[tokio::test]
 async fn unknown_descriptors_can_be_denied() {
-    let file = File::new(&format!(
-        "{LIMITS}{}",
-        server_section("unknown_descriptors = \"deny\"")
-    ));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (_file, server) = start_with("unknown_descriptors = \"deny\"").await;
     let mut c = client(server.grpc_addr()).await;
     let r = ask(
         &mut c,
@@ -405,13 +409,8 @@ async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: &str) -> 
 #[tokio::test]
 async fn the_http_api_decides_and_reports() {
     std::env::set_var("TOLLGATE_TEST_API_TOKEN", "s3cret-token");
-    let file = File::new(&format!(
-        "{LIMITS}{}",
-        server_section("api_token_env = \"TOLLGATE_TEST_API_TOKEN\"\nmax_body_bytes = 2048")
-    ));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (_file, server) =
+        start_with("api_token_env = \"TOLLGATE_TEST_API_TOKEN\"\nmax_body_bytes = 2048").await;
     let base = format!("http://{}", server.http_addr());
     let check = format!("{base}/v1/check");
     let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"generic_key","value":"login"},{"key":"remote_address","value":"10.1.1.1"}]}]}"#;
@@ -473,10 +472,7 @@ async fn the_http_api_decides_and_reports() {
 /// the running limits are kept.
 #[tokio::test]
 async fn reloads_apply_valid_files_only() {
-    let file = File::new(&format!("{LIMITS}{}", server_section("")));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (file, server) = start_with("").await;
     let mut c = client(server.grpc_addr()).await;
     let r = ask(&mut c, vec![user("u1", "acme")], 0).await;
     assert_eq!(r.statuses[0].limit_remaining, 4);
@@ -555,10 +551,7 @@ async fn a_cluster_store_decides_descriptors_together() {
 /// The watcher applies a changed file by itself.
 #[tokio::test]
 async fn a_changed_file_is_applied() {
-    let file = File::new(&format!("{LIMITS}{}", server_section("")));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (file, server) = start_with("").await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let _watch = server.watch(Duration::from_millis(20), move |r| {
         let _ = tx.send(r.map_err(|e| e.to_string()));
@@ -688,10 +681,7 @@ async fn ask_raw(addr: SocketAddr, entries: &[(&str, &[u8])]) -> RateLimitRespon
 /// into an allow: counted under its hash, apart from other bytes.
 #[tokio::test]
 async fn values_that_are_not_utf8_are_counted_not_refused() {
-    let file = File::new(&format!("{LIMITS}{}", server_section("")));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (_file, server) = start_with("").await;
     let addr = server.grpc_addr();
     let crafted: &[(&str, &[u8])] = &[("user_id", b"k\xe9y"), ("tenant_id", b"t1")];
     let mut answers = Vec::new();
@@ -722,10 +712,7 @@ async fn values_that_are_not_utf8_are_counted_not_refused() {
 /// and `"pad"` have budgets of their own.
 #[tokio::test]
 async fn values_with_white_space_are_not_trimmed_into_others() {
-    let file = File::new(&format!("{LIMITS}{}", server_section("")));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (_file, server) = start_with("").await;
     let mut c = client(server.grpc_addr()).await;
     for _ in 0..5 {
         let r = ask(&mut c, vec![user("pad", "t-pad")], 0).await;
@@ -765,10 +752,7 @@ fn with_override(
 /// counted as a window is over the limit.
 #[tokio::test]
 async fn a_descriptor_limit_override_is_applied() {
-    let file = File::new(&format!("{LIMITS}{}", server_section("")));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (_file, server) = start_with("").await;
     let mut c = client(server.grpc_addr()).await;
     let minute = 2;
     let overridden = || with_override(user("o1", "o-acme"), 2, minute);
@@ -809,10 +793,7 @@ async fn grpc_health_is_served() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
-    let file = File::new(&format!("{LIMITS}{}", server_section("")));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (_file, server) = start_with("").await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr()))
         .expect("a URI")
         .connect()
@@ -850,10 +831,7 @@ async fn metric(base: &str, line_start: &str) -> f64 {
 /// Refused reloads are counted like applied ones, by class.
 #[tokio::test]
 async fn refused_reloads_are_counted() {
-    let file = File::new(&format!("{LIMITS}{}", server_section("")));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (file, server) = start_with("").await;
     let base = format!("http://{}", server.http_addr());
     let invalid = "tollgate_config_reloads_total{result=\"invalid\"}";
     let restart = "tollgate_config_reloads_total{result=\"needs_restart\"}";
@@ -887,13 +865,7 @@ async fn refused_reloads_are_counted() {
 /// `/v1/check` sends no RateLimit headers when `response_headers = false`.
 #[tokio::test]
 async fn the_http_api_honours_response_headers_false() {
-    let file = File::new(&format!(
-        "{LIMITS}{}",
-        server_section("response_headers = false")
-    ));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (_file, server) = start_with("response_headers = false").await;
     let check = format!("http://{}/v1/check", server.http_addr());
     let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"generic_key","value":"login"},{"key":"remote_address","value":"10.7.7.7"}]}]}"#;
     for expected in [200, 200, 429] {
@@ -913,10 +885,7 @@ async fn the_http_api_honours_response_headers_false() {
 /// back, is still applied by the watch.
 #[tokio::test]
 async fn a_same_length_edit_with_its_time_restored_is_applied() {
-    let file = File::new(&format!("{LIMITS}{}", server_section("")));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (file, server) = start_with("").await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let _watch = server.watch(Duration::from_millis(20), move |r| {
         let _ = tx.send(r.map_err(|e| e.to_string()));
@@ -951,15 +920,7 @@ async fn a_same_length_edit_with_its_time_restored_is_applied() {
 async fn operators_change_one_client_of_a_rule() {
     std::env::set_var("TOLLGATE_TEST_OPS_ALICE", "alice-s3cret-token");
     std::env::set_var("TOLLGATE_TEST_OPS_API", "api-s3cret-token");
-    let file = File::new(&format!(
-        "{LIMITS}{}",
-        server_section(
-            "api_token_env = \"TOLLGATE_TEST_OPS_API\"\noperator_tokens = { alice = \"TOLLGATE_TEST_OPS_ALICE\" }"
-        )
-    ));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (_file, server) = start_with("api_token_env = \"TOLLGATE_TEST_OPS_API\"\noperator_tokens = { alice = \"TOLLGATE_TEST_OPS_ALICE\" }").await;
     let base = format!("http://{}/v1/operations", server.http_addr());
     let alice = [("authorization", "Bearer alice-s3cret-token")];
     let who = r#""domain":"edge","entries":[{"key":"user_id","value":"op1"},{"key":"tenant_id","value":"op-acme"}]"#;

@@ -3,6 +3,8 @@
 //! bearer token (UNAUTHENTICATED without it), and certificates replaced on
 //! disk taken up by new connections.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,46 +22,23 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 const START: Timestamp = Timestamp::from_micros(1_780_000_020_000_000);
 
-/// A directory of its own (removed on drop) with the configuration and
-/// the certificate files it names.
-struct Dir(PathBuf);
+/// The test's directory: the configuration and the certificate files.
+type Dir = common::TempDir;
 
-impl Dir {
-    fn new() -> Dir {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("tollgate-server-tls-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory");
-        Dir(dir)
-    }
-
-    /// Put `certs`' server certificate, key and CA here (replacing any).
-    fn install(&self, certs: &TestCertificates) {
-        for name in ["server.crt", "server.key", "ca.crt"] {
-            let text = std::fs::read(certs.dir().join(name)).expect("a certificate file");
-            std::fs::write(self.0.join(name), text).expect("write");
-        }
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.0.join(name).to_string_lossy().into_owned()
-    }
-
-    /// A configuration with `server` settings added to `[server]`.
-    fn config(&self, server: &str, tls: bool) -> PathBuf {
-        let tls = if tls {
-            format!(
-                "[server.tls]\ncert_file = {:?}\nkey_file = {:?}\nclient_ca_file = {:?}\n",
-                self.path("server.crt"),
-                self.path("server.key"),
-                self.path("ca.crt"),
-            )
-        } else {
-            String::new()
-        };
-        let text = format!(
-            r#"
+/// A configuration in `dir` with `server` settings added to `[server]`.
+fn config(dir: &Dir, server: &str, tls: bool) -> PathBuf {
+    let tls = if tls {
+        format!(
+            "[server.tls]\ncert_file = {:?}\nkey_file = {:?}\nclient_ca_file = {:?}\n",
+            dir.path("server.crt"),
+            dir.path("server.key"),
+            dir.path("ca.crt"),
+        )
+    } else {
+        String::new()
+    };
+    let text = format!(
+        r#"
 [policies.per-user]
 algorithm = "fixed_window"
 limit = 3
@@ -81,17 +60,10 @@ domain = "edge"
 route = "api"
 entries = {{ user_id = "subject" }}
 "#
-        );
-        let path = self.0.join("server.toml");
-        std::fs::write(&path, text).expect("write the configuration");
-        path
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    );
+    let path = dir.0.join("server.toml");
+    std::fs::write(&path, text).expect("write the configuration");
+    path
 }
 
 fn request(user: &str) -> RateLimitRequest {
@@ -174,9 +146,9 @@ async fn start(config: &Path) -> Server {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_takes_mutual_tls_and_http_takes_tls() {
     let certs = TestCertificates::generate();
-    let dir = Dir::new();
+    let dir = Dir::new("tls");
     dir.install(&certs);
-    let server = start(&dir.config("", true)).await;
+    let server = start(&config(&dir, "", true)).await;
     let client = Some((certs.client_cert_pem(), certs.client_key_pem()));
 
     let channel = tls_channel(server.grpc_addr(), certs.ca_pem(), client)
@@ -215,8 +187,13 @@ async fn grpc_takes_mutual_tls_and_http_takes_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_without_the_token_is_unauthenticated() {
     std::env::set_var("TOLLGATE_TEST_GRPC_TOKEN", "grpc-s3cret-token");
-    let dir = Dir::new();
-    let server = start(&dir.config("grpc_token_env = \"TOLLGATE_TEST_GRPC_TOKEN\"", false)).await;
+    let dir = Dir::new("tls");
+    let server = start(&config(
+        &dir,
+        "grpc_token_env = \"TOLLGATE_TEST_GRPC_TOKEN\"",
+        false,
+    ))
+    .await;
     let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc_addr()))
         .await
         .expect("connect");
@@ -260,9 +237,9 @@ async fn grpc_without_the_token_is_unauthenticated() {
 async fn replaced_certificates_are_taken_up() {
     let old = TestCertificates::generate();
     let new = TestCertificates::generate();
-    let dir = Dir::new();
+    let dir = Dir::new("tls");
     dir.install(&old);
-    let server = start(&dir.config("", true)).await;
+    let server = start(&config(&dir, "", true)).await;
     let addr = server.grpc_addr();
     let with = |certs: &TestCertificates| {
         let ca = certs.ca_pem().to_string();
@@ -299,9 +276,9 @@ async fn replaced_certificates_are_taken_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unusable_tls_settings_are_named_at_start() {
     let certs = TestCertificates::generate();
-    let dir = Dir::new();
+    let dir = Dir::new("tls");
     dir.install(&certs);
-    let config = dir.config("", true);
+    let config = config(&dir, "", true);
     std::fs::write(dir.0.join("server.key"), "not a key").expect("write");
     let error = Server::start(&config, Arc::new(ManualClock::new(START)))
         .await

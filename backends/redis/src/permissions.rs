@@ -3,6 +3,9 @@
 //! user that lacks one fails at connect with the command named, not at
 //! the first decision that needs it.
 
+use std::future::Future;
+use std::time::Duration;
+
 use redis::{Cmd, RedisResult, Value};
 use tollgate_limiter::StoreError;
 
@@ -10,7 +13,7 @@ use crate::client::is_no_permission;
 use crate::error::RedisStoreError;
 use crate::script::{ScriptCall, TimeArgs};
 use crate::scripting::Style;
-use crate::settings::Decides;
+use crate::settings::{within, Decides};
 
 /// The probe's keys are the store's own, under its prefix, in a hash tag
 /// no state key has (state keys carry a policy and a version after the
@@ -74,4 +77,23 @@ pub(crate) fn first_refusal(answers: &[RedisResult<Value>]) -> Result<(), StoreE
         }
     }
     Ok(())
+}
+
+/// At connect: the code loaded (or, for a preloaded library, found) and
+/// every permission probed, each within `timeout`. A preloaded library's
+/// check is a call that runs the code, whose refusal would hide which
+/// permission is missing: the probe, which names it, goes first then.
+pub(crate) async fn load_and_probe(
+    preloaded: bool,
+    timeout: Duration,
+    load: impl Future<Output = Result<(), StoreError>>,
+    probe: impl Future<Output = Result<(), StoreError>>,
+) -> Result<(), StoreError> {
+    if preloaded {
+        within(timeout, probe).await??;
+        within(timeout, load).await?
+    } else {
+        within(timeout, load).await??;
+        within(timeout, probe).await?
+    }
 }

@@ -17,7 +17,7 @@ use tollgate_limiter::{Adjustment, LayerRequest, Store, StoreError, Verdicts};
 use crate::client::{self, connect_error};
 use crate::conflicts;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
-use crate::permissions::{first_refusal, probe_commands};
+use crate::permissions::{first_refusal, load_and_probe, probe_commands};
 use crate::script::{layer_args, parse_reply, Mode, ScriptCall};
 use crate::scripting::Style;
 use crate::sentinel::{Sentinel, SentinelTarget};
@@ -225,16 +225,9 @@ impl RedisStoreBuilder {
             mode: self.mode,
             decides,
         };
-        // A preloaded library's check is a call that runs the code, whose
-        // refusal would hide which permission is missing: the probe, which
-        // names it, goes first then.
-        if store.decides.runner.preloaded() {
-            within(timeout, store.check_permissions()).await??;
-            within(timeout, store.load_script()).await??;
-        } else {
-            within(timeout, store.load_script()).await??;
-            within(timeout, store.check_permissions()).await??;
-        }
+        let preloaded = store.decides.runner.preloaded();
+        let (load, probe) = (store.load_script(), store.check_permissions());
+        load_and_probe(preloaded, timeout, load, probe).await?;
         Ok(store)
     }
 

@@ -67,7 +67,7 @@ use crate::client::connect_error;
 use crate::conflicts;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::holds::Holds;
-use crate::permissions::{first_refusal, probe_commands};
+use crate::permissions::{first_refusal, load_and_probe, probe_commands};
 use crate::script::{layer_args, parse_reply, Mode, ScriptCall, LAYER_ARGS};
 use crate::scripting::{check_load, Runner, Style};
 use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
@@ -132,16 +132,9 @@ impl RedisClusterStoreBuilder {
             holds: Arc::default(),
             decides,
         };
-        // A preloaded library's check is a call that runs the code, whose
-        // refusal would hide which permission is missing: the probe, which
-        // names it, goes first then.
-        if store.decides.runner.preloaded() {
-            within(timeout, store.check_permissions()).await??;
-            within(timeout, store.load_script()).await??;
-        } else {
-            within(timeout, store.load_script()).await??;
-            within(timeout, store.check_permissions()).await??;
-        }
+        let preloaded = store.decides.runner.preloaded();
+        let (load, probe) = (store.load_script(), store.check_permissions());
+        load_and_probe(preloaded, timeout, load, probe).await?;
         Ok(store)
     }
 

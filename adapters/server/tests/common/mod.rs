@@ -1,0 +1,49 @@
+//! What the server's test binaries share.
+// Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use tollgate_testkit::tls_certificates::TestCertificates;
+
+/// A directory of its own for a test's files, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// A new, empty directory; `label` names the test file it serves.
+    pub fn new(label: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "tollgate-server-{label}-{}-{n}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        TempDir(dir)
+    }
+
+    /// The path of `name` in it.
+    pub fn path(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
+
+    /// Write `name` and answer its path.
+    pub fn write(&self, name: &str, text: &str) -> String {
+        std::fs::write(self.0.join(name), text).expect("write");
+        self.path(name)
+    }
+
+    /// Put `certs`' server certificate, key and CA here (replacing any).
+    pub fn install(&self, certs: &TestCertificates) {
+        for name in ["server.crt", "server.key", "ca.crt"] {
+            let text = std::fs::read(certs.dir().join(name)).expect("a certificate file");
+            std::fs::write(self.0.join(name), text).expect("write");
+        }
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
