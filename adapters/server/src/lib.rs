@@ -31,6 +31,7 @@ mod grpc;
 mod http_api;
 mod incoming;
 mod operations;
+mod rule_stats;
 mod rules;
 mod settings;
 mod settled;
@@ -202,6 +203,7 @@ fn metrics() -> Option<PrometheusHandle> {
                 .install_recorder()
                 .ok()?;
             tollgate_limiter::observe::describe();
+            rule_stats::describe();
             Some(handle)
         })
         .clone()

@@ -19,6 +19,7 @@ use tollgate_limiter::{
 };
 
 use crate::error::{BadRequest, ServerError};
+use crate::rule_stats::Counts;
 use crate::settings::{RuleSpec, Settings, Unknown};
 
 /// One descriptor of a request.
@@ -583,9 +584,14 @@ impl Rules {
             .collect();
         let mut denied = statuses.iter().any(|s| !s.ok);
         let mut decisions = Vec::new();
+        let asked = Asked {
+            domain,
+            matched: &matched,
+            descriptors,
+        };
         for (cost, ds) in rounds(&matched, descriptors, &statuses) {
             let Some(decision) = self
-                .decide_round(&matched, descriptors, ds, cost, denied, &mut statuses)
+                .decide_round(&asked, ds, cost, denied, &mut statuses)
                 .await?
             else {
                 denied = true;
@@ -609,13 +615,13 @@ impl Rules {
     /// `None` when the limiter refused the request as bad input.
     async fn decide_round(
         &self,
-        matched: &[Option<usize>],
-        descriptors: &[Descriptor],
+        asked: &Asked<'_>,
         mut ds: Vec<usize>,
         cost: u64,
         denied: bool,
         statuses: &mut [Status],
     ) -> Result<Option<Decision>, BadRequest> {
+        let (matched, descriptors) = (asked.matched, asked.descriptors);
         // In rule order, so one limiter serves every order of them.
         ds.sort_by_key(|&d| (matched[d], descriptors[d].limit));
         let rules: Vec<RuleUse> = ds
@@ -651,9 +657,21 @@ impl Rules {
                 .min_by_key(|l| (l.verdict.allowed, l.verdict.remaining))
                 .copied();
             statuses[d].limit = descriptors[d].limit;
+            let shadow_denied = layers.iter().any(|l| l.is_shadow() && !l.verdict.allowed);
+            let rule = &self.rules[matched[d].expect("decided descriptors matched")];
+            Counts::of(cost, statuses[d].tightest.as_ref(), shadow_denied)
+                .record(asked.domain, &rule.spec.name);
         }
         Ok(Some(decision))
     }
+}
+
+/// A request being decided: its domain, its descriptors, and the rule
+/// each matched.
+struct Asked<'a> {
+    domain: &'a str,
+    matched: &'a [Option<usize>],
+    descriptors: &'a [Descriptor],
 }
 
 /// The rounds of a request: descriptors whose rules differ and whose costs

@@ -993,3 +993,39 @@ async fn operators_change_one_client_of_a_rule() {
     assert_eq!(status, 404, "no rule matches");
     server.shutdown().await;
 }
+
+/// The reference's per-rule counters, in hits, by domain and rule:
+/// 7 requests against a limit of 5 are 7 hits, 5 within the limit, 2 over
+/// it and 1 near it (the 5th, past 80 %).
+#[tokio::test]
+async fn rules_count_hits_as_the_reference_does() {
+    let file = File::new(&format!(
+        "{LIMITS}{}",
+        server_section("").replace("domain = \"edge\"", "domain = \"stats\"")
+    ));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let mut c = client(server.grpc_addr()).await;
+    for _ in 0..7 {
+        c.should_rate_limit(RateLimitRequest {
+            domain: "stats".into(),
+            descriptors: vec![user("st1", "st-acme")],
+            hits_addend: 0,
+        })
+        .await
+        .expect("answered");
+    }
+    let base = format!("http://{}", server.http_addr());
+    let count = |name: &str| {
+        let line = format!("tollgate_rule_{name}_total{{domain=\"stats\",rule=\"api\"}}");
+        let base = base.clone();
+        async move { metric(&base, &line).await }
+    };
+    assert_eq!(count("total_hits").await, 7.0);
+    assert_eq!(count("within_limit").await, 5.0);
+    assert_eq!(count("over_limit").await, 2.0);
+    assert_eq!(count("near_limit").await, 1.0);
+    assert_eq!(count("shadow_mode").await, 0.0);
+    server.shutdown().await;
+}
