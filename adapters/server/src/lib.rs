@@ -225,6 +225,53 @@ pub struct Server {
     certificates: Option<Watch>,
 }
 
+/// Everything a start needs before it listens: the configuration loaded
+/// and its store opened, every rule built, the tokens read from their
+/// variables, the certificates loaded.
+async fn prepare(
+    path: impl AsRef<Path>,
+    clock: Arc<dyn Clock>,
+) -> Result<(Arc<Shared>, Option<Certificates>), ServerError> {
+    let metrics = metrics();
+    let live = LiveConfig::load(path, clock.clone()).await?;
+    let config = live.config();
+    let fallback = config.fallback_store(clock.clone());
+    let rules = Rules::new(config, live.store(), fallback.clone(), clock.clone())?;
+    let settings = rules.settings().clone();
+    let token = settings
+        .api_token_env
+        .as_deref()
+        .map(|name| auth::token_from_env(name, "the HTTP API's bearer token"))
+        .transpose()?;
+    let grpc_token = settings
+        .grpc_token_env
+        .as_deref()
+        .map(|name| auth::token_from_env(name, "the gRPC service's bearer token"))
+        .transpose()?;
+    let operators = settings
+        .operator_tokens
+        .iter()
+        .map(|(name, env)| {
+            let holds = format!("the operator token {name:?}");
+            auth::token_from_env(env, &holds).map(|token| (name.clone(), token))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let certificates = settings.tls.as_ref().map(Certificates::load).transpose()?;
+    let shared = Arc::new(Shared {
+        rules: RwLock::new(Arc::new(rules)),
+        live,
+        clock,
+        metrics,
+        token,
+        grpc_token,
+        operators,
+        started: settings,
+        fallback: std::sync::Mutex::new(fallback),
+        reloading: tokio::sync::Mutex::new(()),
+    });
+    Ok((shared, certificates))
+}
+
 /// A listener on `addr`, and the address it got (port 0: any free one).
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
     let bind_error = |source| ServerError::Bind { addr, source };
@@ -384,43 +431,8 @@ impl Server {
         path: impl AsRef<Path>,
         clock: Arc<dyn Clock>,
     ) -> Result<Server, ServerError> {
-        let metrics = metrics();
-        let live = LiveConfig::load(path, clock.clone()).await?;
-        let config = live.config();
-        let fallback = config.fallback_store(clock.clone());
-        let rules = Rules::new(config, live.store(), fallback.clone(), clock.clone())?;
-        let settings = rules.settings().clone();
-        let token = settings
-            .api_token_env
-            .as_deref()
-            .map(|name| auth::token_from_env(name, "the HTTP API's bearer token"))
-            .transpose()?;
-        let grpc_token = settings
-            .grpc_token_env
-            .as_deref()
-            .map(|name| auth::token_from_env(name, "the gRPC service's bearer token"))
-            .transpose()?;
-        let operators = settings
-            .operator_tokens
-            .iter()
-            .map(|(name, env)| {
-                let holds = format!("the operator token {name:?}");
-                auth::token_from_env(env, &holds).map(|token| (name.clone(), token))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let certificates = settings.tls.as_ref().map(Certificates::load).transpose()?;
-        let shared = Arc::new(Shared {
-            rules: RwLock::new(Arc::new(rules)),
-            live,
-            clock,
-            metrics,
-            token,
-            grpc_token,
-            operators,
-            started: settings.clone(),
-            fallback: std::sync::Mutex::new(fallback),
-            reloading: tokio::sync::Mutex::new(()),
-        });
+        let (shared, certificates) = prepare(path, clock).await?;
+        let settings = shared.started.clone();
         let (grpc_listener, grpc) = bind(settings.grpc_listen).await?;
         let (http_listener, http) = bind(settings.http_listen).await?;
         let (stop, stopped) = watch::channel(false);
@@ -454,6 +466,19 @@ impl Server {
             tasks,
             certificates,
         })
+    }
+
+    /// Check the configuration at `path` as [`start`](Self::start) would
+    /// — the library's part, every rule built over the store it opens,
+    /// the tokens' variables set, the certificates usable — without
+    /// listening: what `--check` runs. Answers how many rules it has.
+    pub async fn check(
+        path: impl AsRef<Path>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<usize, ServerError> {
+        let (shared, _) = prepare(path, clock).await?;
+        let rules = shared.started.rules.len();
+        Ok(rules)
     }
 
     /// Where the gRPC service listens.

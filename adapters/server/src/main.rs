@@ -5,25 +5,52 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::{Arg, ArgAction, Command};
 use tollgate_limiter::MonotonicClock;
 use tollgate_ratelimit_server::Server;
 
-const USAGE: &str = "\
-Tollgate rate limit server: Envoy's RateLimitService over gRPC and an HTTP API.
+const ABOUT: &str =
+    "Tollgate rate limit server: Envoy's RateLimitService over gRPC and an HTTP API.";
 
-usage: tollgate-ratelimit-server [--config PATH]
-
-  --config PATH   the configuration file (default: server.toml); the
-                  library's format with a [server] section (docs/server.md)
-  --help          this text
-
+const AFTER: &str = "\
 Reloads the file on SIGHUP and when it changes (an invalid file, or one
 changing where it listens, is refused and the running limits kept); stops
-gracefully on SIGTERM or Ctrl-C (requests in flight finish, 30 s at most).";
+gracefully on SIGTERM or Ctrl-C (requests in flight finish, 30 s at most).
+See docs/server.md.";
+
+fn command() -> Command {
+    Command::new("tollgate-ratelimit-server")
+        .about(ABOUT)
+        .after_help(AFTER)
+        .arg(
+            Arg::new("config")
+                .long("config")
+                .value_name("PATH")
+                .default_value("server.toml")
+                .value_parser(clap::value_parser!(PathBuf))
+                .help("The configuration file: the library's format with a [server] section"),
+        )
+        .arg(
+            Arg::new("check")
+                .long("check")
+                .action(ArgAction::SetTrue)
+                .help("Check the file (every rule built, its store opened, its certificates read) and exit: 0 when it would start"),
+        )
+}
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    match run().await {
+    let args = command().get_matches();
+    let config = args
+        .get_one::<PathBuf>("config")
+        .expect("a default")
+        .clone();
+    let result = if args.get_flag("check") {
+        check(&config).await
+    } else {
+        run(&config).await
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tollgate-ratelimit-server: {e}");
@@ -32,22 +59,17 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let mut config = PathBuf::from("server.toml");
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--config" => {
-                config = args.next().ok_or("--config needs a path")?.into();
-            }
-            "--help" | "-h" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            other => return Err(format!("unknown argument {other:?}\n\n{USAGE}").into()),
-        }
-    }
-    let server = Server::start(&config, Arc::new(MonotonicClock::new()))
+/// Start on `config` as a real start does, on ports of its own, and stop.
+async fn check(config: &PathBuf) -> Result<(), Box<dyn std::error::Error>> {
+    let rules = Server::check(config, Arc::new(MonotonicClock::new()))
+        .await
+        .map_err(|e| format!("{}: {e}", config.display()))?;
+    println!("{}: valid ({rules} rules)", config.display());
+    Ok(())
+}
+
+async fn run(config: &PathBuf) -> Result<(), Box<dyn std::error::Error>> {
+    let server = Server::start(config, Arc::new(MonotonicClock::new()))
         .await
         .map_err(|e| format!("{}: {e}", config.display()))?;
     println!(
@@ -74,4 +96,21 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("stopping: finishing the requests in flight");
     server.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_arguments_are_well_formed() {
+        command().debug_assert();
+        let args = command().get_matches_from(["tollgate-ratelimit-server", "--check"]);
+        assert!(args.get_flag("check"));
+        let config = args.get_one::<PathBuf>("config").unwrap();
+        assert_eq!(config, &PathBuf::from("server.toml"));
+        assert!(command()
+            .try_get_matches_from(["tollgate-ratelimit-server", "--nonsense"])
+            .is_err());
+    }
 }

@@ -1029,3 +1029,37 @@ async fn rules_count_hits_as_the_reference_does() {
     assert_eq!(count("shadow_mode").await, 0.0);
     server.shutdown().await;
 }
+
+/// `--check` validates a file as a start would, without listening (its
+/// ports may be taken), and names what is wrong; exit 0 or 1.
+#[tokio::test]
+async fn the_binary_checks_a_file_and_exits() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("an address").port();
+    let valid = File::new(&format!(
+        "{LIMITS}{}",
+        server_section("").replace("127.0.0.1:0", &format!("127.0.0.1:{port}"))
+    ));
+    let check = |path: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-ratelimit-server"))
+            .arg("--config")
+            .arg(path)
+            .arg("--check")
+            .output()
+            .expect("the binary runs")
+    };
+    let out = check(&valid.0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("valid (2 rules)"), "{stdout}");
+    let invalid = File::new(&format!(
+        "{LIMITS}{}",
+        server_section("").replace("route = \"login\"", "route = \"nowhere\"")
+    ));
+    let out = check(&invalid.0);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nowhere"),
+        "{out:?}"
+    );
+}
