@@ -3,8 +3,9 @@
 //! Rate limiting for Rust services that decides atomically across several
 //! algorithms, layers and stores, and tells clients exactly when to come back.
 //!
-//! - Five algorithms behind one [`Algorithm`] trait, chosen per policy:
-//!   token bucket, GCRA, fixed window, sliding window counter, sliding log.
+//! - Five built-in algorithms, chosen per policy ([`Limit`]): token bucket,
+//!   GCRA, fixed window, sliding window counter, sliding log; and your own
+//!   through the [`Algorithm`] trait ([`Limit::custom`]).
 //! - Layered policies (per key, per tenant, global) decided together by a
 //!   [`Limiter`]: all layers are charged, or none is.
 //! - Stores behind one [`Store`] trait: the in-process [`MemoryStore`]

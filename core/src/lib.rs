@@ -1,4 +1,5 @@
-//! Core model of Tollgate (the `tollgate` crate): policies, subjects,
+//! Core model of Tollgate (`tollgate-limiter`, re-exported by the `tollgate`
+//! facade): policies, subjects,
 //! decisions, clocks, and the [`Algorithm`] and [`Store`] traits that every
 //! algorithm and store implements.
 //!

@@ -24,6 +24,8 @@
 //! - `cargo xtask package`: packages every publishable crate as the
 //!   registry would receive it (path dependencies must carry versions), and
 //!   checks that the packaged facade builds.
+//! - `cargo xtask doc-links`: every link between the repository's
+//!   markdown files (README and docs/) resolves, anchors included.
 //! - `cargo xtask dep-counts [--check]`: the dependency counts of
 //!   docs/features.md, written (or with `--check`, as CI runs it, compared).
 //! - `cargo xtask plots [--check]`: the figures in `docs/img/`, drawn from
@@ -41,6 +43,7 @@
 
 mod dep_counts;
 mod diagrams;
+mod doc_links;
 mod envoy;
 mod generated;
 mod plots;
@@ -82,6 +85,7 @@ fn main() {
         "package" => package(),
         "custom-store" => custom_store(),
         "dep-counts" => dep_counts::dep_counts(&args[1..]),
+        "doc-links" => doc_links::doc_links(&root()),
         "plots" => plots::plots(&args[1..]),
         "diagrams" => diagrams::diagrams(&args[1..]),
         "accuracy" => run(
@@ -96,7 +100,7 @@ fn main() {
             ]),
         ),
         _ => {
-            eprintln!("usage: cargo xtask <test|setup|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|plots [--check]|diagrams [--check]|accuracy>");
+            eprintln!("usage: cargo xtask <test|setup|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|doc-links|plots [--check]|diagrams [--check]|accuracy>");
             exit(2);
         }
     };
