@@ -440,6 +440,31 @@ impl Rules {
         })
     }
 
+    /// Rule `i`'s layers, with `limit` overriding their policies: then one
+    /// layer per scope (the route's layers of one scope would all count the
+    /// same override, on one counter).
+    fn layers_of(
+        &self,
+        i: usize,
+        limit: Option<LimitOverride>,
+    ) -> Result<Vec<(String, Scope, Policy)>, BadRequest> {
+        let rule = &self.rules[i];
+        let Some(limit) = limit else {
+            return Ok(rule.layers.clone());
+        };
+        let mut layers: Vec<(String, Scope, Policy)> = Vec::new();
+        for (name, scope, policy) in &rule.layers {
+            if layers.iter().any(|(_, s, _)| s == scope) {
+                continue;
+            }
+            let policy = limit.policy(policy).ok_or_else(|| {
+                BadRequest(format!("the limit override {limit:?} cannot be counted"))
+            })?;
+            layers.push((name.clone(), scope.clone(), policy));
+        }
+        Ok(layers)
+    }
+
     /// The limiter of a combination of rules, each with its descriptor's
     /// override if any (built once).
     fn combined(&self, rules: &[RuleUse]) -> Result<Arc<Combined>, BadRequest> {
@@ -461,18 +486,12 @@ impl Rules {
         let mut ranges = Vec::new();
         let mut at = 0;
         for &(i, limit) in rules {
-            let rule = &self.rules[i];
-            for (name, scope, policy) in &rule.layers {
-                let policy = match limit {
-                    Some(limit) => limit.policy(policy).ok_or_else(|| {
-                        BadRequest(format!("the limit override {limit:?} cannot be counted"))
-                    })?,
-                    None => policy.clone(),
-                };
-                builder = builder.layer(name.clone(), scope.clone(), policy);
+            let layers = self.layers_of(i, limit)?;
+            ranges.push(at..at + layers.len());
+            at += layers.len();
+            for (name, scope, policy) in layers {
+                builder = builder.layer(name, scope, policy);
             }
-            ranges.push(at..at + rule.layers.len());
-            at += rule.layers.len();
         }
         let limiter = builder.build().map_err(|e| {
             BadRequest(format!("these descriptors cannot be decided together: {e}"))

@@ -1063,3 +1063,28 @@ async fn the_binary_checks_a_file_and_exits() {
         "{out:?}"
     );
 }
+
+/// An override on a route with two layers of one scope (per second and
+/// per minute for one user, say) counts once per scope: decided by the
+/// override, not refused as two layers on one counter.
+#[tokio::test]
+async fn an_override_on_layers_sharing_a_scope_counts_once() {
+    let limits = LIMITS.replace(
+        r#"    { name = "user", scope = "subject", policy = "per-user" },"#,
+        r#"    { name = "user", scope = "subject", policy = "per-user" },
+    { name = "user-burst", scope = "subject", policy = "per-tenant" },"#,
+    );
+    assert_ne!(limits, LIMITS);
+    let file = File::new(&format!("{limits}{}", server_section("")));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let mut c = client(server.grpc_addr()).await;
+    let overridden = || with_override(user("o9", "o9-acme"), 2, 2);
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(ask(&mut c, vec![overridden()], 0).await.overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OVER], "2 per minute, counted once");
+    server.shutdown().await;
+}
