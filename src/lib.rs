@@ -105,6 +105,11 @@ pub struct HttpGuideDoctests;
 #[doc = include_str!("../docs/clients.md")]
 pub struct ClientsGuideDoctests;
 
+/// The concepts page's examples, compiled and run as doc-tests.
+#[cfg(all(doctest, feature = "memory"))]
+#[doc = include_str!("../docs/concepts.md")]
+pub struct ConceptsDoctests;
+
 /// The README's examples, compiled as doc-tests so they cannot rot.
 #[cfg(all(doctest, feature = "memory"))]
 #[doc = include_str!("../README.md")]
