@@ -3,8 +3,8 @@
 //! The store keeps one multiplexed connection to the primary (or, in pool
 //! mode, opens each pooled connection with [`Sentinel::open_primary`]). It
 //! asks the sentinels (in the order given) `SENTINEL
-//! GET-MASTER-ADDR-BY-NAME`, connects to the address named, and uses it only if the server itself
-//! answers `ROLE` with `master` (during a failover a sentinel may still
+//! GET-MASTER-ADDR-BY-NAME`, connects to the address named, and uses it
+//! only if the server itself answers `ROLE` with `master` (during a failover a sentinel may still
 //! name the old primary). A call that finds the connection dead (an I/O
 //! error) or the server demoted (`READONLY`) drops it; the next decision
 //! finds the primary again. Finding it runs in a background task, so a

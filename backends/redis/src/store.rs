@@ -196,7 +196,7 @@ impl RedisStoreBuilder {
                     .pool_builder(size)
                     .min_idle(Some(size.max(1)))
                     .build(PoolManager {
-                        source: source.into(),
+                        source,
                         config: self.connection_config(),
                     });
                 Conn::Pool(within(timeout, pool).await?.map_err(connect_error)?)
@@ -245,7 +245,7 @@ impl RedisStoreBuilder {
             ),
             (source, ConnectionMode::Pool { size }) => {
                 Conn::Pool(self.pool_builder(size).build_unchecked(PoolManager {
-                    source: source.into(),
+                    source,
                     config: self.connection_config(),
                 }))
             }
@@ -569,27 +569,11 @@ impl PooledConnection {
 /// ones; this one drops a connection after an I/O failure, or on a primary
 /// demoted to a replica).
 struct PoolManager {
-    source: PoolSource,
+    /// A URL's server, or the primary the sentinels name (asked again for
+    /// each new connection, so one opened after a failover reaches the
+    /// new primary).
+    source: Source,
     config: AsyncConnectionConfig,
-}
-
-/// Where a pool's connections go: a URL's server, or the primary the
-/// sentinels name (asked again for each new connection, so a connection
-/// opened after a failover reaches the new primary). Made once per pool:
-/// the size difference does not matter.
-#[allow(clippy::large_enum_variant)]
-enum PoolSource {
-    Client(Client),
-    Sentinel(Arc<Sentinel>),
-}
-
-impl From<Source> for PoolSource {
-    fn from(source: Source) -> Self {
-        match source {
-            Source::Client(client) => PoolSource::Client(client),
-            Source::Sentinel(sentinel) => PoolSource::Sentinel(sentinel),
-        }
-    }
 }
 
 impl bb8::ManageConnection for PoolManager {
@@ -598,12 +582,12 @@ impl bb8::ManageConnection for PoolManager {
 
     async fn connect(&self) -> Result<PooledConnection, RedisError> {
         let con = match &self.source {
-            PoolSource::Client(client) => {
+            Source::Client(client) => {
                 client
                     .get_multiplexed_async_connection_with_config(&self.config)
                     .await?
             }
-            PoolSource::Sentinel(sentinel) => sentinel.open_primary().await?,
+            Source::Sentinel(sentinel) => sentinel.open_primary().await?,
         };
         Ok(PooledConnection { con, broken: false })
     }
