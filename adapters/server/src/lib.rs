@@ -382,10 +382,10 @@ impl Certificates {
     /// certificates, said on standard error.
     fn watch(self, every: Duration) -> JoinHandle<()> {
         tokio::spawn(async move {
-            let mut files = settled::Settled::new(Some(encoded(&self.settings.contents())));
+            let mut files = settled::Settled::new(Some(self.settings.contents()));
             loop {
                 tokio::time::sleep(every).await;
-                if !files.changed(Some(encoded(&self.settings.contents()))) {
+                if !files.changed(Some(self.settings.contents())) {
                     continue;
                 }
                 let swap = |acceptor: &incoming::Acceptor, listener| {
@@ -403,23 +403,6 @@ impl Certificates {
             }
         })
     }
-}
-
-/// The files' contents as one value to compare (`None`, an unreadable
-/// file, told apart from an empty one).
-fn encoded(contents: &tls::Contents) -> Vec<u8> {
-    let mut all = Vec::new();
-    for file in contents {
-        match file {
-            Some(bytes) => {
-                all.push(1);
-                all.extend((bytes.len() as u64).to_le_bytes());
-                all.extend(bytes);
-            }
-            None => all.push(0),
-        }
-    }
-    all
 }
 
 impl Server {

@@ -106,15 +106,20 @@ impl LimitOverride {
         })
     }
 
+    /// The fixed window it counts with, or `None` when it cannot be
+    /// counted (a unit that is not a window, a limit of 0): its descriptor
+    /// is then over the limit.
+    fn limit(&self) -> Option<Limit> {
+        let (_, secs) = self.unit()?;
+        let window = std::time::Duration::from_secs(secs);
+        Limit::fixed_window(u64::from(self.requests_per_unit), window).ok()
+    }
+
     /// `layer_policy` counted with this override, or `None` when it cannot
-    /// be counted (its descriptor is then over the limit).
+    /// be counted.
     fn policy(&self, layer_policy: &Policy) -> Option<Policy> {
-        let (unit, secs) = self.unit()?;
-        let limit = Limit::fixed_window(
-            u64::from(self.requests_per_unit),
-            std::time::Duration::from_secs(secs),
-        )
-        .ok()?;
+        let (unit, _) = self.unit()?;
+        let limit = self.limit()?;
         let name = format!(
             "envoy.{}.per-{}",
             self.requests_per_unit,
@@ -594,7 +599,7 @@ impl Rules {
             .map(|(m, d)| Status {
                 // An override that cannot be counted is over the limit.
                 ok: match m {
-                    Some(_) => d.limit.is_none_or(|o| o.unit().is_some()),
+                    Some(_) => d.limit.is_none_or(|o| o.limit().is_some()),
                     None => self.settings.unknown_descriptors == Unknown::Allow,
                 },
                 tightest: None,

@@ -8,17 +8,18 @@
 //! are not acted on until the next look finds them unchanged, so a file
 //! is applied only after it stood still for one interval.
 
-/// The contents last acted on and last seen.
+/// The contents last acted on and last seen (a file's bytes, or what
+/// several files hold).
 #[derive(Debug)]
-pub(crate) struct Settled {
-    acted_on: Option<Vec<u8>>,
-    last_seen: Option<Vec<u8>>,
+pub(crate) struct Settled<T> {
+    acted_on: Option<T>,
+    last_seen: Option<T>,
 }
 
-impl Settled {
+impl<T: Clone + PartialEq> Settled<T> {
     /// Watching a file whose current contents (`None`: unreadable) are
     /// already in force.
-    pub(crate) fn new(contents: Option<Vec<u8>>) -> Self {
+    pub(crate) fn new(contents: Option<T>) -> Self {
         Settled {
             acted_on: contents.clone(),
             last_seen: contents,
@@ -28,7 +29,7 @@ impl Settled {
     /// One look at the file: whether to act on `contents` now. An
     /// unreadable file (`None`, say between a remove and a rename) is
     /// never acted on.
-    pub(crate) fn changed(&mut self, contents: Option<Vec<u8>>) -> bool {
+    pub(crate) fn changed(&mut self, contents: Option<T>) -> bool {
         let settled = contents.is_some() && contents == self.last_seen;
         let act = settled && contents != self.acted_on;
         if act {
@@ -43,7 +44,7 @@ impl Settled {
 mod tests {
     use super::*;
 
-    fn look(file: &mut Settled, text: &str) -> bool {
+    fn look(file: &mut Settled<Vec<u8>>, text: &str) -> bool {
         file.changed(Some(text.as_bytes().to_vec()))
     }
 

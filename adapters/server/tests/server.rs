@@ -782,7 +782,11 @@ async fn a_descriptor_limit_override_is_applied() {
         0,
     )
     .await;
-    assert_eq!(r.overall_code, OVER, "a limit of 0");
+    assert_eq!(
+        codes(&r),
+        (OVER, vec![OVER]),
+        "a limit of 0: the descriptor is over"
+    );
     server.shutdown().await;
 }
 
