@@ -1,15 +1,16 @@
-//! A policy as Envoy expresses a limit: requests per second, minute, hour
-//! or day.
+//! A policy as Envoy expresses a limit: requests per second, minute, hour,
+//! day or week.
 
 use tollgate_limiter::Limit;
 
 /// Envoy's units, in seconds, with their protobuf numbers
 /// (`RateLimitResponse.RateLimit.Unit`).
-const UNITS: [(u64, i32, &str); 4] = [
+const UNITS: [(u64, i32, &str); 5] = [
     (1, 1, "SECOND"),
     (60, 2, "MINUTE"),
     (3600, 3, "HOUR"),
     (86_400, 4, "DAY"),
+    (7 * 86_400, 7, "WEEK"),
 ];
 
 /// A limit in Envoy's terms.
@@ -19,7 +20,7 @@ pub struct EnvoyLimit {
     pub requests_per_unit: u32,
     /// The unit's protobuf number.
     pub unit: i32,
-    /// The unit's name (`SECOND`, `MINUTE`, `HOUR`, `DAY`).
+    /// The unit's name (`SECOND`, `MINUTE`, `HOUR`, `DAY`, `WEEK`).
     pub unit_name: &'static str,
     /// Whether the figure is exact (a count over exactly one unit, or one
     /// that scales to a whole count of the next unit up); otherwise it is
@@ -31,9 +32,8 @@ pub struct EnvoyLimit {
 /// `limit` as Envoy's `requests_per_unit` and `unit`: the first unit, from
 /// the smallest at least as long as the policy's period up to a day, in
 /// which its rate is a whole number of requests (exact); when there is
-/// none, the smallest such unit with the count rounded down (at least 1);
-/// a period longer than a day is sent per day. `None` for a custom
-/// algorithm.
+/// none, the smallest such unit with the count rounded down (at least 1).
+/// `None` for a custom algorithm.
 pub fn envoy_limit(limit: &Limit) -> Option<EnvoyLimit> {
     let (count, per) = limit.rate()?;
     let per_us = per.as_micros().max(1);
@@ -42,7 +42,7 @@ pub fn envoy_limit(limit: &Limit) -> Option<EnvoyLimit> {
         .filter(|(secs, _, _)| u128::from(*secs) * 1_000_000 >= per_us)
         .collect();
     if candidates.is_empty() {
-        candidates.push(UNITS[3]);
+        candidates.push(UNITS[4]);
     }
     let in_unit = |secs: u64| u128::from(count) * u128::from(secs) * 1_000_000;
     let fits =
@@ -84,8 +84,10 @@ mod tests {
             (Limit::gcra(6, s(60), 3), (6, "MINUTE", true)),
             (Limit::gcra(100, s(60), 1), (100, "MINUTE", true)),
             (Limit::fixed_window(7, s(45)), (560, "HOUR", true)),
-            (Limit::fixed_window(7, s(49)), (8, "MINUTE", false)),
-            (Limit::fixed_window(10, s(7 * 86_400)), (1, "DAY", false)),
+            (Limit::fixed_window(7, s(49)), (86_400, "WEEK", true)),
+            (Limit::fixed_window(7, s(47)), (8, "MINUTE", false)),
+            (Limit::fixed_window(10, s(7 * 86_400)), (10, "WEEK", true)),
+            (Limit::fixed_window(10, s(3 * 86_400)), (23, "WEEK", false)),
         ];
         for (limit, expected) in cases {
             let limit = limit.unwrap();

@@ -25,6 +25,16 @@ pub enum ServerError {
         /// What is wrong.
         reason: String,
     },
+    /// A file of envoyproxy/ratelimit's configuration directory is
+    /// invalid, as the reference would refuse it (or uses what Tollgate
+    /// does not implement).
+    #[error("{file}: {reason}")]
+    EnvoyConfig {
+        /// The file (or the directory).
+        file: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// An environment variable the file names is missing or unusable.
     #[error("environment variable {name}: {reason}")]
     Env {
@@ -50,9 +60,10 @@ impl ServerError {
     pub fn class(&self) -> &'static str {
         match self {
             ServerError::Config(e) => e.class(),
-            ServerError::Invalid(_) | ServerError::Settings(_) | ServerError::Rule { .. } => {
-                "invalid"
-            }
+            ServerError::Invalid(_)
+            | ServerError::Settings(_)
+            | ServerError::Rule { .. }
+            | ServerError::EnvoyConfig { .. } => "invalid",
             ServerError::NeedsRestart(_) => "needs_restart",
             ServerError::Env { .. } => "environment",
             ServerError::Bind { .. } => "bind",

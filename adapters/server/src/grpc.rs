@@ -34,6 +34,7 @@ fn status(rules: &Rules, s: &Status) -> DescriptorStatus {
     let Some(layer) = &s.tightest else {
         return DescriptorStatus {
             code: code as i32,
+            limit_remaining: if s.unlimited { u32::MAX } else { 0 },
             ..Default::default()
         };
     };

@@ -143,6 +143,9 @@ async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response 
         .iter()
         .map(|s| {
             let mut v = json!({ "code": if s.ok { "OK" } else { "OVER_LIMIT" } });
+            if s.unlimited {
+                v["unlimited"] = json!(true);
+            }
             if let (Some(layer), Some(until)) = (&s.tightest, s.until_reset()) {
                 v["policy"] = json!(layer.policy());
                 v["limit_remaining"] = json!(layer.verdict.remaining);

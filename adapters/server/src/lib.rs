@@ -25,6 +25,7 @@
 //! changes. See `docs/server.md`.
 
 mod auth;
+mod envoy_config;
 mod envoy_limit;
 mod error;
 mod grpc;
@@ -112,12 +113,30 @@ impl Shared {
         self.live.reload_with(config.clone()).await?;
         let rules = Rules::new(
             config.clone(),
+            &self.base(),
             self.live.store(),
             self.fallback(&config),
             self.clock.clone(),
         )?;
         *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
         Ok(())
+    }
+
+    /// The directory the file's relative paths start from.
+    fn base(&self) -> std::path::PathBuf {
+        base_of(self.live.path().unwrap_or(Path::new("server.toml")))
+    }
+
+    /// What the file watch compares: the file's contents and, when the
+    /// running rules read envoyproxy/ratelimit's configuration, its
+    /// directory's (`None` when either cannot be read).
+    fn watched(&self) -> Option<Vec<u8>> {
+        let mut contents = std::fs::read(self.live.path()?).ok()?;
+        if let Some(dir) = &self.rules().settings().envoy_config_dir {
+            contents.push(0);
+            contents.extend(envoy_config::contents(&self.base().join(dir))?);
+        }
+        Some(contents)
     }
 
     /// The file, read again and checked whole: what [`reload`](Self::reload)
@@ -159,6 +178,7 @@ impl Shared {
         // [store] is opened by the reload).
         Rules::new(
             config.clone(),
+            &self.base(),
             self.live.store(),
             self.fallback(&config),
             self.clock.clone(),
@@ -233,10 +253,11 @@ async fn prepare(
     clock: Arc<dyn Clock>,
 ) -> Result<(Arc<Shared>, Option<Certificates>), ServerError> {
     let metrics = metrics();
-    let live = LiveConfig::load(path, clock.clone()).await?;
+    let live = LiveConfig::load(&path, clock.clone()).await?;
     let config = live.config();
     let fallback = config.fallback_store(clock.clone());
-    let rules = Rules::new(config, live.store(), fallback.clone(), clock.clone())?;
+    let base = base_of(path.as_ref());
+    let rules = Rules::new(config, &base, live.store(), fallback.clone(), clock.clone())?;
     let settings = rules.settings().clone();
     let token = settings
         .api_token_env
@@ -270,6 +291,15 @@ async fn prepare(
         reloading: tokio::sync::Mutex::new(()),
     });
     Ok((shared, certificates))
+}
+
+/// The directory a configuration file's relative paths start from: its
+/// own.
+fn base_of(file: &Path) -> std::path::PathBuf {
+    match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    }
 }
 
 /// A listener on `addr`, and the address it got (port 0: any free one).
@@ -454,14 +484,15 @@ impl Server {
     /// Check the configuration at `path` as [`start`](Self::start) would
     /// — the library's part, every rule built over the store it opens,
     /// the tokens' variables set, the certificates usable — without
-    /// listening: what `--check` runs. Answers how many rules it has.
+    /// listening: what `--check` runs. Answers how many rules it has
+    /// (`[[server.rules]]` and limits of envoyproxy/ratelimit's
+    /// configuration).
     pub async fn check(
         path: impl AsRef<Path>,
         clock: Arc<dyn Clock>,
     ) -> Result<usize, ServerError> {
         let (shared, _) = prepare(path, clock).await?;
-        let rules = shared.started.rules.len();
-        Ok(rules)
+        Ok(shared.rules().len())
     }
 
     /// Where the gRPC service listens.
@@ -499,14 +530,13 @@ impl Server {
         mut report: impl FnMut(Result<(), ServerError>) + Send + 'static,
     ) -> Watch {
         let shared = self.shared.clone();
-        let read = |shared: &Shared| shared.live.path().and_then(|p| std::fs::read(p).ok());
         // Read now, not in the task: a change made before the task first
         // runs is a change.
-        let mut file = settled::Settled::new(read(&shared));
+        let mut file = settled::Settled::new(shared.watched());
         Watch(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
-                if file.changed(read(&shared)) {
+                if file.changed(shared.watched()) {
                     report(shared.reload().await);
                 }
             }

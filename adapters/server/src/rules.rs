@@ -9,7 +9,8 @@
 //! all-or-nothing, and a rule's counters are the same whatever other
 //! descriptors come with it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 
 use tollgate_config::Config;
@@ -18,6 +19,7 @@ use tollgate_limiter::{
     Store, Subject,
 };
 
+use crate::envoy_config::{Counting, Domains};
 use crate::error::{BadRequest, ServerError};
 use crate::rule_stats::Counts;
 use crate::settings::{RuleSpec, Settings, Unknown};
@@ -63,14 +65,15 @@ impl Descriptor {
 /// policy's limit, on counters of their own (a policy named after the
 /// override), keeping its scope and failure mode, never in shadow mode
 /// (as the reference). A unit Tollgate cannot count as a fixed window
-/// (`UNKNOWN`, `MONTH`, `YEAR`) or a limit of 0 makes the descriptor over
+/// (`UNKNOWN`, `MONTH`, `YEAR`: windows stop at a week) or a limit of 0
+/// makes the descriptor over
 /// the limit: the server never admits on a limit it does not understand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LimitOverride {
     /// Requests per unit.
     pub requests_per_unit: u32,
     /// The unit, as `envoy.type.v3.RateLimitUnit` numbers it
-    /// (1 second, 2 minute, 3 hour, 4 day, 5 month, 6 year).
+    /// (1 second, 2 minute, 3 hour, 4 day, 5 month, 6 year, 7 week).
     pub unit: i32,
 }
 
@@ -91,6 +94,7 @@ impl LimitOverride {
             2 => Some(("MINUTE", 60)),
             3 => Some(("HOUR", 3600)),
             4 => Some(("DAY", 86_400)),
+            7 => Some(("WEEK", 7 * 86_400)),
             _ => None,
         }
     }
@@ -147,6 +151,10 @@ pub struct Status {
     pub tightest: Option<LayerDecision>,
     /// The descriptor's limit override, when it decided.
     pub limit: Option<LimitOverride>,
+    /// Whether it matched an `unlimited` limit of envoyproxy/ratelimit's
+    /// configuration: admitted and never counted (Envoy is told
+    /// `limit_remaining` u32::MAX, as the reference tells it).
+    pub unlimited: bool,
 }
 
 /// A request's answer.
@@ -187,16 +195,49 @@ impl Outcome {
     }
 }
 
+/// How a rule's descriptors fill a request's context.
+enum Filling {
+    /// A `[[server.rules]]` rule: each mapped entry fills its attribute.
+    Entries {
+        spec: RuleSpec,
+        /// The attribute each mapped entry fills (`<rule>/s`, …), and the
+        /// global one: made once, shared by every request.
+        attributes: HashMap<String, Arc<str>>,
+        global: Arc<str>,
+        /// The entry keys a descriptor must have (entries and values).
+        keys: BTreeSet<String>,
+    },
+    /// A leaf of envoyproxy/ratelimit's configuration (`None`: a domain's
+    /// rule for descriptors with a limit override): the whole descriptor,
+    /// its keys and values, is the subject of its one layer, as the
+    /// reference counts per descriptor.
+    Descriptor {
+        attribute: Arc<str>,
+        leaf: Option<usize>,
+    },
+}
+
 struct Rule {
-    spec: RuleSpec,
-    /// The attribute each mapped entry fills (`<rule>.subject`, …), and
-    /// the global one: made once, shared by every request.
-    attributes: HashMap<String, Arc<str>>,
-    global: Arc<str>,
-    /// The entry keys a descriptor must have (entries and values).
-    keys: BTreeSet<String>,
+    /// Its name: its layers' prefix, its counters' `rule` label.
+    name: String,
+    filling: Filling,
     /// The route's layers, scoped to this rule: (name, scope, policy).
     layers: Vec<(String, Scope, Policy)>,
+}
+
+/// What one descriptor of a request found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// Rule `i` decides it.
+    Rule(usize),
+    /// Admitted without counting: an `unlimited` limit, or a limit another
+    /// descriptor of the request `replaces`.
+    Free { unlimited: bool },
+    /// Over the limit without counting: a limit of 0, or a limit
+    /// override that cannot be counted.
+    Over,
+    /// No rule: as `unknown_descriptors` says.
+    Unknown,
 }
 
 /// A rule a request uses, with its descriptor's limit override if any.
@@ -228,6 +269,14 @@ struct Combined {
 pub struct Rules {
     settings: Settings,
     rules: Vec<Rule>,
+    /// envoyproxy/ratelimit's configuration (`envoy_config_dir`).
+    domains: Domains,
+    /// The rule of each of its leaves that counts.
+    leaf_rules: Vec<Option<usize>>,
+    /// The rule of each of its domains for descriptors with an override.
+    override_rules: HashMap<String, usize>,
+    /// The policies made for its limits, by name.
+    leaf_policies: HashMap<String, Policy>,
     config: Config,
     store: Arc<dyn Store>,
     fallback: Option<Arc<dyn Store>>,
@@ -269,7 +318,7 @@ fn scoped(rule: &str, scope: &Scope) -> String {
 /// 256 bytes) are hashed with: public, so every instance counts such a
 /// value on the same key. Such values are counted, never refused: a
 /// refusal would be a gRPC error, which Envoy turns into an allow.
-fn odd_values_key() -> &'static HashKey {
+pub(crate) fn odd_values_key() -> &'static HashKey {
     static KEY: std::sync::OnceLock<HashKey> = std::sync::OnceLock::new();
     KEY.get_or_init(|| {
         HashKey::new(b"tollgate-ratelimit-server: values that are not subjects").expect("16+ bytes")
@@ -288,6 +337,44 @@ fn plain_subject(value: &[u8]) -> Subject {
         .unwrap_or_else(|| Subject::hashed(value, odd_values_key()))
 }
 
+/// A whole descriptor as one subject: `key=value&key=value` when that is
+/// a subject exactly as written (each part UTF-8 without `=`, `&` or
+/// white space), else the hash of its entries, each length-prefixed, so
+/// two descriptors share a subject only when their entries are the same.
+fn descriptor_subject(entries: &[(String, Vec<u8>)]) -> Subject {
+    let plain = |bytes: &[u8]| !bytes.iter().any(|b| matches!(b, b'=' | b'&'));
+    let mut text = String::new();
+    for (key, value) in entries {
+        match std::str::from_utf8(value) {
+            Ok(value) if plain(key.as_bytes()) && plain(value.as_bytes()) => {
+                if !text.is_empty() {
+                    text.push('&');
+                }
+                text.push_str(key);
+                text.push('=');
+                text.push_str(value);
+            }
+            _ => return hashed_entries(entries),
+        }
+    }
+    match Subject::new(&text) {
+        Ok(subject) if subject.as_str() == text => subject,
+        _ => hashed_entries(entries),
+    }
+}
+
+/// The hash of `entries`, each key and value length-prefixed.
+fn hashed_entries(entries: &[(String, Vec<u8>)]) -> Subject {
+    let mut bytes = Vec::new();
+    for (key, value) in entries {
+        for part in [key.as_bytes(), value] {
+            bytes.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            bytes.extend_from_slice(part);
+        }
+    }
+    Subject::hashed(bytes, odd_values_key())
+}
+
 /// Most descriptors one request may carry; a request with more is over
 /// the limit (nothing is decided), as is one naming an entry twice.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -296,84 +383,174 @@ pub const MAX_DESCRIPTORS: usize = 64;
 /// combination gets a limiter of its own for that request only.
 const MAX_CACHED: usize = 4096;
 
+/// The key in environment variable `name` that hashed entries are
+/// hashed with.
+fn hash_key_from_env(name: &str) -> Result<HashKey, ServerError> {
+    let env_error = |reason: String| ServerError::Env {
+        name: name.to_string(),
+        reason,
+    };
+    let value = std::env::var(name).map_err(|_| {
+        env_error("not set (it holds the key hashed entries are hashed with)".into())
+    })?;
+    HashKey::new(value.as_bytes()).map_err(|e| env_error(e.to_string()))
+}
+
+/// The rule of a `[[server.rules]]`: its route's layers, each counted per
+/// the rule's own attribute for its scope.
+fn entries_rule(config: &Config, spec: &RuleSpec) -> Result<Rule, ServerError> {
+    let route = config
+        .route(&spec.route)
+        .expect("Settings::of checked the route");
+    let mut layers = Vec::new();
+    for layer in route.layers() {
+        let global = *layer.scope() == Scope::Global;
+        if !global && !spec.entries.values().any(|r| r.scope() == *layer.scope()) {
+            return Err(ServerError::Rule {
+                rule: spec.name.clone(),
+                reason: format!(
+                    "layer {:?} of route {:?} counts per {:?}: map a descriptor entry to it in entries",
+                    layer.name(),
+                    spec.route,
+                    layer.scope()
+                ),
+            });
+        }
+        let policy = config
+            .policy(layer.policy())
+            .expect("the configuration checked its policies")
+            .clone();
+        layers.push((
+            format!("{}.{}", spec.name, layer.name()),
+            Scope::Attribute(scoped(&spec.name, layer.scope()).into()),
+            policy,
+        ));
+    }
+    let keys = spec
+        .entries
+        .keys()
+        .chain(spec.values.keys())
+        .cloned()
+        .collect();
+    let attributes = spec
+        .entries
+        .iter()
+        .map(|(key, role)| (key.clone(), Arc::from(scoped(&spec.name, &role.scope()))))
+        .collect();
+    Ok(Rule {
+        name: spec.name.clone(),
+        filling: Filling::Entries {
+            global: scoped(&spec.name, &Scope::Global).into(),
+            attributes,
+            spec: spec.clone(),
+            keys,
+        },
+        layers,
+    })
+}
+
+/// Each leaf's rule (`None`: it counts nothing) and each domain's rule for
+/// descriptors with an override.
+type DescriptorRules = (Vec<Option<usize>>, HashMap<String, usize>);
+
+/// A rule counting each whole descriptor under `policy`, named `name`.
+fn descriptor_rule(name: String, leaf: Option<usize>, policy: Policy) -> Rule {
+    let attribute: Arc<str> = scoped(&name, &Scope::Subject).into();
+    Rule {
+        layers: vec![(name.clone(), Scope::Attribute(attribute.clone()), policy)],
+        filling: Filling::Descriptor { attribute, leaf },
+        name,
+    }
+}
+
+/// The rules of envoyproxy/ratelimit's configuration, added to `rules`:
+/// one per leaf that counts, and one per domain for the descriptors that
+/// carry their own limit (counted with it; the placeholder policy is
+/// never counted). Answers each leaf's rule and each domain's.
+fn descriptor_rules(
+    domains: &Domains,
+    rules: &mut Vec<Rule>,
+) -> Result<DescriptorRules, ServerError> {
+    let mut leaf_rules = Vec::new();
+    for (l, leaf) in domains.leaves.iter().enumerate() {
+        let Counting::Policy(policy) = &leaf.counting else {
+            leaf_rules.push(None);
+            continue;
+        };
+        leaf_rules.push(Some(rules.len()));
+        rules.push(descriptor_rule(leaf.rule.clone(), Some(l), policy.clone()));
+    }
+    let mut override_rules = HashMap::new();
+    for domain in domains.domains.keys() {
+        let name = crate::envoy_config::rule_name(&format!("{domain}/limit"));
+        let placeholder = Limit::fixed_window(1, std::time::Duration::from_secs(1))
+            .and_then(|limit| Policy::new(&name, limit))
+            .map_err(|e| ServerError::Settings(e.to_string()))?;
+        override_rules.insert(domain.clone(), rules.len());
+        rules.push(descriptor_rule(name, None, placeholder));
+    }
+    Ok((leaf_rules, override_rules))
+}
+
 impl Rules {
     /// The rules of `config`'s `[server]` section over `store` (and
     /// `fallback`, the emergency store of policies that fall back: keep
-    /// one across reloads, so its counts survive them). Every rule's
-    /// limiter is built here, so a rule that cannot decide fails now.
+    /// one across reloads, so its counts survive them), with
+    /// envoyproxy/ratelimit's configuration when `envoy_config_dir` names
+    /// one (relative to `base`, the configuration file's directory).
+    /// Every rule's limiter is built here, so a rule that cannot decide
+    /// fails now.
     pub fn new(
         config: Config,
+        base: &Path,
         store: Arc<dyn Store>,
         fallback: Option<Arc<dyn Store>>,
         clock: Arc<dyn Clock>,
     ) -> Result<Rules, ServerError> {
         let settings = Settings::of(&config)?;
-        let hash_key = match &settings.hash_key_env {
-            Some(name) => {
-                let value = std::env::var(name).map_err(|_| ServerError::Env {
-                    name: name.clone(),
-                    reason: "not set (it holds the key hashed entries are hashed with)".into(),
-                })?;
-                Some(
-                    HashKey::new(value.as_bytes()).map_err(|e| ServerError::Env {
-                        name: name.clone(),
-                        reason: e.to_string(),
-                    })?,
-                )
-            }
-            None => None,
+        let hash_key = settings
+            .hash_key_env
+            .as_deref()
+            .map(hash_key_from_env)
+            .transpose()?;
+        let domains = match &settings.envoy_config_dir {
+            Some(dir) => Domains::load(&base.join(dir), &|name| config.policy(name).cloned())?,
+            None => Domains::default(),
         };
-        let mut rules = Vec::new();
-        for spec in &settings.rules {
-            let route = config
-                .route(&spec.route)
-                .expect("Settings::of checked the route");
-            let mut layers = Vec::new();
-            for layer in route.layers() {
-                let global = *layer.scope() == Scope::Global;
-                if !global && !spec.entries.values().any(|r| r.scope() == *layer.scope()) {
-                    return Err(ServerError::Rule {
-                        rule: spec.name.clone(),
-                        reason: format!(
-                            "layer {:?} of route {:?} counts per {:?}: map a descriptor entry to it in entries",
-                            layer.name(),
-                            spec.route,
-                            layer.scope()
-                        ),
-                    });
-                }
-                let policy = config
-                    .policy(layer.policy())
-                    .expect("the configuration checked its policies")
-                    .clone();
-                layers.push((
-                    format!("{}.{}", spec.name, layer.name()),
-                    Scope::Attribute(scoped(&spec.name, layer.scope()).into()),
-                    policy,
-                ));
-            }
-            let keys = spec
-                .entries
-                .keys()
-                .chain(spec.values.keys())
-                .cloned()
-                .collect();
-            let attributes = spec
-                .entries
-                .iter()
-                .map(|(key, role)| (key.clone(), Arc::from(scoped(&spec.name, &role.scope()))))
-                .collect();
-            rules.push(Rule {
-                global: scoped(&spec.name, &Scope::Global).into(),
-                attributes,
-                spec: spec.clone(),
-                keys,
-                layers,
+        if let Some(spec) = settings
+            .rules
+            .iter()
+            .find(|r| domains.domains.contains_key(&r.domain))
+        {
+            return Err(ServerError::Rule {
+                rule: spec.name.clone(),
+                reason: format!(
+                    "domain {:?} is also a domain of envoy_config_dir: configure a domain in one place",
+                    spec.domain
+                ),
             });
         }
+        let mut rules = settings
+            .rules
+            .iter()
+            .map(|spec| entries_rule(&config, spec))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (leaf_rules, override_rules) = descriptor_rules(&domains, &mut rules)?;
+        let leaf_policies = domains
+            .leaves
+            .iter()
+            .filter_map(|leaf| match &leaf.counting {
+                Counting::Policy(p) => Some((p.name().to_string(), p.clone())),
+                _ => None,
+            })
+            .collect();
         let rules = Rules {
             settings,
             rules,
+            domains,
+            leaf_rules,
+            override_rules,
+            leaf_policies,
             config,
             store,
             fallback,
@@ -385,11 +562,22 @@ impl Rules {
             rules
                 .combined(&[(i, None)])
                 .map_err(|e| ServerError::Rule {
-                    rule: rule.spec.name.clone(),
+                    rule: rule.name.clone(),
                     reason: e.0,
                 })?;
         }
         Ok(rules)
+    }
+
+    /// How many rules there are: `[[server.rules]]`, and the limits of
+    /// envoyproxy/ratelimit's configuration (`unlimited` ones included).
+    pub fn len(&self) -> usize {
+        self.settings.rules.len() + self.domains.leaves.len()
+    }
+
+    /// Whether there is no rule at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// The `[server]` settings.
@@ -397,9 +585,12 @@ impl Rules {
         &self.settings
     }
 
-    /// A configured policy, by name.
+    /// A policy the rules count with, by name: one of the file's, or one
+    /// made for a limit of envoyproxy/ratelimit's configuration.
     pub fn policy(&self, name: &str) -> Option<&Policy> {
-        self.config.policy(name)
+        self.config
+            .policy(name)
+            .or_else(|| self.leaf_policies.get(name))
     }
 
     /// The limit of a status's tightest layer in Envoy's terms.
@@ -424,25 +615,113 @@ impl Rules {
             .all(|c| c.limiter.breaker().state() != BreakerState::Open)
     }
 
-    /// The rule a descriptor of `domain` matches, first in file order.
-    /// Its keys must be exactly the rule's, each once.
+    /// The `[[server.rules]]` rule a descriptor of `domain` matches, first
+    /// in file order. Its keys must be exactly the rule's, each once.
     fn rule_of(&self, domain: &str, d: &Descriptor) -> Option<usize> {
         let keys: BTreeSet<&String> = d.entries.iter().map(|(k, _)| k).collect();
         if keys.len() != d.entries.len() {
             return None;
         }
         self.rules.iter().position(|rule| {
-            rule.spec.domain == domain
-                && keys.len() == rule.keys.len()
+            let Filling::Entries {
+                spec, keys: wanted, ..
+            } = &rule.filling
+            else {
+                return false;
+            };
+            spec.domain == domain
+                && keys.len() == wanted.len()
                 && d.entries.iter().all(|(k, v)| {
-                    rule.keys.contains(k)
-                        && rule
-                            .spec
+                    wanted.contains(k)
+                        && spec
                             .values
                             .get(k)
-                            .is_none_or(|wanted| wanted.as_bytes() == v.as_slice())
+                            .is_none_or(|value| value.as_bytes() == v.as_slice())
                 })
         })
+    }
+
+    /// What descriptor `d` of `domain` finds, and the leaf of
+    /// envoyproxy/ratelimit's configuration it landed on, if any. There,
+    /// a descriptor with its own limit is counted with it whatever it
+    /// matches, as the reference counts it.
+    fn find(&self, domain: &str, d: &Descriptor) -> (Found, Option<usize>) {
+        let Some(tree) = self.domains.domains.get(domain) else {
+            let found = self.rule_of(domain, d).map_or(Found::Unknown, Found::Rule);
+            return (found, None);
+        };
+        if d.limit.is_some() {
+            return (Found::Rule(self.override_rules[domain]), None);
+        }
+        let Some(leaf) = tree.root.find(&d.entries) else {
+            return (Found::Unknown, None);
+        };
+        let found = match (&self.domains.leaves[leaf].counting, self.leaf_rules[leaf]) {
+            (Counting::Unlimited, _) => Found::Free { unlimited: true },
+            (Counting::Policy(_), Some(rule)) => Found::Rule(rule),
+            _ => Found::Over,
+        };
+        (found, Some(leaf))
+    }
+
+    /// What each descriptor of a request found, once the limits another
+    /// descriptor `replaces` are taken out (admitted uncounted, as the
+    /// reference does) and overrides that cannot be counted are over.
+    fn found(&self, domain: &str, descriptors: &[Descriptor]) -> Vec<Found> {
+        let found: Vec<(Found, Option<usize>)> =
+            descriptors.iter().map(|d| self.find(domain, d)).collect();
+        let leaves = &self.domains.leaves;
+        let replaced: HashSet<&str> = found
+            .iter()
+            .filter_map(|(_, leaf)| *leaf)
+            .flat_map(|l| leaves[l].replaces.iter().map(String::as_str))
+            .collect();
+        found
+            .into_iter()
+            .zip(descriptors)
+            .map(|((found, leaf), d)| {
+                let name = leaf.map_or("", |l| leaves[l].name.as_str());
+                match found {
+                    Found::Rule(_) if !name.is_empty() && replaced.contains(name) => {
+                        Found::Free { unlimited: false }
+                    }
+                    Found::Rule(_) if d.limit.is_some_and(|o| o.limit().is_none()) => Found::Over,
+                    found => found,
+                }
+            })
+            .collect()
+    }
+
+    /// Whether the descriptors of `domain` are decided together,
+    /// all-or-nothing: always for `[[server.rules]]`; for a domain of
+    /// envoyproxy/ratelimit's configuration, when it asks to.
+    fn together(&self, domain: &str) -> bool {
+        self.domains
+            .domains
+            .get(domain)
+            .is_none_or(|d| d.all_or_nothing)
+    }
+
+    /// The `rule` label of the counters of `d`, decided by rule `i`.
+    fn label(&self, i: usize, d: &Descriptor) -> String {
+        let rule = &self.rules[i];
+        match &rule.filling {
+            Filling::Entries { .. } => rule.name.clone(),
+            Filling::Descriptor { leaf: Some(l), .. } => {
+                let leaf = &self.domains.leaves[*l];
+                if !leaf.detailed {
+                    return leaf.label.clone();
+                }
+                let entry =
+                    |(k, v): &(String, Vec<u8>)| format!("{k}_{}", String::from_utf8_lossy(v));
+                d.entries.iter().map(entry).collect::<Vec<_>>().join(".")
+            }
+            // A limit override: by its keys (its values are the client's).
+            Filling::Descriptor { leaf: None, .. } => {
+                let keys: Vec<&str> = d.entries.iter().map(|(k, _)| k.as_str()).collect();
+                keys.join(".")
+            }
+        }
     }
 
     /// Rule `i`'s layers, with `limit` overriding their policies: then one
@@ -510,8 +789,10 @@ impl Rules {
 
     /// The context of descriptor `d` under rule `i`, added to `ctx`.
     fn context(&self, ctx: Context, i: usize, d: &Descriptor) -> Context {
-        let rule = &self.rules[i];
-        let mut ctx = ctx.with_attribute(rule.global.clone(), global_subject());
+        let mut ctx = match &self.rules[i].filling {
+            Filling::Entries { global, .. } => ctx.with_attribute(global.clone(), global_subject()),
+            Filling::Descriptor { .. } => ctx,
+        };
         for (attribute, _, subject) in self.subjects(i, d) {
             ctx = ctx.with_attribute(attribute, subject);
         }
@@ -520,21 +801,30 @@ impl Rules {
 
     /// The subject each mapped entry of `d` fills under rule `i`: its
     /// attribute, its key, and the subject (hashed for a `hashed` entry, or
-    /// a value that is not a subject as sent).
-    fn subjects<'d>(
-        &self,
-        i: usize,
-        d: &'d Descriptor,
-    ) -> impl Iterator<Item = (Arc<str>, &'d str, Subject)> + use<'_, 'd> {
-        let rule = &self.rules[i];
-        d.entries.iter().filter_map(move |(key, value)| {
-            let attribute = rule.attributes.get(key)?.clone();
-            let subject = match (&self.hash_key, rule.spec.hashed.contains(key)) {
-                (Some(hash_key), true) => Subject::hashed(value, hash_key),
-                _ => plain_subject(value),
-            };
-            Some((attribute, key.as_str(), subject))
-        })
+    /// a value that is not a subject as sent); for a rule of
+    /// envoyproxy/ratelimit's configuration, the whole descriptor's.
+    fn subjects<'d>(&self, i: usize, d: &'d Descriptor) -> Vec<(Arc<str>, &'d str, Subject)> {
+        let (spec, attributes) = match &self.rules[i].filling {
+            Filling::Entries {
+                spec, attributes, ..
+            } => (spec, attributes),
+            Filling::Descriptor { attribute, .. } => {
+                let subject = descriptor_subject(&d.entries);
+                return vec![(attribute.clone(), "descriptor", subject)];
+            }
+        };
+        let subject = |key: &String, value: &[u8]| match (&self.hash_key, spec.hashed.contains(key))
+        {
+            (Some(hash_key), true) => Subject::hashed(value, hash_key),
+            _ => plain_subject(value),
+        };
+        d.entries
+            .iter()
+            .filter_map(|(key, value)| {
+                let attribute = attributes.get(key)?.clone();
+                Some((attribute, key.as_str(), subject(key, value)))
+            })
+            .collect()
     }
 
     /// What an operator's call on descriptor `d` of `domain` works on: the
@@ -546,19 +836,22 @@ impl Rules {
         domain: &str,
         d: &Descriptor,
     ) -> Option<Result<Target, BadRequest>> {
-        let i = self.rule_of(domain, d)?;
+        let Found::Rule(i) = self.find(domain, d).0 else {
+            return None;
+        };
         let combined = match self.combined(&[(i, d.limit)]) {
             Ok(combined) => combined,
             Err(e) => return Some(Err(e)),
         };
         let rule = &self.rules[i];
         Some(Ok(Target {
-            rule: rule.spec.name.clone(),
+            rule: rule.name.clone(),
             limiter: combined.limiter.clone(),
             context: self.context(Context::new(), i, d),
-            own: Scope::Attribute(scoped(&rule.spec.name, &Scope::Subject).into()),
+            own: Scope::Attribute(scoped(&rule.name, &Scope::Subject).into()),
             subjects: self
                 .subjects(i, d)
+                .into_iter()
                 .map(|(_, key, subject)| format!("{key}={}", subject.as_str()))
                 .collect(),
         }))
@@ -572,6 +865,11 @@ impl Rules {
     /// one limiter: they are decided in rounds (each all-or-nothing), and
     /// a round that denies leaves the later ones uncharged (they are only
     /// peeked) while the earlier ones stay charged.
+    ///
+    /// A domain of envoyproxy/ratelimit's configuration decides each
+    /// descriptor on its own, as the reference does (one over its limit
+    /// does not stop the others being charged), unless it asks for
+    /// `all_or_nothing`.
     pub async fn decide(
         &self,
         domain: &str,
@@ -581,6 +879,7 @@ impl Rules {
             ok: false,
             tightest: None,
             limit: None,
+            unlimited: false,
         };
         if descriptors.len() > MAX_DESCRIPTORS {
             // Deciding them would be a store call each: refuse the lot.
@@ -589,40 +888,45 @@ impl Rules {
                 decisions: Vec::new(),
             });
         }
-        let matched: Vec<Option<usize>> = descriptors
+        let found = self.found(domain, descriptors);
+        let matched: Vec<Option<usize>> = found
             .iter()
-            .map(|d| self.rule_of(domain, d))
+            .map(|f| match f {
+                Found::Rule(i) => Some(*i),
+                _ => None,
+            })
             .collect();
-        let mut statuses: Vec<Status> = matched
+        let mut statuses: Vec<Status> = found
             .iter()
-            .zip(descriptors)
-            .map(|(m, d)| Status {
-                // An override that cannot be counted is over the limit.
-                ok: match m {
-                    Some(_) => d.limit.is_none_or(|o| o.limit().is_some()),
-                    None => self.settings.unknown_descriptors == Unknown::Allow,
+            .map(|found| Status {
+                ok: match found {
+                    Found::Rule(_) | Found::Free { .. } => true,
+                    Found::Over => false,
+                    Found::Unknown => self.settings.unknown_descriptors == Unknown::Allow,
                 },
                 tightest: None,
                 limit: None,
+                unlimited: *found == Found::Free { unlimited: true },
             })
             .collect();
-        let mut denied = statuses.iter().any(|s| !s.ok);
+        let together = self.together(domain);
+        let mut denied = together && statuses.iter().any(|s| !s.ok);
         let mut decisions = Vec::new();
         let asked = Asked {
             domain,
             matched: &matched,
             descriptors,
         };
-        for (cost, ds) in rounds(&matched, descriptors, &statuses) {
+        for (cost, ds) in rounds(&matched, descriptors, &statuses, together) {
             let Some(decision) = self
                 .decide_round(&asked, ds, cost, denied, &mut statuses)
                 .await?
             else {
-                denied = true;
+                denied = together;
                 continue;
             };
             if !decision.is_allowed() {
-                denied = true;
+                denied = together;
                 decisions.insert(0, decision);
             } else {
                 decisions.push(decision);
@@ -673,18 +977,22 @@ impl Rules {
             }
             return Ok(None);
         };
-        for (&d, range) in ds.iter().zip(&combined.ranges) {
+        for ((&d, range), &(rule, _)) in ds.iter().zip(&combined.ranges).zip(&rules) {
             let layers = &decision.layers()[range.clone()];
             let enforced = || layers.iter().filter(|l| !l.is_shadow());
+            let tightest = |ls: &mut dyn Iterator<Item = &LayerDecision>| {
+                ls.min_by_key(|l| (l.verdict.allowed, l.verdict.remaining))
+                    .copied()
+            };
             statuses[d].ok = enforced().all(|l| l.verdict.allowed);
-            statuses[d].tightest = enforced()
-                .min_by_key(|l| (l.verdict.allowed, l.verdict.remaining))
-                .copied();
+            // A rule whose layers are all in shadow mode still reports
+            // its limit (answered OK), as the reference does.
+            statuses[d].tightest =
+                tightest(&mut enforced()).or_else(|| tightest(&mut layers.iter()));
             statuses[d].limit = descriptors[d].limit;
             let shadow_denied = layers.iter().any(|l| l.is_shadow() && !l.verdict.allowed);
-            let rule = &self.rules[matched[d].expect("decided descriptors matched")];
             Counts::of(cost, statuses[d].tightest.as_ref(), shadow_denied)
-                .record(asked.domain, &rule.spec.name);
+                .record(asked.domain, &self.label(rule, &descriptors[d]));
         }
         Ok(Some(decision))
     }
@@ -699,12 +1007,14 @@ struct Asked<'a> {
 }
 
 /// The rounds of a request: descriptors whose rules differ and whose costs
-/// agree are decided together; those already over the limit (no rule, an
-/// override that cannot be counted) are left out.
+/// agree are decided together (when `together`; else each on its own);
+/// those already over the limit (no rule, an override that cannot be
+/// counted) are left out.
 fn rounds(
     matched: &[Option<usize>],
     descriptors: &[Descriptor],
     statuses: &[Status],
+    together: bool,
 ) -> Vec<(u64, Vec<usize>)> {
     let mut rounds: Vec<(u64, Vec<usize>)> = Vec::new();
     for (d, rule) in matched.iter().enumerate() {
@@ -713,10 +1023,10 @@ fn rounds(
             continue;
         }
         let hits = descriptors[d].hits.max(1);
-        match rounds
-            .iter_mut()
-            .find(|(cost, ds)| *cost == hits && ds.iter().all(|&o| matched[o] != Some(*rule)))
-        {
+        let joins = |(cost, ds): &&mut (u64, Vec<usize>)| {
+            together && *cost == hits && ds.iter().all(|&o| matched[o] != Some(*rule))
+        };
+        match rounds.iter_mut().find(joins) {
             Some((_, ds)) => ds.push(d),
             None => rounds.push((hits, vec![d])),
         }

@@ -114,6 +114,12 @@ pub struct Settings {
     /// Largest HTTP request body accepted (default 64 KiB).
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// envoyproxy/ratelimit's configuration directory (its YAML files,
+    /// one domain each), relative to this file; its domains are decided
+    /// as the reference decides them (docs/server.md, "Coming from
+    /// envoyproxy/ratelimit").
+    #[serde(default)]
+    pub envoy_config_dir: Option<std::path::PathBuf>,
     /// The rules, in the order they are tried.
     #[serde(default)]
     pub rules: Vec<RuleSpec>,

@@ -1,6 +1,6 @@
 //! A real Envoy in front of an upstream, its rate limit filter calling the
 //! server over mutual TLS with the gRPC token, as docs/server.md configures
-//! it: exact admissions with 429 and the headers through Envoy, a header
+//! it, the limits in envoyproxy/ratelimit's own format: exact admissions with 429 and the headers through Envoy, a header
 //! that is not UTF-8 counted rather than let through, and a stopped server
 //! answered per `failure_mode_deny`.
 //!
@@ -71,35 +71,32 @@ impl Drop for Envoy {
 
 const TOKEN: &str = "envoy-grpc-s3cret";
 
-/// The server's configuration: 10 per minute per API key, mutual TLS and
-/// the gRPC token.
+/// The limits, in envoyproxy/ratelimit's own format, as a team moving
+/// from it brings them: 10 per minute per API key.
+const LIMITS_YAML: &str = r#"
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+"#;
+
+/// The server's configuration: envoyproxy/ratelimit's directory, mutual
+/// TLS and the gRPC token.
 fn server_config(dir: &Dir) -> String {
     format!(
         r#"
-[policies.per-key]
-algorithm = "fixed_window"
-limit = 10
-window = "1m"
-on_failure = "fail_closed"
-
-[routes.api]
-layers = [{{ name = "key", scope = "subject", policy = "per-key" }}]
-
 [server]
 grpc_listen = "127.0.0.1:0"
 http_listen = "127.0.0.1:0"
 grpc_token_env = "TOLLGATE_TEST_ENVOY_TOKEN"
+envoy_config_dir = "config"
 
 [server.tls]
 cert_file = {:?}
 key_file = {:?}
 client_ca_file = {:?}
-
-[[server.rules]]
-name = "api"
-domain = "edge"
-route = "api"
-entries = {{ api_key = "subject" }}
 "#,
         dir.0.join("server.crt"),
         dir.0.join("server.key"),
@@ -278,6 +275,8 @@ async fn envoy_enforces_the_servers_decisions_over_mutual_tls() {
     dir.write("client.crt", certs.client_cert_pem());
     dir.write("client.key", certs.client_key_pem());
     let config = dir.write("server.toml", &server_config(&dir));
+    std::fs::create_dir_all(dir.0.join("config")).expect("config/");
+    dir.write("config/edge.yaml", LIMITS_YAML);
     let server = Server::start(&config, Arc::new(MonotonicClock::new()))
         .await
         .expect("starts");

@@ -2,17 +2,18 @@
 //! `ShouldRateLimit` requests, a real HTTP client calls the API, on the
 //! in-process store with a manual clock and on a real Redis.
 
+mod common;
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use common::{client, descriptor};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -105,26 +106,6 @@ async fn start_with(extra: &str) -> (File, Server) {
         .await
         .expect("starts");
     (file, server)
-}
-
-async fn client(addr: SocketAddr) -> RateLimitServiceClient<tonic::transport::Channel> {
-    RateLimitServiceClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect")
-}
-
-fn descriptor(entries: &[(&str, &str)], hits: Option<u64>) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: k.to_string(),
-                value: v.to_string(),
-            })
-            .collect(),
-        hits_addend: hits.map(|value| UInt64Value { value }),
-        ..Default::default()
-    }
 }
 
 fn user(id: &str, tenant: &str) -> RateLimitDescriptor {

@@ -2,9 +2,36 @@
 // Each test binary uses a part of it.
 #![allow(dead_code)]
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::google::protobuf::UInt64Value;
 use tollgate_testkit::tls_certificates::TestCertificates;
+
+/// A gRPC client of the rate limit service at `addr` (plain TCP).
+pub async fn client(addr: SocketAddr) -> RateLimitServiceClient<tonic::transport::Channel> {
+    RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
+}
+
+/// A descriptor of text `entries`, with its own `hits_addend` if any.
+pub fn descriptor(entries: &[(&str, &str)], hits: Option<u64>) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        hits_addend: hits.map(|value| UInt64Value { value }),
+        ..Default::default()
+    }
+}
 
 /// A directory of its own for a test's files, removed on drop.
 pub struct TempDir(pub PathBuf);

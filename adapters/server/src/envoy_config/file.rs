@@ -1,0 +1,178 @@
+//! One file of envoyproxy/ratelimit's configuration, as its users write it
+//! (`domain`, nested `descriptors`, `rate_limit`), with the checks the
+//! reference makes when it loads one.
+//!
+//! Unknown fields are refused, as the reference refuses them. Its fields
+//! Tollgate does not implement (`quota_mode`, `value_to_metric`,
+//! `share_threshold`, `metadata`) are read so that a file using them is
+//! refused by name rather than as unknown; `tollgate` is Tollgate's own
+//! extension field (docs/server.md, "Coming from envoyproxy/ratelimit").
+
+use serde::Deserialize;
+
+/// A file: one domain and its descriptors.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct File {
+    #[serde(default)]
+    pub(super) domain: String,
+    #[serde(default)]
+    pub(super) descriptors: Vec<DescriptorYaml>,
+    /// Tollgate's extension: how the domain's descriptors are decided.
+    #[serde(default)]
+    pub(super) tollgate: DomainExtension,
+}
+
+/// `tollgate:` at the top of a file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DomainExtension {
+    /// Decide a request's descriptors together, all-or-nothing (nothing is
+    /// charged when one is over its limit), instead of each on its own as
+    /// the reference does.
+    #[serde(default)]
+    pub(super) all_or_nothing: bool,
+}
+
+/// One descriptor of the tree.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DescriptorYaml {
+    #[serde(default)]
+    pub(super) key: String,
+    /// None or empty: the default for any value of `key`.
+    #[serde(default)]
+    pub(super) value: Option<String>,
+    #[serde(default)]
+    pub(super) rate_limit: Option<RateLimitYaml>,
+    #[serde(default)]
+    pub(super) descriptors: Vec<DescriptorYaml>,
+    #[serde(default)]
+    pub(super) shadow_mode: bool,
+    #[serde(default)]
+    pub(super) detailed_metric: bool,
+    #[serde(default)]
+    quota_mode: bool,
+    #[serde(default)]
+    value_to_metric: bool,
+    #[serde(default)]
+    share_threshold: bool,
+    #[serde(default)]
+    metadata: Option<serde_norway::Value>,
+    /// Tollgate's extension: count with a policy of the server's file.
+    #[serde(default)]
+    pub(super) tollgate: Option<DescriptorExtension>,
+}
+
+/// `rate_limit:` of a descriptor.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RateLimitYaml {
+    #[serde(default)]
+    pub(super) requests_per_unit: u32,
+    #[serde(default)]
+    pub(super) unit: String,
+    #[serde(default)]
+    pub(super) unlimited: bool,
+    #[serde(default)]
+    pub(super) name: String,
+    #[serde(default)]
+    pub(super) replaces: Vec<Replaces>,
+}
+
+/// One entry of `replaces:`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Replaces {
+    #[serde(default)]
+    pub(super) name: String,
+}
+
+/// `tollgate:` of a descriptor.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DescriptorExtension {
+    /// A `[policies.<name>]` of the server's file, counted instead of a
+    /// fixed window (any algorithm, failure mode and fallback).
+    pub(super) policy: String,
+}
+
+/// A unit as the reference names it (any case), in seconds: `None` for a
+/// name it does not know; `Err` for one Tollgate cannot count.
+pub(super) fn unit_seconds(unit: &str) -> Option<Result<u64, String>> {
+    let seconds = match unit.to_ascii_uppercase().as_str() {
+        "SECOND" => 1,
+        "MINUTE" => 60,
+        "HOUR" => 3_600,
+        "DAY" => 86_400,
+        "WEEK" => 7 * 86_400,
+        "MONTH" | "YEAR" => {
+            return Some(Err(format!(
+                "unit {unit:?}: Tollgate counts windows of up to a week, so a monthly or yearly limit cannot be counted yet"
+            )))
+        }
+        _ => return None,
+    };
+    Some(Ok(seconds))
+}
+
+impl DescriptorYaml {
+    /// The reference's checks of one descriptor (not of its children),
+    /// and Tollgate's refusal of the fields it does not implement.
+    pub(super) fn check(&self) -> Result<(), String> {
+        if self.key.is_empty() {
+            return Err("descriptor has empty key".into());
+        }
+        for (set, field) in [
+            (self.quota_mode, "quota_mode"),
+            (self.value_to_metric, "value_to_metric"),
+            (self.share_threshold, "share_threshold"),
+            (self.metadata.is_some(), "metadata"),
+        ] {
+            if set {
+                return Err(format!(
+                    "descriptor {:?}: {field} is not supported by Tollgate (remove it; see docs/server.md)",
+                    self.key
+                ));
+            }
+        }
+        if let (Some(_), Some(_)) = (&self.rate_limit, &self.tollgate) {
+            return Err(format!(
+                "descriptor {:?}: give rate_limit or tollgate.policy, not both",
+                self.key
+            ));
+        }
+        let Some(limit) = &self.rate_limit else {
+            return Ok(());
+        };
+        let unit = unit_seconds(&limit.unit);
+        if limit.unlimited {
+            if unit.is_some() {
+                return Err("should not specify rate limit unit when unlimited".into());
+            }
+        } else {
+            match unit {
+                None => return Err(format!("invalid rate limit unit '{}'", limit.unit)),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(_)) => {}
+            }
+        }
+        for replaces in &limit.replaces {
+            if replaces.name.is_empty() {
+                return Err("should not have an empty replaces entry".into());
+            }
+            if replaces.name == limit.name {
+                return Err("replaces should not contain name of same descriptor".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The key the reference stores it under: `key`, or `key_value`.
+    pub(super) fn final_key(&self) -> String {
+        match self.value.as_deref() {
+            None | Some("") => self.key.clone(),
+            Some(value) => format!("{}_{value}", self.key),
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! envoyproxy/ratelimit's configuration, read as is: a directory of YAML
+//! files, one domain each (`[server] envoy_config_dir`).
+//!
+//! Each descriptor with a `rate_limit` becomes a leaf: a fixed window of
+//! its unit, aligned to the Unix epoch as the reference's, counted per
+//! descriptor (its keys and values) — or, with Tollgate's extension
+//! `tollgate: { policy: … }`, any policy of the server's file. How a
+//! request's descriptor finds its leaf is `tree.rs`; the file format and
+//! its checks are `file.rs`.
+
+mod file;
+mod tree;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tollgate_limiter::{check_name, Limit, Policy, Subject};
+
+use crate::error::ServerError;
+use file::{DescriptorYaml, File};
+pub(crate) use tree::Node;
+
+/// What a leaf does with the descriptors that land on it.
+#[derive(Debug, Clone)]
+pub(crate) enum Counting {
+    /// Counted under this policy.
+    Policy(Policy),
+    /// `unlimited: true`: admitted, never counted.
+    Unlimited,
+    /// `requests_per_unit: 0`: always over the limit.
+    Zero,
+}
+
+/// A descriptor of a file that has a `rate_limit` (or `tollgate.policy`).
+#[derive(Debug, Clone)]
+pub(crate) struct Leaf {
+    /// Its name among the server's rules, from its full key (below): its
+    /// layer's, its policy's and its counters' name.
+    pub(crate) rule: String,
+    /// The reference's name for it: `key_value.key2` under its domain,
+    /// the `rule` label of its counters.
+    pub(crate) label: String,
+    pub(crate) counting: Counting,
+    /// `rate_limit.name` (empty: none), what `replaces` names.
+    pub(crate) name: String,
+    /// The names of the limits it replaces in a request it takes part in.
+    pub(crate) replaces: Vec<String>,
+    /// Counters labelled with the request's values (`detailed_metric`).
+    pub(crate) detailed: bool,
+}
+
+/// One domain: its tree, and how its descriptors are decided.
+#[derive(Debug)]
+pub(crate) struct Domain {
+    pub(crate) root: Node,
+    /// Together, all-or-nothing (Tollgate's extension), rather than each
+    /// on its own as the reference decides them.
+    pub(crate) all_or_nothing: bool,
+}
+
+/// The loaded directory: its domains, and the leaves of all of them.
+#[derive(Debug, Default)]
+pub(crate) struct Domains {
+    pub(crate) domains: HashMap<String, Domain>,
+    pub(crate) leaves: Vec<Leaf>,
+}
+
+/// Where descriptors are loaded: their domain, and the full key of the
+/// descriptor they are under (ending in `.`).
+#[derive(Clone, Copy)]
+struct Place<'a> {
+    domain: &'a str,
+    parent: &'a str,
+}
+
+/// A rule's name for a leaf's full key (`domain.key_value.key2`): the key
+/// itself when it is a valid name, else its hash (`h.` and hex), so the
+/// leaf's store keys stay the same as long as its place in the tree does.
+pub(crate) fn rule_name(full_key: &str) -> String {
+    if check_name("rule", full_key).is_ok() {
+        return full_key.to_string();
+    }
+    Subject::hashed(full_key, crate::rules::odd_values_key())
+        .as_str()
+        .to_string()
+}
+
+/// The YAML files of `dir`, in name order: `*.yaml` and `*.yml`, hidden
+/// ones (Kubernetes' `..data`) left out, symbolic links followed.
+fn files(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot read the directory: {e}"))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or(".");
+        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
+        if yaml && !name.starts_with('.') && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// What a watch compares: every file's name and contents (`None` when
+/// the directory cannot be read).
+pub(crate) fn contents(dir: &Path) -> Option<Vec<u8>> {
+    let mut all = Vec::new();
+    for path in files(dir).ok()? {
+        all.extend_from_slice(path.as_os_str().as_encoded_bytes());
+        all.push(0);
+        all.extend(std::fs::read(&path).ok()?);
+        all.push(0);
+    }
+    Some(all)
+}
+
+impl Domains {
+    /// Load `dir`; `policy` finds a `[policies.<name>]` of the server's
+    /// file for `tollgate.policy`. Any invalid file refuses the lot.
+    pub(crate) fn load(
+        dir: &Path,
+        policy: &dyn Fn(&str) -> Option<Policy>,
+    ) -> Result<Domains, ServerError> {
+        let refuse = |file: &Path, reason: String| ServerError::EnvoyConfig {
+            file: file.display().to_string(),
+            reason,
+        };
+        let mut domains = Domains::default();
+        for path in files(dir).map_err(|e| refuse(dir, e))? {
+            let text = std::fs::read_to_string(&path).map_err(|e| refuse(&path, e.to_string()))?;
+            let file: File = serde_norway::from_str(&text)
+                .map_err(|e| refuse(&path, format!("error loading config file: {e}")))?;
+            domains.add(file, policy).map_err(|e| refuse(&path, e))?;
+        }
+        Ok(domains)
+    }
+
+    fn add(&mut self, file: File, policy: &dyn Fn(&str) -> Option<Policy>) -> Result<(), String> {
+        if file.domain.is_empty() {
+            return Err("config file cannot have empty domain".into());
+        }
+        if self.domains.contains_key(&file.domain) {
+            return Err(format!("duplicate domain '{}' in config file", file.domain));
+        }
+        let mut root = Node::default();
+        let parent = format!("{}.", file.domain);
+        let at = Place {
+            domain: &file.domain,
+            parent: &parent,
+        };
+        self.descriptors(&mut root, at, &file.descriptors, policy)?;
+        let domain = Domain {
+            root,
+            all_or_nothing: file.tollgate.all_or_nothing,
+        };
+        self.domains.insert(file.domain, domain);
+        Ok(())
+    }
+
+    /// Load `descriptors` under `node`.
+    fn descriptors(
+        &mut self,
+        node: &mut Node,
+        at: Place<'_>,
+        descriptors: &[DescriptorYaml],
+        policy: &dyn Fn(&str) -> Option<Policy>,
+    ) -> Result<(), String> {
+        for d in descriptors {
+            d.check()?;
+            let key = d.final_key();
+            let full = format!("{}{key}", at.parent);
+            let mut child = Node::default();
+            if let Some(leaf) = leaf(d, at.domain, &full, policy)? {
+                child.leaf = Some(self.leaves.len());
+                self.leaves.push(leaf);
+            }
+            let below = Place {
+                domain: at.domain,
+                parent: &format!("{full}."),
+            };
+            self.descriptors(&mut child, below, &d.descriptors, policy)?;
+            if !node.insert(&key, child) {
+                return Err(format!("duplicate descriptor composite key '{full}'"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The leaf of descriptor `d` of `domain` (full key `full`), if it has a
+/// limit.
+fn leaf(
+    d: &DescriptorYaml,
+    domain: &str,
+    full: &str,
+    policy: &dyn Fn(&str) -> Option<Policy>,
+) -> Result<Option<Leaf>, String> {
+    let rule = rule_name(full);
+    let mut leaf = Leaf {
+        label: full[domain.len() + 1..].to_string(),
+        rule: rule.clone(),
+        counting: Counting::Zero,
+        name: String::new(),
+        replaces: Vec::new(),
+        detailed: d.detailed_metric,
+    };
+    let shadow = |p: Policy| if d.shadow_mode { p.shadow() } else { p };
+    leaf.counting = match (&d.rate_limit, &d.tollgate) {
+        (Some(limit), _) => {
+            leaf.name = limit.name.clone();
+            leaf.replaces = limit.replaces.iter().map(|r| r.name.clone()).collect();
+            match file::unit_seconds(&limit.unit) {
+                _ if limit.unlimited => Counting::Unlimited,
+                _ if limit.requests_per_unit == 0 => Counting::Zero,
+                Some(Ok(seconds)) => {
+                    let window = Duration::from_secs(seconds);
+                    let limit = Limit::fixed_window(u64::from(limit.requests_per_unit), window)
+                        .map_err(|e| e.to_string())?;
+                    let policy = Policy::new(&rule, limit).map_err(|e| e.to_string())?;
+                    Counting::Policy(shadow(policy))
+                }
+                Some(Err(e)) => return Err(e),
+                None => return Err(format!("invalid rate limit unit '{}'", limit.unit)),
+            }
+        }
+        (None, Some(extension)) => match policy(&extension.policy) {
+            Some(p) => Counting::Policy(shadow(p)),
+            None => {
+                return Err(format!(
+                    "descriptor {:?}: tollgate.policy {:?} is not a [policies.<name>] of the server's file",
+                    d.key, extension.policy
+                ))
+            }
+        },
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(leaf))
+}

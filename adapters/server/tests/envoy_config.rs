@@ -1,0 +1,605 @@
+//! envoyproxy/ratelimit's configuration, read as is: the examples of the
+//! reference's documentation (nested descriptors, defaults and
+//! value-specific limits, wildcards, unlimited, shadow mode, replaces,
+//! detailed metrics) and each of its error cases, against the server
+//! through a real gRPC client, on the in-process store with a manual
+//! clock.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{client, descriptor, TempDir};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tollgate_limiter::{ManualClock, Timestamp};
+use tollgate_ratelimit_server::{Server, ServerError};
+
+/// On a minute's boundary, so windows of a second and a minute start here.
+const START: Timestamp = Timestamp::from_micros(1_780_000_020_000_000);
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+/// The server's own file: a store, where it listens, and the directory.
+fn server_toml(extra: &str) -> String {
+    format!(
+        r#"
+[store]
+kind = "memory"
+
+[policies.smooth]
+algorithm = "gcra"
+rate = 3
+period = "1m"
+burst = 3
+
+[server]
+grpc_listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+envoy_config_dir = "config"
+{extra}
+"#
+    )
+}
+
+/// A directory with `server.toml` (`extra` in its `[server]`) and the
+/// YAML `files` under `config/`.
+fn directory(files: &[(&str, &str)], extra: &str) -> TempDir {
+    let dir = TempDir::new("envoy-config");
+    std::fs::create_dir_all(dir.0.join("config")).expect("config/");
+    dir.write("server.toml", &server_toml(extra));
+    for (name, text) in files {
+        dir.write(&format!("config/{name}"), text);
+    }
+    dir
+}
+
+async fn start(dir: &TempDir, clock: Arc<ManualClock>) -> Result<Server, ServerError> {
+    Server::start(dir.path("server.toml"), clock).await
+}
+
+/// A server on `files`, at [`START`].
+async fn serve(files: &[(&str, &str)]) -> (TempDir, Server, Arc<ManualClock>) {
+    let dir = directory(files, "");
+    let clock = Arc::new(ManualClock::new(START));
+    let server = start(&dir, clock.clone()).await.expect("starts");
+    (dir, server, clock)
+}
+
+async fn ask(server: &Server, domain: &str, descriptors: &[&[(&str, &str)]]) -> RateLimitResponse {
+    client(server.grpc_addr())
+        .await
+        .should_rate_limit(RateLimitRequest {
+            domain: domain.into(),
+            descriptors: descriptors.iter().map(|d| descriptor(d, None)).collect(),
+            hits_addend: 0,
+        })
+        .await
+        .expect("answered")
+        .into_inner()
+}
+
+fn codes(r: &RateLimitResponse) -> (i32, Vec<i32>) {
+    (r.overall_code, r.statuses.iter().map(|s| s.code).collect())
+}
+
+/// How many of `n` requests of one descriptor are admitted.
+async fn admitted(server: &Server, domain: &str, d: &[(&str, &str)], n: usize) -> usize {
+    let mut admitted = 0;
+    for _ in 0..n {
+        if ask(server, domain, &[d]).await.overall_code == OK {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+const MESSAGING: &str = r#"
+domain: messaging
+descriptors:
+  # Only allow 5 marketing messages a day
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+
+  # Only allow 100 messages a day to any unique phone number
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+"#;
+
+const PER_IP: &str = r#"
+domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+
+  # Black list IP
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+"#;
+
+const EXAMPLE4: &str = r#"
+domain: example4
+descriptors:
+  - key: key
+    value: value
+    rate_limit:
+      requests_per_unit: 3
+      unit: second
+"#;
+
+/// Examples 2, 3 and 4: nested descriptors, a default for any value and a
+/// value-specific limit, the most specific match, the depth that must
+/// match; each descriptor of a request decided on its own.
+#[tokio::test]
+async fn nested_descriptors_defaults_and_specific_values() {
+    let (_dir, server, clock) = serve(&[
+        ("messaging.yaml", MESSAGING),
+        ("per_ip.yaml", PER_IP),
+        ("example4.yml", EXAMPLE4),
+    ])
+    .await;
+    let marketing: &[(&str, &str)] = &[("message_type", "marketing"), ("to_number", "2061111111")];
+    let number: &[(&str, &str)] = &[("to_number", "2061111111")];
+    for _ in 0..5 {
+        let r = ask(&server, "messaging", &[marketing, number]).await;
+        assert_eq!(codes(&r), (OK, vec![OK, OK]));
+    }
+    let r = ask(&server, "messaging", &[marketing, number]).await;
+    assert_eq!(
+        codes(&r),
+        (OVER, vec![OVER, OK]),
+        "5 marketing messages a day"
+    );
+    let limit = r.statuses[0].current_limit.as_ref().expect("its limit");
+    assert_eq!((limit.requests_per_unit, limit.unit), (5, 4), "5 per DAY");
+    assert_eq!(
+        r.statuses[1].limit_remaining, 94,
+        "the other descriptor was charged all the same, as the reference charges it"
+    );
+    // Each number has its own counters.
+    let other: &[(&str, &str)] = &[("message_type", "marketing"), ("to_number", "2062222222")];
+    assert_eq!(codes(&ask(&server, "messaging", &[other]).await).0, OK);
+
+    let ip = |a: &'static str| [("remote_address", a)];
+    assert_eq!(
+        admitted(&server, "edge_proxy_per_ip", &ip("50.0.0.1"), 12).await,
+        10
+    );
+    assert_eq!(
+        admitted(&server, "edge_proxy_per_ip", &ip("50.0.0.2"), 3).await,
+        3
+    );
+    assert_eq!(
+        admitted(&server, "edge_proxy_per_ip", &ip("50.0.0.5"), 2).await,
+        0,
+        "a limit of 0 denies"
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        admitted(&server, "edge_proxy_per_ip", &ip("50.0.0.1"), 1).await,
+        1,
+        "the next second's window"
+    );
+
+    // A descriptor deeper than the tree matches nothing: no limit, OK.
+    let deeper: &[(&str, &str)] = &[("key", "value"), ("subkey", "subvalue")];
+    for _ in 0..5 {
+        let r = ask(&server, "example4", &[deeper]).await;
+        assert_eq!(codes(&r), (OK, vec![OK]));
+        assert_eq!(r.statuses[0].current_limit, None);
+    }
+    assert_eq!(
+        admitted(&server, "example4", &[("key", "value")], 5).await,
+        3
+    );
+    server.shutdown().await;
+}
+
+const WILDCARDS: &str = r#"
+domain: example9
+descriptors:
+  - key: key1
+    value: value*
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+  - key: path
+    value: /api/*/action
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+  - key: path
+    rate_limit:
+      unit: minute
+      requests_per_unit: 4
+"#;
+
+const UNLIMITED: &str = r#"
+domain: internal
+descriptors:
+  - key: ldap
+    rate_limit:
+      unlimited: true
+
+  - key: azure
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+"#;
+
+const SHADOW: &str = r#"
+domain: example6
+descriptors:
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        rate_limit:
+          requests_per_unit: 2
+          unit: second
+        shadow_mode: true
+      - key: user
+        value: user-b
+        rate_limit:
+          requests_per_unit: 3
+          unit: second
+"#;
+
+/// Example 9 (wildcards, each matching value with counters of its own),
+/// example 5 (unlimited) and example 6 (shadow mode).
+#[tokio::test]
+async fn wildcards_unlimited_and_shadow_mode() {
+    let (_dir, server, _clock) = serve(&[
+        ("example9.yaml", WILDCARDS),
+        ("internal.yaml", UNLIMITED),
+        ("example6.yaml", SHADOW),
+    ])
+    .await;
+    assert_eq!(
+        admitted(&server, "example9", &[("key1", "value1")], 4).await,
+        2
+    );
+    assert_eq!(
+        admitted(&server, "example9", &[("key1", "valueXYZ")], 4).await,
+        2
+    );
+    assert_eq!(
+        admitted(&server, "example9", &[("path", "/api/123/action")], 3).await,
+        1
+    );
+    assert_eq!(
+        admitted(&server, "example9", &[("path", "/api/123/other")], 6).await,
+        4,
+        "not the wildcard: the default"
+    );
+
+    for _ in 0..20 {
+        let r = ask(&server, "internal", &[&[("ldap", "any")]]).await;
+        assert_eq!(codes(&r), (OK, vec![OK]));
+        assert_eq!(
+            r.statuses[0].limit_remaining,
+            u32::MAX,
+            "as the reference answers"
+        );
+    }
+    assert_eq!(admitted(&server, "internal", &[("azure", "x")], 3).await, 2);
+
+    let user_a: &[(&str, &str)] = &[("service", "auth-service"), ("user", "user-a")];
+    for _ in 0..5 {
+        let r = ask(&server, "example6", &[user_a]).await;
+        assert_eq!(codes(&r), (OK, vec![OK]), "shadow mode never denies");
+        assert!(
+            r.statuses[0].current_limit.is_some(),
+            "and reports its limit"
+        );
+    }
+    let user_b: &[(&str, &str)] = &[("service", "auth-service"), ("user", "user-b")];
+    assert_eq!(admitted(&server, "example6", user_b, 5).await, 3);
+    let metrics = get_metrics(&server).await;
+    let shadowed = metric(
+        &metrics,
+        "tollgate_rule_shadow_mode_total{domain=\"example6\",rule=\"service.user_user-a\"}",
+    );
+    assert_eq!(shadowed, 3.0, "the 3 hits it would have denied");
+    server.shutdown().await;
+}
+
+const REPLACES: &str = r#"
+domain: example7
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          name: specific_limit
+          requests_per_unit: 5
+          unit: second
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: second
+"#;
+
+/// Example 7: a limit another descriptor of the request replaces is not
+/// applied, and not charged.
+#[tokio::test]
+async fn a_replaced_limit_is_neither_applied_nor_charged() {
+    let (_dir, server, _clock) = serve(&[("example7.yaml", REPLACES)]).await;
+    let first: &[(&str, &str)] = &[("key_1", "value_1"), ("user", "bkthomps")];
+    let second: &[(&str, &str)] = &[("key_2", "value_2"), ("user", "bkthomps")];
+    for _ in 0..10 {
+        let r = ask(&server, "example7", &[first, second]).await;
+        assert_eq!(
+            codes(&r),
+            (OK, vec![OK, OK]),
+            "10 / sec: the 5 / sec rule is replaced"
+        );
+        assert_eq!(r.statuses[0].current_limit, None);
+    }
+    assert_eq!(
+        codes(&ask(&server, "example7", &[first, second]).await).0,
+        OVER
+    );
+    assert_eq!(
+        admitted(&server, "example7", first, 6).await,
+        5,
+        "alone, its own 5 / sec, untouched by the requests that replaced it"
+    );
+    server.shutdown().await;
+}
+
+async fn get_metrics(server: &Server) -> String {
+    use http_body_util::BodyExt;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<hyper::body::Bytes>>();
+    let url = format!("http://{}/metrics", server.http_addr());
+    let response = client
+        .get(url.parse().unwrap())
+        .await
+        .expect("GET /metrics");
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("a body")
+        .to_bytes();
+    String::from_utf8(body.to_vec()).expect("text")
+}
+
+fn metric(text: &str, line_start: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(line_start))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+const DETAILED: &str = r#"
+domain: example8
+descriptors:
+  - key: key1
+    detailed_metric: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+  - key: key1
+    value: value1
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+  - key: key2
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+"#;
+
+/// Example 8: counters carry the request's value only where
+/// `detailed_metric` asks.
+#[tokio::test]
+async fn detailed_metrics_label_values_only_where_asked() {
+    let (_dir, server, _clock) = serve(&[("example8.yaml", DETAILED)]).await;
+    for value in ["unspecified_value", "unspecified_value2", "value1"] {
+        ask(&server, "example8", &[&[("key1", value)]]).await;
+    }
+    for value in ["a", "b"] {
+        ask(&server, "example8", &[&[("key2", value)]]).await;
+    }
+    let text = get_metrics(&server).await;
+    let hits = |rule: &str| {
+        metric(
+            &text,
+            &format!("tollgate_rule_total_hits_total{{domain=\"example8\",rule=\"{rule}\"}}"),
+        )
+    };
+    assert_eq!(hits("key1_unspecified_value"), 1.0);
+    assert_eq!(hits("key1_unspecified_value2"), 1.0);
+    assert_eq!(hits("key1_value1"), 1.0);
+    assert_eq!(hits("key2"), 2.0, "rolled up into the base entry");
+    assert_eq!(hits("key2_a"), 0.0);
+    server.shutdown().await;
+}
+
+/// Every error case of the reference refuses the start, with its reason;
+/// and a reload to any of them keeps the running rules.
+#[tokio::test]
+async fn invalid_files_are_refused_with_the_references_reasons() {
+    let limit = "rate_limit: { unit: second, requests_per_unit: 1 }";
+    let cases: Vec<(Vec<(&str, String)>, &str)> = vec![
+        (
+            vec![
+                ("a.yaml", "domain: d\ndescriptors: []\n".into()),
+                ("b.yaml", "domain: d\ndescriptors: []\n".into()),
+            ],
+            "duplicate domain 'd' in config file",
+        ),
+        (
+            vec![("a.yaml", format!("domain: d\ndescriptors:\n  - key: k\n    {limit}\n  - key: k\n    {limit}\n"))],
+            "duplicate descriptor composite key 'd.k'",
+        ),
+        (
+            vec![("a.yaml", format!("domain: d\ndescriptors:\n  - value: v\n    {limit}\n"))],
+            "descriptor has empty key",
+        ),
+        (
+            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unlimited: true, unit: second }\n".into())],
+            "should not specify rate limit unit when unlimited",
+        ),
+        (
+            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { name: n, unit: second, requests_per_unit: 1, replaces: [{ name: n }] }\n".into())],
+            "replaces should not contain name of same descriptor",
+        ),
+        (
+            vec![("a.yaml", format!("domain: d\ndescriptors:\n  - key: k\n    colour: red\n    {limit}\n"))],
+            "unknown field `colour`",
+        ),
+        (
+            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n".into())],
+            "invalid rate limit unit 'fortnight'",
+        ),
+        (
+            vec![("a.yaml", "descriptors: []\n".into())],
+            "config file cannot have empty domain",
+        ),
+        (
+            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: month, requests_per_unit: 1 }\n".into())],
+            "Tollgate counts windows of up to a week",
+        ),
+        (
+            vec![("a.yaml", format!("domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    {limit}\n"))],
+            "quota_mode is not supported by Tollgate",
+        ),
+        (
+            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    tollgate: { policy: nowhere }\n".into())],
+            "tollgate.policy \"nowhere\" is not a [policies.<name>]",
+        ),
+    ];
+    for (files, reason) in &cases {
+        let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+        let dir = directory(&files, "");
+        let clock = Arc::new(ManualClock::new(START));
+        let refused = start(&dir, clock).await.expect_err(reason);
+        assert!(
+            refused.to_string().contains(reason),
+            "{refused} should say {reason:?}"
+        );
+    }
+
+    // A reload to an invalid directory keeps the running rules.
+    let (dir, server, _clock) = serve(&[("per_ip.yaml", PER_IP)]).await;
+    let ip: &[(&str, &str)] = &[("remote_address", "50.0.0.1")];
+    assert_eq!(admitted(&server, "edge_proxy_per_ip", ip, 4).await, 4);
+    dir.write(
+        "config/broken.yaml",
+        "domain: edge_proxy_per_ip\ndescriptors: []\n",
+    );
+    let refused = server.reload().await.expect_err("a duplicate domain");
+    assert!(
+        refused.to_string().contains("duplicate domain"),
+        "{refused}"
+    );
+    assert_eq!(
+        admitted(&server, "edge_proxy_per_ip", ip, 8).await,
+        6,
+        "the same counters, the same limit"
+    );
+    server.shutdown().await;
+}
+
+/// A changed directory is applied by the watch once it stands still; a
+/// file still being written is not (see `settled.rs`).
+#[tokio::test]
+async fn a_changed_directory_is_applied() {
+    let (dir, server, _clock) = serve(&[("example4.yaml", EXAMPLE4)]).await;
+    let (sender, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
+    let _watch = server.watch(Duration::from_millis(50), move |r| {
+        let _ = sender.send(r.map_err(|e| e.to_string()));
+    });
+    dir.write(
+        "config/example4.yaml",
+        &EXAMPLE4.replace("requests_per_unit: 3", "requests_per_unit: 7"),
+    );
+    let outcome = tokio::time::timeout(Duration::from_secs(10), outcomes.recv())
+        .await
+        .expect("the watch saw the change");
+    assert_eq!(outcome, Some(Ok(())));
+    assert_eq!(
+        admitted(&server, "example4", &[("key", "value")], 9).await,
+        7
+    );
+    dir.write("config/more.yaml", "domain: more\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 1 }\n");
+    let outcome = tokio::time::timeout(Duration::from_secs(10), outcomes.recv())
+        .await
+        .expect("a new file is a change");
+    assert_eq!(outcome, Some(Ok(())));
+    assert_eq!(admitted(&server, "more", &[("k", "v")], 2).await, 1);
+    server.shutdown().await;
+}
+
+const EXTENDED: &str = r#"
+domain: extended
+tollgate:
+  all_or_nothing: true
+descriptors:
+  - key: user
+    tollgate: { policy: smooth }
+  - key: tenant
+    rate_limit: { unit: minute, requests_per_unit: 4 }
+"#;
+
+/// Tollgate's extension: a policy of the server's file (any algorithm)
+/// instead of a fixed window, and a domain's descriptors decided
+/// together, all-or-nothing.
+#[tokio::test]
+async fn the_extension_brings_policies_and_all_or_nothing() {
+    let (_dir, server, clock) = serve(&[("extended.yaml", EXTENDED)]).await;
+    let user = |u: &'static str| [("user", u)];
+    let tenant: &[(&str, &str)] = &[("tenant", "t")];
+    // GCRA, 3 per minute, burst 3: three at once, then one every 20 s.
+    for _ in 0..3 {
+        assert_eq!(
+            codes(&ask(&server, "extended", &[&user("u1"), tenant]).await).0,
+            OK
+        );
+    }
+    let r = ask(&server, "extended", &[&user("u1"), tenant]).await;
+    assert_eq!(codes(&r), (OVER, vec![OVER, OK]));
+    clock.advance(Duration::from_secs(20));
+    assert_eq!(
+        codes(&ask(&server, "extended", &[&user("u1"), tenant]).await).0,
+        OK
+    );
+    // The tenant was charged 4 times: the denied request charged nothing.
+    let r = ask(&server, "extended", &[&user("u2"), tenant]).await;
+    assert_eq!(
+        codes(&r),
+        (OVER, vec![OK, OVER]),
+        "the tenant's 4 per minute are used"
+    );
+    let r = ask(&server, "extended", &[&user("u2")]).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 2,
+        "u2 was not charged by the denied request"
+    );
+    server.shutdown().await;
+}
