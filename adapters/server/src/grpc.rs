@@ -13,6 +13,7 @@ use tollgate_http::{decision_headers, HeaderStyle};
 use tonic::codegen::{http, BoxFuture};
 
 use crate::rules::{Outcome, Rules, Status};
+use crate::traces::{decision_attributes, Span, TraceContext};
 use crate::wire::WireRequest;
 use crate::Shared;
 
@@ -87,11 +88,20 @@ impl tonic::server::NamedService for Service {
 }
 
 impl Service {
-    /// Decide one request.
-    async fn should_rate_limit(&self, request: WireRequest) -> RateLimitResponse {
+    /// Decide one request, in `span` when it is traced.
+    async fn should_rate_limit(
+        &self,
+        request: WireRequest,
+        span: Option<Span>,
+    ) -> RateLimitResponse {
         let (domain, descriptors) = request.into_descriptors();
         let rules = self.shared.rules();
-        match rules.decide(&domain, &descriptors).await {
+        let outcome = rules.decide(&domain, &descriptors).await;
+        if let (Some(tracer), Some(span)) = (&self.shared.tracer, span) {
+            let attributes = decision_attributes(&domain, descriptors.len(), outcome.as_ref().ok());
+            tracer.finish(span, "ShouldRateLimit", attributes);
+        }
+        match outcome {
             Ok(outcome) => response(&rules, &outcome),
             // Never a gRPC error, which Envoy would turn into an allow.
             Err(_) => RateLimitResponse {
@@ -102,8 +112,9 @@ impl Service {
     }
 }
 
-/// `ShouldRateLimit` as tonic's unary service, decoding [`WireRequest`].
-struct Unary(Service);
+/// `ShouldRateLimit` as tonic's unary service, decoding [`WireRequest`],
+/// in the request's span when it is traced.
+struct Unary(Service, Option<Span>);
 
 impl tonic::server::UnaryService<WireRequest> for Unary {
     type Response = RateLimitResponse;
@@ -111,8 +122,9 @@ impl tonic::server::UnaryService<WireRequest> for Unary {
 
     fn call(&mut self, request: tonic::Request<WireRequest>) -> Self::Future {
         let service = self.0.clone();
+        let span = self.1.take();
         Box::pin(async move {
-            let response = service.should_rate_limit(request.into_inner()).await;
+            let response = service.should_rate_limit(request.into_inner(), span).await;
             Ok(tonic::Response::new(response))
         })
     }
@@ -150,7 +162,11 @@ where
                 return Box::pin(async move { Ok(refused.into_http()) });
             }
         }
-        let unary = Unary(self.clone());
+        // The trace Envoy continues, from its metadata.
+        let span = self.shared.tracer.as_ref().and_then(|tracer| {
+            tracer.begin(TraceContext::parse(request.headers().get("traceparent")))
+        });
+        let unary = Unary(self.clone(), span);
         Box::pin(async move {
             let codec = tonic_prost::ProstCodec::<RateLimitResponse, WireRequest>::default();
             Ok(tonic::server::Grpc::new(codec).unary(unary, request).await)

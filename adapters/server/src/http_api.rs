@@ -16,6 +16,7 @@ use tollgate_http::{apply_headers, decision_headers, HeaderStyle};
 use tollgate_limiter::{LayerRequest, Limit, Policy, StoreKey};
 
 use crate::rules::Descriptor;
+use crate::traces::{decision_attributes, TraceContext};
 use crate::Shared;
 
 /// How long `/readyz` waits for the store.
@@ -121,6 +122,10 @@ async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response 
     if !authorized(&shared, request.headers()) {
         return unauthorized();
     }
+    let span = shared
+        .tracer
+        .as_ref()
+        .and_then(|tracer| tracer.begin(TraceContext::parse(request.headers().get("traceparent"))));
     let request: CheckRequest = match json_body(&shared, request).await {
         Ok(r) => r,
         Err(answer) => return answer,
@@ -134,7 +139,13 @@ async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response 
         })
         .collect();
     let rules = shared.rules();
-    let outcome = match rules.decide(&request.domain, &descriptors).await {
+    let outcome = rules.decide(&request.domain, &descriptors).await;
+    if let (Some(tracer), Some(span)) = (&shared.tracer, span) {
+        let attributes =
+            decision_attributes(&request.domain, descriptors.len(), outcome.as_ref().ok());
+        tracer.finish(span, "POST /v1/check", attributes);
+    }
+    let outcome = match outcome {
         Ok(o) => o,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.0),
     };

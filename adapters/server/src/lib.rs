@@ -18,11 +18,13 @@
 //!
 //! Both listeners take TLS (`[server.tls]`, rustls; certificates reloaded
 //! when their files change), gRPC optionally mutual TLS and a bearer
-//! token, the HTTP API its own token.
+//! token, the HTTP API its own token. Decisions can be traced over OTLP
+//! (`[server.traces]`), continuing Envoy's trace.
 //!
 //! The file is the library's configuration format (`tollgate::config`)
 //! with a `[server]` section; it is reloaded on `SIGHUP` and when it
-//! changes. See `docs/server.md`.
+//! changes. Its `envoy_config_dir` reads envoyproxy/ratelimit's YAML
+//! configuration as is. See `docs/server.md`.
 
 mod auth;
 mod envoy_config;
@@ -37,6 +39,7 @@ mod rules;
 mod settings;
 mod settled;
 mod tls;
+mod traces;
 mod wire;
 
 use std::net::SocketAddr;
@@ -57,6 +60,7 @@ pub use error::{BadRequest, ServerError};
 pub use rules::{Descriptor, LimitOverride, Outcome, Rules, Status};
 pub use settings::{Role, RuleSpec, Settings, Unknown};
 pub use tls::TlsSettings;
+pub use traces::TraceSettings;
 
 /// What the gRPC service and the HTTP API share: the running rules.
 pub struct Shared {
@@ -69,6 +73,8 @@ pub struct Shared {
     grpc_token: Option<String>,
     /// The operators' tokens: (name, token).
     operators: Vec<(String, String)>,
+    /// Traces, when `[server.traces]` asks for them.
+    tracer: Option<traces::Tracer>,
     /// The settings the server started with (what a reload cannot change).
     started: Settings,
     /// The emergency store, kept across reloads.
@@ -165,6 +171,7 @@ impl Shared {
                 settings.grpc_token_env == started.grpc_token_env,
             ),
             ("tls", settings.tls == started.tls),
+            ("traces", settings.traces == started.traces),
             (
                 "operator_tokens",
                 settings.operator_tokens == started.operator_tokens,
@@ -224,6 +231,7 @@ fn metrics() -> Option<PrometheusHandle> {
                 .ok()?;
             tollgate_limiter::observe::describe();
             rule_stats::describe();
+            traces::describe();
             Some(handle)
         })
         .clone()
@@ -278,6 +286,11 @@ async fn prepare(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let certificates = settings.tls.as_ref().map(Certificates::load).transpose()?;
+    let tracer = settings
+        .traces
+        .as_ref()
+        .map(traces::Tracer::start)
+        .transpose()?;
     let shared = Arc::new(Shared {
         rules: RwLock::new(Arc::new(rules)),
         live,
@@ -286,6 +299,7 @@ async fn prepare(
         token,
         grpc_token,
         operators,
+        tracer,
         started: settings,
         fallback: std::sync::Mutex::new(fallback),
         reloading: tokio::sync::Mutex::new(()),
@@ -559,6 +573,10 @@ impl Server {
             if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
                 task.abort();
             }
+        }
+        // The last decisions' spans go out before the process ends.
+        if let Some(tracer) = &self.shared.tracer {
+            tracer.flush(Duration::from_secs(5)).await;
         }
     }
 }

@@ -151,6 +151,8 @@ pub struct Status {
     pub tightest: Option<LayerDecision>,
     /// The descriptor's limit override, when it decided.
     pub limit: Option<LimitOverride>,
+    /// The rule that decided it, as its counters' `rule` label names it.
+    pub rule: Option<String>,
     /// Whether it matched an `unlimited` limit of envoyproxy/ratelimit's
     /// configuration: admitted and never counted (Envoy is told
     /// `limit_remaining` u32::MAX, as the reference tells it).
@@ -879,6 +881,7 @@ impl Rules {
             ok: false,
             tightest: None,
             limit: None,
+            rule: None,
             unlimited: false,
         };
         if descriptors.len() > MAX_DESCRIPTORS {
@@ -906,6 +909,7 @@ impl Rules {
                 },
                 tightest: None,
                 limit: None,
+                rule: None,
                 unlimited: *found == Found::Free { unlimited: true },
             })
             .collect();
@@ -991,8 +995,10 @@ impl Rules {
                 tightest(&mut enforced()).or_else(|| tightest(&mut layers.iter()));
             statuses[d].limit = descriptors[d].limit;
             let shadow_denied = layers.iter().any(|l| l.is_shadow() && !l.verdict.allowed);
+            let label = self.label(rule, &descriptors[d]);
             Counts::of(cost, statuses[d].tightest.as_ref(), shadow_denied)
-                .record(asked.domain, &self.label(rule, &descriptors[d]));
+                .record(asked.domain, &label);
+            statuses[d].rule = Some(label);
         }
         Ok(Some(decision))
     }

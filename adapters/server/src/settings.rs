@@ -71,7 +71,7 @@ pub struct RuleSpec {
 }
 
 /// The `[server]` section.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     /// Where the gRPC service listens (default `127.0.0.1:8081`).
@@ -107,6 +107,10 @@ pub struct Settings {
     /// TLS on both listeners (`[server.tls]`); none: plain TCP.
     #[serde(default)]
     pub tls: Option<crate::TlsSettings>,
+    /// OpenTelemetry traces over OTLP/HTTP (`[server.traces]`); none: no
+    /// traces.
+    #[serde(default)]
+    pub traces: Option<crate::TraceSettings>,
     /// The environment variable holding the key hashed entries are hashed
     /// with (at least 16 bytes); needed when a rule hashes an entry.
     #[serde(default)]

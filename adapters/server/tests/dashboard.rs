@@ -156,32 +156,13 @@ async fn every_panel_of_the_dashboard_returns_series() {
     let dir = common::TempDir::new("dashboard");
     let config = dir.write(
         "server.toml",
-        &format!(
-            r#"
-[store]
-kind = "redis"
-url = "{}"
-deadline = "100ms"
-
-[policies.per-user]
-algorithm = "fixed_window"
-limit = 8
-window = "1m"
-
-[routes.api]
-layers = [{{ name = "user", scope = "subject", policy = "per-user" }}]
-
-[server]
-grpc_listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-
-[[server.rules]]
-name = "api"
-domain = "edge"
-route = "api"
-entries = {{ user_id = "subject" }}
-"#,
-            redis.url()
+        &common::one_rule_config(
+            &format!(
+                "[store]\nkind = \"redis\"\nurl = \"{}\"\ndeadline = \"100ms\"",
+                redis.url()
+            ),
+            8,
+            "",
         ),
     );
     let server = Server::start(&config, Arc::new(MonotonicClock::new()))

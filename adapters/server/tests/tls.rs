@@ -37,30 +37,7 @@ fn config(dir: &Dir, server: &str, tls: bool) -> PathBuf {
     } else {
         String::new()
     };
-    let text = format!(
-        r#"
-[policies.per-user]
-algorithm = "fixed_window"
-limit = 3
-window = "1m"
-
-[routes.api]
-layers = [{{ name = "user", scope = "subject", policy = "per-user" }}]
-
-[server]
-grpc_listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-{server}
-
-{tls}
-
-[[server.rules]]
-name = "api"
-domain = "edge"
-route = "api"
-entries = {{ user_id = "subject" }}
-"#
-    );
+    let text = common::one_rule_config("", 3, &format!("{server}\n{tls}"));
     let path = dir.0.join("server.toml");
     std::fs::write(&path, text).expect("write the configuration");
     path

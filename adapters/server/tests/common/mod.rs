@@ -11,6 +11,37 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tollgate_testkit::tls_certificates::TestCertificates;
 
+/// A configuration of one rule, `api` of domain `edge`: entry `user_id`
+/// counted per subject, `limit` per minute in fixed windows; `store`
+/// before it (a `[store]` table, or nothing for the in-process store) and
+/// `server` at the end of `[server]` (settings, then its tables).
+pub fn one_rule_config(store: &str, limit: u64, server: &str) -> String {
+    format!(
+        r#"
+{store}
+
+[policies.per-user]
+algorithm = "fixed_window"
+limit = {limit}
+window = "1m"
+
+[routes.api]
+layers = [{{ name = "user", scope = "subject", policy = "per-user" }}]
+
+[server]
+grpc_listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+{server}
+
+[[server.rules]]
+name = "api"
+domain = "edge"
+route = "api"
+entries = {{ user_id = "subject" }}
+"#
+    )
+}
+
 /// A gRPC client of the rate limit service at `addr` (plain TCP).
 pub async fn client(addr: SocketAddr) -> RateLimitServiceClient<tonic::transport::Channel> {
     RateLimitServiceClient::connect(format!("http://{addr}"))
