@@ -43,6 +43,13 @@ pub enum ServerError {
         /// What is wrong.
         reason: String,
     },
+    /// A thread for a gRPC runtime cannot be started.
+    #[error("cannot start a thread for a gRPC runtime: {source} (lower server.grpc_runtimes)")]
+    Runtime {
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// A listening address cannot be bound.
     #[error("cannot listen on {addr}: {source} (is another server running there? change server.grpc_listen / server.http_listen)")]
     Bind {
@@ -67,6 +74,7 @@ impl ServerError {
             ServerError::NeedsRestart(_) => "needs_restart",
             ServerError::Env { .. } => "environment",
             ServerError::Bind { .. } => "bind",
+            ServerError::Runtime { .. } => "runtime",
         }
     }
 }

@@ -31,6 +31,7 @@ mod envoy_config;
 mod envoy_limit;
 mod error;
 mod grpc;
+mod grpc_runtimes;
 mod http_api;
 mod incoming;
 mod operations;
@@ -171,6 +172,10 @@ impl Shared {
                 settings.grpc_token_env == started.grpc_token_env,
             ),
             ("tls", settings.tls == started.tls),
+            (
+                "grpc_runtimes",
+                settings.grpc_runtimes == started.grpc_runtimes,
+            ),
             ("traces", settings.traces == started.traces),
             (
                 "operator_tokens",
@@ -325,41 +330,8 @@ async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError
 }
 
 /// Resolves once the server is told to stop.
-async fn until_stopped(mut stopped: watch::Receiver<bool>) {
+pub(crate) async fn until_stopped(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|s| *s).await;
-}
-
-/// Serve gRPC (the rate limit service and health) on `listener`, through
-/// TLS when `tls` is set, until stopped.
-async fn serve_grpc(
-    listener: TcpListener,
-    tls: Option<incoming::Acceptor>,
-    routes: tonic::service::Routes,
-    stopped: watch::Receiver<bool>,
-) {
-    let server = tonic::transport::Server::builder().add_routes(routes);
-    let served = match tls {
-        Some(acceptor) => match incoming::Incoming::start(listener, acceptor) {
-            Ok(incoming) => {
-                server
-                    .serve_with_incoming_shutdown(incoming, until_stopped(stopped))
-                    .await
-            }
-            Err(e) => return eprintln!("gRPC server stopped: {e}"),
-        },
-        None => {
-            // Without TCP_NODELAY a small answer waits for the client's
-            // delayed ACK (40 ms).
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            server
-                .serve_with_incoming_shutdown(incoming, until_stopped(stopped))
-                .await
-        }
-    };
-    if let Err(e) = served {
-        eprintln!("gRPC server stopped: {e}");
-    }
 }
 
 /// Serve the HTTP API on `listener`, through TLS when `tls` is set, until
@@ -460,7 +432,8 @@ impl Server {
     ) -> Result<Server, ServerError> {
         let (shared, certificates) = prepare(path, clock).await?;
         let settings = shared.started.clone();
-        let (grpc_listener, grpc) = bind(settings.grpc_listen).await?;
+        let runtimes = settings.grpc_runtimes();
+        let (grpc_listeners, grpc) = grpc_runtimes::bind(settings.grpc_listen, runtimes)?;
         let (http_listener, http) = bind(settings.http_listen).await?;
         let (stop, stopped) = watch::channel(false);
         let (health, health_service) = tonic_health::server::health_reporter();
@@ -469,20 +442,24 @@ impl Server {
             shared: shared.clone(),
         })
         .add_service(health_service);
-        let tasks = vec![
-            tokio::spawn(serve_grpc(
-                grpc_listener,
-                certificates.as_ref().map(|c| c.grpc.clone()),
-                routes,
-                stopped.clone(),
-            )),
-            tokio::spawn(serve_http(
-                http_listener,
-                certificates.as_ref().map(|c| c.http.clone()),
-                http_api::router(shared.clone()),
+        let mut tasks = Vec::new();
+        for (n, listener) in grpc_listeners.into_iter().enumerate() {
+            let tls = certificates.as_ref().map(|c| c.grpc.clone());
+            let stopped = stopped.clone();
+            tasks.push(grpc_runtimes::spawn(
+                n,
+                listener,
+                tls,
+                routes.clone(),
                 stopped,
-            )),
-        ];
+            )?);
+        }
+        tasks.push(tokio::spawn(serve_http(
+            http_listener,
+            certificates.as_ref().map(|c| c.http.clone()),
+            http_api::router(shared.clone()),
+            stopped,
+        )));
         let certificates = certificates.map(|c| Watch(c.watch(CERTIFICATES_EVERY)));
         Ok(Server {
             shared,

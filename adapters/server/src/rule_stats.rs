@@ -74,12 +74,37 @@ impl Counts {
         counts
     }
 
-    /// Add them to the rule's counters.
+    /// Add them to the counters of `rule` of `domain`.
     pub(crate) fn record(&self, domain: &str, rule: &str) {
+        RuleCounters::new(domain, rule).add(self);
+    }
+}
+
+/// One rule's counters, looked up once: a lookup in the recorder (labels
+/// made, hashed and compared, five times) costs more than the decision.
+#[derive(Debug, Clone)]
+pub(crate) struct RuleCounters([metrics::Counter; 5]);
+
+impl RuleCounters {
+    /// The counters of `rule` of `domain`.
+    pub(crate) fn new(domain: &str, rule: &str) -> RuleCounters {
         let labels = [("domain", domain.to_string()), ("rule", rule.to_string())];
-        let values = [self.total, self.over, self.near, self.within, self.shadow];
-        for ((name, _), value) in COUNTERS.iter().zip(values) {
-            metrics::counter!(*name, &labels).increment(value);
+        RuleCounters(COUNTERS.map(|(name, _)| metrics::counter!(name, &labels)))
+    }
+
+    /// Add `counts` to them.
+    pub(crate) fn add(&self, counts: &Counts) {
+        let values = [
+            counts.total,
+            counts.over,
+            counts.near,
+            counts.within,
+            counts.shadow,
+        ];
+        for (counter, value) in self.0.iter().zip(values) {
+            if value > 0 {
+                counter.increment(value);
+            }
         }
     }
 }

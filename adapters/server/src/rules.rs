@@ -21,7 +21,7 @@ use tollgate_limiter::{
 
 use crate::envoy_config::{Counting, Domains};
 use crate::error::{BadRequest, ServerError};
-use crate::rule_stats::Counts;
+use crate::rule_stats::{Counts, RuleCounters};
 use crate::settings::{RuleSpec, Settings, Unknown};
 
 /// One descriptor of a request.
@@ -223,6 +223,9 @@ struct Rule {
     /// Its name: its layers' prefix, its counters' `rule` label.
     name: String,
     filling: Filling,
+    /// Its counters, when their labels are the same for every request
+    /// (not for `detailed_metric`, nor a domain's override rule).
+    counters: Option<RuleCounters>,
     /// The route's layers, scoped to this rule: (name, scope, policy).
     layers: Vec<(String, Scope, Policy)>,
 }
@@ -440,6 +443,7 @@ fn entries_rule(config: &Config, spec: &RuleSpec) -> Result<Rule, ServerError> {
         .map(|(key, role)| (key.clone(), Arc::from(scoped(&spec.name, &role.scope()))))
         .collect();
     Ok(Rule {
+        counters: Some(RuleCounters::new(&spec.domain, &spec.name)),
         name: spec.name.clone(),
         filling: Filling::Entries {
             global: scoped(&spec.name, &Scope::Global).into(),
@@ -455,12 +459,19 @@ fn entries_rule(config: &Config, spec: &RuleSpec) -> Result<Rule, ServerError> {
 /// descriptors with an override.
 type DescriptorRules = (Vec<Option<usize>>, HashMap<String, usize>);
 
-/// A rule counting each whole descriptor under `policy`, named `name`.
-fn descriptor_rule(name: String, leaf: Option<usize>, policy: Policy) -> Rule {
+/// A rule counting each whole descriptor under `policy`, named `name`,
+/// with `counters` when their labels are fixed.
+fn descriptor_rule(
+    name: String,
+    leaf: Option<usize>,
+    policy: Policy,
+    counters: Option<RuleCounters>,
+) -> Rule {
     let attribute: Arc<str> = scoped(&name, &Scope::Subject).into();
     Rule {
         layers: vec![(name.clone(), Scope::Attribute(attribute.clone()), policy)],
         filling: Filling::Descriptor { attribute, leaf },
+        counters,
         name,
     }
 }
@@ -480,7 +491,9 @@ fn descriptor_rules(
             continue;
         };
         leaf_rules.push(Some(rules.len()));
-        rules.push(descriptor_rule(leaf.rule.clone(), Some(l), policy.clone()));
+        let counters = (!leaf.detailed).then(|| RuleCounters::new(&leaf.domain, &leaf.label));
+        let rule = descriptor_rule(leaf.rule.clone(), Some(l), policy.clone(), counters);
+        rules.push(rule);
     }
     let mut override_rules = HashMap::new();
     for domain in domains.domains.keys() {
@@ -489,7 +502,7 @@ fn descriptor_rules(
             .and_then(|limit| Policy::new(&name, limit))
             .map_err(|e| ServerError::Settings(e.to_string()))?;
         override_rules.insert(domain.clone(), rules.len());
-        rules.push(descriptor_rule(name, None, placeholder));
+        rules.push(descriptor_rule(name, None, placeholder, None));
     }
     Ok((leaf_rules, override_rules))
 }
@@ -995,9 +1008,12 @@ impl Rules {
                 tightest(&mut enforced()).or_else(|| tightest(&mut layers.iter()));
             statuses[d].limit = descriptors[d].limit;
             let shadow_denied = layers.iter().any(|l| l.is_shadow() && !l.verdict.allowed);
+            let counts = Counts::of(cost, statuses[d].tightest.as_ref(), shadow_denied);
             let label = self.label(rule, &descriptors[d]);
-            Counts::of(cost, statuses[d].tightest.as_ref(), shadow_denied)
-                .record(asked.domain, &label);
+            match &self.rules[rule].counters {
+                Some(counters) => counters.add(&counts),
+                None => counts.record(asked.domain, &label),
+            }
             statuses[d].rule = Some(label);
         }
         Ok(Some(decision))

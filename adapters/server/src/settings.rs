@@ -115,6 +115,10 @@ pub struct Settings {
     /// with (at least 16 bytes); needed when a rule hashes an entry.
     #[serde(default)]
     pub hash_key_env: Option<String>,
+    /// How many single-threaded runtimes serve gRPC, each on a thread and
+    /// a listener of its own (default: one per core).
+    #[serde(default)]
+    pub grpc_runtimes: Option<usize>,
     /// Largest HTTP request body accepted (default 64 KiB).
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
@@ -146,6 +150,12 @@ fn yes() -> bool {
 }
 
 impl Settings {
+    /// How many runtimes serve gRPC: `grpc_runtimes`, or one per core.
+    pub fn grpc_runtimes(&self) -> usize {
+        self.grpc_runtimes
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
     /// The `[server]` section of `config`, checked against its routes.
     pub fn of(config: &Config) -> Result<Settings, ServerError> {
         let table = config.server_section().cloned().unwrap_or_default();
@@ -207,6 +217,11 @@ impl Settings {
             return Err(ServerError::Settings(format!(
                 "server.operator_tokens: the name {name:?} is made of letters, digits, '-', '_' and '.' (it is logged)"
             )));
+        }
+        if settings.grpc_runtimes == Some(0) {
+            return Err(ServerError::Settings(
+                "server.grpc_runtimes must be > 0 (leave it out for one per core)".into(),
+            ));
         }
         if settings.max_body_bytes == 0 {
             return Err(ServerError::Settings(

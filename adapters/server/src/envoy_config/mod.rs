@@ -48,6 +48,8 @@ pub(crate) struct Leaf {
     pub(crate) replaces: Vec<String>,
     /// Counters labelled with the request's values (`detailed_metric`).
     pub(crate) detailed: bool,
+    /// Its domain.
+    pub(crate) domain: String,
 }
 
 /// One domain: its tree, and how its descriptors are decided.
@@ -205,6 +207,7 @@ fn leaf(
         name: String::new(),
         replaces: Vec::new(),
         detailed: d.detailed_metric,
+        domain: domain.to_string(),
     };
     let shadow = |p: Policy| if d.shadow_mode { p.shadow() } else { p };
     leaf.counting = match (&d.rate_limit, &d.tollgate) {
