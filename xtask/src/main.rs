@@ -33,6 +33,9 @@
 //! - `cargo xtask diagrams [--check]`: the diagrams in `docs/img/`, drawn
 //!   from their `.diagram` text sources beside them (with `--check`, as CI
 //!   runs it, compared).
+//! - `cargo xtask server-throughput [rounds]`: the rate limit server's
+//!   release binary from outside (h2load, wrk, a real Envoy; not in CI):
+//!   docs/benchmarks.md, "The rate limit server from outside".
 //! - `cargo xtask accuracy`: the sliding window counter against the exact
 //!   sliding log on a seeded 30-million-request trace (docs/algorithms.md).
 //! - `cargo xtask custom-store`: the example PostgreSQL store's conformance
@@ -47,6 +50,7 @@ mod doc_links;
 mod envoy;
 mod generated;
 mod plots;
+mod server_throughput;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -88,6 +92,7 @@ fn main() {
         "doc-links" => doc_links::doc_links(&root()),
         "plots" => plots::plots(&args[1..]),
         "diagrams" => diagrams::diagrams(&args[1..]),
+        "server-throughput" => server_throughput::server_throughput(&args[1..]),
         "accuracy" => run(
             "the sliding window counter against the exact sliding log (release build)",
             cargo().args([
@@ -100,7 +105,7 @@ fn main() {
             ]),
         ),
         _ => {
-            eprintln!("usage: cargo xtask <test|setup|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|doc-links|plots [--check]|diagrams [--check]|accuracy>");
+            eprintln!("usage: cargo xtask <test|setup|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|doc-links|plots [--check]|diagrams [--check]|accuracy|server-throughput [rounds]>");
             exit(2);
         }
     };

@@ -8,7 +8,9 @@
 //! spreads new connections over them, and nothing of a call crosses a
 //! thread (docs/benchmarks.md, "The rate limit server").
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{oneshot, watch};
@@ -47,13 +49,16 @@ pub(crate) fn bind(
 }
 
 /// Serve `routes` on `listener` in a runtime of its own, on a thread of
-/// its own, until stopped; the task ends when that runtime has finished.
+/// its own, until stopped, with `beside` running there too (the runtime's
+/// own store, `runtime_stores.rs`); the task ends when that runtime has
+/// finished.
 pub(crate) fn spawn(
     n: usize,
     listener: std::net::TcpListener,
     tls: Option<incoming::Acceptor>,
     routes: tonic::service::Routes,
     stopped: watch::Receiver<bool>,
+    beside: Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> Result<JoinHandle<()>, ServerError> {
     let (done, finished) = oneshot::channel::<()>();
     let run = move || {
@@ -62,6 +67,7 @@ pub(crate) fn spawn(
             .build();
         match runtime {
             Ok(runtime) => runtime.block_on(async move {
+                tokio::spawn(beside);
                 match TcpListener::from_std(listener) {
                     Ok(listener) => serve(listener, tls, routes, stopped).await,
                     Err(e) => eprintln!("gRPC runtime {n}: {e}"),

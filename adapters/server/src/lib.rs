@@ -37,6 +37,7 @@ mod incoming;
 mod operations;
 mod rule_stats;
 mod rules;
+mod runtime_stores;
 mod settings;
 mod settled;
 mod tls;
@@ -49,6 +50,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use runtime_stores::RuntimeStores;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -76,6 +78,9 @@ pub struct Shared {
     operators: Vec<(String, String)>,
     /// Traces, when `[server.traces]` asks for them.
     tracer: Option<traces::Tracer>,
+    /// The store the rules decide over, as each gRPC runtime sees it
+    /// (`runtime_stores.rs`), and what the runtimes open their own from.
+    runtime_stores: RuntimeStoreSlot,
     /// The settings the server started with (what a reload cannot change).
     started: Settings,
     /// The emergency store, kept across reloads.
@@ -121,7 +126,7 @@ impl Shared {
         let rules = Rules::new(
             config.clone(),
             &self.base(),
-            self.live.store(),
+            self.runtime_stores.over(self.live.store(), &config),
             self.fallback(&config),
             self.clock.clone(),
         )?;
@@ -258,6 +263,46 @@ pub struct Server {
     certificates: Option<Watch>,
 }
 
+/// The store the rules decide over, wrapped so that each gRPC runtime
+/// decides over its own connection when the store is a standalone Redis
+/// (`runtime_stores.rs`).
+struct RuntimeStoreSlot {
+    current: std::sync::Mutex<Option<Arc<RuntimeStores>>>,
+    targets: watch::Sender<runtime_stores::Target>,
+}
+
+impl RuntimeStoreSlot {
+    fn new() -> RuntimeStoreSlot {
+        RuntimeStoreSlot {
+            current: std::sync::Mutex::new(None),
+            targets: watch::channel(None).0,
+        }
+    }
+
+    /// The store to build rules over for `config`, whose running store is
+    /// `store`: the same wrapper while the store is the same (the
+    /// runtimes keep their connections), a new one, which the runtimes
+    /// open again, when it changed.
+    fn over(&self, store: Arc<dyn Store>, config: &Config) -> Arc<dyn Store> {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if !RuntimeStores::apply_to(config) {
+            *current = None;
+            self.targets.send_replace(None);
+            return store;
+        }
+        if let Some(wrapper) = current.as_ref() {
+            if Arc::ptr_eq(wrapper.shared(), &store) {
+                return wrapper.clone();
+            }
+        }
+        let wrapper = Arc::new(RuntimeStores::new(store));
+        *current = Some(wrapper.clone());
+        self.targets
+            .send_replace(Some((wrapper.generation(), config.clone())));
+        wrapper
+    }
+}
+
 /// Everything a start needs before it listens: the configuration loaded
 /// and its store opened, every rule built, the tokens read from their
 /// variables, the certificates loaded.
@@ -270,7 +315,9 @@ async fn prepare(
     let config = live.config();
     let fallback = config.fallback_store(clock.clone());
     let base = base_of(path.as_ref());
-    let rules = Rules::new(config, &base, live.store(), fallback.clone(), clock.clone())?;
+    let runtime_stores = RuntimeStoreSlot::new();
+    let store = runtime_stores.over(live.store(), &config);
+    let rules = Rules::new(config, &base, store, fallback.clone(), clock.clone())?;
     let settings = rules.settings().clone();
     let token = settings
         .api_token_env
@@ -305,6 +352,7 @@ async fn prepare(
         grpc_token,
         operators,
         tracer,
+        runtime_stores,
         started: settings,
         fallback: std::sync::Mutex::new(fallback),
         reloading: tokio::sync::Mutex::new(()),
@@ -446,12 +494,11 @@ impl Server {
         for (n, listener) in grpc_listeners.into_iter().enumerate() {
             let tls = certificates.as_ref().map(|c| c.grpc.clone());
             let stopped = stopped.clone();
+            let targets = shared.runtime_stores.targets.subscribe();
+            let own_store = Box::pin(runtime_stores::keep_local(targets, shared.clock.clone()));
+            let routes = routes.clone();
             tasks.push(grpc_runtimes::spawn(
-                n,
-                listener,
-                tls,
-                routes.clone(),
-                stopped,
+                n, listener, tls, routes, stopped, own_store,
             )?);
         }
         tasks.push(tokio::spawn(serve_http(

@@ -1073,3 +1073,62 @@ async fn an_override_on_layers_sharing_a_scope_counts_once() {
     assert_eq!(codes, [OK, OK, OVER], "2 per minute, counted once");
     server.shutdown().await;
 }
+
+/// Connections to the Redis server now, from `CLIENT LIST`.
+fn redis_clients(redis: &RedisServer) -> usize {
+    match redis.command(&["CLIENT", "LIST"]) {
+        tollgate_testkit::resp::Reply::Bulk(Some(list)) => {
+            String::from_utf8_lossy(&list).lines().count()
+        }
+        other => panic!("CLIENT LIST: {other:?}"),
+    }
+}
+
+/// On a standalone Redis each gRPC runtime decides over a connection of
+/// its own (runtime_stores.rs); counts stay exact across them: many
+/// clients at once, on connections the kernel spreads over three
+/// runtimes, get exactly the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtimes_with_connections_of_their_own_count_exactly() {
+    let redis = RedisServer::start();
+    let before = redis_clients(&redis);
+    let store = format!("[store]\nkind = \"redis\"\nurl = \"{}\"\n", redis.url());
+    let file = File::new(&format!(
+        "{store}{LIMITS}{}",
+        server_section("grpc_runtimes = 3")
+    ));
+    let server = Server::start(&file.0, Arc::new(tollgate_limiter::MonotonicClock::new()))
+        .await
+        .expect("starts");
+    // The shared connection, and one per runtime once each has opened it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis_clients(&redis) < before + 4 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        redis_clients(&redis) >= before + 4,
+        "a connection per runtime"
+    );
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let addr = server.grpc_addr();
+        tasks.push(tokio::spawn(async move {
+            let mut c = client(addr).await;
+            let mut admitted = 0;
+            for _ in 0..5 {
+                let r = ask(&mut c, vec![login("10.9.9.9")], 0).await;
+                admitted += usize::from(r.overall_code == OK);
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.expect("a client");
+    }
+    assert_eq!(
+        admitted, 2,
+        "the login limit, 2 per minute, across runtimes"
+    );
+    server.shutdown().await;
+}
