@@ -10,7 +10,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -364,11 +364,44 @@ struct Figures {
     without: Vec<ThroughEnvoy>,
 }
 
+/// `[rounds] [--before <binary>]`: the number of rounds (default 3), and
+/// another build of the server to measure beside this one, interleaved.
+fn arguments(args: &[String]) -> std::result::Result<(usize, Option<PathBuf>), String> {
+    let mut rounds = 3;
+    let mut before = None;
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if arg == "--before" {
+            let path = args
+                .next()
+                .ok_or("--before needs the path of a server binary")?;
+            before = Some(PathBuf::from(path));
+        } else {
+            rounds = arg
+                .parse()
+                .map_err(|_| format!("{arg:?}: give the number of rounds, or --before <binary>"))?;
+        }
+    }
+    Ok((rounds, before))
+}
+
+/// What every measurement shares: the tools, the files, the upstream and
+/// the Redis server.
+struct Bench {
+    envoy: PathBuf,
+    dir: PathBuf,
+    frame: PathBuf,
+    upstream: u16,
+    redis_port: u16,
+    redis: Process,
+}
+
+/// One store: its name, its `[store]` table, and the decisions h2load
+/// sends.
+type StoreCase = (&'static str, String, u64);
+
 pub fn server_throughput(args: &[String]) -> Result {
-    let rounds: usize = args
-        .first()
-        .map_or(Ok(3), |r| r.parse())
-        .map_err(|_| "rounds: a number".to_string())?;
+    let (rounds, before) = arguments(args)?;
     ensure_redis_server()?;
     ensure_installed(
         "h2load",
@@ -385,107 +418,166 @@ pub fn server_throughput(args: &[String]) -> Result {
         "",
     )?;
     envoy::ensure()?;
-    let envoy_binary = envoy::binary()?;
     run(
         "the server's release build",
         cargo().args(["build", "--release", "-p", "tollgate-ratelimit-server"]),
     )?;
-    let binary = root().join("target/release/tollgate-ratelimit-server");
-    let dir = root().join("target/server-throughput");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let frame = dir.join("request.bin");
-    std::fs::write(&frame, request_frame()).map_err(|e| e.to_string())?;
-    let upstream = upstream();
-    let redis_port = free_port();
-    let redis = start(
-        "redis-server",
-        Command::new("redis-server").args([
-            "--port",
-            &redis_port.to_string(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ]),
-        redis_port,
-    )?;
-    let stores = [
-        ("in-process", String::new(), 200_000u64),
+    let mut builds = vec![(
+        "now",
+        root().join("target/release/tollgate-ratelimit-server"),
+    )];
+    if let Some(before) = before {
+        if !before.is_file() {
+            return Err(format!("--before {}: no such file", before.display()));
+        }
+        builds.insert(0, ("before", before));
+    }
+    let bench = Bench::start()?;
+    let redis_port = bench.redis_port;
+    let stores: [StoreCase; 2] = [
+        ("in-process", String::new(), 200_000),
         (
             "Redis",
             format!("[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:{redis_port}\""),
             100_000,
         ),
     ];
-    let mut figures: Vec<Figures> = stores.iter().map(|_| Figures::default()).collect();
-    for round in 0..rounds {
-        for ((name, store, decisions), figures) in stores.iter().zip(&mut figures) {
-            eprintln!("round {}/{rounds}: {name}", round + 1);
-            let (grpc, http) = (free_port(), free_port());
-            let config = dir.join("server.toml");
-            std::fs::write(&config, server_toml(store, grpc, http)).map_err(|e| e.to_string())?;
-            let server = start(
-                "the server",
-                Command::new(&binary).arg("--config").arg(&config),
-                grpc,
-            )?;
-            let redis_pid = (!store.is_empty()).then(|| redis.0.id());
-            figures
-                .grpc
-                .push(h2load(&frame, grpc, *decisions, server.0.id(), redis_pid)?);
-            // With and without the filter, in turn (which goes first
-            // alternates with the rounds).
-            let order = if round % 2 == 0 {
-                [true, false]
-            } else {
-                [false, true]
+    let mut rows: Vec<(String, Figures)> = Vec::new();
+    for (name, _, _) in &stores {
+        for (build, _) in &builds {
+            let label = match builds.len() {
+                1 => name.to_string(),
+                _ => format!("{name}, {build}"),
             };
-            for filter in order {
-                let (port, admin) = (free_port(), free_port());
-                let yaml = dir.join("envoy.yaml");
-                std::fs::write(&yaml, envoy_yaml(port, admin, upstream, grpc, filter))
-                    .map_err(|e| e.to_string())?;
-                let envoy = start(
-                    "Envoy",
-                    Command::new(&envoy_binary)
-                        .args(["--concurrency", "1", "--base-id", &admin.to_string(), "-c"])
-                        .arg(&yaml),
-                    port,
-                )?;
-                wrk(port, 2)?; // warm
-                let cpu = || (cpu_seconds(envoy.0.id()), cpu_seconds(server.0.id()));
-                let (envoy0, server0) = cpu();
-                let started = Instant::now();
-                let rps = wrk(port, 8)?;
-                let requests = rps * started.elapsed().as_secs_f64();
-                let (envoy1, server1) = cpu();
-                let measured = ThroughEnvoy {
-                    per_second: rps,
-                    envoy_us: (envoy1 - envoy0) * 1e6 / requests,
-                    server_us: (server1 - server0) * 1e6 / requests,
-                };
-                if filter {
-                    figures.with_filter.push(measured);
-                } else {
-                    figures.without.push(measured);
-                }
+            rows.push((label, Figures::default()));
+        }
+    }
+    for round in 0..rounds {
+        // Which build goes first alternates with the rounds.
+        let mut order: Vec<usize> = (0..builds.len()).collect();
+        if !round.is_multiple_of(2) {
+            order.reverse();
+        }
+        for (s, store) in stores.iter().enumerate() {
+            for &b in &order {
+                let (build, binary) = &builds[b];
+                eprintln!("round {}/{rounds}: {}, {build}", round + 1, store.0);
+                let figures = &mut rows[s * builds.len() + b].1;
+                bench.measure(binary, store, round, figures)?;
             }
         }
     }
-    println!(
-        "{}",
-        report(&stores.map(|(name, _, _)| name), &figures, rounds)
-    );
+    println!("{}", report(&rows, rounds));
     Ok(())
 }
 
-fn report(names: &[&str], figures: &[Figures], rounds: usize) -> String {
+impl Bench {
+    fn start() -> std::result::Result<Bench, String> {
+        let dir = root().join("target/server-throughput");
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let frame = dir.join("request.bin");
+        std::fs::write(&frame, request_frame()).map_err(|e| e.to_string())?;
+        let port = free_port();
+        let redis = start(
+            "redis-server",
+            Command::new("redis-server").args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ]),
+            port,
+        )?;
+        Ok(Bench {
+            envoy: envoy::binary()?,
+            dir,
+            frame,
+            upstream: upstream(),
+            redis_port: port,
+            redis,
+        })
+    }
+
+    /// One round of `binary` on `store`: h2load, then Envoy with and
+    /// without the filter (which goes first alternates with the rounds).
+    fn measure(
+        &self,
+        binary: &Path,
+        (_, store, decisions): &StoreCase,
+        round: usize,
+        figures: &mut Figures,
+    ) -> Result {
+        let (grpc, http) = (free_port(), free_port());
+        let config = self.dir.join("server.toml");
+        std::fs::write(&config, server_toml(store, grpc, http)).map_err(|e| e.to_string())?;
+        let server = start(
+            "the server",
+            Command::new(binary).arg("--config").arg(&config),
+            grpc,
+        )?;
+        let redis = (!store.is_empty()).then(|| self.redis.0.id());
+        let server_pid = server.0.id();
+        figures
+            .grpc
+            .push(h2load(&self.frame, grpc, *decisions, server_pid, redis)?);
+        let order = if round.is_multiple_of(2) {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for filter in order {
+            let measured = self.through_envoy(grpc, server_pid, filter)?;
+            match filter {
+                true => figures.with_filter.push(measured),
+                false => figures.without.push(measured),
+            }
+        }
+        Ok(())
+    }
+
+    /// wrk through a new Envoy (one worker), with the rate limit filter
+    /// calling the server at `grpc` when `filter` is set.
+    fn through_envoy(
+        &self,
+        grpc: u16,
+        server: u32,
+        filter: bool,
+    ) -> std::result::Result<ThroughEnvoy, String> {
+        let (port, admin) = (free_port(), free_port());
+        let yaml = self.dir.join("envoy.yaml");
+        std::fs::write(&yaml, envoy_yaml(port, admin, self.upstream, grpc, filter))
+            .map_err(|e| e.to_string())?;
+        let envoy = start(
+            "Envoy",
+            Command::new(&self.envoy)
+                .args(["--concurrency", "1", "--base-id", &admin.to_string(), "-c"])
+                .arg(&yaml),
+            port,
+        )?;
+        wrk(port, 2)?; // warm
+        let cpu = || (cpu_seconds(envoy.0.id()), cpu_seconds(server));
+        let (envoy0, server0) = cpu();
+        let started = Instant::now();
+        let rps = wrk(port, 8)?;
+        let requests = rps * started.elapsed().as_secs_f64();
+        let (envoy1, server1) = cpu();
+        Ok(ThroughEnvoy {
+            per_second: rps,
+            envoy_us: (envoy1 - envoy0) * 1e6 / requests,
+            server_us: (server1 - server0) * 1e6 / requests,
+        })
+    }
+}
+
+fn report(rows: &[(String, Figures)], rounds: usize) -> String {
     let mut out = format!(
         "Medians of {rounds} interleaved rounds.\n\n\
          | store | h2load decisions/s | mean latency µs | server CPU µs per decision | Redis CPU µs | h2load CPU µs | Envoy with the filter req/s | without | ratio | Envoy CPU µs per request with / without | server CPU µs per request through Envoy |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n"
     );
-    for (name, f) in names.iter().zip(figures) {
+    for (name, f) in rows {
         let m = |get: fn(&Grpc) -> f64| median(f.grpc.iter().map(get).collect());
         let e = |runs: &[ThroughEnvoy], get: fn(&ThroughEnvoy) -> f64| {
             median(runs.iter().map(get).collect())
