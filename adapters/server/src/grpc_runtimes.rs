@@ -3,78 +3,137 @@
 //! A decision is a few microseconds of work; on a shared multi-threaded
 //! runtime a gRPC call costs more than that in wake-ups between threads
 //! (a stream's task woken on one thread, its connection's on another).
-//! Here each runtime owns its connections from accept to close: the
-//! address is bound once per runtime with `SO_REUSEPORT`, so the kernel
-//! spreads new connections over them, and nothing of a call crosses a
-//! thread (docs/benchmarks.md, "The rate limit server").
+//! Here each runtime owns its connections from the moment they are
+//! handed to it until they close: one task accepts on the one listener
+//! and hands each new connection to the next runtime in turn, so nothing
+//! of a call crosses a thread (docs/benchmarks.md, "The rate limit server
+//! from outside"). One listener, not one per runtime with
+//! `SO_REUSEPORT`: a second server started on the same port fails to
+//! bind rather than silently taking half the connections (and, on the
+//! in-process store, counting them apart).
 
 use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{oneshot, watch};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::error::ServerError;
-use crate::incoming;
+use crate::incoming::{self, Tcp};
 
-/// Connections waiting to be accepted, per listener.
-const BACKLOG: u32 = 1024;
+/// Connections handed to a runtime and not yet taken, at most.
+const HANDED: usize = 128;
 
-/// `runtimes` listeners on `addr` (port 0: one free port for all), each
-/// with `SO_REUSEPORT`, and the address they share.
-pub(crate) fn bind(
-    addr: SocketAddr,
-    runtimes: usize,
-) -> Result<(Vec<std::net::TcpListener>, SocketAddr), ServerError> {
-    let mut at = addr;
-    let mut listeners = Vec::with_capacity(runtimes);
-    for _ in 0..runtimes.max(1) {
-        let bind_error = |source| ServerError::Bind { addr, source };
-        let socket = match at {
-            SocketAddr::V4(_) => TcpSocket::new_v4(),
-            SocketAddr::V6(_) => TcpSocket::new_v6(),
+/// Accept on `listener` until stopped, handing each connection to the
+/// next of `runtimes` in turn (skipping one that has ended).
+pub(crate) fn hand_out(
+    listener: TcpListener,
+    runtimes: Vec<mpsc::Sender<std::net::TcpStream>>,
+    stopped: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut next = 0;
+        let accepting = async {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    // Out of descriptors, a reset before accept: go on.
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                };
+                // Without TCP_NODELAY a small answer waits for the
+                // client's delayed ACK (40 ms).
+                let _ = tcp.set_nodelay(true);
+                let Ok(mut tcp) = tcp.into_std() else {
+                    continue;
+                };
+                for _ in 0..runtimes.len() {
+                    let runtime = &runtimes[next % runtimes.len()];
+                    next += 1;
+                    match runtime.send(tcp).await {
+                        Ok(()) => break,
+                        Err(mpsc::error::SendError(back)) => tcp = back,
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            () = accepting => {}
+            () = crate::until_stopped(stopped) => {}
         }
-        .map_err(bind_error)?;
-        socket.set_reuseaddr(true).map_err(bind_error)?;
-        socket.set_reuseport(true).map_err(bind_error)?;
-        socket.bind(at).map_err(bind_error)?;
-        let listener = socket.listen(BACKLOG).map_err(bind_error)?;
-        at = listener.local_addr().map_err(bind_error)?;
-        // Registered again by the runtime that serves it.
-        listeners.push(listener.into_std().map_err(bind_error)?);
-    }
-    Ok((listeners, at))
+    })
 }
 
-/// Serve `routes` on `listener` in a runtime of its own, on a thread of
-/// its own, until stopped, with `beside` running there too (the runtime's
-/// own store, `runtime_stores.rs`); the task ends when that runtime has
+/// A runtime's handed connections, registered with it as they come.
+struct Handed(mpsc::Receiver<std::net::TcpStream>);
+
+impl tokio_stream::Stream for Handed {
+    type Item = io::Result<TcpStream>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx).map(|tcp| tcp.map(TcpStream::from_std))
+    }
+}
+
+/// What one runtime serves and how it stops.
+pub(crate) struct Runtime {
+    /// Its number, in its thread's name.
+    pub(crate) n: usize,
+    /// The connections handed to it, and the address they came to.
+    pub(crate) handed: mpsc::Receiver<std::net::TcpStream>,
+    pub(crate) local: SocketAddr,
+    pub(crate) tls: Option<incoming::Acceptor>,
+    pub(crate) routes: tonic::service::Routes,
+    /// Stop accepting and finish the calls in flight.
+    pub(crate) stopped: watch::Receiver<bool>,
+    /// Stop now: the runtime is dropped with whatever it still serves.
+    pub(crate) forced: watch::Receiver<bool>,
+    /// Runs beside the service (the runtime's own store,
+    /// `runtime_stores.rs`).
+    pub(crate) beside: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+/// A channel for the connections of one runtime.
+pub(crate) fn channel() -> (
+    mpsc::Sender<std::net::TcpStream>,
+    mpsc::Receiver<std::net::TcpStream>,
+) {
+    mpsc::channel(HANDED)
+}
+
+/// Start `runtime` on a thread of its own; the task ends when it has
 /// finished.
-pub(crate) fn spawn(
-    n: usize,
-    listener: std::net::TcpListener,
-    tls: Option<incoming::Acceptor>,
-    routes: tonic::service::Routes,
-    stopped: watch::Receiver<bool>,
-    beside: Pin<Box<dyn Future<Output = ()> + Send>>,
-) -> Result<JoinHandle<()>, ServerError> {
+pub(crate) fn spawn(runtime: Runtime) -> Result<JoinHandle<()>, ServerError> {
     let (done, finished) = oneshot::channel::<()>();
+    let n = runtime.n;
     let run = move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        match tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build();
-        match runtime {
-            Ok(runtime) => runtime.block_on(async move {
+            .build()
+        {
+            Ok(tokio) => tokio.block_on(async move {
+                let Runtime {
+                    handed,
+                    local,
+                    tls,
+                    routes,
+                    stopped,
+                    forced,
+                    beside,
+                    ..
+                } = runtime;
                 tokio::spawn(beside);
-                match TcpListener::from_std(listener) {
-                    Ok(listener) => serve(listener, tls, routes, stopped).await,
-                    Err(e) => eprintln!("gRPC runtime {n}: {e}"),
+                tokio::select! {
+                    () = serve(handed, local, tls, routes, stopped) => {}
+                    () = crate::until_stopped(forced) => {}
                 }
             }),
             Err(e) => eprintln!("gRPC runtime {n}: {e}"),
         }
+        // The runtime is gone, and every connection it held with it.
         drop(done);
     };
     std::thread::Builder::new()
@@ -86,17 +145,18 @@ pub(crate) fn spawn(
     }))
 }
 
-/// Serve gRPC (the rate limit service and health) on `listener`, through
-/// TLS when `tls` is set, until stopped.
+/// Serve gRPC (the rate limit service and health) on the connections
+/// handed to this runtime, through TLS when `tls` is set, until stopped.
 async fn serve(
-    listener: TcpListener,
+    handed: mpsc::Receiver<std::net::TcpStream>,
+    local: SocketAddr,
     tls: Option<incoming::Acceptor>,
     routes: tonic::service::Routes,
     stopped: watch::Receiver<bool>,
 ) {
     let server = tonic::transport::Server::builder().add_routes(routes);
     let served = match tls {
-        Some(acceptor) => match incoming::Incoming::start(listener, acceptor) {
+        Some(acceptor) => match incoming::Incoming::start(Tcp::Handed(handed, local), acceptor) {
             Ok(incoming) => {
                 server
                     .serve_with_incoming_shutdown(incoming, crate::until_stopped(stopped))
@@ -105,12 +165,8 @@ async fn serve(
             Err(e) => return eprintln!("gRPC server stopped: {e}"),
         },
         None => {
-            // Without TCP_NODELAY a small answer waits for the client's
-            // delayed ACK (40 ms).
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             server
-                .serve_with_incoming_shutdown(incoming, crate::until_stopped(stopped))
+                .serve_with_incoming_shutdown(Handed(handed), crate::until_stopped(stopped))
                 .await
         }
     };

@@ -36,21 +36,45 @@ pub(crate) struct Incoming {
     accepting: JoinHandle<()>,
 }
 
+/// Where TCP connections come from: a listener, or connections another
+/// runtime accepted (`grpc_runtimes.rs`), with the address they came to.
+pub(crate) enum Tcp {
+    Listener(TcpListener),
+    Handed(mpsc::Receiver<std::net::TcpStream>, SocketAddr),
+}
+
+impl Tcp {
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            Tcp::Listener(listener) => listener.local_addr(),
+            Tcp::Handed(_, local) => Ok(*local),
+        }
+    }
+
+    /// The next connection, registered with this runtime; `None` once no
+    /// more can come.
+    async fn next(&mut self) -> Option<TcpStream> {
+        loop {
+            let accepted = match self {
+                Tcp::Listener(listener) => listener.accept().await.map(|(tcp, _)| tcp),
+                Tcp::Handed(handed, _) => TcpStream::from_std(handed.recv().await?),
+            };
+            match accepted {
+                Ok(tcp) => return Some(tcp),
+                // Out of descriptors, a reset before accept: go on.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+}
+
 impl Incoming {
-    /// Accept on `listener` through `acceptor` from now on.
-    pub(crate) fn start(listener: TcpListener, acceptor: Acceptor) -> io::Result<Incoming> {
-        let local = listener.local_addr()?;
+    /// Accept from `tcp` through `acceptor` from now on.
+    pub(crate) fn start(mut source: Tcp, acceptor: Acceptor) -> io::Result<Incoming> {
+        let local = source.local_addr()?;
         let (sender, connections) = mpsc::channel(QUEUE);
         let accepting = tokio::spawn(async move {
-            loop {
-                let tcp = match listener.accept().await {
-                    Ok((tcp, _)) => tcp,
-                    // Out of descriptors, a reset before accept: go on.
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                };
+            while let Some(tcp) = source.next().await {
                 // Without TCP_NODELAY a small answer waits for the
                 // client's delayed ACK (40 ms).
                 let _ = tcp.set_nodelay(true);

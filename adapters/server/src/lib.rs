@@ -118,14 +118,16 @@ impl Shared {
     /// `tollgate_config_reloads_total{result}`.
     async fn reload(&self) -> Result<(), ServerError> {
         let _one = self.reloading.lock().await;
-        let config = self.checked_file().inspect_err(|e| {
+        let (config, domains) = self.checked_file().inspect_err(|e| {
             tollgate_limiter::observe::config_reload(e.class(), Some(&e.to_string()), &[]);
         })?;
         // Counts its own outcome.
         self.live.reload_with(config.clone()).await?;
-        let rules = Rules::new(
+        // The directory as checked, not read again: it may have changed
+        // since.
+        let rules = Rules::with_domains(
             config.clone(),
-            &self.base(),
+            domains,
             self.runtime_stores.over(self.live.store(), &config),
             self.fallback(&config),
             self.clock.clone(),
@@ -151,9 +153,10 @@ impl Shared {
         Some(contents)
     }
 
-    /// The file, read again and checked whole: what [`reload`](Self::reload)
-    /// may apply.
-    fn checked_file(&self) -> Result<Config, ServerError> {
+    /// The file (and envoyproxy/ratelimit's directory, if it names one),
+    /// read again and checked whole: what [`reload`](Self::reload) may
+    /// apply.
+    fn checked_file(&self) -> Result<(Config, envoy_config::Domains), ServerError> {
         let path = self
             .live
             .path()
@@ -193,14 +196,15 @@ impl Shared {
         }
         // Checked on the running store; applied on the file's (a changed
         // [store] is opened by the reload).
-        Rules::new(
+        let domains = Rules::domains_of(&config, &self.base())?;
+        Rules::with_domains(
             config.clone(),
-            &self.base(),
+            domains.clone(),
             self.live.store(),
             self.fallback(&config),
             self.clock.clone(),
         )?;
-        Ok(config)
+        Ok((config, domains))
     }
 }
 
@@ -254,6 +258,9 @@ pub struct Server {
     grpc: SocketAddr,
     http: SocketAddr,
     stop: watch::Sender<bool>,
+    /// Drops the gRPC runtimes with what they still serve, once a
+    /// shutdown has waited long enough.
+    force: watch::Sender<bool>,
     /// `grpc.health.v1`: serving until the shutdown begins.
     health: tonic_health::server::HealthReporter,
     /// The listeners' tasks, which end with the shutdown.
@@ -261,6 +268,44 @@ pub struct Server {
     /// The certificate files' watch, when there is TLS: stops with the
     /// server.
     certificates: Option<Watch>,
+}
+
+/// What each gRPC runtime serves, and its stop signals.
+struct Serving {
+    routes: tonic::service::Routes,
+    tls: Option<incoming::Acceptor>,
+    stopped: watch::Receiver<bool>,
+    forced: watch::Receiver<bool>,
+}
+
+/// Start the gRPC runtimes (`grpc_runtimes.rs`) and the task handing
+/// them the connections `listener` accepts: the tasks that end when they
+/// have finished.
+fn start_grpc(
+    shared: &Arc<Shared>,
+    listener: TcpListener,
+    local: SocketAddr,
+    serving: Serving,
+) -> Result<Vec<JoinHandle<()>>, ServerError> {
+    let mut tasks = Vec::new();
+    let mut senders = Vec::new();
+    for n in 0..shared.started.grpc_runtimes() {
+        let (sender, handed) = grpc_runtimes::channel();
+        senders.push(sender);
+        let targets = shared.runtime_stores.targets.subscribe();
+        tasks.push(grpc_runtimes::spawn(grpc_runtimes::Runtime {
+            n,
+            handed,
+            local,
+            tls: serving.tls.clone(),
+            routes: serving.routes.clone(),
+            stopped: serving.stopped.clone(),
+            forced: serving.forced.clone(),
+            beside: Box::pin(runtime_stores::keep_local(targets, shared.clock.clone())),
+        })?);
+    }
+    tasks.push(grpc_runtimes::hand_out(listener, senders, serving.stopped));
+    Ok(tasks)
 }
 
 /// The store the rules decide over, wrapped so that each gRPC runtime
@@ -392,14 +437,16 @@ async fn serve_http(
 ) {
     use axum::serve::ListenerExt;
     let served = match tls {
-        Some(acceptor) => match incoming::Incoming::start(listener, acceptor) {
-            Ok(incoming) => {
-                axum::serve(incoming, app)
-                    .with_graceful_shutdown(until_stopped(stopped))
-                    .await
+        Some(acceptor) => {
+            match incoming::Incoming::start(incoming::Tcp::Listener(listener), acceptor) {
+                Ok(incoming) => {
+                    axum::serve(incoming, app)
+                        .with_graceful_shutdown(until_stopped(stopped))
+                        .await
+                }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
-        },
+        }
         None => {
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
@@ -480,27 +527,23 @@ impl Server {
     ) -> Result<Server, ServerError> {
         let (shared, certificates) = prepare(path, clock).await?;
         let settings = shared.started.clone();
-        let runtimes = settings.grpc_runtimes();
-        let (grpc_listeners, grpc) = grpc_runtimes::bind(settings.grpc_listen, runtimes)?;
+        let (grpc_listener, grpc) = bind(settings.grpc_listen).await?;
         let (http_listener, http) = bind(settings.http_listen).await?;
         let (stop, stopped) = watch::channel(false);
+        let (force, forced) = watch::channel(false);
         let (health, health_service) = tonic_health::server::health_reporter();
         health.set_serving::<grpc::Service>().await;
         let routes = tonic::service::Routes::new(grpc::Service {
             shared: shared.clone(),
         })
         .add_service(health_service);
-        let mut tasks = Vec::new();
-        for (n, listener) in grpc_listeners.into_iter().enumerate() {
-            let tls = certificates.as_ref().map(|c| c.grpc.clone());
-            let stopped = stopped.clone();
-            let targets = shared.runtime_stores.targets.subscribe();
-            let own_store = Box::pin(runtime_stores::keep_local(targets, shared.clock.clone()));
-            let routes = routes.clone();
-            tasks.push(grpc_runtimes::spawn(
-                n, listener, tls, routes, stopped, own_store,
-            )?);
-        }
+        let serving = Serving {
+            routes,
+            tls: certificates.as_ref().map(|c| c.grpc.clone()),
+            stopped: stopped.clone(),
+            forced,
+        };
+        let mut tasks = start_grpc(&shared, grpc_listener, grpc, serving)?;
         tasks.push(tokio::spawn(serve_http(
             http_listener,
             certificates.as_ref().map(|c| c.http.clone()),
@@ -513,6 +556,7 @@ impl Server {
             grpc,
             http,
             stop,
+            force,
             health,
             tasks,
             certificates,
@@ -595,7 +639,15 @@ impl Server {
         let deadline = tokio::time::Instant::now() + SHUTDOWN_WITHIN;
         for mut task in self.tasks {
             if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
-                task.abort();
+                // The gRPC runtimes drop what they still serve; the HTTP
+                // API's task is aborted.
+                let _ = self.force.send(true);
+                if tokio::time::timeout(Duration::from_secs(5), &mut task)
+                    .await
+                    .is_err()
+                {
+                    task.abort();
+                }
             }
         }
         // The last decisions' spans go out before the process ends.

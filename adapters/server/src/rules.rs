@@ -380,6 +380,29 @@ fn hashed_entries(entries: &[(String, Vec<u8>)]) -> Subject {
     Subject::hashed(bytes, odd_values_key())
 }
 
+/// Most labels `detailed_metric` makes (of every domain); past it, a
+/// request's values are counted under their limit's own label. Each
+/// label is five counters kept for the process's life, and values come
+/// from clients.
+const MAX_DETAILED_LABELS: usize = 10_000;
+
+/// `label` of `domain` if it is one of the first [`MAX_DETAILED_LABELS`].
+fn bounded_label(domain: &str, label: String) -> Option<String> {
+    static SEEN: std::sync::OnceLock<std::sync::Mutex<HashSet<(String, String)>>> =
+        std::sync::OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let key = (domain.to_string(), label);
+    if seen.contains(&key) || seen.len() < MAX_DETAILED_LABELS {
+        let label = key.1.clone();
+        seen.insert(key);
+        return Some(label);
+    }
+    None
+}
+
 /// Most descriptors one request may carry; a request with more is over
 /// the limit (nothing is decided), as is one naming an entry twice.
 pub const MAX_DESCRIPTORS: usize = 64;
@@ -497,7 +520,7 @@ fn descriptor_rules(
     }
     let mut override_rules = HashMap::new();
     for domain in domains.domains.keys() {
-        let name = crate::envoy_config::rule_name(&format!("{domain}/limit"));
+        let name = crate::envoy_config::override_rule_name(domain);
         let placeholder = Limit::fixed_window(1, std::time::Duration::from_secs(1))
             .and_then(|limit| Policy::new(&name, limit))
             .map_err(|e| ServerError::Settings(e.to_string()))?;
@@ -522,16 +545,34 @@ impl Rules {
         fallback: Option<Arc<dyn Store>>,
         clock: Arc<dyn Clock>,
     ) -> Result<Rules, ServerError> {
+        let domains = Rules::domains_of(&config, base)?;
+        Rules::with_domains(config, domains, store, fallback, clock)
+    }
+
+    /// envoyproxy/ratelimit's configuration as `config` names it
+    /// (`envoy_config_dir`, relative to `base`), read now.
+    pub(crate) fn domains_of(config: &Config, base: &Path) -> Result<Domains, ServerError> {
+        match &Settings::of(config)?.envoy_config_dir {
+            Some(dir) => Domains::load(&base.join(dir), &|name| config.policy(name).cloned()),
+            None => Ok(Domains::default()),
+        }
+    }
+
+    /// [`new`](Rules::new) with envoyproxy/ratelimit's configuration
+    /// already read.
+    pub(crate) fn with_domains(
+        config: Config,
+        domains: Domains,
+        store: Arc<dyn Store>,
+        fallback: Option<Arc<dyn Store>>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Rules, ServerError> {
         let settings = Settings::of(&config)?;
         let hash_key = settings
             .hash_key_env
             .as_deref()
             .map(hash_key_from_env)
             .transpose()?;
-        let domains = match &settings.envoy_config_dir {
-            Some(dir) => Domains::load(&base.join(dir), &|name| config.policy(name).cloned())?,
-            None => Domains::default(),
-        };
         if let Some(spec) = settings
             .rules
             .iter()
@@ -674,6 +715,7 @@ impl Rules {
         let found = match (&self.domains.leaves[leaf].counting, self.leaf_rules[leaf]) {
             (Counting::Unlimited, _) => Found::Free { unlimited: true },
             (Counting::Policy(_), Some(rule)) => Found::Rule(rule),
+            (Counting::Zero { shadow: true }, _) => Found::Free { unlimited: false },
             _ => Found::Over,
         };
         (found, Some(leaf))
@@ -681,7 +723,8 @@ impl Rules {
 
     /// What each descriptor of a request found, once the limits another
     /// descriptor `replaces` are taken out (admitted uncounted, as the
-    /// reference does) and overrides that cannot be counted are over.
+    /// reference does; an `unlimited` one stays so) and overrides that
+    /// cannot be counted are over.
     fn found(&self, domain: &str, descriptors: &[Descriptor]) -> Vec<Found> {
         let found: Vec<(Found, Option<usize>)> =
             descriptors.iter().map(|d| self.find(domain, d)).collect();
@@ -696,8 +739,12 @@ impl Rules {
             .zip(descriptors)
             .map(|((found, leaf), d)| {
                 let name = leaf.map_or("", |l| leaves[l].name.as_str());
+                let counted = matches!(
+                    found,
+                    Found::Rule(_) | Found::Over | Found::Free { unlimited: false }
+                );
                 match found {
-                    Found::Rule(_) if !name.is_empty() && replaced.contains(name) => {
+                    _ if counted && !name.is_empty() && replaced.contains(name) => {
                         Found::Free { unlimited: false }
                     }
                     Found::Rule(_) if d.limit.is_some_and(|o| o.limit().is_none()) => Found::Over,
@@ -729,13 +776,12 @@ impl Rules {
                 }
                 let entry =
                     |(k, v): &(String, Vec<u8>)| format!("{k}_{}", String::from_utf8_lossy(v));
-                d.entries.iter().map(entry).collect::<Vec<_>>().join(".")
+                let detailed = d.entries.iter().map(entry).collect::<Vec<_>>().join(".");
+                bounded_label(&leaf.domain, detailed).unwrap_or_else(|| leaf.label.clone())
             }
-            // A limit override: by its keys (its values are the client's).
-            Filling::Descriptor { leaf: None, .. } => {
-                let keys: Vec<&str> = d.entries.iter().map(|(k, _)| k.as_str()).collect();
-                keys.join(".")
-            }
+            // A limit override: its keys and values are the client's, so
+            // one label for them all.
+            Filling::Descriptor { leaf: None, .. } => "limit_override".to_string(),
         }
     }
 

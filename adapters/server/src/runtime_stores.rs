@@ -85,12 +85,16 @@ pub(crate) async fn keep_local(mut targets: watch::Receiver<Target>, clock: Arc<
         let opened = match target {
             Some((generation, config)) => match config.open_store(clock.clone()).await {
                 Ok(store) => Some((generation, store)),
-                // The shared store serves meanwhile: try again, or open
-                // the next generation's when one comes first.
-                Err(_) => match tokio::time::timeout(RETRY_EVERY, targets.changed()).await {
-                    Ok(Err(_)) => return,
-                    Ok(Ok(())) | Err(_) => continue,
-                },
+                // The shared store serves meanwhile (an older
+                // generation's connection is closed now): try again, or
+                // open the next generation's when one comes first.
+                Err(_) => {
+                    LOCAL.with(|local| *local.borrow_mut() = None);
+                    match tokio::time::timeout(RETRY_EVERY, targets.changed()).await {
+                        Ok(Err(_)) => return,
+                        Ok(Ok(())) | Err(_) => continue,
+                    }
+                }
             },
             None => None,
         };

@@ -471,7 +471,7 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
         ),
         (
             vec![("a.yaml", format!("domain: d\ndescriptors:\n  - key: k\n    colour: red\n    {limit}\n"))],
-            "unknown field `colour`",
+            "config error, unknown key 'colour'",
         ),
         (
             vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n".into())],
@@ -601,5 +601,53 @@ async fn the_extension_brings_policies_and_all_or_nothing() {
         r.statuses[0].limit_remaining, 2,
         "u2 was not charged by the denied request"
     );
+    server.shutdown().await;
+}
+
+const EDGES: &str = r#"
+domain: d
+descriptors:
+  # A dry run of a block: answered OK.
+  - key: dry
+    rate_limit: { unit: second, requests_per_unit: 0 }
+    shadow_mode: true
+  # A block another limit replaces.
+  - key: blocked
+    rate_limit: { name: block, unit: second, requests_per_unit: 0 }
+  - key: unblock
+    rate_limit:
+      unit: second
+      requests_per_unit: 5
+      shadow_mode: true          # misplaced: ignored, as the reference ignores it
+      replaces: [{ name: block }]
+  # Two full keys that read alike: d.p_x.p
+  - key: p
+    value: x.p
+    rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: p_x
+    descriptors:
+      - key: p
+        rate_limit: { unit: second, requests_per_unit: 3 }
+  - key: w
+    value: "a**b"
+    rate_limit: { unit: second, requests_per_unit: 2 }
+"#;
+
+/// Edges of the format: a shadow limit of 0, a replaced limit of 0, a
+/// known key in the wrong place, two leaves whose full keys read alike
+/// (their counters stay apart), a wildcard with two stars in a row.
+#[tokio::test]
+async fn the_formats_edges_are_the_references() {
+    let (_dir, server, _clock) = serve(&[("d.yaml", EDGES)]).await;
+    assert_eq!(admitted(&server, "d", &[("dry", "x")], 3).await, 3);
+    let blocked: &[(&str, &str)] = &[("blocked", "x")];
+    assert_eq!(admitted(&server, "d", blocked, 1).await, 0);
+    let r = ask(&server, "d", &[blocked, &[("unblock", "x")]]).await;
+    assert_eq!(codes(&r), (OK, vec![OK, OK]), "the block is replaced");
+    assert_eq!(admitted(&server, "d", &[("p", "x.p")], 3).await, 1);
+    let nested: &[(&str, &str)] = &[("p_x", "any"), ("p", "p")];
+    assert_eq!(admitted(&server, "d", nested, 5).await, 3, "counted on its own");
+    assert_eq!(admitted(&server, "d", &[("w", "axyb")], 3).await, 2);
+    assert_eq!(admitted(&server, "d", &[("w", "ab")], 3).await, 2);
     server.shutdown().await;
 }

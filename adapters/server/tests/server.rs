@@ -1132,3 +1132,24 @@ async fn runtimes_with_connections_of_their_own_count_exactly() {
     );
     server.shutdown().await;
 }
+
+/// A second server on the port of a running one fails to start: the
+/// port is not shared (two in-process stores would count apart).
+#[tokio::test]
+async fn a_second_server_cannot_share_the_grpc_port() {
+    let (_file, server) = start_with("").await;
+    let port = server.grpc_addr().port();
+    let second = File::new(&format!(
+        "{LIMITS}{}",
+        server_section("").replacen(
+            "grpc_listen = \"127.0.0.1:0\"",
+            &format!("grpc_listen = \"127.0.0.1:{port}\""),
+            1
+        )
+    ));
+    let refused = Server::start(&second.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect_err("the port is taken");
+    assert!(refused.to_string().contains("cannot listen"), "{refused}");
+    server.shutdown().await;
+}

@@ -2,17 +2,71 @@
 //! (`domain`, nested `descriptors`, `rate_limit`), with the checks the
 //! reference makes when it loads one.
 //!
-//! Unknown fields are refused, as the reference refuses them. Its fields
-//! Tollgate does not implement (`quota_mode`, `value_to_metric`,
-//! `share_threshold`, `metadata`) are read so that a file using them is
-//! refused by name rather than as unknown; `tollgate` is Tollgate's own
-//! extension field (docs/server.md, "Coming from envoyproxy/ratelimit").
+//! Keys are checked as the reference checks them ([`check_keys`]): a key
+//! it does not know, anywhere, refuses the file; a key it knows in a
+//! place where it means nothing is ignored. Its fields Tollgate does not
+//! implement (`quota_mode`, `value_to_metric`, `share_threshold`,
+//! `metadata`) are read so that a file using them is refused by name;
+//! `tollgate` is Tollgate's own extension field (docs/server.md, "Coming
+//! from envoyproxy/ratelimit"), whose own fields are checked strictly.
 
 use serde::Deserialize;
 
+/// The keys the reference knows, and Tollgate's extension's.
+const KNOWN_KEYS: [&str; 19] = [
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+    "tollgate",
+    "all_or_nothing",
+    "policy",
+];
+
+/// The reference's check of a file's keys: every key of every mapping is
+/// one it knows (`metadata`'s contents excepted), and every list holds
+/// mappings.
+pub(super) fn check_keys(value: &serde_norway::Value) -> Result<(), String> {
+    use serde_norway::Value;
+    match value {
+        Value::Mapping(map) => {
+            for (key, value) in map {
+                let Value::String(key) = key else {
+                    return Err(format!("config error, key is not of type string: {key:?}"));
+                };
+                if !KNOWN_KEYS.contains(&key.as_str()) {
+                    return Err(format!("config error, unknown key '{key}'"));
+                }
+                if key != "metadata" {
+                    check_keys(value)?;
+                }
+            }
+            Ok(())
+        }
+        Value::Sequence(items) => items.iter().try_for_each(|item| match item {
+            Value::Mapping(_) => check_keys(item),
+            other => Err(format!(
+                "config error, yaml file contains list of type other than map: {other:?}"
+            )),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// A file: one domain and its descriptors.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct File {
     #[serde(default)]
     pub(super) domain: String,
@@ -36,7 +90,6 @@ pub(super) struct DomainExtension {
 
 /// One descriptor of the tree.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct DescriptorYaml {
     #[serde(default)]
     pub(super) key: String,
@@ -66,7 +119,6 @@ pub(super) struct DescriptorYaml {
 
 /// `rate_limit:` of a descriptor.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct RateLimitYaml {
     #[serde(default)]
     pub(super) requests_per_unit: u32,
@@ -82,7 +134,6 @@ pub(super) struct RateLimitYaml {
 
 /// One entry of `replaces:`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct Replaces {
     #[serde(default)]
     pub(super) name: String,

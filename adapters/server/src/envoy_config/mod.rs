@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tollgate_limiter::{check_name, Limit, Policy, Subject};
+use tollgate_limiter::{Limit, Policy, Subject};
 
 use crate::error::ServerError;
 use file::{DescriptorYaml, File};
@@ -28,15 +28,16 @@ pub(crate) enum Counting {
     Policy(Policy),
     /// `unlimited: true`: admitted, never counted.
     Unlimited,
-    /// `requests_per_unit: 0`: always over the limit.
-    Zero,
+    /// `requests_per_unit: 0`: always over the limit (answered `OK` in
+    /// shadow mode, as the reference answers a shadow denial).
+    Zero { shadow: bool },
 }
 
 /// A descriptor of a file that has a `rate_limit` (or `tollgate.policy`).
 #[derive(Debug, Clone)]
 pub(crate) struct Leaf {
-    /// Its name among the server's rules, from its full key (below): its
-    /// layer's, its policy's and its counters' name.
+    /// Its name among the server's rules (`rule_name`): its layer's and
+    /// its policy's name.
     pub(crate) rule: String,
     /// The reference's name for it: `key_value.key2` under its domain,
     /// the `rule` label of its counters.
@@ -53,7 +54,7 @@ pub(crate) struct Leaf {
 }
 
 /// One domain: its tree, and how its descriptors are decided.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Domain {
     pub(crate) root: Node,
     /// Together, all-or-nothing (Tollgate's extension), rather than each
@@ -62,30 +63,47 @@ pub(crate) struct Domain {
 }
 
 /// The loaded directory: its domains, and the leaves of all of them.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Domains {
     pub(crate) domains: HashMap<String, Domain>,
     pub(crate) leaves: Vec<Leaf>,
 }
 
-/// Where descriptors are loaded: their domain, and the full key of the
-/// descriptor they are under (ending in `.`).
+/// Where descriptors are loaded: their domain, the full key of the
+/// descriptor they are under (ending in `.`), and the keys of the path to
+/// it.
 #[derive(Clone, Copy)]
 struct Place<'a> {
     domain: &'a str,
     parent: &'a str,
+    path: &'a [String],
 }
 
-/// A rule's name for a leaf's full key (`domain.key_value.key2`): the key
-/// itself when it is a valid name, else its hash (`h.` and hex), so the
-/// leaf's store keys stay the same as long as its place in the tree does.
-pub(crate) fn rule_name(full_key: &str) -> String {
-    if check_name("rule", full_key).is_ok() {
-        return full_key.to_string();
+/// The hash of `parts`, each length-prefixed, as a name (`h.` and hex).
+fn hashed_name<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let mut bytes = Vec::new();
+    for part in parts {
+        bytes.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        bytes.extend_from_slice(part);
     }
-    Subject::hashed(full_key, crate::rules::odd_values_key())
+    Subject::hashed(bytes, crate::rules::odd_values_key())
         .as_str()
         .to_string()
+}
+
+/// A leaf's name among the rules, its policy's and its layer's: the hash
+/// of its domain and the keys of its path, so two leaves never share one
+/// (their full keys can: `p` with value `x.p` and `p_x` over `p` both
+/// read `d.p_x.p`), and its store keys stay the same as long as its place
+/// in the tree does.
+fn rule_name(domain: &str, path: &[String]) -> String {
+    let parts = [&b"leaf"[..], domain.as_bytes()];
+    hashed_name(parts.into_iter().chain(path.iter().map(|k| k.as_bytes())))
+}
+
+/// The name of a domain's rule for descriptors with a limit override.
+pub(crate) fn override_rule_name(domain: &str) -> String {
+    hashed_name([&b"override"[..], domain.as_bytes()])
 }
 
 /// The YAML files of `dir`, in name order: `*.yaml` and `*.yml`, hidden
@@ -132,8 +150,10 @@ impl Domains {
         let mut domains = Domains::default();
         for path in files(dir).map_err(|e| refuse(dir, e))? {
             let text = std::fs::read_to_string(&path).map_err(|e| refuse(&path, e.to_string()))?;
-            let file: File = serde_norway::from_str(&text)
-                .map_err(|e| refuse(&path, format!("error loading config file: {e}")))?;
+            let loading = |e| refuse(&path, format!("error loading config file: {e}"));
+            let value: serde_norway::Value = serde_norway::from_str(&text).map_err(loading)?;
+            file::check_keys(&value).map_err(|e| refuse(&path, e))?;
+            let file: File = serde_norway::from_value(value).map_err(loading)?;
             domains.add(file, policy).map_err(|e| refuse(&path, e))?;
         }
         Ok(domains)
@@ -151,6 +171,7 @@ impl Domains {
         let at = Place {
             domain: &file.domain,
             parent: &parent,
+            path: &[],
         };
         self.descriptors(&mut root, at, &file.descriptors, policy)?;
         let domain = Domain {
@@ -173,14 +194,16 @@ impl Domains {
             d.check()?;
             let key = d.final_key();
             let full = format!("{}{key}", at.parent);
+            let path = [at.path, std::slice::from_ref(&key)].concat();
             let mut child = Node::default();
-            if let Some(leaf) = leaf(d, at.domain, &full, policy)? {
+            if let Some(leaf) = leaf(d, at.domain, &full, &path, policy)? {
                 child.leaf = Some(self.leaves.len());
                 self.leaves.push(leaf);
             }
             let below = Place {
                 domain: at.domain,
                 parent: &format!("{full}."),
+                path: &path,
             };
             self.descriptors(&mut child, below, &d.descriptors, policy)?;
             if !node.insert(&key, child) {
@@ -191,19 +214,20 @@ impl Domains {
     }
 }
 
-/// The leaf of descriptor `d` of `domain` (full key `full`), if it has a
-/// limit.
+/// The leaf of descriptor `d` of `domain` (full key `full`, at the end of
+/// `path`), if it has a limit.
 fn leaf(
     d: &DescriptorYaml,
     domain: &str,
     full: &str,
+    path: &[String],
     policy: &dyn Fn(&str) -> Option<Policy>,
 ) -> Result<Option<Leaf>, String> {
-    let rule = rule_name(full);
+    let rule = rule_name(domain, path);
     let mut leaf = Leaf {
         label: full[domain.len() + 1..].to_string(),
         rule: rule.clone(),
-        counting: Counting::Zero,
+        counting: Counting::Zero { shadow: false },
         name: String::new(),
         replaces: Vec::new(),
         detailed: d.detailed_metric,
@@ -216,7 +240,9 @@ fn leaf(
             leaf.replaces = limit.replaces.iter().map(|r| r.name.clone()).collect();
             match file::unit_seconds(&limit.unit) {
                 _ if limit.unlimited => Counting::Unlimited,
-                _ if limit.requests_per_unit == 0 => Counting::Zero,
+                _ if limit.requests_per_unit == 0 => Counting::Zero {
+                    shadow: d.shadow_mode,
+                },
                 Some(Ok(seconds)) => {
                     let window = Duration::from_secs(seconds);
                     let limit = Limit::fixed_window(u64::from(limit.requests_per_unit), window)

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 /// A descriptor of the tree: its children by their key (`key` or
 /// `key_value`, bytes as on Envoy's wire) and, when it has a
 /// `rate_limit`, its leaf (an index into the loaded leaves).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Node {
     children: HashMap<Vec<u8>, Node>,
     /// Children whose key holds a `*`, split on it, in file order.
@@ -75,7 +75,7 @@ fn matches(parts: &[Vec<u8>], value: &[u8]) -> bool {
         return false;
     }
     let mut rest = &value[first.len()..value.len() - last.len()];
-    for part in middle {
+    for part in middle.iter().filter(|p| !p.is_empty()) {
         let Some(at) = rest.windows(part.len()).position(|w| w == part.as_slice()) else {
             return false;
         };
@@ -103,6 +103,10 @@ mod tests {
             ("path_bar*baz*qux", "path_barquxbaz", false),
             ("path_ab*ba", "path_aba", false),
             ("k_*", "k_", true),
+            ("k_a**b", "k_ab", true),
+            ("k_a**b", "k_axyb", true),
+            ("k_a**", "k_a", true),
+            ("k_a**b", "k_ba", false),
         ];
         for (pattern, value, expected) in cases {
             assert_eq!(
