@@ -646,7 +646,11 @@ async fn the_formats_edges_are_the_references() {
     assert_eq!(codes(&r), (OK, vec![OK, OK]), "the block is replaced");
     assert_eq!(admitted(&server, "d", &[("p", "x.p")], 3).await, 1);
     let nested: &[(&str, &str)] = &[("p_x", "any"), ("p", "p")];
-    assert_eq!(admitted(&server, "d", nested, 5).await, 3, "counted on its own");
+    assert_eq!(
+        admitted(&server, "d", nested, 5).await,
+        3,
+        "counted on its own"
+    );
     assert_eq!(admitted(&server, "d", &[("w", "axyb")], 3).await, 2);
     assert_eq!(admitted(&server, "d", &[("w", "ab")], 3).await, 2);
     server.shutdown().await;
