@@ -5,7 +5,6 @@
 //! and a *trailers-only* response — no body, the status in the headers
 //! that end the stream — as the gRPC over HTTP/2 protocol defines it.
 
-use std::fmt::Write;
 use std::time::Duration;
 
 use crate::identity::RequestView;
@@ -88,15 +87,9 @@ pub(crate) fn trailers_only(
 /// `grpc-message` encoding: bytes outside printable ASCII, and `%`, as
 /// `%XX` (the gRPC over HTTP/2 specification).
 fn percent_encode(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    for b in message.bytes() {
-        if (0x20..=0x7e).contains(&b) && b != b'%' {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    // Control bytes and `%`; every byte past ASCII is encoded anyway.
+    const GRPC_MESSAGE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+    percent_encoding::utf8_percent_encode(message, GRPC_MESSAGE).to_string()
 }
 
 /// A `google.rpc.Status` { code, message, details: [Any(RetryInfo)] } in
@@ -145,18 +138,8 @@ fn bytes_field(out: &mut Vec<u8>, field: u8, bytes: &[u8]) {
 
 /// Standard base64 without padding, as gRPC sends `-bin` metadata.
 fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[(n >> (18 - 6 * i) & 0x3f) as usize] as char);
-        }
-    }
-    out
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD_NO_PAD.encode(bytes)
 }
 
 #[cfg(test)]
