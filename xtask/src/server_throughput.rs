@@ -442,16 +442,7 @@ pub fn server_throughput(args: &[String]) -> Result {
             100_000,
         ),
     ];
-    let mut rows: Vec<(String, Figures)> = Vec::new();
-    for (name, _, _) in &stores {
-        for (build, _) in &builds {
-            let label = match builds.len() {
-                1 => name.to_string(),
-                _ => format!("{name}, {build}"),
-            };
-            rows.push((label, Figures::default()));
-        }
-    }
+    let mut rows = rows(&stores, &builds);
     for round in 0..rounds {
         // Which build goes first alternates with the rounds.
         let mut order: Vec<usize> = (0..builds.len()).collect();
@@ -569,6 +560,22 @@ impl Bench {
             server_us: (server1 - server0) * 1e6 / requests,
         })
     }
+}
+
+/// A row for each store and build, named after both when there are two
+/// builds, in the order `measure` fills them.
+fn rows(stores: &[StoreCase], builds: &[(&str, PathBuf)]) -> Vec<(String, Figures)> {
+    let mut rows = Vec::new();
+    for (name, _, _) in stores {
+        for (build, _) in builds {
+            let label = match builds.len() {
+                1 => name.to_string(),
+                _ => format!("{name}, {build}"),
+            };
+            rows.push((label, Figures::default()));
+        }
+    }
+    rows
 }
 
 fn report(rows: &[(String, Figures)], rounds: usize) -> String {

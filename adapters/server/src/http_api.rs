@@ -117,6 +117,27 @@ pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
         .map_err(|e| error(StatusCode::BAD_REQUEST, &format!("the request body: {e}")))
 }
 
+/// One descriptor's status as `/v1/check` answers it.
+fn status_json(rules: &crate::Rules, s: &crate::Status) -> serde_json::Value {
+    let mut v = json!({ "code": if s.ok { "OK" } else { "OVER_LIMIT" } });
+    if s.unlimited {
+        v["unlimited"] = json!(true);
+    }
+    if let (Some(layer), Some(until)) = (&s.tightest, s.until_reset()) {
+        v["policy"] = json!(layer.policy());
+        v["limit_remaining"] = json!(layer.verdict.remaining);
+        v["duration_until_reset_ms"] = json!(until.as_millis() as u64);
+        if let Some(e) = rules.envoy_limit(s) {
+            v["current_limit"] = json!({
+                "requests_per_unit": e.requests_per_unit,
+                "unit": e.unit_name,
+                "exact": e.exact,
+            });
+        }
+    }
+    v
+}
+
 async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     // The token first: a body is read only for those who may send one.
     if !authorized(&shared, request.headers()) {
@@ -152,25 +173,7 @@ async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response 
     let statuses: Vec<serde_json::Value> = outcome
         .statuses
         .iter()
-        .map(|s| {
-            let mut v = json!({ "code": if s.ok { "OK" } else { "OVER_LIMIT" } });
-            if s.unlimited {
-                v["unlimited"] = json!(true);
-            }
-            if let (Some(layer), Some(until)) = (&s.tightest, s.until_reset()) {
-                v["policy"] = json!(layer.policy());
-                v["limit_remaining"] = json!(layer.verdict.remaining);
-                v["duration_until_reset_ms"] = json!(until.as_millis() as u64);
-                if let Some(e) = rules.envoy_limit(s) {
-                    v["current_limit"] = json!({
-                        "requests_per_unit": e.requests_per_unit,
-                        "unit": e.unit_name,
-                        "exact": e.exact,
-                    });
-                }
-            }
-            v
-        })
+        .map(|s| status_json(&rules, s))
         .collect();
     let overall = if outcome.ok() { "OK" } else { "OVER_LIMIT" };
     let status = match (outcome.ok(), outcome.failed_closed()) {

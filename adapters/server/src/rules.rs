@@ -424,6 +424,25 @@ fn hash_key_from_env(name: &str) -> Result<HashKey, ServerError> {
     HashKey::new(value.as_bytes()).map_err(|e| env_error(e.to_string()))
 }
 
+/// A domain is configured in one place: by `[[server.rules]]` or by a file
+/// of `envoy_config_dir`.
+fn one_place_per_domain(settings: &Settings, domains: &Domains) -> Result<(), ServerError> {
+    match settings
+        .rules
+        .iter()
+        .find(|r| domains.domains.contains_key(&r.domain))
+    {
+        Some(spec) => Err(ServerError::Rule {
+            rule: spec.name.clone(),
+            reason: format!(
+                "domain {:?} is also a domain of envoy_config_dir: configure a domain in one place",
+                spec.domain
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The rule of a `[[server.rules]]`: its route's layers, each counted per
 /// the rule's own attribute for its scope.
 fn entries_rule(config: &Config, spec: &RuleSpec) -> Result<Rule, ServerError> {
@@ -573,19 +592,7 @@ impl Rules {
             .as_deref()
             .map(hash_key_from_env)
             .transpose()?;
-        if let Some(spec) = settings
-            .rules
-            .iter()
-            .find(|r| domains.domains.contains_key(&r.domain))
-        {
-            return Err(ServerError::Rule {
-                rule: spec.name.clone(),
-                reason: format!(
-                    "domain {:?} is also a domain of envoy_config_dir: configure a domain in one place",
-                    spec.domain
-                ),
-            });
-        }
+        one_place_per_domain(&settings, &domains)?;
         let mut rules = settings
             .rules
             .iter()
@@ -958,20 +965,7 @@ impl Rules {
                 _ => None,
             })
             .collect();
-        let mut statuses: Vec<Status> = found
-            .iter()
-            .map(|found| Status {
-                ok: match found {
-                    Found::Rule(_) | Found::Free { .. } => true,
-                    Found::Over => false,
-                    Found::Unknown => self.settings.unknown_descriptors == Unknown::Allow,
-                },
-                tightest: None,
-                limit: None,
-                rule: None,
-                unlimited: *found == Found::Free { unlimited: true },
-            })
-            .collect();
+        let mut statuses: Vec<Status> = found.iter().map(|f| self.first_status(f)).collect();
         let together = self.together(domain);
         let mut denied = together && statuses.iter().any(|s| !s.ok);
         let mut decisions = Vec::new();
@@ -999,6 +993,22 @@ impl Rules {
             statuses,
             decisions,
         })
+    }
+
+    /// A descriptor's status before anything is decided: what it found
+    /// says whether it can still be admitted.
+    fn first_status(&self, found: &Found) -> Status {
+        Status {
+            ok: match found {
+                Found::Rule(_) | Found::Free { .. } => true,
+                Found::Over => false,
+                Found::Unknown => self.settings.unknown_descriptors == Unknown::Allow,
+            },
+            tightest: None,
+            limit: None,
+            rule: None,
+            unlimited: *found == Found::Free { unlimited: true },
+        }
     }
 
     /// Decide one round, descriptors `ds` at `cost` each, writing their

@@ -70,6 +70,44 @@ pub struct RuleSpec {
     pub hashed: Vec<String>,
 }
 
+impl RuleSpec {
+    /// What one rule must be on its own: a valid name, a route of the
+    /// file, entries, and hashed entries that are among them (with a hash
+    /// key when there are any).
+    fn check(&self, config: &Config, has_hash_key: bool) -> Result<(), String> {
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+        {
+            return Err("a rule's name is made of letters, digits, '-' and '_'".into());
+        }
+        if config.route(&self.route).is_none() {
+            let known: Vec<&String> = config.routes().keys().collect();
+            return Err(format!(
+                "route {:?} is not a [routes.<name>] of the file (there are {known:?})",
+                self.route
+            ));
+        }
+        if self.entries.is_empty() && self.values.is_empty() {
+            return Err("give the descriptor's entries (entries, values)".into());
+        }
+        if let Some(both) = self.entries.keys().find(|k| self.values.contains_key(*k)) {
+            return Err(format!("entry {both:?} is in both entries and values"));
+        }
+        if let Some(stray) = self.hashed.iter().find(|k| !self.entries.contains_key(*k)) {
+            return Err(format!("hashed entry {stray:?} is not one of its entries"));
+        }
+        if !self.hashed.is_empty() && !has_hash_key {
+            return Err(
+                "hashed entries need server.hash_key_env, the variable holding the hash key".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
 /// The `[server]` section.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -165,48 +203,13 @@ impl Settings {
         let mut names = std::collections::BTreeSet::new();
         for (i, rule) in settings.rules.iter().enumerate() {
             let at = format!("server.rules[{i}] ({:?})", rule.name);
-            if rule.name.is_empty()
-                || !rule
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
-            {
-                return Err(ServerError::Settings(format!(
-                    "{at}: a rule's name is made of letters, digits, '-' and '_'"
-                )));
-            }
             if !names.insert(rule.name.as_str()) {
                 return Err(ServerError::Settings(format!(
                     "{at}: two rules share this name"
                 )));
             }
-            if config.route(&rule.route).is_none() {
-                let known: Vec<&String> = config.routes().keys().collect();
-                return Err(ServerError::Settings(format!(
-                    "{at}: route {:?} is not a [routes.<name>] of the file (there are {known:?})",
-                    rule.route
-                )));
-            }
-            if rule.entries.is_empty() && rule.values.is_empty() {
-                return Err(ServerError::Settings(format!(
-                    "{at}: give the descriptor's entries (entries, values)"
-                )));
-            }
-            if let Some(both) = rule.entries.keys().find(|k| rule.values.contains_key(*k)) {
-                return Err(ServerError::Settings(format!(
-                    "{at}: entry {both:?} is in both entries and values"
-                )));
-            }
-            if let Some(stray) = rule.hashed.iter().find(|k| !rule.entries.contains_key(*k)) {
-                return Err(ServerError::Settings(format!(
-                    "{at}: hashed entry {stray:?} is not one of its entries"
-                )));
-            }
-            if !rule.hashed.is_empty() && settings.hash_key_env.is_none() {
-                return Err(ServerError::Settings(format!(
-                    "{at}: hashed entries need server.hash_key_env, the variable holding the hash key"
-                )));
-            }
+            rule.check(config, settings.hash_key_env.is_some())
+                .map_err(|why| ServerError::Settings(format!("{at}: {why}")))?;
         }
         if let Some(name) = settings.operator_tokens.keys().find(|n| {
             n.is_empty()
