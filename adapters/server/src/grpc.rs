@@ -12,7 +12,7 @@ use tollgate_http::{decision_headers, HeaderStyle};
 
 use tonic::codegen::{http, BoxFuture};
 
-use crate::rules::{Outcome, Rules, Status};
+use crate::rules::{Answer, Rules, Status};
 use crate::traces::{decision_attributes, Span, TraceContext};
 use crate::wire::WireRequest;
 use crate::Shared;
@@ -54,7 +54,7 @@ fn status(rules: &Rules, s: &Status) -> DescriptorStatus {
 }
 
 /// The response for `outcome`.
-pub(crate) fn response(rules: &Rules, outcome: &Outcome) -> RateLimitResponse {
+pub(crate) fn response(rules: &Rules, outcome: &Answer) -> RateLimitResponse {
     let headers = rules.settings().response_headers;
     let overall = if outcome.ok() {
         Code::Ok

@@ -60,7 +60,7 @@ use tollgate_limiter::{Clock, Store};
 
 pub use envoy_limit::{envoy_limit, EnvoyLimit};
 pub use error::{BadRequest, ServerError};
-pub use rules::{Descriptor, LimitOverride, Outcome, Rules, Status};
+pub use rules::{Answer, Descriptor, LimitOverride, Rules, Status};
 pub use settings::{Role, RuleSpec, Settings, Unknown};
 pub use tls::TlsSettings;
 pub use traces::TraceSettings;
@@ -210,9 +210,9 @@ impl Shared {
 
 /// Stops watching the file when dropped ([`Server::watch`]).
 #[derive(Debug)]
-pub struct Watch(JoinHandle<()>);
+pub struct FileWatch(JoinHandle<()>);
 
-impl Drop for Watch {
+impl Drop for FileWatch {
     fn drop(&mut self) {
         self.0.abort();
     }
@@ -267,7 +267,7 @@ pub struct Server {
     tasks: Vec<JoinHandle<()>>,
     /// The certificate files' watch, when there is TLS: stops with the
     /// server.
-    certificates: Option<Watch>,
+    certificates: Option<FileWatch>,
 }
 
 /// What each gRPC runtime serves, and its stop signals.
@@ -550,7 +550,7 @@ impl Server {
             http_api::router(shared.clone()),
             stopped,
         )));
-        let certificates = certificates.map(|c| Watch(c.watch(CERTIFICATES_EVERY)));
+        let certificates = certificates.map(|c| FileWatch(c.watch(CERTIFICATES_EVERY)));
         Ok(Server {
             shared,
             grpc,
@@ -610,12 +610,12 @@ impl Server {
         &self,
         every: Duration,
         mut report: impl FnMut(Result<(), ServerError>) + Send + 'static,
-    ) -> Watch {
+    ) -> FileWatch {
         let shared = self.shared.clone();
         // Read now, not in the task: a change made before the task first
         // runs is a change.
         let mut file = settled::Settled::new(shared.watched());
-        Watch(tokio::spawn(async move {
+        FileWatch(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
                 if file.changed(shared.watched()) {

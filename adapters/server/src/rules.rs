@@ -161,7 +161,7 @@ pub struct Status {
 
 /// A request's answer.
 #[derive(Debug, Clone)]
-pub struct Outcome {
+pub struct Answer {
     /// One status per descriptor, in order.
     pub statuses: Vec<Status>,
     /// The decisions made (one per round, usually one), for the headers:
@@ -185,7 +185,7 @@ impl Status {
     }
 }
 
-impl Outcome {
+impl Answer {
     /// Whether every descriptor is under its limit.
     pub fn ok(&self) -> bool {
         self.statuses.iter().all(|s| s.ok)
@@ -942,7 +942,7 @@ impl Rules {
         &self,
         domain: &str,
         descriptors: &[Descriptor],
-    ) -> Result<Outcome, BadRequest> {
+    ) -> Result<Answer, BadRequest> {
         let over = |_| Status {
             ok: false,
             tightest: None,
@@ -952,7 +952,7 @@ impl Rules {
         };
         if descriptors.len() > MAX_DESCRIPTORS {
             // Deciding them would be a store call each: refuse the lot.
-            return Ok(Outcome {
+            return Ok(Answer {
                 statuses: descriptors.iter().map(over).collect(),
                 decisions: Vec::new(),
             });
@@ -989,7 +989,7 @@ impl Rules {
                 decisions.push(decision);
             }
         }
-        Ok(Outcome {
+        Ok(Answer {
             statuses,
             decisions,
         })

@@ -254,7 +254,7 @@ impl Tracer {
 pub(crate) fn decision_attributes(
     domain: &str,
     descriptors: usize,
-    outcome: Option<&crate::Outcome>,
+    outcome: Option<&crate::Answer>,
 ) -> Vec<(&'static str, Value)> {
     let mut attributes = vec![
         ("ratelimit.domain", json!(domain)),
