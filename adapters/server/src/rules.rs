@@ -152,7 +152,7 @@ pub struct Status {
     /// The descriptor's limit override, when it decided.
     pub limit: Option<LimitOverride>,
     /// The rule that decided it, as its counters' `rule` label names it.
-    pub rule: Option<String>,
+    pub rule: Option<Arc<str>>,
     /// Whether it matched an `unlimited` limit of envoyproxy/ratelimit's
     /// configuration: admitted and never counted (Envoy is told
     /// `limit_remaining` u32::MAX, as the reference tells it).
@@ -223,6 +223,9 @@ struct Rule {
     /// Its name: its layers' prefix, its counters' `rule` label.
     name: String,
     filling: Filling,
+    /// Its counters' `rule` label (for `detailed_metric`, the one used
+    /// past the cap), made once: a decision shares it.
+    label: Arc<str>,
     /// Its counters, when their labels are the same for every request
     /// (not for `detailed_metric`, nor a domain's override rule).
     counters: Option<RuleCounters>,
@@ -485,6 +488,7 @@ fn entries_rule(config: &Config, spec: &RuleSpec) -> Result<Rule, ServerError> {
         .map(|(key, role)| (key.clone(), Arc::from(scoped(&spec.name, &role.scope()))))
         .collect();
     Ok(Rule {
+        label: Arc::from(spec.name.as_str()),
         counters: Some(RuleCounters::new(&spec.domain, &spec.name)),
         name: spec.name.clone(),
         filling: Filling::Entries {
@@ -502,17 +506,19 @@ fn entries_rule(config: &Config, spec: &RuleSpec) -> Result<Rule, ServerError> {
 type DescriptorRules = (Vec<Option<usize>>, HashMap<String, usize>);
 
 /// A rule counting each whole descriptor under `policy`, named `name`,
-/// with `counters` when their labels are fixed.
+/// its counters labelled `label` (`counters`: looked up once, when that
+/// label is the same for every request).
 fn descriptor_rule(
     name: String,
     leaf: Option<usize>,
     policy: Policy,
-    counters: Option<RuleCounters>,
+    (label, counters): (Arc<str>, Option<RuleCounters>),
 ) -> Rule {
     let attribute: Arc<str> = scoped(&name, &Scope::Subject).into();
     Rule {
         layers: vec![(name.clone(), Scope::Attribute(attribute.clone()), policy)],
         filling: Filling::Descriptor { attribute, leaf },
+        label,
         counters,
         name,
     }
@@ -534,7 +540,8 @@ fn descriptor_rules(
         };
         leaf_rules.push(Some(rules.len()));
         let counters = (!leaf.detailed).then(|| RuleCounters::new(&leaf.domain, &leaf.label));
-        let rule = descriptor_rule(leaf.rule.clone(), Some(l), policy.clone(), counters);
+        let labels = (Arc::from(leaf.label.as_str()), counters);
+        let rule = descriptor_rule(leaf.rule.clone(), Some(l), policy.clone(), labels);
         rules.push(rule);
     }
     let mut override_rules = HashMap::new();
@@ -544,7 +551,9 @@ fn descriptor_rules(
             .and_then(|limit| Policy::new(&name, limit))
             .map_err(|e| ServerError::Settings(e.to_string()))?;
         override_rules.insert(domain.clone(), rules.len());
-        rules.push(descriptor_rule(name, None, placeholder, None));
+        // Its keys and values are the client's: one label for them all.
+        let labels = (Arc::from("limit_override"), None);
+        rules.push(descriptor_rule(name, None, placeholder, labels));
     }
     Ok((leaf_rules, override_rules))
 }
@@ -772,24 +781,18 @@ impl Rules {
     }
 
     /// The `rule` label of the counters of `d`, decided by rule `i`.
-    fn label(&self, i: usize, d: &Descriptor) -> String {
+    fn label(&self, i: usize, d: &Descriptor) -> Arc<str> {
         let rule = &self.rules[i];
-        match &rule.filling {
-            Filling::Entries { .. } => rule.name.clone(),
-            Filling::Descriptor { leaf: Some(l), .. } => {
-                let leaf = &self.domains.leaves[*l];
-                if !leaf.detailed {
-                    return leaf.label.clone();
-                }
-                let entry =
-                    |(k, v): &(String, Vec<u8>)| format!("{k}_{}", String::from_utf8_lossy(v));
-                let detailed = d.entries.iter().map(entry).collect::<Vec<_>>().join(".");
-                bounded_label(&leaf.domain, detailed).unwrap_or_else(|| leaf.label.clone())
-            }
-            // A limit override: its keys and values are the client's, so
-            // one label for them all.
-            Filling::Descriptor { leaf: None, .. } => "limit_override".to_string(),
+        let Filling::Descriptor { leaf: Some(l), .. } = &rule.filling else {
+            return rule.label.clone();
+        };
+        let leaf = &self.domains.leaves[*l];
+        if !leaf.detailed {
+            return rule.label.clone();
         }
+        let entry = |(k, v): &(String, Vec<u8>)| format!("{k}_{}", String::from_utf8_lossy(v));
+        let detailed = d.entries.iter().map(entry).collect::<Vec<_>>().join(".");
+        bounded_label(&leaf.domain, detailed).map_or_else(|| rule.label.clone(), Arc::from)
     }
 
     /// Rule `i`'s layers, with `limit` overriding their policies: then one
