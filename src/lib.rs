@@ -67,7 +67,8 @@ pub mod algorithms {
 pub use tollgate_memory::{MemoryStore, MemoryStoreBuilder};
 
 /// The Redis stores (standalone, Sentinel, and with `redis-cluster` the
-/// Cluster): one Lua call per decision.
+/// Cluster): one call per decision (Tollgate's native module where the
+/// server loaded it, else the Lua code as a function or a script).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis {

@@ -4,11 +4,11 @@
 //! gives identical verdicts: `backends/redis/tests/adjust.rs`).
 
 use tollgate_limiter::{
-    duration_micros as duration_us, Adjustment, LayerRequest, Limit, State, StoreError, Stored,
-    Timestamp, Verdict, Verdicts,
+    duration_micros as duration_us, Adjustment, Limit, State, StoreError, Stored, Timestamp,
+    Verdict, Verdicts,
 };
 
-use crate::layered::{Layered, Writes};
+use crate::layered::{LayerLimit, Layered, Writes};
 
 use crate::builtin;
 use crate::{after, decide, ttl_until};
@@ -101,7 +101,11 @@ pub fn adjust(
             Some(stored) => (Some(stored.state), Some(stored.ttl)),
             None => (None, None),
         },
-        Adjustment::Reward => (reward(limit, state, now_us, units)?, None),
+        // A reward that gives nothing back writes nothing.
+        Adjustment::Reward => (
+            reward(limit, state, now_us, units)?.filter(|n| Some(n) != state),
+            None,
+        ),
         other => return Err(StoreError::UnsupportedOperation(other.name())),
     };
     let Some(next) = next else {
@@ -132,8 +136,8 @@ pub fn adjust(
 /// with no live state; the units are each layer's cost): what a store
 /// answers and writes for [`Store::adjust`](tollgate_limiter::Store::adjust).
 /// `writes` holds one entry per layer (`None`: leave that state as it is).
-pub fn adjust_layers(
-    layers: &[LayerRequest<'_>],
+pub fn adjust_layers<L: LayerLimit>(
+    layers: &[L],
     states: &[Option<&State>],
     now: Timestamp,
     adjustment: Adjustment,
@@ -141,7 +145,7 @@ pub fn adjust_layers(
     let mut verdicts = Verdicts::new();
     let mut writes = Writes::default();
     for (layer, state) in layers.iter().zip(states) {
-        let adjusted = adjust(layer.policy.limit(), *state, now, layer.cost, adjustment)?;
+        let adjusted = adjust(layer.limit(), *state, now, layer.cost(), adjustment)?;
         verdicts.push(adjusted.verdict);
         writes.0.push(adjusted.next);
     }

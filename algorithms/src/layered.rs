@@ -4,9 +4,37 @@
 use std::ops::Deref;
 
 use smallvec::SmallVec;
-use tollgate_limiter::{LayerRequest, State, Stored, Timestamp, Transition, Verdicts};
+use tollgate_limiter::{LayerRequest, Limit, State, Stored, Timestamp, Transition, Verdicts};
 
 use crate::decide;
+
+/// One layer as the deciding needs it: its limit and its cost. A store's
+/// [`LayerRequest`] is one; so is a `(&Limit, cost)` pair, what the native
+/// Redis module reads from a call.
+pub trait LayerLimit {
+    /// The layer's limit.
+    fn limit(&self) -> &Limit;
+    /// What the request costs it (for an adjustment: its units).
+    fn cost(&self) -> u64;
+}
+
+impl LayerLimit for LayerRequest<'_> {
+    fn limit(&self) -> &Limit {
+        self.policy.limit()
+    }
+    fn cost(&self) -> u64 {
+        self.cost
+    }
+}
+
+impl LayerLimit for (&Limit, u64) {
+    fn limit(&self) -> &Limit {
+        self.0
+    }
+    fn cost(&self) -> u64 {
+        self.1
+    }
+}
 
 /// One request's layers judged together: what a store answers and writes.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,15 +79,15 @@ impl Layered {
 /// assert_eq!(second.verdicts[0].remaining, 9, "the loose layer was not charged");
 /// # Ok::<(), tollgate_limiter::PolicyError>(())
 /// ```
-pub fn decide_layers(
-    layers: &[LayerRequest<'_>],
+pub fn decide_layers<L: LayerLimit>(
+    layers: &[L],
     states: &[Option<&State>],
     now: Timestamp,
 ) -> Layered {
     let transitions: SmallVec<[Transition; 4]> = layers
         .iter()
         .zip(states)
-        .map(|(l, state)| decide(l.policy.limit(), *state, now, l.cost))
+        .map(|(l, state)| decide(l.limit(), *state, now, l.cost()))
         .collect();
     if transitions.iter().all(|t| t.verdict.allowed) {
         let mut verdicts = Verdicts::new();
@@ -74,7 +102,7 @@ pub fn decide_layers(
             verdicts: layers
                 .iter()
                 .zip(transitions)
-                .map(|(l, t)| t.verdict.uncharged(l.cost))
+                .map(|(l, t)| t.verdict.uncharged(l.cost()))
                 .collect(),
             writes: Writes::default(),
         }

@@ -38,7 +38,7 @@ use std::time::Duration;
 use tollgate_limiter::{Limit, State, Timestamp, Transition};
 
 pub use adjust::{adjust, adjust_layers, blocked, Adjusted};
-pub use layered::{decide_layers, Layered, Writes, WritesIntoIter};
+pub use layered::{decide_layers, LayerLimit, Layered, Writes, WritesIntoIter};
 
 /// Decide one request under `limit`: dispatch to the built-in algorithm, or
 /// to the user's [`Algorithm`](tollgate_limiter::Algorithm) for custom limits.

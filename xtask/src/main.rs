@@ -30,9 +30,6 @@
 //!   docs/features.md, written (or with `--check`, as CI runs it, compared).
 //! - `cargo xtask plots [--check]`: the figures in `docs/img/`, drawn from
 //!   the reference algorithms (with `--check`, as CI runs it, compared).
-//! - `cargo xtask diagrams [--check]`: the diagrams in `docs/img/`, drawn
-//!   from their `.diagram` text sources beside them (with `--check`, as CI
-//!   runs it, compared).
 //! - `cargo xtask server-throughput [rounds]`: the rate limit server's
 //!   release binary from outside (h2load, wrk, a real Envoy; not in CI):
 //!   docs/benchmarks.md, "The rate limit server from outside".
@@ -45,7 +42,6 @@
 //!   `DATABASE_URL` for them.
 
 mod dep_counts;
-mod diagrams;
 mod doc_links;
 mod envoy;
 mod generated;
@@ -91,7 +87,6 @@ fn main() {
         "dep-counts" => dep_counts::dep_counts(&args[1..]),
         "doc-links" => doc_links::doc_links(&root()),
         "plots" => plots::plots(&args[1..]),
-        "diagrams" => diagrams::diagrams(&args[1..]),
         "server-throughput" => server_throughput::server_throughput(&args[1..]),
         "accuracy" => run(
             "the sliding window counter against the exact sliding log (release build)",
@@ -105,7 +100,7 @@ fn main() {
             ]),
         ),
         _ => {
-            eprintln!("usage: cargo xtask <test|setup|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|doc-links|plots [--check]|diagrams [--check]|accuracy|server-throughput [rounds]>");
+            eprintln!("usage: cargo xtask <test|setup|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|doc-links|plots [--check]|accuracy|server-throughput [rounds]>");
             exit(2);
         }
     };

@@ -3,23 +3,17 @@
 //! clock, so replaying the command on a replica or from the AOF would
 //! decide again, later, differently).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::collections::VecDeque;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis_module::{
     CallOptions, CallOptionsBuilder, CallReply, CallResult, Context, KeyType, RedisError,
     RedisString, RedisValue,
 };
-use tollgate_limiter::{Layout, State};
-
-use crate::call::Layer;
-use crate::encoding::{read_cells, write_cells, LogReader};
-
-/// Added to every TTL a decision sets: Redis counts a relative TTL from its
-/// clock truncated to the millisecond (the Lua path's `TTL_MARGIN_MS`).
-pub(crate) const TTL_MARGIN_MS: u64 = 1;
-
-/// Entries pushed per `RPUSH` (the Lua path's chunk).
-const PUSH_CHUNK: u64 = 1000;
+use tollgate_limiter::{Layout, State, Stored};
+use tollgate_redis_protocol::{
+    block_text, px, read_cells, write_cells, Layer, LogEdit, LogReader, PUSH_CHUNK,
+};
 
 /// The server's clock in µs since the Unix epoch: the clock of `TIME`.
 pub(crate) fn server_micros() -> u64 {
@@ -102,11 +96,6 @@ fn effect(ctx: &Context, command: &str, args: &[&[u8]]) -> Result<(), RedisError
     reply.map(|_| ()).map_err(RedisError::from)
 }
 
-/// A TTL as Redis keeps it: whole milliseconds, rounded up, at least one.
-pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
-    (ttl.as_micros() as u64).div_ceil(1000).max(1)
-}
-
 /// Store counter `cells`, kept as `layout`, at `key` for `ttl_ms`
 /// milliseconds.
 pub(crate) fn write_counter(
@@ -139,64 +128,88 @@ fn write_string(
     )
 }
 
-/// Store the sliding log `next`, which the decision made from `before`
-/// (the stored log, or `None` for no state or an ended block) by dropping
-/// its oldest entries and adding `cost` entries at its newest time.
-pub(crate) fn write_log(
-    ctx: &Context,
-    key: &RedisString,
-    before: Option<&State>,
-    next: &State,
-    cost: u64,
-    ttl_ms: u64,
-) -> Result<(), RedisError> {
-    let State::Log(next) = next else {
-        return Err(RedisError::Str(
-            "TOLLGATE_ARGS a log's decision wrote no log",
-        ));
-    };
-    let k = key.as_slice();
-    match before {
-        Some(State::Blocked(_)) => effect(ctx, "DEL", &[k])?,
-        Some(State::Log(old)) => {
-            let drop = (old.len() as u64 + cost).saturating_sub(next.len() as u64);
-            if drop > 0 {
-                effect(ctx, "LTRIM", &[k, drop.to_string().as_bytes(), b"-1"])?;
-            }
-        }
-        _ => {}
-    }
-    let stamp = next.back().copied().unwrap_or_default().to_string();
-    let mut left = cost;
-    while left > 0 {
-        let chunk = left.min(PUSH_CHUNK);
-        let mut args: Vec<&[u8]> = vec![k];
-        args.extend(std::iter::repeat_n(stamp.as_bytes(), chunk as usize));
-        effect(ctx, "RPUSH", &args)?;
-        left -= chunk;
-    }
-    effect(ctx, "PEXPIRE", &[k, ttl_ms.to_string().as_bytes()])
-}
-
-/// Block the key until `until` (µs): the string `b<until>`, or a list of
-/// that one item for the log, living until then (plus the margin).
-pub(crate) fn write_block(
+/// Store what the reference decided for a layer kept as `layout`, whose
+/// state was `before`: counter cells or a block as a string, a log as a
+/// list edited into the next one, each living the state's TTL ([`px`]).
+pub(crate) fn write(
     ctx: &Context,
     key: &RedisString,
     layout: Layout,
-    until: u64,
-    now: u64,
+    before: Option<&State>,
+    stored: &Stored,
 ) -> Result<(), RedisError> {
-    let ttl = ttl_ms(Duration::from_micros(until.saturating_sub(now))) + TTL_MARGIN_MS;
-    let v = format!("b{until}");
-    if layout == Layout::Log {
-        let k = key.as_slice();
-        effect(ctx, "DEL", &[k])?;
-        effect(ctx, "RPUSH", &[k, v.as_bytes()])?;
-        effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
-    } else {
-        write_string(ctx, key, &v, ttl)
+    let ttl = px(stored.ttl);
+    match &stored.state {
+        State::Cells(cells) => write_counter(ctx, key, layout, *cells, ttl),
+        State::Blocked(until) if layout == Layout::Log => {
+            let k = key.as_slice();
+            effect(ctx, "DEL", &[k])?;
+            effect(ctx, "RPUSH", &[k, block_text(*until).as_bytes()])?;
+            effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
+        }
+        State::Blocked(until) => write_string(ctx, key, &block_text(*until), ttl),
+        State::Log(next) => write_log(ctx, key, before, next, ttl),
+        // A state of a later release: written by nothing this module runs.
+        _ => Err(RedisError::Str(
+            "TOLLGATE_ARGS the algorithms made a state this module cannot store",
+        )),
     }
+}
+
+/// Turn the list at `key`, which held `before`, into the log `next`.
+fn write_log(
+    ctx: &Context,
+    key: &RedisString,
+    before: Option<&State>,
+    next: &VecDeque<u64>,
+    ttl: u64,
+) -> Result<(), RedisError> {
+    let k = key.as_slice();
+    let empty = VecDeque::new();
+    let old = match before {
+        Some(State::Log(old)) => old,
+        // A block (ended) is a list of one item that is no entry.
+        Some(_) => {
+            effect(ctx, "DEL", &[k])?;
+            &empty
+        }
+        None => &empty,
+    };
+    match LogEdit::between(old, next) {
+        LogEdit::Keep => {}
+        LogEdit::Delete => return effect(ctx, "DEL", &[k]),
+        LogEdit::Truncate { keep } => {
+            let end = (keep - 1).to_string();
+            effect(ctx, "LTRIM", &[k, b"0", end.as_bytes()])?;
+        }
+        LogEdit::Append { drop, stamp, push } => {
+            if drop > 0 {
+                effect(ctx, "LTRIM", &[k, drop.to_string().as_bytes(), b"-1"])?;
+            }
+            push_entries(ctx, k, std::iter::repeat_n(stamp, push))?;
+        }
+        LogEdit::Replace => {
+            effect(ctx, "DEL", &[k])?;
+            push_entries(ctx, k, next.iter().copied())?;
+        }
+    }
+    effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
+}
+
+/// `RPUSH` `entries` to the list at `k`, [`PUSH_CHUNK`] at a time.
+fn push_entries(
+    ctx: &Context,
+    k: &[u8],
+    entries: impl Iterator<Item = u64>,
+) -> Result<(), RedisError> {
+    let texts: Vec<String> = entries.map(|e| e.to_string()).collect();
+    for chunk in texts.chunks(PUSH_CHUNK as usize) {
+        let mut args: Vec<&[u8]> = Vec::with_capacity(chunk.len() + 1);
+        args.push(k);
+        args.extend(chunk.iter().map(String::as_bytes));
+        effect(ctx, "RPUSH", &args)?;
+    }
+    Ok(())
 }
 
 /// Delete `keys`.
@@ -206,12 +219,6 @@ pub(crate) fn delete(ctx: &Context, keys: &[RedisString]) -> Result<(), RedisErr
         return Ok(());
     }
     effect(ctx, "DEL", &args)
-}
-
-/// `LTRIM key 0 -(units + 1)`: the log's newest `units` entries go.
-pub(crate) fn drop_newest(ctx: &Context, key: &RedisString, units: u64) -> Result<(), RedisError> {
-    let end = format!("-{}", units.saturating_add(1));
-    effect(ctx, "LTRIM", &[key.as_slice(), b"0", end.as_bytes()])
 }
 
 /// `LREM key -cost at`: up to `cost` entries equal to `at`, newest first;

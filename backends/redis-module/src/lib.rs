@@ -3,10 +3,10 @@
 //! algorithms of `tollgate-algorithms` compiled into the server — the same
 //! code as the in-process store, so the two cannot disagree.
 //!
-//! The command takes the Lua path's arguments and answers its replies
-//! (see `call.rs`), reads and writes its encoding and key layout (see
-//! `encoding.rs`), so servers with and without the module, or a Cluster
-//! whose masters differ, share states. Writes are replicated as their
+//! The command takes the Lua path's arguments, answers its replies and
+//! reads and writes its encoding and key layout — all of them
+//! `tollgate-redis-protocol`'s — so servers with and without the module,
+//! or a Cluster whose masters differ, share states. Writes are replicated as their
 //! effects with absolute expiries (see `keyspace.rs`); keys are declared
 //! through the module API's key-position callback, so Cluster routing,
 //! `CROSSSLOT` checks and ACL key patterns apply.
@@ -19,19 +19,14 @@
 //! version: a store only sends `TOLLGATE.DECIDE` to a module that speaks
 //! its own.
 
-mod call;
 mod decide;
-mod encoding;
 mod keyspace;
 
 use std::panic::AssertUnwindSafe;
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 
-/// The calling convention's version (arguments, modes, replies and
-/// encodings). The Redis store sends `TOLLGATE.DECIDE` only to a module
-/// answering its own version to `TOLLGATE.PROTOCOL`.
-pub const PROTOCOL: i64 = 1;
+pub use tollgate_redis_protocol::PROTOCOL;
 
 fn protocol(_ctx: &Context, _args: Vec<RedisString>) -> RedisResult {
     Ok(RedisValue::Integer(PROTOCOL))
@@ -42,7 +37,7 @@ fn decide_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
         // The keys follow numkeys; a call whose numkeys is more than its
         // arguments declares none (the command then refuses it).
         let raw: Vec<&[u8]> = args.iter().map(RedisString::as_slice).collect();
-        if let Ok(n) = call::numkeys(&raw) {
+        if let Ok(n) = tollgate_redis_protocol::numkeys(&raw) {
             for i in 0..n {
                 ctx.key_at_pos((2 + i) as i32);
             }

@@ -11,58 +11,27 @@
 -- algorithm lives in exactly one file; a single-policy decision is this
 -- same code with one layer, so there is one source of truth per algorithm.
 --
+-- The calling convention (KEYS, ARGV, modes, replies, errors) and the
+-- stored encodings are documented, and encoded and decoded, in the crate
+-- tollgate-redis-protocol; the native module speaks it too. In short:
+--
 -- KEYS[i]  the state of layer i (distinct keys).
--- ARGV[1]  the caller's time in µs since the Unix epoch, or "" to read the
---          server's TIME (the default: one clock for every key).
--- ARGV[2]  with a caller's time: the largest allowed distance in µs from the
---          server's TIME, or "" for no check.
+-- ARGV[1]  the caller's time in µs, or "" for the server's TIME;
+-- ARGV[2]  with a caller's time, the largest allowed skew in µs, or "".
 -- ARGV[3 + 5(i−1) ..] layer i: algorithm code, cost, p1, p2, p3 (each
---          algorithm's file names its code's parameters; p1 is its
---          capacity, which a blocked layer reports as its limit)
---
--- Reply: 5 integers per layer, in KEYS order: allowed (1/0), limit,
---   remaining, reset_after µs, retry_after µs (−1 when the layer admits).
---
--- Modes, for the Redis Cluster store (src/cluster.rs), which decides the
--- keys of each hash slot in one call: a last ARGV after the layers selects
--- one. Without it the script decides as above (the standalone store).
---   'reserve'  decide as above; the reply has 7 integers per layer: the 5,
---              then what the charge needs to be refunded: the effective
---              time it charged at (µs; token bucket: the remainder it wrote;
---              GCRA: 0) and a mark (token bucket: when full again, as
---              written; GCRA: the TAT written; otherwise 0);
---              0 0 when nothing was charged.
---   'peek'     judge every layer, write nothing; the reply is the one a
---              denial gives (admitting layers report remaining + cost).
---              The standalone store's Store::peek too.
---   'reset'    judge every layer as 'peek' does (so a key holding data
---              Tollgate did not write fails the call before anything is
---              removed), then delete every key; the reply is the peek's.
---   'penalize' 'reward' 'block'
---              an operator's change to every layer (Rust reference:
---              tollgate_algorithms::adjust): every layer is judged first
---              (a foreign key fails the call before anything is written),
---              then each is penalized by its cost (saturating at empty),
---              given its cost back (never above full) or blocked — for a
---              block the cost argument holds the block's length in µs.
---              Reply: each layer's verdict for a request of one unit
---              afterwards, as 'peek' gives it.
---   'refund'   give back reservations (each algorithm's refund_*).
---              KEYS: the layers' keys; ARGV after the time: per layer algorithm, cost, p1, p2,
---              p3, at, mark; then 'refund'. Reply: per layer what was given
---              back. Not idempotent: the store sends a refund at most once.
--- Blocks: a counter key holding "b<µs>", or a list holding that one
---   item, is blocked until that instant whatever the algorithm: denied
---   with it as retry-after; once passed the key counts as no state.
--- Errors: "TOLLGATE_CONFLICT <i> not_a_state" when the i-th key holds a
---   value Tollgate did not write, and Redis's own WRONGTYPE when a key
---   holds another type (the store finds which with TYPE); either way
---   nothing is written and the key is left as it was (a refund gives
---   nothing back from such a key);
---   "TOLLGATE_SKEW <caller µs> <server µs> <max skew µs>" when the
---   caller's time is too far from the server's; "TOLLGATE_ARGS <why>" for
---   arguments this script does not understand.
---
+--          algorithm's file names its code's parameters).
+-- A last ARGV may name a mode: 'reserve', 'peek', 'reset', 'penalize',
+--   'reward', 'block' (the cost holds the block's length in µs), or
+--   'refund' (7 arguments per layer: the 5, then the charge's at, mark).
+-- Reply: 5 integers per layer (allowed, limit, remaining, reset_after µs,
+--   retry_after µs or −1); 'reserve' appends at and mark; 'refund'
+--   answers what each layer got back. Adjustments answer each layer's
+--   peek afterwards, and write what tollgate_algorithms::adjust writes,
+--   TTL included (adjusted_ttl below).
+-- Errors: "TOLLGATE_CONFLICT <i> not_a_state", Redis's WRONGTYPE,
+--   "TOLLGATE_SKEW <caller> <server> <max skew>", "TOLLGATE_ARGS <why>";
+--   nothing is written then.
+
 -- Every layer is judged against its current state first. Only if every layer
 -- admits is every layer written, each with its TTL (SET PX / PEXPIRE, so no
 -- key ever lacks one). The TTL set is the algorithm's (milliseconds, rounded
@@ -89,11 +58,10 @@ local FORMATS = { '%d', '%d %d', '%d %d %d' }
 -- The token bucket leaves its second cell (the remainder) out when it is
 -- 0: one integer, which Redis keeps inside the key's object.
 
--- The time cell (µs since the Unix epoch), which a state
--- Tollgate wrote always has from 2020 to 2101 (clocks are checked to read
--- 2020–2100; a TAT runs ahead by at most the longest recovery, 14 days):
--- a value whose time is not is someone else's numbers.
-local EARLIEST, LATEST = 1577836800000000, 4133980800000000
+-- The time cell (µs since the Unix epoch), which a state Tollgate wrote
+-- always has within EARLIEST..LATEST (generated before this file from
+-- tollgate-redis-protocol's STORED_TIMES): a value whose time is not is
+-- someone else's numbers.
 -- What read_cells answers for a block (its second value: the end).
 local BLOCKED = -1
 
@@ -110,10 +78,11 @@ end
 -- Lists up to this length are read whole; longer ones by binary search
 -- with LINDEX, so a large log costs O(log n) reads.
 local READ_WHOLE = 64
--- RPUSH at most this many entries per call (Lua's unpack has a stack limit).
-local PUSH_CHUNK = 1000
--- Added to every TTL: Redis's millisecond truncation (see above).
-local TTL_MARGIN_MS = 1
+-- PUSH_CHUNK (entries per RPUSH: Lua's unpack has a stack limit),
+-- TTL_MARGIN_MS (added to every TTL: Redis's millisecond truncation, see
+-- above) and the strides LAYER_ARGS, REFUND_LAYER_ARGS, REPLY_FIELDS and
+-- RESERVE_FIELDS are generated before this file, as EARLIEST and LATEST
+-- are.
 
 -- Per-layer results of the call being decided. Loaded as a function
 -- library these tables are made once and reused by every call (Redis runs
@@ -269,7 +238,7 @@ local function refund(KEYS, ARGV, now)
   local reply = {}
   for i = 1, #KEYS do
     local key = KEYS[i]
-    local base = 2 + 7 * (i - 1)
+    local base = 2 + REFUND_LAYER_ARGS * (i - 1)
     local code = tonumber(ARGV[base + 1])
     local cost = tonumber(ARGV[base + 2])
     local p1, p2, p3 = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
@@ -376,25 +345,71 @@ local function write_block(key, code, until_us, now)
   end
 end
 
+-- The TTL of a state an adjustment wrote (Rust: tollgate_algorithms::adjust):
+-- until a request of one unit would find it full again (its
+-- `reset_after`), and never shorter than a penalty's charge gave it
+-- (`charged`, ms; 0 for a reward).
+local function adjusted_ttl(reset_after, now, charged)
+  return max(ttl_ms(now + reset_after, now), charged) + TTL_MARGIN_MS
+end
+
+-- Write counter cells an adjustment made, with adjusted_ttl: the cells
+-- are peeked first for their reset_after.
+local function write_adjusted(key, code, p1, p2, p3, now, charged, a, b, c)
+  local _, _, _, reset_after = ALGORITHMS[code](p1, p2, p3, a, b, c, now, 1)
+  write_cells(key, code, adjusted_ttl(reset_after, now, charged), a, b, c)
+end
+
 -- Give `units` back to the state at `key` (each algorithm's reward_*: its
--- refund of a charge that never ages; the log drops its newest entries). A state keeps its
--- expiry: a reward only brings it closer to new.
+-- refund of a charge that never ages; the log drops its newest entries).
+-- Answers true when a log was trimmed (its TTL is set by the caller, once
+-- the trimmed log's reset_after is known).
 local function reward_layer(key, code, p1, p2, p3, now, units)
   if code == LOG then
     -- The newest `units` entries go (a list left empty is removed; a
-    -- missing key stays missing; a live block was kept by the caller).
+    -- missing key stays missing; a live block was kept by the caller, and
+    -- an ended one is no state: nothing to give back).
+    local log = read_log(key)
+    if not log or log.blocked or log.n == 0 then
+      return false
+    end
     redis.call('LTRIM', key, 0, -(units + 1))
-    return
+    return true
   end
   local a, b, c = read_cells(key, code)
-  local ttl = redis.call('PTTL', key)
-  if not a or a == BLOCKED or ttl <= 0 then
-    return
+  if not a or a == BLOCKED then
+    return false
   end
   local given, na, nb, nc = REWARDS[code](p1, p2, p3, a, b, c, now, units)
   if na and given > 0 then
-    write_cells(key, code, ttl, na, nb, nc)
+    write_adjusted(key, code, p1, p2, p3, now, 0, na, nb, nc)
   end
+  return false
+end
+
+-- Charge what layer i has left, up to `units`, as an admitted decision
+-- (saturating at empty). Answers the charge's TTL (ms) when a log was
+-- written (its TTL is set by the caller, as for a reward).
+local function penalize_layer(i, key, code, ARGV, p, now, units)
+  local ok, _, remaining = judge(i, key, code, 1, ARGV, p, now)
+  local take = 0
+  if ok == 1 then
+    take = min(units, remaining + 1)
+  end
+  if take == 0 then
+    return nil
+  end
+  local taken, _, _, _, _, ttl, a, b, c = judge(i, key, code, take, ARGV, p, now)
+  if taken ~= 1 then
+    return nil
+  end
+  if code == LOG then
+    write_log(key, a, take, ttl + TTL_MARGIN_MS)
+    return ttl
+  end
+  write_adjusted(key, code, tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]),
+    now, ttl, a, b, c)
+  return nil
 end
 
 -- 'penalize', 'reward' and 'block' (see the modes above).
@@ -402,7 +417,7 @@ local function adjust(KEYS, ARGV, now, mode)
   local layers = #KEYS
   -- Every key judged first: a foreign one fails the call unchanged.
   for i = 1, layers do
-    local base = 2 + 5 * (i - 1)
+    local base = 2 + LAYER_ARGS * (i - 1)
     local ok, err = judge(i, KEYS[i], tonumber(ARGV[base + 1]), 1, ARGV, base + 3, now)
     if not ok then
       return err
@@ -411,11 +426,13 @@ local function adjust(KEYS, ARGV, now, mode)
   local reply = {}
   for i = 1, layers do
     local key = KEYS[i]
-    local base = 2 + 5 * (i - 1)
+    local base = 2 + LAYER_ARGS * (i - 1)
     local code = tonumber(ARGV[base + 1])
     local units = tonumber(ARGV[base + 2])
     local p = base + 3
     local blocked = live_block(key, code, now)
+    -- A log an adjustment wrote: the charge's TTL (0 for a reward).
+    local log_charged = nil
     if mode == 'block' then
       local until_us = now + units
       if blocked and blocked > until_us then
@@ -425,30 +442,20 @@ local function adjust(KEYS, ARGV, now, mode)
     elseif blocked then
       -- A block is kept through penalties and rewards.
     elseif mode == 'penalize' then
-      local ok, _, remaining = judge(i, key, code, 1, ARGV, p, now)
-      local take = 0
-      if ok == 1 then
-        take = min(units, remaining + 1)
-      end
-      if take > 0 then
-        local taken, _, _, _, _, ttl, a, b, c = judge(i, key, code, take, ARGV, p, now)
-        if taken == 1 then
-          if code == LOG then
-            write_log(key, a, take, ttl + TTL_MARGIN_MS)
-          else
-            write_cells(key, code, ttl + TTL_MARGIN_MS, a, b, c)
-          end
-        end
-      end
-    else
-      reward_layer(key, code, tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2]),
-        now, units)
+      log_charged = penalize_layer(i, key, code, ARGV, p, now, units)
+    elseif reward_layer(key, code, tonumber(ARGV[p]), tonumber(ARGV[p + 1]),
+        tonumber(ARGV[p + 2]), now, units) then
+      log_charged = 0
     end
     local ok, limit, remaining, reset_after, retry_after = judge(i, key, code, 1, ARGV, p, now)
+    if log_charged then
+      -- (A list the reward emptied is gone: PEXPIRE does nothing.)
+      redis.call('PEXPIRE', key, adjusted_ttl(reset_after, now, log_charged))
+    end
     if ok == 1 then
       remaining = min(remaining + 1, limit)
     end
-    local r = 5 * (i - 1)
+    local r = REPLY_FIELDS * (i - 1)
     reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5] =
       ok, limit, remaining, reset_after, retry_after
   end
@@ -463,12 +470,12 @@ local function decide(KEYS, ARGV)
   local layers = #KEYS
   local nargs = #ARGV
   local mode = 'decide'
-  if nargs ~= 2 + 5 * layers then
+  if nargs ~= 2 + LAYER_ARGS * layers then
     local last = ARGV[nargs]
-    if nargs == 3 + 5 * layers and (last == 'reserve' or last == 'peek' or last == 'reset'
+    if nargs == 3 + LAYER_ARGS * layers and (last == 'reserve' or last == 'peek' or last == 'reset'
         or last == 'penalize' or last == 'reward' or last == 'block') then
       mode = last
-    elseif nargs == 3 + 7 * layers and last == 'refund' then
+    elseif nargs == 3 + REFUND_LAYER_ARGS * layers and last == 'refund' then
       mode = 'refund'
     else
       return redis.error_reply('TOLLGATE_ARGS expected 2 arguments and 5 per key')
@@ -520,7 +527,7 @@ local function decide(KEYS, ARGV)
   local reply = {}
   local all_allowed = true
   for i = 1, layers do
-    local base = 2 + 5 * (i - 1)
+    local base = 2 + LAYER_ARGS * (i - 1)
     local code = tonumber(ARGV[base + 1])
     local ok, limit, remaining, reset_after, retry_after, ttl, a, b, c =
       judge(i, KEYS[i], code, tonumber(ARGV[base + 2]), ARGV, base + 3, now)
@@ -531,7 +538,7 @@ local function decide(KEYS, ARGV)
     if ok == 0 then
       all_allowed = false
     end
-    local r = 5 * (i - 1)
+    local r = REPLY_FIELDS * (i - 1)
     reply[r + 1] = ok
     reply[r + 2] = limit
     reply[r + 3] = remaining
@@ -552,7 +559,7 @@ local function decide(KEYS, ARGV)
     for i = 1, layers do
       local code = codes[i]
       if code == LOG then
-        write_log(KEYS[i], cell_a[i], tonumber(ARGV[2 + 5 * (i - 1) + 2]), ttls[i] + TTL_MARGIN_MS)
+        write_log(KEYS[i], cell_a[i], tonumber(ARGV[2 + LAYER_ARGS * (i - 1) + 2]), ttls[i] + TTL_MARGIN_MS)
       else
         write_cells(KEYS[i], code, ttls[i] + TTL_MARGIN_MS, cell_a[i], cell_b[i], cell_c[i])
       end
@@ -560,9 +567,9 @@ local function decide(KEYS, ARGV)
   else
     -- Nothing was charged: admitting layers give the cost back.
     for i = 1, layers do
-      local r = 5 * (i - 1)
+      local r = REPLY_FIELDS * (i - 1)
       if reply[r + 1] == 1 then
-        local cost = tonumber(ARGV[2 + 5 * (i - 1) + 2])
+        local cost = tonumber(ARGV[2 + LAYER_ARGS * (i - 1) + 2])
         reply[r + 3] = min(reply[r + 3] + cost, reply[r + 2])
       end
     end
@@ -572,9 +579,9 @@ local function decide(KEYS, ARGV)
     -- Append each layer's charge (at, mark), as refund_* expect them.
     local out = {}
     for i = 1, layers do
-      local r = 5 * (i - 1)
-      for j = 1, 5 do
-        out[7 * (i - 1) + j] = reply[r + j]
+      local r = REPLY_FIELDS * (i - 1)
+      for j = 1, REPLY_FIELDS do
+        out[RESERVE_FIELDS * (i - 1) + j] = reply[r + j]
       end
       local at, mark = 0, 0
       if all_allowed then
@@ -585,8 +592,8 @@ local function decide(KEYS, ARGV)
           at, mark = CHARGES[code](cell_a[i], cell_b[i], cell_c[i])
         end
       end
-      out[7 * (i - 1) + 6] = at
-      out[7 * (i - 1) + 7] = mark
+      out[RESERVE_FIELDS * (i - 1) + REPLY_FIELDS + 1] = at
+      out[RESERVE_FIELDS * (i - 1) + REPLY_FIELDS + 2] = mark
     end
     return out
   end

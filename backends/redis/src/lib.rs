@@ -8,11 +8,14 @@
 //! store's user, checked at connect; `replica_ack` waits for replicas after
 //! each charge (`docs/operations.md`, "Redis in production").
 //!
-//! Every decision is **one** call of one Lua program, whatever the number
-//! of layers: it reads every layer's state, decides each one, and writes
+//! Every decision is **one** call, whatever the number of layers: of
+//! Tollgate's native module where the server loaded it, else of one Lua
+//! program. It reads every layer's state, decides each one, and writes
 //! every layer only if all of them admit (all-or-nothing; a denied request
 //! charges nothing). Redis runs it atomically, so concurrent decisions on
-//! one key behave as if they ran one after another.
+//! one key behave as if they ran one after another. The calling
+//! convention, the replies and the stored encodings are one protocol,
+//! written once in `tollgate-redis-protocol`.
 //!
 //! - **Functions.** On Redis 7.0 and later the code is loaded once as a
 //!   function library ([`function_library`], named after its own digest,

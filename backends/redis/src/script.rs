@@ -11,9 +11,9 @@
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
-use std::time::Duration;
 
-use tollgate_limiter::{Builtin, LayerRequest, Layout, StoreError, Verdict, Verdicts};
+use tollgate_limiter::{Builtin, LayerRequest, Layout, StoreError};
+pub use tollgate_redis_protocol::{parse_reply, Mode, LAYER_ARGS, REPLY_FIELDS};
 
 use crate::error::RedisStoreError;
 use crate::scripting::Style;
@@ -40,6 +40,8 @@ fn body() -> &'static str {
     static BODY: OnceLock<String> = OnceLock::new();
     BODY.get_or_init(|| {
         let mut body = String::from(include_str!("../lua/common.lua"));
+        body.push('\n');
+        body.push_str(&tollgate_redis_protocol::lua_constants());
         body.push_str("\n-- The algorithms' codes (src/script.rs, from the list of built-ins).\n");
         for b in Builtin::all() {
             let _ = writeln!(body, "local {} = {}", b.name.to_uppercase(), b.code);
@@ -143,11 +145,6 @@ pub fn function_name() -> &'static str {
     NAME.get_or_init(|| format!("tollgate_decide_{}", &library_name()["tollgate_".len()..]))
 }
 
-/// Arguments per layer: algorithm, cost and three parameters.
-pub const LAYER_ARGS: usize = 5;
-/// Integers per layer in the reply.
-pub const REPLY_FIELDS: usize = 5;
-
 /// The SHA-1 of [`eval_script`] in hex, as `EVALSHA` expects it.
 pub fn sha1() -> &'static str {
     static SHA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -160,52 +157,6 @@ pub fn sha1() -> &'static str {
 pub(crate) struct TimeArgs {
     pub(crate) now: Option<u64>,
     pub(crate) max_skew: Option<u64>,
-}
-
-/// What a call asks of the script (`lua/layered.lua`'s last argument).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Decide, all or nothing (no argument).
-    Decide,
-    /// Decide, and report each layer's charge (Cluster reservations).
-    #[cfg(feature = "cluster")]
-    Reserve,
-    /// Judge without charging.
-    Peek,
-    /// Judge, then delete every key (a foreign key fails the call first).
-    Reset,
-    /// Give back charges; each layer's arguments end with its charge.
-    #[cfg(feature = "cluster")]
-    Refund,
-    /// Charge each layer its cost, saturating at empty.
-    Penalize,
-    /// Give each layer its cost back, never above full.
-    Reward,
-    /// Block every layer for this many µs (sent in the cost's place).
-    Block(u64),
-}
-
-impl Mode {
-    /// The mode of an operator's `adjustment` (an adjustment the script
-    /// does not know is [`StoreError::UnsupportedOperation`]).
-    pub(crate) fn of(adjustment: tollgate_limiter::Adjustment) -> Result<Mode, StoreError> {
-        use tollgate_limiter::Adjustment;
-        adjustment.check()?;
-        Ok(match adjustment {
-            Adjustment::Penalize => Mode::Penalize,
-            Adjustment::Reward => Mode::Reward,
-            Adjustment::Block(d) => Mode::Block(tollgate_limiter::duration_micros(d)),
-            other => return Err(StoreError::UnsupportedOperation(other.name())),
-        })
-    }
-
-    /// A layer's arguments as this mode sends them.
-    pub(crate) fn layer(self, mut args: [u64; LAYER_ARGS]) -> [u64; LAYER_ARGS] {
-        if let Mode::Block(us) = self {
-            args[1] = us;
-        }
-        args
-    }
 }
 
 /// One call of the code (`FCALL` of the function or `EVALSHA` of the
@@ -269,26 +220,7 @@ impl ScriptCall {
     }
 }
 
-impl Mode {
-    /// The call's last argument (none to decide).
-    fn word(self) -> Option<&'static str> {
-        match self {
-            Mode::Decide => None,
-            #[cfg(feature = "cluster")]
-            Mode::Reserve => Some("reserve"),
-            Mode::Peek => Some("peek"),
-            Mode::Reset => Some("reset"),
-            #[cfg(feature = "cluster")]
-            Mode::Refund => Some("refund"),
-            Mode::Penalize => Some("penalize"),
-            Mode::Reward => Some("reward"),
-            Mode::Block(_) => Some("block"),
-        }
-    }
-}
-
-/// One layer's script arguments: algorithm code, cost and the algorithm's
-/// three parameters (see `lua/layered.lua`).
+/// One layer's arguments ([`tollgate_redis_protocol::layer_args`]).
 ///
 /// Fails with [`StoreError::Unsupported`] for a custom algorithm (the script
 /// runs only the built-ins) and rejects a cost outside `1..=capacity`.
@@ -304,50 +236,17 @@ pub fn layer_args(layer: &LayerRequest<'_>) -> Result<[u64; LAYER_ARGS], StoreEr
             },
         )));
     }
-    match limit.args() {
-        Some((code, [p1, p2, p3])) => Ok([code.into(), cost, p1, p2, p3]),
-        None => Err(StoreError::Unsupported(limit.algorithm_name())),
-    }
+    tollgate_redis_protocol::layer_args(limit, cost)
+        .ok_or(StoreError::Unsupported(limit.algorithm_name()))
 }
 
-/// Turn the script's reply (5 integers per layer) into one verdict per
-/// layer; a reply of another shape is a [`StoreError::Protocol`].
-pub fn parse_reply(reply: &[i64], layers: usize) -> Result<Verdicts, StoreError> {
-    if reply.len() != layers * REPLY_FIELDS {
-        return Err(StoreError::Protocol(format!(
-            "the script answered {} integers for {layers} layers",
-            reply.len()
-        )));
+/// A layer's arguments as `block` sends them: a block's length (µs) in
+/// the cost's place.
+pub(crate) fn with_block(mut args: [u64; LAYER_ARGS], block: Option<u64>) -> [u64; LAYER_ARGS] {
+    if let Some(us) = block {
+        args[1] = us;
     }
-    let unsigned = |v: i64, what: &str| {
-        u64::try_from(v)
-            .map_err(|_| StoreError::Protocol(format!("the script answered {what} = {v}")))
-    };
-    reply
-        .chunks_exact(REPLY_FIELDS)
-        .map(|r| {
-            let allowed = match r[0] {
-                0 => false,
-                1 => true,
-                other => {
-                    return Err(StoreError::Protocol(format!(
-                        "the script answered allowed = {other}"
-                    )))
-                }
-            };
-            let retry_after = match r[4] {
-                -1 => None,
-                v => Some(Duration::from_micros(unsigned(v, "retry_after")?)),
-            };
-            Ok(Verdict {
-                allowed,
-                limit: unsigned(r[1], "limit")?,
-                remaining: unsigned(r[2], "remaining")?,
-                reset_after: Duration::from_micros(unsigned(r[3], "reset_after")?),
-                retry_after,
-            })
-        })
-        .collect()
+    args
 }
 
 #[cfg(test)]
@@ -364,6 +263,15 @@ mod tests {
                 && ALGORITHM_FILES.iter().all(|f| eval_script().contains(f))
         );
         assert!(eval_script().ends_with("return decide(KEYS, ARGV)\n"));
+        assert!(
+            body().contains(&tollgate_redis_protocol::lua_constants()),
+            "the constants shared with the module"
+        );
+        // Defined there only: no Lua file has a copy of its own.
+        for line in tollgate_redis_protocol::lua_constants().lines().skip(1) {
+            let name = line.split(" = ").next().unwrap();
+            assert_eq!(body().matches(&format!("{name} =")).count(), 1, "{name}");
+        }
     }
 
     /// The library is the script's code under a name made from it, and
@@ -414,20 +322,5 @@ mod tests {
                 assert!(file.contains(&format!("local function {f}(")), "{f}");
             }
         }
-    }
-
-    #[test]
-    fn replies_parse_and_bad_replies_are_protocol_errors() {
-        let v = parse_reply(&[1, 10, 9, 100_000, -1, 0, 3, 0, 5, 7], 2).unwrap();
-        assert!(v[0].allowed && v[0].retry_after.is_none());
-        assert_eq!(v[1].retry_after, Some(Duration::from_micros(7)));
-        assert!(matches!(
-            parse_reply(&[1, 2, 3], 1),
-            Err(StoreError::Protocol(_))
-        ));
-        assert!(matches!(
-            parse_reply(&[2, 1, 1, 1, -1], 1),
-            Err(StoreError::Protocol(_))
-        ));
     }
 }

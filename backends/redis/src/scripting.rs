@@ -81,9 +81,8 @@ impl Style {
 
 /// The module's calling convention this store speaks: it sends
 /// `TOLLGATE.DECIDE` only to a module answering this to
-/// `TOLLGATE.PROTOCOL` (the module crate's `PROTOCOL`; a test checks the
-/// two agree).
-pub const MODULE_PROTOCOL: i64 = 1;
+/// `TOLLGATE.PROTOCOL` (both take it from `tollgate-redis-protocol`).
+pub const MODULE_PROTOCOL: i64 = tollgate_redis_protocol::PROTOCOL;
 
 /// Loads a call may need in a row before its error is reported (see
 /// [`Runner::call`]).

@@ -121,11 +121,14 @@ macro_rules! settings_setters {
             self
         }
 
-        /// How to run the Lua code (default
-        /// [`Scripting::Auto`](crate::Scripting::Auto): a function library
-        /// and `FCALL` on Redis 7.0 and later, `EVALSHA` before). Both run
-        /// the same code and decide alike; the library costs Redis less CPU
-        /// per call. [`Scripting::Eval`](crate::Scripting::Eval) forces
+        /// How the server decides (default
+        /// [`Scripting::Auto`](crate::Scripting::Auto): Tollgate's native
+        /// module where the server loaded it, else a function library and
+        /// `FCALL` on Redis 7.0 and later, else `EVALSHA` of the script).
+        /// All of them decide alike, with one protocol; the module costs
+        /// Redis the least CPU per call, the library less than the script.
+        /// [`Scripting::Module`](crate::Scripting::Module) insists on the
+        /// module, [`Scripting::Eval`](crate::Scripting::Eval) forces
         /// `EVALSHA` (for example for an ACL user without `FCALL`).
         pub fn scripting(mut self, scripting: crate::Scripting) -> Self {
             self.settings.scripting = scripting;

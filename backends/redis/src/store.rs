@@ -18,7 +18,7 @@ use crate::client::{self, connect_error};
 use crate::conflicts;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
-use crate::script::{layer_args, parse_reply, Mode, ScriptCall};
+use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall};
 use crate::scripting::Style;
 use crate::sentinel::{Sentinel, SentinelTarget};
 use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
@@ -45,8 +45,9 @@ pub enum ConnectionMode {
     },
 }
 
-/// The Redis standalone store: every layer of a request decided by one Lua
-/// script call, atomically; see the [crate docs](crate).
+/// The Redis standalone store: every layer of a request decided in one
+/// call (the native module, or the Lua code), atomically; see the
+/// [crate docs](crate).
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
@@ -402,12 +403,12 @@ impl RedisStore {
         style: Style,
         layers: &[LayerRequest<'_>],
         time: &crate::script::TimeArgs,
-        mode: Mode,
+        (mode, block): (Mode, Option<u64>),
     ) -> Result<Cmd, StoreError> {
         let keys = layers.iter().map(|l| self.decides.key_arg(&l.key));
         let mut call = ScriptCall::new(style, keys, time);
         for layer in layers {
-            call = call.layer(&mode.layer(layer_args(layer)?));
+            call = call.layer(&with_block(layer_args(layer)?, block));
         }
         Ok(call.mode(mode))
     }
@@ -422,18 +423,23 @@ impl RedisStore {
         })
     }
 
-    /// Decide `layers` in one call (loading the code first where the
-    /// server lost it); a key of another type is named by policy.
-    async fn call(&self, layers: &[LayerRequest<'_>], mode: Mode) -> Result<Verdicts, StoreError> {
+    /// Decide `layers` in one call in `mode` (`block`: a block's length in
+    /// µs), loading the code first where the server lost it; a key of
+    /// another type is named by policy.
+    async fn call(
+        &self,
+        layers: &[LayerRequest<'_>],
+        (mode, block): (Mode, Option<u64>),
+    ) -> Result<Verdicts, StoreError> {
         let time = self.decides.time_args()?;
         let runner = &*self.decides.runner;
         let style = runner.style();
-        let cmd = self.command(style, layers, &time, mode)?;
+        let cmd = self.command(style, layers, &time, (mode, block))?;
         // A call is built again when a reload found another way than it
         // was built for (a fallback, or the module back); its arguments
         // were checked above, so building it cannot fail.
         let rebuild = |style| {
-            self.command(style, layers, &time, mode)
+            self.command(style, layers, &time, (mode, block))
                 .unwrap_or_else(|_| cmd.clone())
         };
         match &self.conn {
@@ -506,23 +512,30 @@ impl Store for RedisStore {
         if layers.is_empty() {
             return Ok(Verdicts::new());
         }
-        within(self.decides.deadline, self.call(layers, Mode::Decide)).await?
+        within(
+            self.decides.deadline,
+            self.call(layers, (Mode::Decide, None)),
+        )
+        .await?
     }
 
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         if layers.is_empty() {
             return Ok(Verdicts::new());
         }
-        within(self.decides.deadline, self.call(layers, Mode::Peek)).await?
+        within(self.decides.deadline, self.call(layers, (Mode::Peek, None))).await?
     }
 
     async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
         if layers.is_empty() {
             return Ok(());
         }
-        within(self.decides.deadline, self.call(layers, Mode::Reset))
-            .await?
-            .map(drop)
+        within(
+            self.decides.deadline,
+            self.call(layers, (Mode::Reset, None)),
+        )
+        .await?
+        .map(drop)
     }
 
     /// One call: every layer judged, then changed (a foreign key fails

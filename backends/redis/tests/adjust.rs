@@ -1,16 +1,22 @@
-//! Operators' adjustments (penalty, reward, block) in the Lua code against
-//! the Rust reference: random sequences of decisions, penalties, rewards,
-//! blocks and time steps run through a Redis store and an in-process store
-//! (which runs `tollgate_algorithms`) on one manual clock, layer by layer
-//! and over two layers at once; every answer must be identical.
+//! Operators' adjustments (penalty, reward, block) in the Lua code and the
+//! module against the Rust reference: random sequences of decisions,
+//! penalties, rewards, blocks and time steps run through a Redis store and
+//! an in-process store (which runs `tollgate_algorithms`) on one manual
+//! clock, layer by layer and over two layers at once; every answer must be
+//! identical, and after every call each key must hold exactly what the
+//! reference wrote — the same bytes, expiring after the reference's TTL.
 
 mod common;
+
+use common::keyspace;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate_limiter::{Adjustment, LayerRequest, Limit, ManualClock, Policy, Store, StoreKey};
+use tollgate_limiter::{
+    Adjustment, Clock, LayerRequest, Limit, ManualClock, Policy, State, Store, StoreKey, Stored,
+};
 use tollgate_memory::MemoryStore;
 use tollgate_redis::{ConnectionMode, Scripting};
 use tollgate_testkit::conformance::{unique, START};
@@ -71,7 +77,10 @@ async fn run(limits: Vec<Limit>, ops: Vec<Op>, path: Path) {
     let store =
         common::store_with(url, clock.clone(), ConnectionMode::Multiplexed, scripting).await;
     assert_eq!(store.uses_module(), path == Path::Module);
-    let redis: Arc<dyn Store> = Arc::new(store);
+    let mut con = common::raw(url).await;
+    let redis_key = |l: &LayerRequest<'_>| store.redis_key(&l.key);
+    let redis_keys = |layers: &[LayerRequest<'_>]| layers.iter().map(redis_key).collect::<Vec<_>>();
+    let redis: Arc<dyn Store> = Arc::new(store.clone());
     let memory: Arc<dyn Store> = Arc::new(
         MemoryStore::builder()
             .clock(Arc::new(clock.clone()))
@@ -94,11 +103,18 @@ async fn run(limits: Vec<Limit>, ops: Vec<Op>, path: Path) {
                 })
                 .collect()
         };
+        if let Op::Wait(k) = op {
+            clock.advance(Duration::from_micros(scale * k / 1000 + 1));
+            continue;
+        }
+        let keys = redis_keys(&layers(1));
+        let mut before = Vec::new();
+        for key in &keys {
+            before.push(keyspace::held(&mut con, key).await);
+        }
+        let called_from = keyspace::wall_ms();
         let (a, b) = match op {
-            Op::Wait(k) => {
-                clock.advance(Duration::from_micros(scale * k / 1000 + 1));
-                continue;
-            }
+            Op::Wait(_) => unreachable!(),
             Op::Decide(c) => (
                 redis.decide(&layers(*c)).await,
                 memory.decide(&layers(*c)).await,
@@ -122,12 +138,80 @@ async fn run(limits: Vec<Limit>, ops: Vec<Op>, path: Path) {
                 )
             }
         };
+        let called = (called_from, keyspace::wall_ms());
         let (a, b) = (a.expect("redis answers"), b.expect("memory answers"));
         assert_eq!(
             a.iter().collect::<Vec<_>>(),
             b.iter().collect::<Vec<_>>(),
             "step {i} ({op:?}) of {ops:?} under {policies:?}"
         );
+        // A key about to expire in real time may be gone before Redis
+        // reads it: the reference would be given the wrong state.
+        if before
+            .iter()
+            .any(|h| (0..=called.0 + 50).contains(&h.expires_ms))
+        {
+            continue;
+        }
+        let layouts: Vec<_> = policies.iter().map(|p| layout(p.limit())).collect();
+        let states: Vec<Option<State>> = before
+            .iter()
+            .zip(&layouts)
+            .map(|(h, &l)| keyspace::state_of(l, &h.raw))
+            .collect();
+        let written = reference_writes(op, &layers, &states, clock.now(), scale);
+        for (j, key) in keys.iter().enumerate() {
+            let after = keyspace::held(&mut con, key).await;
+            let stored = written.get(j).and_then(Option::as_ref);
+            if let Err(e) = keyspace::check_write(
+                layouts[j],
+                &before[j],
+                &after,
+                stored,
+                called,
+                keyspace::wall_ms(),
+            ) {
+                panic!("step {i} ({op:?}), layer {j} under {policies:?} on {path:?}: {e}\nops: {ops:?}");
+            }
+        }
+    }
+}
+
+/// How the built-in algorithm of `limit` keeps its state.
+fn layout(limit: &Limit) -> tollgate_limiter::Layout {
+    tollgate_limiter::Builtin::named(limit.algorithm_name())
+        .expect("a built-in algorithm")
+        .layout
+}
+
+/// What the reference writes for `op` over `layers` (their costs given)
+/// from `states` at `now`: one entry per layer (`None`: nothing), empty
+/// when nothing is written.
+fn reference_writes<'a>(
+    op: &Op,
+    layers: &impl Fn(u64) -> Vec<LayerRequest<'a>>,
+    states: &[Option<State>],
+    now: tollgate_limiter::Timestamp,
+    scale: u64,
+) -> Vec<Option<Stored>> {
+    let states: Vec<Option<&State>> = states.iter().map(Option::as_ref).collect();
+    let adjust = |units: u64, how: Adjustment| {
+        tollgate_algorithms::adjust_layers(&layers(units), &states, now, how)
+            .expect("the reference adjusts")
+            .writes
+            .to_vec()
+    };
+    match op {
+        Op::Decide(c) => tollgate_algorithms::decide_layers(&layers(*c), &states, now)
+            .writes
+            .to_vec(),
+        Op::Peek | Op::Wait(_) => Vec::new(),
+        Op::Penalize(u) => adjust(*u, Adjustment::Penalize),
+        Op::Reward(u) => adjust(*u, Adjustment::Reward),
+        Op::Block(k) => adjust(
+            1,
+            Adjustment::Block(Duration::from_micros(scale * k / 1000 + 1000)),
+        ),
     }
 }
 

@@ -68,7 +68,7 @@ use crate::conflicts;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::holds::Holds;
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
-use crate::script::{layer_args, parse_reply, Mode, ScriptCall, LAYER_ARGS};
+use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall, LAYER_ARGS};
 use crate::scripting::{check_load, Runner, Style};
 use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
 
@@ -318,13 +318,13 @@ impl RedisClusterStore {
     async fn write_per_group(
         &self,
         layers: &[LayerRequest<'_>],
-        mode: Mode,
+        (mode, block): (Mode, Option<u64>),
     ) -> Result<Verdicts, StoreError> {
         let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
         if slot_groups(&keys).len() > 1 {
-            self.per_group(layers, Mode::Peek).await?;
+            self.per_group(layers, Mode::Peek, None).await?;
         }
-        let verdicts = self.per_group(layers, mode).await?;
+        let verdicts = self.per_group(layers, mode, block).await?;
         self.acknowledged(&keys).await.map(|()| verdicts)
     }
 
@@ -415,12 +415,13 @@ impl RedisClusterStore {
     }
 
     /// Every slot group called in `mode` (`Peek`, `Reset` or an
-    /// adjustment), one call per
-    /// group, in slot order: the verdicts in layer order.
+    /// adjustment; `block`: a block's length in µs), one call per group,
+    /// in slot order: the verdicts in layer order.
     async fn per_group(
         &self,
         layers: &[LayerRequest<'_>],
         mode: Mode,
+        block: Option<u64>,
     ) -> Result<Verdicts, StoreError> {
         let Call {
             deadline,
@@ -432,7 +433,7 @@ impl RedisClusterStore {
         let mut verdicts: Vec<Option<Verdict>> = vec![None; layers.len()];
         let mut result = Ok(());
         for group in &groups {
-            let cmd = group_call(&keys, &args, group, &time, mode, self.style());
+            let cmd = group_call(&keys, &args, group, &time, (mode, block), self.style());
             let answer = self
                 .until(deadline, call(self.conn.clone(), cmd, self.runner()))
                 .await
@@ -455,19 +456,19 @@ impl RedisClusterStore {
     }
 }
 
-/// The call deciding the layers of `group` (all on one slot) in `mode`,
-/// sent as `style`.
+/// The call deciding the layers of `group` (all on one slot) in `mode`
+/// (`block`: a block's length in µs), sent as `style`.
 fn group_call(
     keys: &[String],
     args: &[[u64; LAYER_ARGS]],
     group: &[usize],
     time: &crate::script::TimeArgs,
-    mode: Mode,
+    (mode, block): (Mode, Option<u64>),
     style: Style,
 ) -> redis::Cmd {
     let mut call = ScriptCall::new(style, group.iter().map(|&i| keys[i].as_str()), time);
     for &i in group {
-        call = call.layer(&mode.layer(args[i]));
+        call = call.layer(&with_block(args[i], block));
     }
     call.mode(mode)
 }
@@ -491,7 +492,14 @@ impl Store for RedisClusterStore {
         } = self.call_of(layers)?;
         let result = if let [group] = &groups[..] {
             // One slot: one call, exactly as the standalone store decides.
-            let cmd = group_call(&keys, &args, group, &time, Mode::Decide, self.style());
+            let cmd = group_call(
+                &keys,
+                &args,
+                group,
+                &time,
+                (Mode::Decide, None),
+                self.style(),
+            );
             self.until(deadline, call(self.conn.clone(), cmd, self.runner()))
                 .await?
                 .map_err(|e| in_group(e, layers, group))
@@ -516,7 +524,7 @@ impl Store for RedisClusterStore {
         if layers.is_empty() {
             return Ok(Verdicts::new());
         }
-        self.per_group(layers, Mode::Peek).await
+        self.per_group(layers, Mode::Peek, None).await
     }
 
     /// Atomic per slot group. Across slots, every group is peeked first,
@@ -526,7 +534,9 @@ impl Store for RedisClusterStore {
         if layers.is_empty() {
             return Ok(());
         }
-        self.write_per_group(layers, Mode::Reset).await.map(drop)
+        self.write_per_group(layers, (Mode::Reset, None))
+            .await
+            .map(drop)
     }
 
     /// Atomic per slot group, as [`reset`](Store::reset) is: across

@@ -14,14 +14,12 @@ use super::{group_call, in_group, RedisClusterStore};
 use crate::holds::Held;
 use crate::script::{parse_reply, Mode, ScriptCall, TimeArgs, LAYER_ARGS, REPLY_FIELDS};
 use crate::scripting::{Runner, Style};
+use tollgate_redis_protocol::RESERVE_FIELDS;
 
 /// Passes of a cross-slot decision denied only where other decisions of
 /// this process hold reservations (each after those settle), within the
 /// deadline.
 const MAX_CONTENDED_ATTEMPTS: u32 = 3;
-
-/// Integers per layer in a `reserve` reply: the verdict, then the charge.
-const RESERVE_FIELDS: usize = REPLY_FIELDS + 2;
 
 impl RedisClusterStore {
     /// Layers on several slots: reserve group by group, refund on a denial.
@@ -88,7 +86,7 @@ impl RedisClusterStore {
         };
         let mut denied = None;
         for (g, group) in groups.iter().enumerate() {
-            let cmd = group_call(keys, args, group, time, Mode::Reserve, self.style());
+            let cmd = group_call(keys, args, group, time, (Mode::Reserve, None), self.style());
             let reply = self
                 .until(deadline, call(self.conn.clone(), cmd, self.runner()))
                 .await
@@ -172,7 +170,7 @@ impl RedisClusterStore {
             .collect();
         let refunds = reserved.refund();
         for group in &groups[denied + 1..] {
-            let cmd = group_call(keys, args, group, time, Mode::Peek, self.style());
+            let cmd = group_call(keys, args, group, time, (Mode::Peek, None), self.style());
             let peeked = self
                 .until(deadline, call(self.conn.clone(), cmd, self.runner()))
                 .await

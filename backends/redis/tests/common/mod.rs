@@ -1,6 +1,7 @@
 //! Helpers shared by the Redis store's integration tests.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod keyspace;
 pub mod load;
 
 use std::sync::Arc;

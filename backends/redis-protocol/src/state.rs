@@ -1,7 +1,8 @@
-//! How states are stored in Redis: the Lua path's encoding, byte for byte
-//! (`backends/redis/lua/layered.lua`: `read_cells`, `write_cells`,
-//! `read_log`, `block_end`), so servers with and without the module read
-//! each other's states.
+//! How states are stored in Redis. The Lua code (`read_cells`,
+//! `write_cells`, `read_log`, `block_end` in the Redis store's
+//! `lua/layered.lua`) reads and writes the same bytes, with the bounds
+//! [`lua_constants`](crate::lua_constants) gives it, so servers with and
+//! without the module read each other's states.
 //!
 //! - Counter algorithms keep a string of decimal cells separated by one
 //!   space: token bucket `full_at` or `full_at remainder` (the remainder
@@ -11,17 +12,23 @@
 //! - A block is the string `b<µs>` (or a list of that one item for the log).
 //!
 //! A value is a state only when its time cell (for the log: every entry)
-//! lies in 2020–2101, what a state Tollgate wrote always holds: anything
-//! else is someone else's data, never overwritten.
+//! lies in [`STORED_TIMES`], what a state Tollgate wrote always holds:
+//! anything else is someone else's data, never overwritten.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 
-use tollgate_limiter::{Layout, State};
+use tollgate_limiter::{Layout, State, Timestamp};
 
-/// The first instant a stored time may hold (2020-01-01, µs).
-pub(crate) const EARLIEST: u64 = 1_577_836_800_000_000;
-/// The first instant a stored time may no longer hold (2101-01-01, µs).
-pub(crate) const LATEST: u64 = 4_133_980_800_000_000;
+/// The times a stored state may hold (µs): from the clock's
+/// [`Timestamp::EARLIEST`] (2020-01-01) to 2101-01-01, excluded. A store
+/// decides only up to [`Timestamp::LATEST`] (2100-01-01), but a state's
+/// time may run ahead of the clock (a GCRA's TAT, by at most its longest
+/// recovery, 14 days): the end leaves a year for that.
+pub const STORED_TIMES: Range<u64> = Timestamp::EARLIEST.as_micros()..4_133_980_800_000_000;
+
+const EARLIEST: u64 = STORED_TIMES.start;
+const LATEST: u64 = STORED_TIMES.end;
 
 /// A decimal number as the Lua pattern `%d+` reads it (digits only), or
 /// `None`. Numbers beyond `u64` are not states.
@@ -32,15 +39,25 @@ fn digits(s: &[u8]) -> Option<u64> {
     std::str::from_utf8(s).ok()?.parse().ok()
 }
 
-/// The end of the block `v` holds (`b<µs>` within 2020–2101), or `None`.
-pub(crate) fn block_end(v: &[u8]) -> Option<u64> {
+/// The end of the block `v` holds (`b<µs>` within [`STORED_TIMES`]), or `None`.
+pub fn block_end(v: &[u8]) -> Option<u64> {
     let u = digits(v.strip_prefix(b"b")?)?;
     (EARLIEST..LATEST).contains(&u).then_some(u)
 }
 
 /// The counter state kept as `layout` in the string `v`, a block, or
 /// `None` when `v` is not a state Tollgate wrote (a conflict).
-pub(crate) fn read_cells(layout: Layout, v: &[u8]) -> Option<State> {
+///
+/// ```
+/// use tollgate_limiter::{Layout, State};
+/// use tollgate_redis_protocol::read_cells;
+/// let fixed_window = Layout::Cells { cells: 2, time_cell: 1 };
+/// let t = 1_800_000_000_000_000u64;
+/// assert_eq!(read_cells(fixed_window, format!("3 {t}").as_bytes()), Some(State::Cells([3, t, 0])));
+/// assert_eq!(read_cells(fixed_window, format!("b{t}").as_bytes()), Some(State::Blocked(t)));
+/// assert_eq!(read_cells(fixed_window, b"someone else's"), None);
+/// ```
+pub fn read_cells(layout: Layout, v: &[u8]) -> Option<State> {
     let Layout::Cells { cells, time_cell } = layout else {
         return None;
     };
@@ -64,7 +81,7 @@ pub(crate) fn read_cells(layout: Layout, v: &[u8]) -> Option<State> {
 /// The text of counter cells as `layout` keeps them: its cells, but the
 /// trailing ones after the time cell that are 0 (the token bucket's
 /// remainder).
-pub(crate) fn write_cells(layout: Layout, cells: [u64; 3]) -> String {
+pub fn write_cells(layout: Layout, cells: [u64; 3]) -> String {
     let (mut n, time_cell) = match layout {
         Layout::Cells { cells, time_cell } => (cells, time_cell),
         // Never asked (a log is written as a list): every cell, as before,
@@ -81,10 +98,16 @@ pub(crate) fn write_cells(layout: Layout, cells: [u64; 3]) -> String {
     }
 }
 
+/// The text of a block until `until` (µs): `b<until>`, a counter key's
+/// whole value or a log's one item.
+pub fn block_text(until: u64) -> String {
+    format!("b{until}")
+}
+
 /// Reads a list item by item (oldest first) into the state it holds: a
 /// log, a block (the one item `b<µs>`), or nothing Tollgate wrote. Items
 /// are parsed where they lie, so reading a long log copies no entry.
-pub(crate) struct LogReader {
+pub struct LogReader {
     entries: VecDeque<u64>,
     block: Option<u64>,
     read: usize,
@@ -92,7 +115,7 @@ pub(crate) struct LogReader {
 
 impl LogReader {
     /// A reader for a list of `len` items.
-    pub(crate) fn with_capacity(len: usize) -> LogReader {
+    pub fn with_capacity(len: usize) -> LogReader {
         LogReader {
             entries: VecDeque::with_capacity(len),
             block: None,
@@ -102,7 +125,7 @@ impl LogReader {
 
     /// Take the next item; `false` when the list cannot be a state
     /// Tollgate wrote (the caller stops: a conflict).
-    pub(crate) fn push(&mut self, item: &[u8]) -> bool {
+    pub fn push(&mut self, item: &[u8]) -> bool {
         self.read += 1;
         if self.block.is_some() {
             // A block is a list of exactly one item.
@@ -126,7 +149,8 @@ impl LogReader {
     }
 
     /// The state of the items taken.
-    pub(crate) fn finish(self) -> State {
+    #[must_use]
+    pub fn finish(self) -> State {
         match self.block {
             Some(until) => State::Blocked(until),
             None => State::Log(self.entries),

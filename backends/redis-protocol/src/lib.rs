@@ -1,0 +1,92 @@
+//! Tollgate's Redis protocol, without I/O: how the Redis store calls the
+//! Lua code or the native module, what they answer, and how states are
+//! stored. The store encodes with this crate, the module decodes with it,
+//! and the Lua code's constants are generated from it
+//! ([`lua_constants`]); the deciding itself is `tollgate-algorithms`'
+//! (the module runs it; the Lua code is its port, held to it bit for bit
+//! by the differential tests).
+//!
+//! # Calls
+//!
+//! ```text
+//! FCALL <function> <numkeys> <key>... <now> <max skew> <layer>... [mode]
+//! layer: <algorithm code> <cost> <p1> <p2> <p3>        (refund: ... <at> <mark>)
+//! ```
+//!
+//! `EVALSHA <sha>` and `TOLLGATE.DECIDE` (the module) take the same
+//! arguments. Key *i* holds the state of layer *i*; the keys are distinct.
+//! `now` is the caller's time in µs since the Unix epoch, or the empty
+//! string for the server's `TIME` (the default: one clock for every key);
+//! with a caller's time, `max skew` is the largest allowed distance in µs
+//! from the server's clock, or empty for no check. A layer is its
+//! algorithm's code ([`Builtin::code`](tollgate_limiter::Builtin)), its
+//! cost and the algorithm's three parameters ([`layer_args`]; the first is
+//! its capacity, which a blocked layer reports as its limit).
+//!
+//! The last argument selects a [`Mode`]; without it the call decides:
+//! every layer is judged against its state, and only if every layer admits
+//! is every layer written, each with its TTL ([`px`]). Otherwise nothing
+//! is written, and the admitting layers report remaining + cost, capped at
+//! the limit (`Verdict::uncharged`).
+//!
+//! - `reserve` decides, and answers each layer's charge after its verdict
+//!   ([`RESERVE_FIELDS`]): the time it charged at and a mark (`0 0` when
+//!   nothing was charged), what `refund` takes back.
+//! - `peek` judges and writes nothing; `reset` judges as a peek does, then
+//!   deletes every key.
+//! - `penalize`, `reward` and `block` are an operator's change to every
+//!   layer, as `tollgate_algorithms::adjust` makes it: every key is judged
+//!   first (a foreign one fails the call unchanged), then each layer is
+//!   charged its cost (saturating at empty), given its cost back (never
+//!   above full), or blocked (the cost argument holds the block's length
+//!   in µs). The state written carries the reference's TTL. The reply is
+//!   each layer's verdict for one unit afterwards, as a peek gives it.
+//! - `refund` gives reservations back; each layer's arguments end with the
+//!   charge's `at` and `mark`, and the reply is what each layer got back.
+//!   Not idempotent: the store sends a refund at most once.
+//!
+//! # Replies
+//!
+//! Five integers per layer ([`REPLY_FIELDS`], [`verdict_fields`],
+//! [`parse_reply`]): allowed (1/0), limit, remaining, reset_after µs,
+//! retry_after µs (−1 when the layer admits).
+//!
+//! # Errors
+//!
+//! - `TOLLGATE_CONFLICT <i> not_a_state`: key *i* (from 1) holds a value
+//!   Tollgate did not write (Redis's own `WRONGTYPE` for another type);
+//!   nothing is written, the key is left as it was.
+//! - `TOLLGATE_SKEW <caller µs> <server µs> <max skew µs>`: the caller's
+//!   clock is too far from the server's.
+//! - `TOLLGATE_ARGS <why>`: arguments the code does not understand
+//!   ([`ArgsError`]).
+//!
+//! # Stored states
+//!
+//! Counter algorithms keep a string of decimal cells ([`read_cells`],
+//! [`write_cells`]); the sliding log keeps a list of timestamps, oldest
+//! first ([`LogReader`], [`LogEdit`]); a block is the string `b<µs>`, or a
+//! list of that one item for the log ([`block_text`]). Only values whose
+//! times lie in [`STORED_TIMES`] are states: anything else is someone
+//! else's data, never overwritten.
+
+mod call;
+mod expiry;
+mod log_edit;
+mod lua;
+mod reply;
+mod state;
+
+pub use call::{
+    layer_args, numkeys, parse, ArgsError, Call, Layer, Mode, Time, LAYER_ARGS, REFUND_LAYER_ARGS,
+};
+pub use expiry::{px, PUSH_CHUNK, TTL_MARGIN_MS};
+pub use log_edit::LogEdit;
+pub use lua::lua_constants;
+pub use reply::{parse_reply, verdict_fields, REPLY_FIELDS, RESERVE_FIELDS};
+pub use state::{block_end, block_text, read_cells, write_cells, LogReader, STORED_TIMES};
+
+/// The calling convention's version (arguments, modes, replies and
+/// encodings). The Redis store sends `TOLLGATE.DECIDE` only to a module
+/// answering its own version to `TOLLGATE.PROTOCOL`.
+pub const PROTOCOL: i64 = 1;

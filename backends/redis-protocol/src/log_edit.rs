@@ -1,0 +1,150 @@
+//! The list commands that turn one stored sliding log into another.
+
+use std::collections::VecDeque;
+
+/// How to turn the list holding one log into the list holding the next:
+/// a decision drops its oldest entries and appends the newest time; a
+/// reward drops the newest entries. Anything else is written whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogEdit {
+    /// The list is already the next log.
+    Keep,
+    /// The next log is empty: remove the key.
+    Delete,
+    /// `LTRIM key drop -1` (when `drop > 0`), then `push` copies of
+    /// `stamp` appended (`RPUSH`, in chunks).
+    Append {
+        /// The oldest entries to drop.
+        drop: usize,
+        /// The time appended.
+        stamp: u64,
+        /// How many times.
+        push: usize,
+    },
+    /// `LTRIM key 0 keep-1`: only the oldest `keep` entries stay.
+    Truncate {
+        /// The entries kept.
+        keep: usize,
+    },
+    /// `DEL key`, then every entry of the next log appended.
+    Replace,
+}
+
+impl LogEdit {
+    /// The edit turning the list `before` into `after` (both oldest
+    /// first).
+    ///
+    /// ```
+    /// use std::collections::VecDeque;
+    /// use tollgate_redis_protocol::LogEdit;
+    /// let before = VecDeque::from([1, 2, 3]);
+    /// let after = VecDeque::from([2, 3, 9, 9]);
+    /// assert_eq!(LogEdit::between(&before, &after), LogEdit::Append { drop: 1, stamp: 9, push: 2 });
+    /// assert_eq!(LogEdit::between(&before, &VecDeque::from([1])), LogEdit::Truncate { keep: 1 });
+    /// ```
+    pub fn between(before: &VecDeque<u64>, after: &VecDeque<u64>) -> LogEdit {
+        if after.is_empty() {
+            return if before.is_empty() {
+                LogEdit::Keep
+            } else {
+                LogEdit::Delete
+            };
+        }
+        if after.len() <= before.len() && after.iter().eq(before.range(..after.len())) {
+            return match after.len() == before.len() {
+                true => LogEdit::Keep,
+                false => LogEdit::Truncate { keep: after.len() },
+            };
+        }
+        append(before, after).unwrap_or(LogEdit::Replace)
+    }
+
+    /// This edit applied to `before` (what Redis does with its commands).
+    pub fn apply(&self, before: &VecDeque<u64>, after: &VecDeque<u64>) -> VecDeque<u64> {
+        match *self {
+            LogEdit::Keep => before.clone(),
+            LogEdit::Delete => VecDeque::new(),
+            LogEdit::Append { drop, stamp, push } => {
+                let mut next: VecDeque<u64> = before.iter().skip(drop).copied().collect();
+                next.extend(std::iter::repeat_n(stamp, push));
+                next
+            }
+            LogEdit::Truncate { keep } => before.iter().take(keep).copied().collect(),
+            LogEdit::Replace => after.clone(),
+        }
+    }
+}
+
+/// `after` as the end of `before` followed by copies of its newest time,
+/// if it is that. The kept part ends with every copy of that time
+/// `before` has, unless nothing older is kept.
+fn append(before: &VecDeque<u64>, after: &VecDeque<u64>) -> Option<LogEdit> {
+    let stamp = *after.back()?;
+    let trailing = |log: &VecDeque<u64>| log.iter().rev().take_while(|&&t| t == stamp).count();
+    let (in_after, in_before) = (trailing(after), trailing(before));
+    let older = after.len() - in_after;
+    if older == 0 {
+        // Only copies of the stamp: keep up to as many as there are.
+        let kept = in_before.min(in_after);
+        return Some(LogEdit::Append {
+            drop: before.len() - kept,
+            stamp,
+            push: in_after - kept,
+        });
+    }
+    let drop = before.len().checked_sub(in_before + older)?;
+    let same = before.range(drop..drop + older).eq(after.range(..older));
+    (same && in_before <= in_after).then(|| LogEdit::Append {
+        drop,
+        stamp,
+        push: in_after - in_before,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn sorted(mut v: Vec<u64>) -> VecDeque<u64> {
+        v.sort_unstable();
+        v.into()
+    }
+
+    proptest! {
+        /// A decision's next log (oldest dropped, copies of a newer time
+        /// appended) and a reward's (newest dropped) are edits, not
+        /// rewrites; every edit gives exactly the next log.
+        #[test]
+        fn edits_give_the_next_log(
+            before in prop::collection::vec(0u64..6, 0..12),
+            drop in 0usize..14,
+            push in 0usize..5,
+            ahead in 0u64..2,
+            cut in 0usize..14,
+        ) {
+            let before = sorted(before);
+            let stamp = before.back().copied().unwrap_or(0) + ahead;
+            let mut decided: VecDeque<u64> = before.iter().skip(drop).copied().collect();
+            decided.extend(std::iter::repeat_n(stamp, push));
+            let edit = LogEdit::between(&before, &decided);
+            prop_assert_ne!(&edit, &LogEdit::Replace);
+            prop_assert_eq!(edit.apply(&before, &decided), decided);
+            let rewarded: VecDeque<u64> = before.iter().take(before.len().saturating_sub(cut)).copied().collect();
+            let edit = LogEdit::between(&before, &rewarded);
+            prop_assert_ne!(&edit, &LogEdit::Replace);
+            prop_assert_eq!(edit.apply(&before, &rewarded), rewarded);
+        }
+
+        /// Any two logs: the edit (a rewrite at worst) gives the next.
+        #[test]
+        fn any_log_is_reached(
+            before in prop::collection::vec(0u64..6, 0..10),
+            after in prop::collection::vec(0u64..6, 0..10),
+        ) {
+            let (before, after) = (sorted(before), sorted(after));
+            prop_assert_eq!(LogEdit::between(&before, &after).apply(&before, &after), after);
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! The constants the Lua code shares with the module, generated from this
+//! crate so that the two cannot disagree.
+
+use std::fmt::Write as _;
+
+use crate::{
+    LAYER_ARGS, PUSH_CHUNK, REFUND_LAYER_ARGS, REPLY_FIELDS, RESERVE_FIELDS, STORED_TIMES,
+    TTL_MARGIN_MS,
+};
+
+/// Lua `local` definitions of the shared constants: `EARLIEST` and
+/// `LATEST` (the [`STORED_TIMES`] bounds, the end excluded),
+/// `TTL_MARGIN_MS`, `PUSH_CHUNK`, and the strides of calls and replies
+/// (`LAYER_ARGS`, `REFUND_LAYER_ARGS`, `REPLY_FIELDS`, `RESERVE_FIELDS`).
+/// The Redis store puts them before its Lua files.
+///
+/// ```
+/// let lua = tollgate_redis_protocol::lua_constants();
+/// assert!(lua.contains("local TTL_MARGIN_MS = 1\n"));
+/// ```
+pub fn lua_constants() -> String {
+    let mut lua = String::from("-- Shared with the module (tollgate-redis-protocol).\n");
+    for (name, value) in [
+        ("EARLIEST", STORED_TIMES.start),
+        ("LATEST", STORED_TIMES.end),
+        ("TTL_MARGIN_MS", TTL_MARGIN_MS),
+        ("PUSH_CHUNK", PUSH_CHUNK),
+        ("LAYER_ARGS", LAYER_ARGS as u64),
+        ("REFUND_LAYER_ARGS", REFUND_LAYER_ARGS as u64),
+        ("REPLY_FIELDS", REPLY_FIELDS as u64),
+        ("RESERVE_FIELDS", RESERVE_FIELDS as u64),
+    ] {
+        let _ = writeln!(lua, "local {name} = {value}");
+    }
+    lua
+}
