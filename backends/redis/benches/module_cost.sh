@@ -8,13 +8,16 @@
 # about 100 entries each (one-hour window).
 #
 #   backends/redis/benches/module_cost.sh            # ROUNDS=5 N=100000 PORT=6393
+#   MODULE=/path/to/libtollgate_redis_module.so …    # another build (before/after)
 #
 # Prints one line per round: µs per call of each command.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 PORT="${PORT:-6393}" N="${N:-100000}" ROUNDS="${ROUNDS:-5}" PREFILL="${PREFILL:-1000000}"
-cargo build --quiet --release -p tollgate-redis-module --manifest-path "$ROOT/Cargo.toml"
-MODULE="${CARGO_TARGET_DIR:-$ROOT/target}/release/libtollgate_redis_module.so"
+if [ -z "${MODULE:-}" ]; then
+  cargo build --quiet --release -p tollgate-redis-module --manifest-path "$ROOT/Cargo.toml"
+  MODULE="${CARGO_TARGET_DIR:-$ROOT/target}/release/libtollgate_redis_module.so"
+fi
 CLASSIC_LUA="$ROOT/backends/redis/benches/fixtures/classic_token_bucket.lua"
 if redis-cli -p "$PORT" PING >/dev/null 2>&1; then echo "module_cost.sh: port $PORT is taken (PORT=...)" >&2; exit 1; fi
 redis-server --bind 127.0.0.1 --port "$PORT" --save '' --appendonly no --daemonize yes \

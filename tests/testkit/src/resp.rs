@@ -1,8 +1,7 @@
-//! Just enough RESP2 to run the harness's setup commands over plain TCP,
-//! without a Redis client library.
+//! The harness's setup commands, one per fresh plain connection, and
+//! their replies in a form tests match on.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 /// A reply to a command sent by the harness (RESP2).
@@ -48,59 +47,56 @@ impl Reply {
     }
 }
 
-/// One command on a fresh connection (RESP2 array of bulk strings).
+/// One command on a fresh connection, through the `redis` crate's
+/// synchronous client.
 pub(crate) fn call(addr: SocketAddr, args: &[&str]) -> std::io::Result<Reply> {
-    let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    stream.set_nodelay(true)?;
-    let mut request = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        request.extend_from_slice(arg.as_bytes());
-        request.extend_from_slice(b"\r\n");
+    let (name, rest) = args
+        .split_first()
+        .ok_or_else(|| std::io::Error::other("no command"))?;
+    let client = redis::Client::open(format!("redis://{addr}/")).map_err(std::io::Error::other)?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .map_err(std::io::Error::other)?;
+    con.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(std::io::Error::other)?;
+    let mut cmd = redis::cmd(name);
+    for arg in rest {
+        cmd.arg(*arg);
     }
-    (&stream).write_all(&request)?;
-    read_reply(&mut BufReader::new(stream))
+    match cmd.query::<redis::Value>(&mut con) {
+        Ok(value) => Ok(reply_of(value)),
+        Err(e) => match e.code() {
+            Some(code) => Ok(Reply::Error(error_text(code, e.detail()))),
+            None => Err(std::io::Error::other(e)),
+        },
+    }
 }
 
-fn read_reply(reader: &mut impl BufRead) -> std::io::Result<Reply> {
-    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Err(bad("connection closed"));
+/// An error reply's text as the server sent it: its code, then its
+/// detail.
+fn error_text(code: &str, detail: Option<&str>) -> String {
+    match detail {
+        Some(detail) => format!("{code} {detail}"),
+        None => code.to_string(),
     }
-    let line = line.trim_end_matches(['\r', '\n']);
-    let (kind, rest) = line.split_at(1.min(line.len()));
-    let number = || rest.parse::<i64>().map_err(|_| bad("a bad length"));
-    Ok(match kind {
-        "+" => Reply::Status(rest.to_string()),
-        "-" => Reply::Error(rest.to_string()),
-        ":" => Reply::Int(number()?),
-        "$" => {
-            let len = number()?;
-            if len < 0 {
-                Reply::Bulk(None)
-            } else {
-                let mut buf = vec![0u8; len as usize + 2];
-                std::io::Read::read_exact(reader, &mut buf)?;
-                buf.truncate(len as usize);
-                Reply::Bulk(Some(buf))
-            }
+}
+
+/// The reply a `redis::Value` stands for (RESP2's kinds; the connection
+/// never asks for RESP3).
+fn reply_of(value: redis::Value) -> Reply {
+    use redis::Value;
+    match value {
+        Value::Nil => Reply::Bulk(None),
+        Value::Int(n) => Reply::Int(n),
+        Value::BulkString(bytes) => Reply::Bulk(Some(bytes)),
+        Value::Array(items) | Value::Set(items) => {
+            Reply::Array(Some(items.into_iter().map(reply_of).collect()))
         }
-        "*" => {
-            let len = number()?;
-            if len < 0 {
-                Reply::Array(None)
-            } else {
-                let mut items = Vec::with_capacity(len as usize);
-                for _ in 0..len {
-                    items.push(read_reply(reader)?);
-                }
-                Reply::Array(Some(items))
-            }
-        }
-        _ => return Err(bad("an unknown reply type")),
-    })
+        Value::SimpleString(s) => Reply::Status(s),
+        Value::Okay => Reply::Status("OK".to_string()),
+        Value::ServerError(e) => Reply::Error(error_text(e.code(), e.details())),
+        other => Reply::Status(format!("{other:?}")),
+    }
 }
 
 #[cfg(test)]
@@ -108,19 +104,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn replies_parse() {
-        let mut input: &[u8] = b"*3\r\n+OK\r\n:42\r\n$3\r\nabc\r\n";
+    fn values_become_replies() {
+        use redis::Value;
+        let array = Value::Array(vec![
+            Value::Okay,
+            Value::Int(42),
+            Value::BulkString(b"abc".to_vec()),
+            Value::Nil,
+        ]);
         assert_eq!(
-            read_reply(&mut input).unwrap(),
+            reply_of(array),
             Reply::Array(Some(vec![
                 Reply::Status("OK".into()),
                 Reply::Int(42),
                 Reply::Bulk(Some(b"abc".to_vec())),
+                Reply::Bulk(None),
             ]))
         );
-        let mut input: &[u8] = b"-MOVED 1 127.0.0.1:1\r\n";
-        assert!(read_reply(&mut input).unwrap().is_error());
-        let mut input: &[u8] = b"*2\r\n$2\r\nip\r\n*1\r\n:7\r\n";
-        assert_eq!(read_reply(&mut input).unwrap().strings(), ["ip", "7"]);
+        assert_eq!(
+            error_text("MOVED", Some("1 127.0.0.1:1")),
+            "MOVED 1 127.0.0.1:1"
+        );
+        let nested = Value::Array(vec![
+            Value::BulkString(b"ip".to_vec()),
+            Value::Array(vec![Value::Int(7)]),
+        ]);
+        assert_eq!(reply_of(nested).strings(), ["ip", "7"]);
     }
 }

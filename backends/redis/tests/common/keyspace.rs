@@ -30,28 +30,30 @@ pub fn wall_ms() -> i64 {
     now.as_millis() as i64
 }
 
-/// What `key` holds now.
+/// What `key` holds now, read atomically (a key expiring between two
+/// reads would otherwise read as half of each).
 pub async fn held(con: &mut MultiplexedConnection, key: &str) -> Held {
-    let kind: String = redis::cmd("TYPE").arg(key).query_async(con).await.unwrap();
-    let raw = match kind.as_str() {
-        "none" => Raw::Missing,
-        "string" => Raw::Text(redis::cmd("GET").arg(key).query_async(con).await.unwrap()),
-        "list" => Raw::List(
-            redis::cmd("LRANGE")
-                .arg(key)
-                .arg(0)
-                .arg(-1)
-                .query_async(con)
-                .await
-                .unwrap(),
-        ),
-        other => panic!("{key} holds a {other}"),
-    };
-    let expires_ms = redis::cmd("PEXPIRETIME")
+    const READ: &str = "local t = redis.call('TYPE', KEYS[1]).ok \
+        local e = redis.call('PEXPIRETIME', KEYS[1]) \
+        if t == 'string' then return {t, e, redis.call('GET', KEYS[1])} end \
+        if t == 'list' then return {t, e, redis.call('LRANGE', KEYS[1], 0, -1)} end \
+        return {t, e}";
+    let mut reply: Vec<redis::Value> = redis::cmd("EVAL")
+        .arg(READ)
+        .arg(1)
         .arg(key)
         .query_async(con)
         .await
         .unwrap();
+    let value = (reply.len() == 3).then(|| reply.pop()).flatten();
+    let kind: String = redis::from_redis_value(reply[0].clone()).unwrap();
+    let expires_ms: i64 = redis::from_redis_value(reply[1].clone()).unwrap();
+    let raw = match (kind.as_str(), value) {
+        ("none", None) => Raw::Missing,
+        ("string", Some(v)) => Raw::Text(redis::from_redis_value(v).unwrap()),
+        ("list", Some(v)) => Raw::List(redis::from_redis_value(v).unwrap()),
+        (other, _) => panic!("{key} holds a {other}"),
+    };
     Held { raw, expires_ms }
 }
 
@@ -60,7 +62,12 @@ pub async fn held(con: &mut MultiplexedConnection, key: &str) -> Held {
 pub fn state_of(layout: Layout, raw: &Raw) -> Option<State> {
     match raw {
         Raw::Missing => None,
-        Raw::Text(v) => Some(read_cells(layout, v).expect("a state Tollgate wrote")),
+        Raw::Text(v) => Some(read_cells(layout, v).unwrap_or_else(|| {
+            panic!(
+                "{:?} is no state Tollgate writes as {layout:?}",
+                String::from_utf8_lossy(v)
+            )
+        })),
         Raw::List(items) => {
             let mut log = LogReader::with_capacity(items.len());
             assert!(items.iter().all(|i| log.push(i)), "a log Tollgate wrote");
