@@ -49,7 +49,7 @@ pub use layer::{duplicate_names, shared_counters, Layer, Scope};
 // come from the list of built-ins.
 pub use limit::*;
 pub use limiter::{Limiter, LimiterBuilder};
-pub use live::{LimiterSource, LiveRoute, RouteLimits};
+pub use live::{LimiterSource, ReloadableRoute, RouteLimits};
 pub use login::{Escalation, LoginGuard};
 pub use policy::{check_name, Policy};
 pub use scoped::ScopedOperations;

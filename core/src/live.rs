@@ -34,7 +34,7 @@ impl RouteLimits {
 
 /// A named route whose limits a reload can replace (implemented by the
 /// configuration crate's live routes).
-pub trait LiveRoute: Send + Sync + fmt::Debug {
+pub trait ReloadableRoute: Send + Sync + fmt::Debug {
     /// The route's name.
     fn name(&self) -> &str;
 
@@ -43,13 +43,13 @@ pub trait LiveRoute: Send + Sync + fmt::Debug {
 }
 
 /// Where an HTTP adapter finds the limiter for each request: one fixed
-/// [`Limiter`], or a [`LiveRoute`] whose limits a reload replaces.
+/// [`Limiter`], or a [`ReloadableRoute`] whose limits a reload replaces.
 #[derive(Debug, Clone)]
 pub enum LimiterSource {
     /// Always this limiter.
     Fixed(Limiter),
     /// The route's limits as the running configuration has them.
-    Live(Arc<dyn LiveRoute>),
+    Live(Arc<dyn ReloadableRoute>),
 }
 
 impl From<Limiter> for LimiterSource {
@@ -58,7 +58,7 @@ impl From<Limiter> for LimiterSource {
     }
 }
 
-impl<R: LiveRoute + 'static> From<Arc<R>> for LimiterSource {
+impl<R: ReloadableRoute + 'static> From<Arc<R>> for LimiterSource {
     fn from(route: Arc<R>) -> Self {
         LimiterSource::Live(route)
     }

@@ -4,6 +4,7 @@
 //! reference says to write turned into keyspace writes.
 
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+use smallvec::SmallVec;
 use tollgate_algorithms::refund::{refund, Charge};
 use tollgate_algorithms::{adjust_layers, decide_layers, Layered};
 use tollgate_limiter::{Limit, State, Timestamp};
@@ -91,8 +92,9 @@ struct Layers<'a> {
 }
 
 impl Layers<'_> {
-    /// Each layer as the reference takes it: its limit and cost.
-    fn limits(&self) -> Vec<(&Limit, u64)> {
+    /// Each layer as the reference takes it: its limit and cost (up to
+    /// four inline: no allocation).
+    fn limits(&self) -> SmallVec<[(&Limit, u64); 4]> {
         self.call
             .layers
             .iter()
@@ -101,7 +103,7 @@ impl Layers<'_> {
     }
 
     /// The states, as the reference takes them.
-    fn states(&self) -> Vec<Option<&State>> {
+    fn states(&self) -> SmallVec<[Option<&State>; 4]> {
         self.states.iter().map(Option::as_ref).collect()
     }
 

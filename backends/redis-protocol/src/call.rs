@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use tollgate_limiter::{Adjustment, Builtin, Layout, Limit, StoreError};
 
+use crate::state::digits;
+
 /// Arguments per layer: algorithm code, cost, and the algorithm's three
 /// parameters ([`Limit::args`]).
 pub const LAYER_ARGS: usize = 5;
@@ -223,7 +225,7 @@ fn args_error(why: impl std::fmt::Display) -> String {
 pub fn numkeys(args: &[&[u8]]) -> Result<usize, ArgsError> {
     let n = args
         .get(1)
-        .and_then(|a| number(a))
+        .and_then(|a| digits(a))
         .ok_or_else(|| ArgsError::new("numkeys must be a whole number"))? as usize;
     // Checked: numkeys comes from the client, and the key-position
     // callback trusts what this answers.
@@ -231,13 +233,6 @@ pub fn numkeys(args: &[&[u8]]) -> Result<usize, ArgsError> {
         return Err(ArgsError::new("numkeys is more than the keys given"));
     }
     Ok(n)
-}
-
-fn number(a: &[u8]) -> Option<u64> {
-    if a.is_empty() || !a.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(a).ok()?.parse().ok()
 }
 
 /// Parse the arguments after the keys (`argv`: the Lua code's ARGV) for
@@ -254,60 +249,63 @@ pub fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, ArgsError> {
     let time = match (argv[0], argv[1]) {
         (b"", _) => Time::Server,
         (now, skew) => Time::Caller {
-            now: number(now).ok_or_else(|| {
+            now: digits(now).ok_or_else(|| {
                 ArgsError::new("the time must be an integer number of microseconds")
             })?,
             max_skew: match skew {
                 b"" => None,
                 s => Some(
-                    number(s).ok_or_else(|| ArgsError::new("the skew must be a whole number"))?,
+                    digits(s).ok_or_else(|| ArgsError::new("the skew must be a whole number"))?,
                 ),
             },
         },
     };
-    let mut layers = Vec::with_capacity(keys);
-    for i in 0..keys {
-        let a = &argv[2 + per_layer * i..2 + per_layer * (i + 1)];
-        let num = |j: usize| number(a[j]);
-        let builtin = num(0).and_then(Builtin::by_code).ok_or_else(|| {
-            ArgsError::new(format!(
-                "unknown algorithm {}",
-                String::from_utf8_lossy(a[0])
-            ))
-        })?;
-        let [cost, p1, p2, p3] = [1, 2, 3, 4].map(num);
-        let (Some(cost), Some(p1), Some(p2), Some(p3)) = (cost, p1, p2, p3) else {
-            return Err(ArgsError::new(format!(
-                "layer {} has an argument that is not a whole number",
-                i + 1
-            )));
-        };
-        let (at, mark) = if per_layer == REFUND_LAYER_ARGS {
-            match (num(5), num(6)) {
-                (Some(at), Some(mark)) => (at, mark),
-                _ => {
-                    return Err(ArgsError::new(format!(
-                        "layer {}'s charge is not two whole numbers",
-                        i + 1
-                    )))
-                }
-            }
-        } else {
-            (0, 0)
-        };
-        let limit = Limit::from_args(builtin.code.into(), [p1, p2, p3])
-            .map_err(|e| ArgsError::new(format!("layer {}: {e}", i + 1)))?;
-        let cost = checked_cost(mode, builtin.layout, &limit, cost)
-            .map_err(|e| ArgsError::new(format!("layer {}: {e}", i + 1)))?;
-        layers.push(Layer {
-            layout: builtin.layout,
-            limit,
-            cost,
-            at,
-            mark,
-        });
-    }
+    let layers = argv[2..]
+        .chunks_exact(per_layer)
+        .enumerate()
+        .map(|(i, args)| parse_layer(mode, i + 1, args))
+        .collect::<Result<Vec<Layer>, ArgsError>>()?;
     Ok(Call { mode, time, layers })
+}
+
+/// Layer `n`'s arguments (`args`: its code, cost, three parameters, and a
+/// refund's charge).
+fn parse_layer(mode: Mode, n: usize, args: &[&[u8]]) -> Result<Layer, ArgsError> {
+    let num = |j: usize| digits(args[j]);
+    let builtin = num(0).and_then(Builtin::by_code).ok_or_else(|| {
+        ArgsError::new(format!(
+            "unknown algorithm {}",
+            String::from_utf8_lossy(args[0])
+        ))
+    })?;
+    let [cost, p1, p2, p3] = [1, 2, 3, 4].map(num);
+    let (Some(cost), Some(p1), Some(p2), Some(p3)) = (cost, p1, p2, p3) else {
+        return Err(ArgsError::new(format!(
+            "layer {n} has an argument that is not a whole number"
+        )));
+    };
+    let (at, mark) = match mode {
+        Mode::Refund => match (num(5), num(6)) {
+            (Some(at), Some(mark)) => (at, mark),
+            _ => {
+                return Err(ArgsError::new(format!(
+                    "layer {n}'s charge is not two whole numbers"
+                )))
+            }
+        },
+        _ => (0, 0),
+    };
+    let limit = Limit::from_args(builtin.code.into(), [p1, p2, p3])
+        .map_err(|e| ArgsError::new(format!("layer {n}: {e}")))?;
+    let cost = checked_cost(mode, builtin.layout, &limit, cost)
+        .map_err(|e| ArgsError::new(format!("layer {n}: {e}")))?;
+    Ok(Layer {
+        layout: builtin.layout,
+        limit,
+        cost,
+        at,
+        mark,
+    })
 }
 
 /// A layer's cost as the reference algorithms may take it: the store sends

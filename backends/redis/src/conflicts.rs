@@ -10,7 +10,7 @@ use redis::aio::ConnectionLike;
 use tollgate_limiter::{LayerRequest, Layout, StoreError};
 
 use crate::error::from_redis;
-use crate::settings::Decides;
+use crate::settings::CheckedSettings;
 
 /// What `from_redis` makes of `WRONGTYPE`: a conflict not yet located (the
 /// empty policy name).
@@ -35,18 +35,18 @@ fn expected_type(layer: &LayerRequest<'_>) -> &'static str {
     }
 }
 
-/// The conflict naming the first of `layers` whose key (as `decides`
+/// The conflict naming the first of `layers` whose key (as `checked`
 /// renders it) holds another type; a protocol error if none does any more
 /// (the key changed again meanwhile). Keys are rendered again here: this
 /// runs only after a `WRONGTYPE`.
 pub(crate) async fn locate<C: ConnectionLike + Send>(
     con: &mut C,
     layers: &[LayerRequest<'_>],
-    decides: &Decides,
+    checked: &CheckedSettings,
 ) -> StoreError {
     for layer in layers {
         let kind: String = match redis::cmd("TYPE")
-            .arg(decides.key_arg(&layer.key))
+            .arg(checked.key_arg(&layer.key))
             .query_async(con)
             .await
         {

@@ -12,8 +12,8 @@ use tollgate_limiter::StoreError;
 use crate::client::is_no_permission;
 use crate::error::RedisStoreError;
 use crate::script::{ScriptCall, TimeArgs};
-use crate::scripting::Style;
-use crate::settings::{within, Decides};
+use crate::scripting::CallCommand;
+use crate::settings::{within, CheckedSettings};
 
 /// The probe's keys are the store's own, under its prefix, in a hash tag
 /// no state key has (state keys carry a policy and a version after the
@@ -28,9 +28,9 @@ const PROBE_TTL_MS: u64 = 10_000;
 /// (a reset), and
 /// `WAIT` when the store waits for replicas. Loading the code
 /// (`FUNCTION LOAD` or `SCRIPT LOAD`) is checked by the load itself.
-pub(crate) fn probe_commands(decides: &Decides, style: Style) -> Vec<Cmd> {
-    let string = format!("{}:{{tollgate-probe}}:s", decides.prefix);
-    let list = format!("{}:{{tollgate-probe}}:l", decides.prefix);
+pub(crate) fn probe_commands(checked: &CheckedSettings, style: CallCommand) -> Vec<Cmd> {
+    let string = format!("{}:{{tollgate-probe}}:s", checked.prefix);
+    let list = format!("{}:{{tollgate-probe}}:l", checked.prefix);
     let keyless: [&str; 0] = [];
     let mut commands = vec![
         ScriptCall::new(style, keyless.iter(), &TimeArgs::default())
@@ -59,7 +59,7 @@ pub(crate) fn probe_commands(decides: &Decides, style: Style) -> Vec<Cmd> {
     push(&["LREM", &list, "0", "-"]);
     push(&["PEXPIRE", &list, "1"]);
     push(&["DEL", &string, &list]);
-    if decides.replica_ack.is_some() {
+    if checked.replica_ack.is_some() {
         // Zero replicas are always enough: this returns at once.
         push(&["WAIT", "0", "1"]);
     }

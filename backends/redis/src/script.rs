@@ -13,10 +13,10 @@ use std::fmt::Write as _;
 use std::sync::OnceLock;
 
 use tollgate_limiter::{Builtin, LayerRequest, Layout, StoreError};
-pub use tollgate_redis_protocol::{parse_reply, Mode, LAYER_ARGS, REPLY_FIELDS};
+pub use tollgate_redis_protocol::{parse_reply, Mode, LAYER_ARGS};
 
 use crate::error::RedisStoreError;
-use crate::scripting::Style;
+use crate::scripting::CallCommand;
 
 /// Every built-in algorithm's Lua file, from the list of built-ins.
 macro_rules! algorithm_files {
@@ -170,18 +170,18 @@ pub(crate) struct ScriptCall(redis::Cmd);
 impl ScriptCall {
     /// A call over `keys` (rendered Redis keys, one per layer) at `time`.
     pub(crate) fn new<K: redis::ToRedisArgs>(
-        style: Style,
+        style: CallCommand,
         keys: impl ExactSizeIterator<Item = K>,
         time: &TimeArgs,
     ) -> Self {
         let mut cmd = match style {
-            Style::Module => redis::cmd("TOLLGATE.DECIDE"),
-            Style::Fcall => {
+            CallCommand::Module => redis::cmd("TOLLGATE.DECIDE"),
+            CallCommand::Fcall => {
                 let mut cmd = redis::cmd("FCALL");
                 cmd.arg(function_name());
                 cmd
             }
-            Style::Evalsha => {
+            CallCommand::Evalsha => {
                 let mut cmd = redis::cmd("EVALSHA");
                 cmd.arg(sha1());
                 cmd

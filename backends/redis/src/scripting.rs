@@ -60,7 +60,7 @@ pub enum Scripting {
 /// The command a call is sent as, fastest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub(crate) enum Style {
+pub(crate) enum CallCommand {
     /// `TOLLGATE.DECIDE`, the module's command.
     Module = 0,
     /// `FCALL` of the library's function.
@@ -69,12 +69,12 @@ pub(crate) enum Style {
     Evalsha = 2,
 }
 
-impl Style {
-    fn from_u8(n: u8) -> Style {
+impl CallCommand {
+    fn from_u8(n: u8) -> CallCommand {
         match n {
-            0 => Style::Module,
-            1 => Style::Fcall,
-            _ => Style::Evalsha,
+            0 => CallCommand::Module,
+            1 => CallCommand::Fcall,
+            _ => CallCommand::Evalsha,
         }
     }
 }
@@ -92,7 +92,7 @@ const LOADS: usize = 3;
 #[derive(Debug)]
 pub(crate) struct Runner {
     scripting: Scripting,
-    /// An `Auto` store's current way ([`Style`] as a number): the module
+    /// An `Auto` store's current way ([`CallCommand`] as a number): the module
     /// until the server shows it has none, then functions, then the
     /// script. Every load looks again from the module and publishes what
     /// it found ([`settle`](Self::settle)).
@@ -103,33 +103,33 @@ impl Runner {
     pub(crate) fn new(scripting: Scripting) -> Self {
         Runner {
             scripting,
-            auto: AtomicU8::new(Style::Module as u8),
+            auto: AtomicU8::new(CallCommand::Module as u8),
         }
     }
 
     /// How to send the next call.
-    pub(crate) fn style(&self) -> Style {
+    pub(crate) fn call_command(&self) -> CallCommand {
         match self.scripting {
-            Scripting::Eval => Style::Evalsha,
-            Scripting::Functions | Scripting::PreloadedFunctions => Style::Fcall,
-            Scripting::Module => Style::Module,
-            Scripting::Auto => Style::from_u8(self.auto.load(Ordering::Relaxed)),
+            Scripting::Eval => CallCommand::Evalsha,
+            Scripting::Functions | Scripting::PreloadedFunctions => CallCommand::Fcall,
+            Scripting::Module => CallCommand::Module,
+            Scripting::Auto => CallCommand::from_u8(self.auto.load(Ordering::Relaxed)),
         }
     }
 
     /// The way a load tries first: the module for an `Auto` store (every
     /// load looks again), else the store's own.
-    pub(crate) fn first_style(&self) -> Style {
+    pub(crate) fn first_call_command(&self) -> CallCommand {
         match self.scripting {
-            Scripting::Auto => Style::Module,
-            _ => self.style(),
+            Scripting::Auto => CallCommand::Module,
+            _ => self.call_command(),
         }
     }
 
     /// Send calls as `style` from now on: what an `Auto` store's load
     /// found. Only a finished load publishes its way, so calls sent while
     /// another task loads never see the ways it tries on the way down.
-    pub(crate) fn settle(&self, style: Style) {
+    pub(crate) fn settle(&self, style: CallCommand) {
         if self.scripting == Scripting::Auto {
             self.auto.store(style as u8, Ordering::Relaxed);
         }
@@ -138,15 +138,15 @@ impl Runner {
     /// The load command for `style`: `TOLLGATE.PROTOCOL` (the module is
     /// loaded by the server's operator: this asks which one it is),
     /// `FUNCTION LOAD REPLACE <library>` or `SCRIPT LOAD <script>`.
-    pub(crate) fn load_command(style: Style) -> Cmd {
+    pub(crate) fn load_command(style: CallCommand) -> Cmd {
         match style {
-            Style::Module => redis::cmd("TOLLGATE.PROTOCOL"),
-            Style::Fcall => {
+            CallCommand::Module => redis::cmd("TOLLGATE.PROTOCOL"),
+            CallCommand::Fcall => {
                 let mut cmd = redis::cmd("FUNCTION");
                 cmd.arg("LOAD").arg("REPLACE").arg(function_library());
                 cmd
             }
-            Style::Evalsha => {
+            CallCommand::Evalsha => {
                 let mut cmd = redis::cmd("SCRIPT");
                 cmd.arg("LOAD").arg(eval_script());
                 cmd
@@ -158,15 +158,18 @@ impl Runner {
     /// there the way calls will run it (an `Auto` store starts from the
     /// module and falls back to functions, then the script), checking what
     /// the server answered; the way found.
-    pub(crate) async fn load<C: ConnectionLike + Send>(&self, con: &mut C) -> RedisResult<Style> {
+    pub(crate) async fn load<C: ConnectionLike + Send>(
+        &self,
+        con: &mut C,
+    ) -> RedisResult<CallCommand> {
         if self.preloaded() {
             return Self::preloaded_check()
                 .query_async::<redis::Value>(con)
                 .await
-                .map(|_| Style::Fcall)
+                .map(|_| CallCommand::Fcall)
                 .map_err(Self::preloaded_error);
         }
-        let mut style = self.first_style();
+        let mut style = self.first_call_command();
         loop {
             let answer = Self::load_command(style).query_async::<String>(con).await;
             match answer.and_then(|a| check_load(style, &a)) {
@@ -189,7 +192,7 @@ impl Runner {
     /// function or not.
     pub(crate) fn preloaded_check() -> Cmd {
         let keyless: [&str; 0] = [];
-        crate::script::ScriptCall::new(Style::Fcall, keyless.iter(), &Default::default())
+        crate::script::ScriptCall::new(CallCommand::Fcall, keyless.iter(), &Default::default())
             .mode(crate::script::Mode::Decide)
     }
 
@@ -209,27 +212,27 @@ impl Runner {
     /// next way to try (an `Auto` store whose server has no module, or no
     /// functions), or the error to report. Changes nothing shared; every
     /// store's fallback goes through here.
-    pub(crate) fn next_style(&self, style: Style, e: RedisError) -> RedisResult<Style> {
+    pub(crate) fn next_style(&self, style: CallCommand, e: RedisError) -> RedisResult<CallCommand> {
         let lacks = match style {
             // No module, a module of another protocol, or a user not
             // allowed its commands: the next way may do.
-            Style::Module => {
+            CallCommand::Module => {
                 is_unknown_command(&e)
                     || is_other_protocol(&e)
                     || e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
             }
-            Style::Fcall => is_unknown_command(&e),
-            Style::Evalsha => false,
+            CallCommand::Fcall => is_unknown_command(&e),
+            CallCommand::Evalsha => false,
         };
         if !lacks {
             return Err(e);
         }
-        if self.scripting == Scripting::Auto && style != Style::Evalsha {
-            return Ok(Style::from_u8(style as u8 + 1));
+        if self.scripting == Scripting::Auto && style != CallCommand::Evalsha {
+            return Ok(CallCommand::from_u8(style as u8 + 1));
         }
         Err(match style {
-            Style::Module if is_unknown_command(&e) || is_other_protocol(&e) => no_module(&e),
-            Style::Module => e,
+            CallCommand::Module if is_unknown_command(&e) || is_other_protocol(&e) => no_module(&e),
+            CallCommand::Module => e,
             _ => no_functions(),
         })
     }
@@ -238,7 +241,7 @@ impl Runner {
     /// with the next way from now on (see [`next_style`](Self::next_style)),
     /// or the error to report.
     #[cfg(feature = "cluster")]
-    pub(crate) fn fall_back_on(&self, style: Style, e: RedisError) -> RedisResult<()> {
+    pub(crate) fn fall_back_on(&self, style: CallCommand, e: RedisError) -> RedisResult<()> {
         let next = self.next_style(style, e)?;
         // Never back up: a concurrent load may have settled further down.
         self.auto.fetch_max(next as u8, Ordering::Relaxed);
@@ -257,8 +260,8 @@ impl Runner {
         &self,
         con: &mut C,
         cmd: &Cmd,
-        style: Style,
-        rebuild: impl Fn(Style) -> Cmd,
+        style: CallCommand,
+        rebuild: impl Fn(CallCommand) -> Cmd,
     ) -> RedisResult<Vec<i64>> {
         let mut sent = style;
         let mut result = cmd.query_async::<Vec<i64>>(con).await;
@@ -283,15 +286,15 @@ impl Runner {
 /// Whether `answer` to the load command of `style` names the store's code:
 /// the module's protocol (`TOLLGATE.PROTOCOL`), the library's name
 /// (`FUNCTION LOAD`) or the script's SHA-1 (`SCRIPT LOAD`).
-pub(crate) fn check_load(style: Style, answer: &str) -> RedisResult<()> {
+pub(crate) fn check_load(style: CallCommand, answer: &str) -> RedisResult<()> {
     let protocol = MODULE_PROTOCOL.to_string();
     let (expected, mismatch) = match style {
-        Style::Module => (protocol.as_str(), OTHER_PROTOCOL),
-        Style::Fcall => (
+        CallCommand::Module => (protocol.as_str(), OTHER_PROTOCOL),
+        CallCommand::Fcall => (
             library_name(),
             "FUNCTION LOAD answered another library name than the library's",
         ),
-        Style::Evalsha => (
+        CallCommand::Evalsha => (
             sha1(),
             "SCRIPT LOAD answered another digest than the script's SHA-1",
         ),
@@ -308,11 +311,11 @@ pub(crate) fn check_load(style: Style, answer: &str) -> RedisResult<()> {
 
 /// Whether `e`, the answer to a call of `style`, says the server lacks the
 /// code (and a load may fix it).
-pub(crate) fn needs_load(e: &RedisError, style: Style) -> bool {
+pub(crate) fn needs_load(e: &RedisError, style: CallCommand) -> bool {
     match style {
-        Style::Module => is_module_missing(e),
-        Style::Evalsha => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
-        Style::Fcall => is_missing_function(e) || is_unknown_command(e),
+        CallCommand::Module => is_module_missing(e),
+        CallCommand::Evalsha => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
+        CallCommand::Fcall => is_missing_function(e) || is_unknown_command(e),
     }
 }
 
@@ -396,12 +399,12 @@ mod tests {
 
     #[test]
     fn a_load_is_checked_against_the_code_it_loads() {
-        assert!(check_load(Style::Evalsha, sha1()).is_ok());
-        assert!(check_load(Style::Evalsha, &"0".repeat(40)).is_err());
-        assert!(check_load(Style::Fcall, library_name()).is_ok());
-        assert!(check_load(Style::Fcall, "tollgate_0").is_err());
+        assert!(check_load(CallCommand::Evalsha, sha1()).is_ok());
+        assert!(check_load(CallCommand::Evalsha, &"0".repeat(40)).is_err());
+        assert!(check_load(CallCommand::Fcall, library_name()).is_ok());
+        assert!(check_load(CallCommand::Fcall, "tollgate_0").is_err());
         // A digest is not a library name, nor the other way round.
-        assert!(check_load(Style::Fcall, sha1()).is_err());
-        assert!(check_load(Style::Evalsha, library_name()).is_err());
+        assert!(check_load(CallCommand::Fcall, sha1()).is_err());
+        assert!(check_load(CallCommand::Evalsha, library_name()).is_err());
     }
 }

@@ -53,12 +53,12 @@ impl Default for Settings {
 
 impl Settings {
     /// The settings a store decides with, once the prefix is checked.
-    pub(crate) fn checked(&self) -> Result<Decides, StoreError> {
+    pub(crate) fn checked(&self) -> Result<CheckedSettings, StoreError> {
         check_prefix(&self.prefix)?;
         if let Some(ack) = self.replica_ack {
             ack.check(self.deadline)?;
         }
-        Ok(Decides {
+        Ok(CheckedSettings {
             replica_ack: self.replica_ack,
             prefix: self.prefix.as_str().into(),
             deadline: self.deadline,
@@ -167,17 +167,17 @@ macro_rules! settings_setters {
 }
 pub(crate) use settings_setters;
 
-/// The getters every Redis store has (on a `decides` field).
+/// The getters every Redis store has (on a `checked` field).
 macro_rules! settings_getters {
     () => {
         /// The Redis key holding `key`'s state: `<prefix>:<key>`.
         pub fn redis_key(&self, key: &tollgate_limiter::StoreKey<'_>) -> String {
-            self.decides.redis_key(key)
+            self.checked.redis_key(key)
         }
 
         /// The key prefix.
         pub fn prefix(&self) -> &str {
-            &self.decides.prefix
+            &self.checked.prefix
         }
 
         /// Whether calls go to the function library (`FCALL`) rather than
@@ -185,7 +185,7 @@ macro_rules! settings_getters {
         /// [`Scripting::Eval`](crate::Scripting::Eval) or found that its
         /// server has no functions.
         pub fn uses_functions(&self) -> bool {
-            self.decides.runner.style() == crate::scripting::Style::Fcall
+            self.checked.runner.call_command() == crate::scripting::CallCommand::Fcall
         }
 
         /// Whether calls go to Tollgate's module (`TOLLGATE.DECIDE`): true
@@ -194,12 +194,12 @@ macro_rules! settings_getters {
         /// [`Scripting::Auto`](crate::Scripting::Auto) or
         /// [`Scripting::Module`](crate::Scripting::Module).
         pub fn uses_module(&self) -> bool {
-            self.decides.runner.style() == crate::scripting::Style::Module
+            self.checked.runner.call_command() == crate::scripting::CallCommand::Module
         }
 
         /// The per-decision deadline.
         pub fn deadline(&self) -> std::time::Duration {
-            self.decides.deadline
+            self.checked.deadline
         }
     };
 }
@@ -207,7 +207,7 @@ pub(crate) use settings_getters;
 
 /// What a store decides with: its settings, checked.
 #[derive(Debug, Clone)]
-pub(crate) struct Decides {
+pub(crate) struct CheckedSettings {
     pub(crate) prefix: Arc<str>,
     pub(crate) deadline: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -218,7 +218,7 @@ pub(crate) struct Decides {
     pub(crate) runner: Arc<Runner>,
 }
 
-impl Decides {
+impl CheckedSettings {
     /// The Redis key holding `key`'s state: `<prefix>:<key>`.
     pub(crate) fn redis_key(&self, key: &StoreKey<'_>) -> String {
         self.key_arg(key).to_string()

@@ -19,9 +19,9 @@ use crate::conflicts;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
 use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall};
-use crate::scripting::Style;
+use crate::scripting::CallCommand;
 use crate::sentinel::{Sentinel, SentinelTarget};
-use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
+use crate::settings::{settings_getters, settings_setters, within, CheckedSettings, Settings};
 
 /// How the store talks to Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub enum ConnectionMode {
 pub struct RedisStore {
     conn: Conn,
     mode: ConnectionMode,
-    decides: Decides,
+    checked: CheckedSettings,
 }
 
 #[derive(Clone)]
@@ -74,7 +74,7 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("mode", &self.mode)
-            .field("decides", &self.decides)
+            .field("checked", &self.checked)
             .finish()
     }
 }
@@ -141,14 +141,14 @@ impl RedisStoreBuilder {
         self
     }
 
-    fn validate(&self) -> Result<(Source, Decides), StoreError> {
+    fn validate(&self) -> Result<(Source, CheckedSettings), StoreError> {
         if let Some(setter) = self.misused {
             return Err(RedisStoreError::InvalidSetting(format!(
                 "{setter} is for stores built with RedisStore::sentinel; put the credentials and database in the URL"
             ))
             .into());
         }
-        let decides = self.settings.checked()?;
+        let checked = self.settings.checked()?;
         let source = match &self.target {
             Target::Url(url) => Source::Client(client::open(url, &self.settings)?),
             Target::Sentinel(target) => Source::Sentinel(Arc::new(Sentinel::new(
@@ -157,7 +157,7 @@ impl RedisStoreBuilder {
                 self.connection_config(),
             )?)),
         };
-        Ok((source, decides))
+        Ok((source, checked))
     }
 
     fn connection_config(&self) -> AsyncConnectionConfig {
@@ -185,7 +185,7 @@ impl RedisStoreBuilder {
     /// timeout. Fails when Redis cannot be
     /// reached; use [`build`](RedisStoreBuilder::build) to start without it.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        let (source, decides) = self.validate()?;
+        let (source, checked) = self.validate()?;
         let timeout = self.settings.connect_timeout;
         let conn = match (source, self.mode) {
             (Source::Sentinel(sentinel), ConnectionMode::Multiplexed) => {
@@ -224,9 +224,9 @@ impl RedisStoreBuilder {
         let store = RedisStore {
             conn,
             mode: self.mode,
-            decides,
+            checked,
         };
-        let preloaded = store.decides.runner.preloaded();
+        let preloaded = store.checked.runner.preloaded();
         let (load, probe) = (store.load_script(), store.check_permissions());
         load_and_probe(preloaded, timeout, load, probe).await?;
         Ok(store)
@@ -237,7 +237,7 @@ impl RedisStoreBuilder {
     /// [`StoreError::Timeout`] or [`StoreError::Unavailable`] until Redis
     /// answers. Must be called inside a Tokio runtime.
     pub fn build(self) -> Result<RedisStore, StoreError> {
-        let (source, decides) = self.validate()?;
+        let (source, checked) = self.validate()?;
         let conn = match (source, self.mode) {
             (Source::Sentinel(sentinel), ConnectionMode::Multiplexed) => Conn::Sentinel(sentinel),
             (Source::Client(client), ConnectionMode::Multiplexed) => Conn::Multiplexed(
@@ -254,7 +254,7 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             conn,
             mode: self.mode,
-            decides,
+            checked,
         })
     }
 
@@ -353,7 +353,7 @@ impl RedisStore {
     /// code missing also loads it and is sent again, up to three times in
     /// a row).
     pub async fn load_script(&self) -> Result<(), StoreError> {
-        let runner = &self.decides.runner;
+        let runner = &self.checked.runner;
         match &self.conn {
             Conn::Multiplexed(manager) => runner.load(&mut manager.clone()).await.map(|_| ()),
             Conn::Pool(pool) => {
@@ -379,7 +379,7 @@ impl RedisStore {
     async fn check_permissions(&self) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for cmd in probe_commands(&self.decides, self.decides.runner.style()) {
+        for cmd in probe_commands(&self.checked, self.checked.runner.call_command()) {
             pipe.add_command(cmd);
         }
         let answers: RedisResult<Vec<RedisResult<redis::Value>>> = match &self.conn {
@@ -400,12 +400,12 @@ impl RedisStore {
     /// are written straight into its buffer.
     fn command(
         &self,
-        style: Style,
+        style: CallCommand,
         layers: &[LayerRequest<'_>],
         time: &crate::script::TimeArgs,
         (mode, block): (Mode, Option<u64>),
     ) -> Result<Cmd, StoreError> {
-        let keys = layers.iter().map(|l| self.decides.key_arg(&l.key));
+        let keys = layers.iter().map(|l| self.checked.key_arg(&l.key));
         let mut call = ScriptCall::new(style, keys, time);
         for layer in layers {
             call = call.layer(&with_block(layer_args(layer)?, block));
@@ -418,7 +418,7 @@ impl RedisStore {
         pool: &'a bb8::Pool<PoolManager>,
     ) -> Result<bb8::PooledConnection<'a, PoolManager>, StoreError> {
         pool.get().await.map_err(|e| match e {
-            bb8::RunError::TimedOut => StoreError::Timeout(self.decides.deadline),
+            bb8::RunError::TimedOut => StoreError::Timeout(self.checked.deadline),
             bb8::RunError::User(e) => from_redis(e),
         })
     }
@@ -431,9 +431,9 @@ impl RedisStore {
         layers: &[LayerRequest<'_>],
         (mode, block): (Mode, Option<u64>),
     ) -> Result<Verdicts, StoreError> {
-        let time = self.decides.time_args()?;
-        let runner = &*self.decides.runner;
-        let style = runner.style();
+        let time = self.checked.time_args()?;
+        let runner = &*self.checked.runner;
+        let style = runner.call_command();
         let cmd = self.command(style, layers, &time, (mode, block))?;
         // A call is built again when a reload found another way than it
         // was built for (a fallback, or the module back); its arguments
@@ -479,7 +479,7 @@ impl RedisStore {
                 let verdicts = parse_reply(&reply, layers.len())?;
                 // A decision wrote only when every layer admitted; a peek
                 // writes nothing; a reset or an adjustment always writes.
-                if let Some(ack) = &self.decides.replica_ack {
+                if let Some(ack) = &self.checked.replica_ack {
                     let wrote = match mode {
                         Mode::Decide => verdicts.iter().all(|v| v.allowed),
                         Mode::Peek => false,
@@ -494,7 +494,7 @@ impl RedisStore {
             Err(e) => {
                 let e = from_redis(e);
                 if conflicts::is_unlocated(&e) {
-                    return Err(conflicts::locate(con, layers, &self.decides).await);
+                    return Err(conflicts::locate(con, layers, &self.checked).await);
                 }
                 Err(name_conflict(e, |i| layers.get(i).map(|l| l.policy.name())))
             }
@@ -513,7 +513,7 @@ impl Store for RedisStore {
             return Ok(Verdicts::new());
         }
         within(
-            self.decides.deadline,
+            self.checked.deadline,
             self.call(layers, (Mode::Decide, None)),
         )
         .await?
@@ -523,7 +523,7 @@ impl Store for RedisStore {
         if layers.is_empty() {
             return Ok(Verdicts::new());
         }
-        within(self.decides.deadline, self.call(layers, (Mode::Peek, None))).await?
+        within(self.checked.deadline, self.call(layers, (Mode::Peek, None))).await?
     }
 
     async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
@@ -531,7 +531,7 @@ impl Store for RedisStore {
             return Ok(());
         }
         within(
-            self.decides.deadline,
+            self.checked.deadline,
             self.call(layers, (Mode::Reset, None)),
         )
         .await?
@@ -549,7 +549,7 @@ impl Store for RedisStore {
             return Ok(Verdicts::new());
         }
         let mode = Mode::of(adjustment)?;
-        within(self.decides.deadline, self.call(layers, mode)).await?
+        within(self.checked.deadline, self.call(layers, mode)).await?
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tollgate_limiter::{Clock, Limiter, LimiterBuilder, RouteLimits, Store};
 use tollgate_memory::MemoryStore;
 
-use crate::{BuildError, Config, StoreSpec};
+use crate::{Config, SetupError, StoreSpec};
 
 /// One configured route: its limiter and the cost of one request.
 pub type Route = RouteLimits;
@@ -43,7 +43,7 @@ impl Config {
     /// [`MonotonicClock`](tollgate_limiter::MonotonicClock) in production, a
     /// [`ManualClock`](tollgate_limiter::ManualClock) in tests. A Redis store
     /// reads the server's `TIME`.
-    pub async fn build(&self, clock: Arc<dyn Clock>) -> Result<Limiters, BuildError> {
+    pub async fn build(&self, clock: Arc<dyn Clock>) -> Result<Limiters, SetupError> {
         let store = self.open_store(clock.clone()).await?;
         self.build_on(store, clock)
     }
@@ -54,7 +54,7 @@ impl Config {
         &self,
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
-    ) -> Result<Limiters, BuildError> {
+    ) -> Result<Limiters, SetupError> {
         let fallback = self.fallback_store(clock.clone());
         let routes = self
             .routes_over(&store, &fallback, &clock)?
@@ -105,7 +105,7 @@ impl Config {
         store: &Arc<dyn Store>,
         fallback: &Option<Arc<dyn Store>>,
         clock: &Arc<dyn Clock>,
-    ) -> Result<BTreeMap<String, Arc<RouteLimits>>, BuildError> {
+    ) -> Result<BTreeMap<String, Arc<RouteLimits>>, SetupError> {
         let mut routes = BTreeMap::new();
         for (name, def) in self.routes() {
             let mut builder = self.limiter_builder(store, fallback.as_ref(), clock);
@@ -116,7 +116,7 @@ impl Config {
                     .clone();
                 builder = builder.layer(layer.name(), layer.scope().clone(), policy);
             }
-            let limiter = builder.build().map_err(|source| BuildError::Route {
+            let limiter = builder.build().map_err(|source| SetupError::Route {
                 route: name.clone(),
                 source,
             })?;
@@ -130,7 +130,7 @@ impl Config {
 
     /// Open the configured store: in-process, or Redis (connecting now
     /// unless `lazy = true`).
-    pub async fn open_store(&self, clock: Arc<dyn Clock>) -> Result<Arc<dyn Store>, BuildError> {
+    pub async fn open_store(&self, clock: Arc<dyn Clock>) -> Result<Arc<dyn Store>, SetupError> {
         match self.store() {
             StoreSpec::Memory(spec) => {
                 let mut builder = MemoryStore::builder().clock(clock);
@@ -177,16 +177,16 @@ impl Config {
                 let store = builder
                     .connect()
                     .await
-                    .map_err(|source| BuildError::Store {
+                    .map_err(|source| SetupError::Store {
                         kind: "redis-cluster",
                         source,
                     })?;
                 Ok(Arc::new(store))
             }
             #[cfg(not(feature = "cluster"))]
-            StoreSpec::RedisCluster(_) => Err(BuildError::ClusterNotEnabled),
+            StoreSpec::RedisCluster(_) => Err(SetupError::ClusterNotEnabled),
             #[cfg(not(feature = "redis"))]
-            StoreSpec::Redis(_) | StoreSpec::RedisSentinel(_) => Err(BuildError::RedisNotEnabled),
+            StoreSpec::Redis(_) | StoreSpec::RedisSentinel(_) => Err(SetupError::RedisNotEnabled),
         }
     }
 }
@@ -236,14 +236,14 @@ async fn redis_store(
     builder: tollgate_redis::RedisStoreBuilder,
     options: &crate::RedisOptions,
     kind: &'static str,
-) -> Result<Arc<dyn Store>, BuildError> {
+) -> Result<Arc<dyn Store>, SetupError> {
     let builder = configured!(builder, options);
     let store = if options.lazy {
         builder.build()
     } else {
         builder.connect().await
     };
-    let store = store.map_err(|source| BuildError::Store { kind, source })?;
+    let store = store.map_err(|source| SetupError::Store { kind, source })?;
     Ok(Arc::new(store))
 }
 
@@ -268,12 +268,12 @@ const DEFAULT_REPLICA_ACK_TIMEOUT: std::time::Duration = std::time::Duration::fr
 
 /// The TLS settings the file names, read from their files.
 #[cfg(feature = "tls")]
-fn tls_of(options: &crate::RedisOptions) -> Result<Option<tollgate_redis::Tls>, BuildError> {
+fn tls_of(options: &crate::RedisOptions) -> Result<Option<tollgate_redis::Tls>, SetupError> {
     let read =
-        |field: &'static str, path: &Option<String>| -> Result<Option<Vec<u8>>, BuildError> {
+        |field: &'static str, path: &Option<String>| -> Result<Option<Vec<u8>>, SetupError> {
             path.as_ref()
                 .map(|p| {
-                    std::fs::read(p).map_err(|source| BuildError::TlsFile {
+                    std::fs::read(p).map_err(|source| SetupError::TlsFile {
                         field,
                         path: p.clone(),
                         source,
@@ -299,10 +299,10 @@ fn tls_of(options: &crate::RedisOptions) -> Result<Option<tollgate_redis::Tls>, 
 
 /// Without TLS in the build, a file that asks for it is refused.
 #[cfg(all(feature = "redis", not(feature = "tls")))]
-fn no_tls(options: &crate::RedisOptions) -> Result<(), BuildError> {
+fn no_tls(options: &crate::RedisOptions) -> Result<(), SetupError> {
     let any = options.ca_file.is_some() || options.client_cert_file.is_some();
     if any {
-        return Err(BuildError::TlsNotEnabled);
+        return Err(SetupError::TlsNotEnabled);
     }
     Ok(())
 }

@@ -86,7 +86,7 @@ impl fmt::Display for Invalid<'_> {
 /// A valid configuration that could not be turned into limiters.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum BuildError {
+pub enum SetupError {
     /// `store.kind = "redis"` or `"redis-sentinel"` but this build has no
     /// Redis store.
     #[error("store.kind: \"redis\" and \"redis-sentinel\" need the Redis store; enable the `redis` feature of `tollgate` (or `tollgate-config`)")]

@@ -81,7 +81,7 @@ use tollgate_http::AccessRules;
 use tollgate_limiter::{BreakerConfig, Policy, PolicyError, Scope};
 
 pub use build::{Limiters, Route};
-pub use error::{BuildError, ConfigError};
+pub use error::{ConfigError, SetupError};
 #[cfg(feature = "watch")]
 pub use live::Watch;
 pub use live::{LiveConfig, LiveRoute, ReloadError, ReloadReport, UnknownRoute};

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use tollgate_limiter::{observe, Clock, RouteLimits, Store};
 
-use crate::{BuildError, Config, ConfigError};
+use crate::{Config, ConfigError, SetupError};
 
 /// The running configuration and what was built from it.
 struct Running {
@@ -103,11 +103,11 @@ impl std::fmt::Debug for LiveRoute {
 impl LiveRoute {
     /// The route's limits now.
     pub fn limits(&self) -> Arc<RouteLimits> {
-        tollgate_limiter::LiveRoute::current(self)
+        tollgate_limiter::ReloadableRoute::current(self)
     }
 }
 
-impl tollgate_limiter::LiveRoute for LiveRoute {
+impl tollgate_limiter::ReloadableRoute for LiveRoute {
     fn name(&self) -> &str {
         &self.name
     }
@@ -157,7 +157,7 @@ pub enum ReloadError {
     /// The new configuration could not be built (a store that cannot be
     /// opened, a route whose layers are invalid together).
     #[error("the new configuration was not applied: {0}")]
-    Build(#[from] BuildError),
+    Build(#[from] SetupError),
     /// The configuration was not read from a file.
     #[error(
         "this configuration was not loaded from a file: reload it with LiveConfig::reload_with"

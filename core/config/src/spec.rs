@@ -663,7 +663,7 @@ fn check_pool_size(errors: &mut Vec<PolicyError>, pool_size: Option<u32>) {
 /// The options both Redis kinds share, checked.
 fn redis_options(errors: &mut Vec<PolicyError>, f: &RedisFields) -> RedisOptions {
     // The Redis store's own rule (without the Redis store in the build,
-    // the store cannot be built anyway: BuildError::RedisNotEnabled).
+    // the store cannot be built anyway: SetupError::RedisNotEnabled).
     #[cfg(feature = "redis")]
     if let Some(prefix) = &f.prefix {
         if let Err(e) = tollgate_redis::check_prefix(prefix) {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_config::{BuildError, Config, ConfigError, StoreSpec};
+use tollgate_config::{Config, ConfigError, SetupError, StoreSpec};
 use tollgate_limiter::{Context, ManualClock, Scope, Subject, Timestamp};
 
 fn errors(text: &str) -> Vec<String> {
@@ -407,11 +407,11 @@ connect_timeout = "200ms"
         .unwrap_err();
     if cfg!(feature = "redis") {
         assert!(
-            matches!(err, BuildError::Store { kind: "redis", .. }),
+            matches!(err, SetupError::Store { kind: "redis", .. }),
             "{err}"
         );
     } else {
-        assert!(matches!(err, BuildError::RedisNotEnabled), "{err}");
+        assert!(matches!(err, SetupError::RedisNotEnabled), "{err}");
         assert!(
             err.to_string().contains("enable the `redis` feature"),
             "{err}"

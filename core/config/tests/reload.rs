@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_config::{Config, LiveConfig, ReloadError};
-use tollgate_limiter::{Context, LiveRoute as _, ManualClock, Subject, Timestamp};
+use tollgate_limiter::{Context, ManualClock, ReloadableRoute as _, Subject, Timestamp};
 
 const START: Timestamp = Timestamp::from_micros(1_780_000_000_000_000);
 

@@ -69,8 +69,8 @@ use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::holds::Holds;
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
 use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall, LAYER_ARGS};
-use crate::scripting::{check_load, Runner, Style};
-use crate::settings::{settings_getters, settings_setters, within, Decides, Settings};
+use crate::scripting::{check_load, CallCommand, Runner};
+use crate::settings::{settings_getters, settings_setters, within, CheckedSettings, Settings};
 
 mod redirects;
 mod reservations;
@@ -86,14 +86,14 @@ pub struct RedisClusterStore {
     conn: ClusterConnection,
     /// This process's reservations in flight, per key.
     holds: Arc<Holds>,
-    decides: Decides,
+    checked: CheckedSettings,
 }
 
 impl fmt::Debug for RedisClusterStore {
     // The node URLs are left out on purpose: they may hold a password.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisClusterStore")
-            .field("decides", &self.decides)
+            .field("checked", &self.checked)
             .finish_non_exhaustive()
     }
 }
@@ -121,7 +121,7 @@ impl RedisClusterStoreBuilder {
     /// ones) and load the code on every master, within the connect
     /// timeout.
     pub async fn connect(self) -> Result<RedisClusterStore, StoreError> {
-        let decides = self.settings.checked()?;
+        let checked = self.settings.checked()?;
         let client = self.client()?;
         let timeout = self.settings.connect_timeout;
         let conn = within(timeout, client.get_async_connection())
@@ -130,9 +130,9 @@ impl RedisClusterStoreBuilder {
         let store = RedisClusterStore {
             conn,
             holds: Arc::default(),
-            decides,
+            checked,
         };
-        let preloaded = store.decides.runner.preloaded();
+        let preloaded = store.checked.runner.preloaded();
         let (load, probe) = (store.load_script(), store.check_permissions());
         load_and_probe(preloaded, timeout, load, probe).await?;
         Ok(store)
@@ -198,11 +198,11 @@ impl RedisClusterStore {
     /// [`connect`](RedisClusterStoreBuilder::connect); nodes that lack it
     /// later get it at their first call).
     pub async fn load_script(&self) -> Result<(), StoreError> {
-        let runner = &self.decides.runner;
+        let runner = &self.checked.runner;
         if runner.preloaded() {
             return self.check_preloaded().await;
         }
-        let mut style = runner.first_style();
+        let mut style = runner.first_call_command();
         loop {
             // Every master's own answer (no combined one: a combined
             // answer is one node's), each checked as the standalone store
@@ -229,7 +229,7 @@ impl RedisClusterStore {
                     return Ok(());
                 }
                 // A module speaking another protocol: the next way may do.
-                Err(e) if style == Style::Module => {
+                Err(e) if style == CallCommand::Module => {
                     style = runner.next_style(style, e).map_err(connect_error)?;
                 }
                 Err(e) => return Err(from_redis(e)),
@@ -256,7 +256,7 @@ impl RedisClusterStore {
     /// named.
     async fn check_permissions(&self) -> Result<(), StoreError> {
         let mut answers = Vec::new();
-        for cmd in probe_commands(&self.decides, self.style()) {
+        for cmd in probe_commands(&self.checked, self.call_command()) {
             answers.push(
                 cmd.query_async::<redis::Value>(&mut self.conn.clone())
                     .await,
@@ -280,7 +280,7 @@ impl RedisClusterStore {
                 .try_for_each(|v| v.extract_error().map(drop))
         });
         answers.push(answer.map(|()| redis::Value::Nil));
-        if self.style() == Style::Evalsha {
+        if self.call_command() == CallCommand::Evalsha {
             let mut eval = redis::cmd("EVAL");
             eval.arg("return 0").arg(0);
             answers.push(eval.query_async(&mut self.conn.clone()).await);
@@ -289,13 +289,13 @@ impl RedisClusterStore {
     }
 
     /// How calls are sent now.
-    fn style(&self) -> Style {
-        self.decides.runner.style()
+    fn call_command(&self) -> CallCommand {
+        self.checked.runner.call_command()
     }
 
     /// The store's runner, for a call.
     fn runner(&self) -> Arc<Runner> {
-        self.decides.runner.clone()
+        self.checked.runner.clone()
     }
 
     /// Await `f` until `deadline`.
@@ -306,7 +306,7 @@ impl RedisClusterStore {
     ) -> Result<F::Output, StoreError> {
         tokio::time::timeout_at(deadline, f)
             .await
-            .map_err(|_| StoreError::Timeout(self.decides.deadline))
+            .map_err(|_| StoreError::Timeout(self.checked.deadline))
     }
 }
 
@@ -331,10 +331,10 @@ impl RedisClusterStore {
     /// With `replica_ack`:
     /// `WAIT` after an operator's write to `keys` (a reset, an adjustment).
     async fn acknowledged(&self, keys: &[String]) -> Result<(), StoreError> {
-        let Some(ack) = &self.decides.replica_ack else {
+        let Some(ack) = &self.checked.replica_ack else {
             return Ok(());
         };
-        let deadline = Instant::now() + self.decides.deadline;
+        let deadline = Instant::now() + self.checked.deadline;
         self.until(deadline, self.acknowledge(ack, keys, &slot_groups(keys)))
             .await?
     }
@@ -382,12 +382,12 @@ impl RedisClusterStore {
     fn call_of(&self, layers: &[LayerRequest<'_>]) -> Result<Call, StoreError> {
         let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
         Ok(Call {
-            deadline: Instant::now() + self.decides.deadline,
+            deadline: Instant::now() + self.checked.deadline,
             args: layers
                 .iter()
                 .map(layer_args)
                 .collect::<Result<Vec<_>, _>>()?,
-            time: self.decides.time_args()?,
+            time: self.checked.time_args()?,
             groups: slot_groups(&keys),
             keys,
         })
@@ -406,7 +406,7 @@ impl RedisClusterStore {
                 let mut conn = self.conn.clone();
                 let located = self.until(
                     deadline,
-                    conflicts::locate(&mut conn, layers, &self.decides),
+                    conflicts::locate(&mut conn, layers, &self.checked),
                 );
                 Err(located.await.unwrap_or_else(|timeout| timeout))
             }
@@ -433,7 +433,14 @@ impl RedisClusterStore {
         let mut verdicts: Vec<Option<Verdict>> = vec![None; layers.len()];
         let mut result = Ok(());
         for group in &groups {
-            let cmd = group_call(&keys, &args, group, &time, (mode, block), self.style());
+            let cmd = group_call(
+                &keys,
+                &args,
+                group,
+                &time,
+                (mode, block),
+                self.call_command(),
+            );
             let answer = self
                 .until(deadline, call(self.conn.clone(), cmd, self.runner()))
                 .await
@@ -464,7 +471,7 @@ fn group_call(
     group: &[usize],
     time: &crate::script::TimeArgs,
     (mode, block): (Mode, Option<u64>),
-    style: Style,
+    style: CallCommand,
 ) -> redis::Cmd {
     let mut call = ScriptCall::new(style, group.iter().map(|&i| keys[i].as_str()), time);
     for &i in group {
@@ -498,7 +505,7 @@ impl Store for RedisClusterStore {
                 group,
                 &time,
                 (Mode::Decide, None),
-                self.style(),
+                self.call_command(),
             );
             self.until(deadline, call(self.conn.clone(), cmd, self.runner()))
                 .await?
@@ -508,7 +515,7 @@ impl Store for RedisClusterStore {
             self.decide_across_slots(layers, &keys, args, &groups, time, deadline)
                 .await
         };
-        let result = match (result, &self.decides.replica_ack) {
+        let result = match (result, &self.checked.replica_ack) {
             // Admitted: every group was charged on its master.
             (Ok(verdicts), Some(ack)) if verdicts.iter().all(|v| v.allowed) => self
                 .until(deadline, self.acknowledge(ack, &keys, &groups))
@@ -568,7 +575,10 @@ fn in_group(e: StoreError, layers: &[LayerRequest<'_>], group: &[usize]) -> Stor
 /// Every master's answer to the load command of `style` (a map of node to
 /// answer), checked: the first mismatch, or `Ok`. An answer that is not
 /// text is a protocol error.
-fn every_answer(style: Style, answers: redis::Value) -> Result<redis::RedisResult<()>, StoreError> {
+fn every_answer(
+    style: CallCommand,
+    answers: redis::Value,
+) -> Result<redis::RedisResult<()>, StoreError> {
     let redis::Value::Map(answers) = answers else {
         return Err(StoreError::Protocol(format!(
             "loading the code: expected one answer per master, got {answers:?}"

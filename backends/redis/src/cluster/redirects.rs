@@ -13,7 +13,7 @@ use super::slots::hash_slot;
 use crate::error::from_redis;
 use crate::script::{eval_script, function_name};
 use crate::scripting::{
-    check_load, is_missing_function, is_module_missing, is_unknown_command, Runner, Style,
+    check_load, is_missing_function, is_module_missing, is_unknown_command, CallCommand, Runner,
 };
 
 /// The longest pause between two attempts of a call Redis answered it did
@@ -63,7 +63,7 @@ pub(crate) async fn call(
         let current = eval.as_ref().unwrap_or(&cmd);
         let sent_to = target.take();
         let result = match sent_to.clone() {
-            None if style == Style::Module => {
+            None if style == CallCommand::Module => {
                 let node = SingleNodeRoutingInfo::SpecificNode(Route::new(
                     slot_of(current),
                     SlotAddr::Master,
@@ -77,17 +77,17 @@ pub(crate) async fn call(
             Ok(reply) => return Ok(reply),
             Err(e) => e,
         };
-        if style == Style::Module && is_module_missing(&e) {
+        if style == CallCommand::Module && is_module_missing(&e) {
             // This node has no module: an `Auto` store goes on with the
             // function library (a node without it gets it below, on
             // `Function not found`).
             runner.fall_back_on(style, e).map_err(from_redis)?;
             cmd = fcall_of(&cmd);
-            style = Style::Fcall;
+            style = CallCommand::Fcall;
             target = sent_to;
             continue;
         }
-        if style == Style::Fcall && eval.is_none() {
+        if style == CallCommand::Fcall && eval.is_none() {
             if is_missing_function(&e) && runner.preloaded() {
                 // An administrator loads it; this store never does.
                 return Err(from_redis(Runner::preloaded_error(e)));
@@ -206,11 +206,11 @@ async fn send(
 }
 
 /// The style a call was built in (its first word).
-fn style_of(cmd: &Cmd) -> Style {
+fn style_of(cmd: &Cmd) -> CallCommand {
     match cmd.args_iter().next() {
-        Some(redis::Arg::Simple(b"TOLLGATE.DECIDE")) => Style::Module,
-        Some(redis::Arg::Simple(b"FCALL")) => Style::Fcall,
-        _ => Style::Evalsha,
+        Some(redis::Arg::Simple(b"TOLLGATE.DECIDE")) => CallCommand::Module,
+        Some(redis::Arg::Simple(b"FCALL")) => CallCommand::Fcall,
+        _ => CallCommand::Evalsha,
     }
 }
 
@@ -218,7 +218,11 @@ fn style_of(cmd: &Cmd) -> Style {
 /// third word of the module's command (`TOLLGATE.DECIDE <numkeys> <key>
 /// …`), else the fourth (`FCALL <function> <numkeys> <key> …`).
 fn slot_of(cmd: &Cmd) -> u16 {
-    let at = if style_of(cmd) == Style::Module { 2 } else { 3 };
+    let at = if style_of(cmd) == CallCommand::Module {
+        2
+    } else {
+        3
+    };
     match cmd.args_iter().nth(at) {
         Some(redis::Arg::Simple(key)) => hash_slot(key),
         _ => 0,
@@ -242,12 +246,12 @@ fn fcall_of(module: &Cmd) -> Cmd {
 async fn load_at(conn: &mut ClusterConnection, node: SingleNodeRoutingInfo) -> RedisResult<()> {
     let answer = conn
         .route_command(
-            Runner::load_command(Style::Fcall),
+            Runner::load_command(CallCommand::Fcall),
             RoutingInfo::SingleNode(node),
         )
         .await?;
     let name: String = redis::from_redis_value(answer)?;
-    check_load(Style::Fcall, &name)
+    check_load(CallCommand::Fcall, &name)
 }
 
 /// `EVAL <script> …` with the arguments of `EVALSHA <sha> …` (or of
@@ -272,18 +276,18 @@ mod tests {
     fn a_call_knows_its_style_and_slot() {
         let mut fcall = redis::cmd("FCALL");
         fcall.arg("f").arg(1).arg("p:{tag}:x").arg("");
-        assert_eq!(style_of(&fcall), Style::Fcall);
+        assert_eq!(style_of(&fcall), CallCommand::Fcall);
         assert_eq!(slot_of(&fcall), hash_slot(b"tag"));
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha.arg("sha").arg(1).arg("p:{other}:x");
-        assert_eq!(style_of(&evalsha), Style::Evalsha);
+        assert_eq!(style_of(&evalsha), CallCommand::Evalsha);
         assert_eq!(slot_of(&evalsha), hash_slot(b"other"));
         let mut module = redis::cmd("TOLLGATE.DECIDE");
         module.arg(1).arg("p:{third}:x").arg("");
-        assert_eq!(style_of(&module), Style::Module);
+        assert_eq!(style_of(&module), CallCommand::Module);
         assert_eq!(slot_of(&module), hash_slot(b"third"));
         let fcall = fcall_of(&module);
-        assert_eq!(style_of(&fcall), Style::Fcall);
+        assert_eq!(style_of(&fcall), CallCommand::Fcall);
         assert_eq!(slot_of(&fcall), hash_slot(b"third"));
     }
 

@@ -12,9 +12,9 @@ use tollgate_limiter::{LayerRequest, StoreError, Verdict, Verdicts};
 use super::redirects::call;
 use super::{group_call, in_group, RedisClusterStore};
 use crate::holds::Held;
-use crate::script::{parse_reply, Mode, ScriptCall, TimeArgs, LAYER_ARGS, REPLY_FIELDS};
-use crate::scripting::{Runner, Style};
-use tollgate_redis_protocol::RESERVE_FIELDS;
+use crate::script::{parse_reply, Mode, ScriptCall, TimeArgs, LAYER_ARGS};
+use crate::scripting::{CallCommand, Runner};
+use tollgate_redis_protocol::{REPLY_FIELDS, RESERVE_FIELDS};
 
 /// Passes of a cross-slot decision denied only where other decisions of
 /// this process hold reservations (each after those settle), within the
@@ -81,12 +81,19 @@ impl RedisClusterStore {
             conn: self.conn.clone(),
             runner: self.runner(),
             time: time.clone(),
-            timeout: self.decides.deadline,
+            timeout: self.checked.deadline,
             groups: Vec::new(),
         };
         let mut denied = None;
         for (g, group) in groups.iter().enumerate() {
-            let cmd = group_call(keys, args, group, time, (Mode::Reserve, None), self.style());
+            let cmd = group_call(
+                keys,
+                args,
+                group,
+                time,
+                (Mode::Reserve, None),
+                self.call_command(),
+            );
             let reply = self
                 .until(deadline, call(self.conn.clone(), cmd, self.runner()))
                 .await
@@ -106,7 +113,7 @@ impl RedisClusterStore {
                             conn: self.conn.clone(),
                             runner: self.runner(),
                             time: time.clone(),
-                            timeout: self.decides.deadline,
+                            timeout: self.checked.deadline,
                             groups: Vec::new(),
                         },
                     )
@@ -170,7 +177,14 @@ impl RedisClusterStore {
             .collect();
         let refunds = reserved.refund();
         for group in &groups[denied + 1..] {
-            let cmd = group_call(keys, args, group, time, (Mode::Peek, None), self.style());
+            let cmd = group_call(
+                keys,
+                args,
+                group,
+                time,
+                (Mode::Peek, None),
+                self.call_command(),
+            );
             let peeked = self
                 .until(deadline, call(self.conn.clone(), cmd, self.runner()))
                 .await
@@ -273,7 +287,7 @@ impl Reservations {
         std::mem::take(&mut self.groups)
             .into_iter()
             .map(|group| {
-                let cmd = refund_call(&group, &self.time, self.runner.style());
+                let cmd = refund_call(&group, &self.time, self.runner.call_command());
                 let (conn, runner, timeout) =
                     (self.conn.clone(), self.runner.clone(), self.timeout);
                 runtime.spawn(async move {
@@ -303,7 +317,7 @@ impl Drop for Reservations {
 
 /// The `refund` call giving back one group's charges. Sent at most once
 /// (see [`call`]): a refund is not idempotent.
-fn refund_call(group: &ReservedGroup, time: &TimeArgs, style: Style) -> redis::Cmd {
+fn refund_call(group: &ReservedGroup, time: &TimeArgs, style: CallCommand) -> redis::Cmd {
     let mut call = ScriptCall::new(style, group.keys.iter().map(String::as_str), time);
     for (args, (at, mark)) in &group.layers {
         call = call.layer(args).layer(&[*at, *mark]);
