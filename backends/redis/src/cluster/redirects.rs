@@ -51,74 +51,138 @@ pub(crate) async fn call(
     cmd: Cmd,
     runner: Arc<Runner>,
 ) -> Result<Vec<i64>, StoreError> {
-    let mut cmd = cmd;
-    let mut style = style_of(&cmd);
-    let mut eval: Option<Cmd> = None;
-    let mut loaded = false;
-    let mut target: Option<(Redirect, String, u16)> = None;
-    let mut pause = Duration::from_millis(1);
-    let mut attempts = 0u32;
+    let mut sending = Sending::new(cmd);
     loop {
-        attempts += 1;
-        let current = eval.as_ref().unwrap_or(&cmd);
-        let sent_to = target.take();
-        let result = match sent_to.clone() {
-            None if style == CallCommand::Module => {
+        sending.attempts += 1;
+        let sent_to = sending.target.take();
+        let e = match sending.send(&mut conn, sent_to.clone()).await {
+            Ok(reply) => return Ok(reply),
+            Err(e) => e,
+        };
+        let e = match sending.lacks_code(&mut conn, &runner, e, &sent_to).await? {
+            None => {
+                sending.target = sent_to;
+                continue;
+            }
+            Some(e) => e,
+        };
+        if sending.resend_after(e)? {
+            tokio::time::sleep(sending.pause).await;
+            sending.pause = (sending.pause * 2).min(MAX_RETRY_PAUSE);
+        }
+    }
+}
+
+/// A call being sent, and what its attempts so far have learned.
+struct Sending {
+    /// The call as built (`FCALL`, `EVALSHA` or the module's command;
+    /// `FCALL` once a node turned out to lack the module).
+    cmd: Cmd,
+    call_command: CallCommand,
+    /// The whole script, once a node lacked it (`NOSCRIPT`) or functions.
+    eval: Option<Cmd>,
+    /// Whether the library was loaded for this call already.
+    loaded: bool,
+    /// Where a redirection sends the next attempt.
+    target: Option<(Redirect, String, u16)>,
+    pause: Duration,
+    attempts: u32,
+}
+
+impl Sending {
+    fn new(cmd: Cmd) -> Sending {
+        Sending {
+            call_command: call_command_of(&cmd),
+            cmd,
+            eval: None,
+            loaded: false,
+            target: None,
+            pause: Duration::from_millis(1),
+            attempts: 0,
+        }
+    }
+
+    /// One attempt: to `sent_to` after a redirection, else by slot.
+    async fn send(
+        &self,
+        conn: &mut ClusterConnection,
+        sent_to: Option<(Redirect, String, u16)>,
+    ) -> RedisResult<Vec<i64>> {
+        let current = self.eval.as_ref().unwrap_or(&self.cmd);
+        match sent_to {
+            None if self.call_command == CallCommand::Module => {
                 let node = SingleNodeRoutingInfo::SpecificNode(Route::new(
                     slot_of(current),
                     SlotAddr::Master,
                 ));
-                send(&mut conn, current, node).await
+                send(conn, current, node).await
             }
-            None => current.query_async::<Vec<i64>>(&mut conn).await,
-            Some((redirect, host, port)) => send_to(&mut conn, current, redirect, host, port).await,
-        };
-        let e = match result {
-            Ok(reply) => return Ok(reply),
-            Err(e) => e,
-        };
-        if style == CallCommand::Module && is_module_missing(&e) {
+            None => current.query_async::<Vec<i64>>(conn).await,
+            Some((redirect, host, port)) => send_to(conn, current, redirect, host, port).await,
+        }
+    }
+
+    /// When `e` says the node lacks the code the call needs: make it
+    /// available (fall back from the module, load the library, turn to the
+    /// script) and answer `None` to send again to the same place;
+    /// otherwise hand `e` back.
+    async fn lacks_code(
+        &mut self,
+        conn: &mut ClusterConnection,
+        runner: &Runner,
+        e: RedisError,
+        sent_to: &Option<(Redirect, String, u16)>,
+    ) -> Result<Option<RedisError>, StoreError> {
+        if self.call_command == CallCommand::Module && is_module_missing(&e) {
             // This node has no module: an `Auto` store goes on with the
             // function library (a node without it gets it below, on
             // `Function not found`).
-            runner.fall_back_on(style, e).map_err(from_redis)?;
-            cmd = fcall_of(&cmd);
-            style = CallCommand::Fcall;
-            target = sent_to;
-            continue;
+            runner
+                .fall_back_on(self.call_command, e)
+                .map_err(from_redis)?;
+            self.cmd = fcall_of(&self.cmd);
+            self.call_command = CallCommand::Fcall;
+            return Ok(None);
         }
-        if style == CallCommand::Fcall && eval.is_none() {
-            if is_missing_function(&e) && runner.preloaded() {
-                // An administrator loads it; this store never does.
-                return Err(from_redis(Runner::preloaded_error(e)));
-            }
-            if is_missing_function(&e) && !loaded {
-                // Load where the call went, then send it there again.
-                let node = match &sent_to {
-                    Some((_, host, port)) => SingleNodeRoutingInfo::ByAddress {
-                        host: host.clone(),
-                        port: *port,
-                    },
-                    None => SingleNodeRoutingInfo::SpecificNode(Route::new(
-                        slot_of(&cmd),
-                        SlotAddr::Master,
-                    )),
-                };
-                load_at(&mut conn, node).await.map_err(from_redis)?;
-                loaded = true;
-                target = sent_to;
-                continue;
-            }
-            if is_unknown_command(&e) {
-                runner.fall_back_on(style, e).map_err(from_redis)?;
-                eval = Some(eval_of(&cmd));
-                target = sent_to;
-                continue;
-            }
+        if self.call_command != CallCommand::Fcall || self.eval.is_some() {
+            return Ok(Some(e));
         }
-        let wait = match e.kind() {
-            ErrorKind::Server(ServerErrorKind::NoScript) if eval.is_none() => {
-                eval = Some(eval_of(&cmd));
+        if is_missing_function(&e) && runner.preloaded() {
+            // An administrator loads it; this store never does.
+            return Err(from_redis(Runner::preloaded_error(e)));
+        }
+        if is_missing_function(&e) && !self.loaded {
+            // Load where the call went, then send it there again.
+            let node = match sent_to {
+                Some((_, host, port)) => SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                },
+                None => SingleNodeRoutingInfo::SpecificNode(Route::new(
+                    slot_of(&self.cmd),
+                    SlotAddr::Master,
+                )),
+            };
+            load_at(conn, node).await.map_err(from_redis)?;
+            self.loaded = true;
+            return Ok(None);
+        }
+        if is_unknown_command(&e) {
+            runner
+                .fall_back_on(self.call_command, e)
+                .map_err(from_redis)?;
+            self.eval = Some(eval_of(&self.cmd));
+            return Ok(None);
+        }
+        Ok(Some(e))
+    }
+
+    /// Whether Redis answered `e` without running the call, so that it is
+    /// sent again (after a pause: `true`); any other error is the call's.
+    fn resend_after(&mut self, e: RedisError) -> Result<bool, StoreError> {
+        Ok(match e.kind() {
+            ErrorKind::Server(ServerErrorKind::NoScript) if self.eval.is_none() => {
+                self.eval = Some(eval_of(&self.cmd));
                 false
             }
             ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask)) => {
@@ -127,14 +191,14 @@ pub(crate) async fn call(
                 } else {
                     Redirect::Moved
                 };
-                target = e
+                self.target = e
                     .redirect_node()
                     .and_then(|(addr, _slot)| addr.rsplit_once(':'))
                     .and_then(|(host, port)| {
                         Some((redirect, host.to_string(), port.parse().ok()?))
                     });
                 // Redirected again and again (views still converging): slow down.
-                attempts > 3
+                self.attempts > 3
             }
             ErrorKind::Server(
                 ServerErrorKind::TryAgain
@@ -145,11 +209,7 @@ pub(crate) async fn call(
             )
             | ErrorKind::ClusterConnectionNotFound => true,
             _ => return Err(from_redis(e)),
-        };
-        if wait {
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(MAX_RETRY_PAUSE);
-        }
+        })
     }
 }
 
@@ -206,7 +266,7 @@ async fn send(
 }
 
 /// The style a call was built in (its first word).
-fn style_of(cmd: &Cmd) -> CallCommand {
+fn call_command_of(cmd: &Cmd) -> CallCommand {
     match cmd.args_iter().next() {
         Some(redis::Arg::Simple(b"TOLLGATE.DECIDE")) => CallCommand::Module,
         Some(redis::Arg::Simple(b"FCALL")) => CallCommand::Fcall,
@@ -218,7 +278,7 @@ fn style_of(cmd: &Cmd) -> CallCommand {
 /// third word of the module's command (`TOLLGATE.DECIDE <numkeys> <key>
 /// …`), else the fourth (`FCALL <function> <numkeys> <key> …`).
 fn slot_of(cmd: &Cmd) -> u16 {
-    let at = if style_of(cmd) == CallCommand::Module {
+    let at = if call_command_of(cmd) == CallCommand::Module {
         2
     } else {
         3
@@ -276,18 +336,18 @@ mod tests {
     fn a_call_knows_its_style_and_slot() {
         let mut fcall = redis::cmd("FCALL");
         fcall.arg("f").arg(1).arg("p:{tag}:x").arg("");
-        assert_eq!(style_of(&fcall), CallCommand::Fcall);
+        assert_eq!(call_command_of(&fcall), CallCommand::Fcall);
         assert_eq!(slot_of(&fcall), hash_slot(b"tag"));
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha.arg("sha").arg(1).arg("p:{other}:x");
-        assert_eq!(style_of(&evalsha), CallCommand::Evalsha);
+        assert_eq!(call_command_of(&evalsha), CallCommand::Evalsha);
         assert_eq!(slot_of(&evalsha), hash_slot(b"other"));
         let mut module = redis::cmd("TOLLGATE.DECIDE");
         module.arg(1).arg("p:{third}:x").arg("");
-        assert_eq!(style_of(&module), CallCommand::Module);
+        assert_eq!(call_command_of(&module), CallCommand::Module);
         assert_eq!(slot_of(&module), hash_slot(b"third"));
         let fcall = fcall_of(&module);
-        assert_eq!(style_of(&fcall), CallCommand::Fcall);
+        assert_eq!(call_command_of(&fcall), CallCommand::Fcall);
         assert_eq!(slot_of(&fcall), hash_slot(b"third"));
     }
 

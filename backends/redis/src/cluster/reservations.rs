@@ -37,9 +37,14 @@ impl RedisClusterStore {
         time: TimeArgs,
         deadline: Instant,
     ) -> Result<Verdicts, StoreError> {
-        let (mut verdicts, mut contended) = self
-            .reserve_across_slots(layers, keys, &args, groups, &time, deadline)
-            .await?;
+        let request = Request {
+            layers,
+            keys,
+            args: &args,
+            time: &time,
+            deadline,
+        };
+        let (mut verdicts, mut contended) = self.reserve_across_slots(&request, groups).await?;
         let mut passes = 1;
         while let Some(seen) = contended.take() {
             // Decide again only once those holds settled, with time left; a
@@ -51,10 +56,7 @@ impl RedisClusterStore {
                 break;
             }
             passes += 1;
-            match self
-                .reserve_across_slots(layers, keys, &args, groups, &time, deadline)
-                .await
-            {
+            match self.reserve_across_slots(&request, groups).await {
                 Ok((again, still)) => (verdicts, contended) = (again, still),
                 Err(_) => break,
             }
@@ -68,62 +70,23 @@ impl RedisClusterStore {
     #[allow(clippy::type_complexity)]
     async fn reserve_across_slots(
         &self,
-        layers: &[LayerRequest<'_>],
-        keys: &[String],
-        args: &[[u64; LAYER_ARGS]],
+        request: &Request<'_, '_>,
         groups: &[Vec<usize>],
-        time: &TimeArgs,
-        deadline: Instant,
     ) -> Result<(Verdicts, Option<Vec<(String, u64)>>), StoreError> {
+        let Request { layers, keys, .. } = *request;
         let mut held = Held::new(&self.holds);
         let mut verdicts: Vec<Option<Verdict>> = vec![None; layers.len()];
-        let mut reserved = Reservations {
-            conn: self.conn.clone(),
-            runner: self.runner(),
-            time: time.clone(),
-            timeout: self.checked.deadline,
-            groups: Vec::new(),
-        };
+        let mut reserved = self.reservations(request.time);
         let mut denied = None;
         for (g, group) in groups.iter().enumerate() {
-            let cmd = group_call(
-                keys,
-                args,
-                group,
-                time,
-                (Mode::Reserve, None),
-                self.call_command(),
-            );
-            let reply = self
-                .until(deadline, call(self.conn.clone(), cmd, self.runner()))
-                .await
-                .and_then(|reply| reply.map_err(|e| in_group(e, layers, group)))
-                .and_then(|reply| parse_reserve(&reply, group.len()));
-            let (group_verdicts, charges) = match reply {
+            let (group_verdicts, charges) = match self.reserve_group(request, group).await {
                 Ok(parsed) => parsed,
                 Err(e) => {
-                    // Give back what was reserved before failing, within the
-                    // deadline, so the caller's next decision (a failure
-                    // mode, or the same request without a shadow layer)
-                    // does not see these charges; past the deadline the
-                    // refunds finish in the background.
-                    let refunds = std::mem::replace(
-                        &mut reserved,
-                        Reservations {
-                            conn: self.conn.clone(),
-                            runner: self.runner(),
-                            time: time.clone(),
-                            timeout: self.checked.deadline,
-                            groups: Vec::new(),
-                        },
-                    )
-                    .refund();
-                    let _ = tokio::time::timeout_at(deadline, async {
-                        for refund in refunds {
-                            let _ = refund.await;
-                        }
-                    })
-                    .await;
+                    // Give back what was reserved before failing, so the
+                    // caller's next decision (a failure mode, or the same
+                    // request without a shadow layer) does not see these
+                    // charges.
+                    refund_within(reserved, request.deadline).await;
                     return Err(e);
                 }
             };
@@ -131,30 +94,114 @@ impl RedisClusterStore {
             for (&i, v) in group.iter().zip(group_verdicts) {
                 verdicts[i] = Some(v);
             }
-            if admitted {
-                held.add(
-                    group
-                        .iter()
-                        .map(|&i| (keys[i].clone(), layers[i].cost))
-                        .collect(),
-                );
-                reserved.groups.push(ReservedGroup {
-                    keys: group.iter().map(|&i| keys[i].clone()).collect(),
-                    layers: group.iter().map(|&i| args[i]).zip(charges).collect(),
-                    indices: group.clone(),
-                });
-            } else {
+            if !admitted {
                 denied = Some(g);
                 break;
             }
+            held.add(
+                group
+                    .iter()
+                    .map(|&i| (keys[i].clone(), layers[i].cost))
+                    .collect(),
+            );
+            reserved.groups.push(ReservedGroup {
+                keys: group.iter().map(|&i| keys[i].clone()).collect(),
+                layers: group
+                    .iter()
+                    .map(|&i| request.args[i])
+                    .zip(charges)
+                    .collect(),
+                indices: group.clone(),
+            });
         }
         let Some(denied) = denied else {
             reserved.groups.clear();
             let verdicts = verdicts.into_iter().map(|v| v.expect("decided")).collect();
             return Ok((verdicts, None));
         };
-        // Denied where other decisions of this process hold units?
-        let denying: Vec<(String, u64)> = groups[denied]
+        let contended = self.contended(&groups[denied], keys, &verdicts, &held);
+        self.deny(request, &groups[denied + 1..], reserved, &mut verdicts)
+            .await;
+        let verdicts = verdicts.into_iter().map(|v| v.expect("decided")).collect();
+        Ok((verdicts, contended))
+    }
+
+    /// Reserve the layers of one slot `group`: their verdicts and charges.
+    async fn reserve_group(
+        &self,
+        request: &Request<'_, '_>,
+        group: &[usize],
+    ) -> Result<(Verdicts, Vec<(u64, u64)>), StoreError> {
+        let Request {
+            keys, args, time, ..
+        } = *request;
+        let cmd = group_call(
+            keys,
+            args,
+            group,
+            time,
+            (Mode::Reserve, None),
+            self.call_command(),
+        );
+        self.until(
+            request.deadline,
+            call(self.conn.clone(), cmd, self.runner()),
+        )
+        .await
+        .and_then(|reply| reply.map_err(|e| in_group(e, request.layers, group)))
+        .and_then(|reply| parse_reserve(&reply, group.len()))
+    }
+
+    /// The request is denied: give back what was `reserved` and meanwhile
+    /// judge the groups not reached (`unreached`, charging nothing); the
+    /// charged layers report what they have without the charge.
+    async fn deny(
+        &self,
+        request: &Request<'_, '_>,
+        unreached: &[Vec<usize>],
+        reserved: Reservations,
+        verdicts: &mut [Option<Verdict>],
+    ) {
+        let charged: Vec<usize> = reserved
+            .groups
+            .iter()
+            .flat_map(|g| g.indices.iter().copied())
+            .collect();
+        let refunds = reserved.refund();
+        for group in unreached {
+            let peeked = self.peek_unreached(request, group).await;
+            for (&i, v) in group.iter().zip(peeked) {
+                verdicts[i] = Some(v);
+            }
+        }
+        await_within(refunds, request.deadline).await;
+        for i in charged {
+            verdicts[i] = verdicts[i].map(|v| v.uncharged(request.layers[i].cost));
+        }
+    }
+
+    /// No reservations yet, for calls at `time`.
+    fn reservations(&self, time: &TimeArgs) -> Reservations {
+        Reservations {
+            conn: self.conn.clone(),
+            runner: self.runner(),
+            time: time.clone(),
+            timeout: self.checked.deadline,
+            groups: Vec::new(),
+        }
+    }
+
+    /// When the denying `group` denied only on keys where other decisions
+    /// of this process hold units: those keys and the units the others
+    /// hold (`held`: this decision's own holds).
+    fn contended(
+        &self,
+        group: &[usize],
+        keys: &[String],
+        verdicts: &[Option<Verdict>],
+        held: &Held<'_>,
+    ) -> Option<Vec<(String, u64)>> {
+        let denying: Vec<(String, u64)> = group
             .iter()
             .filter(|&&i| verdicts[i].is_some_and(|v| !v.allowed))
             .map(|&i| {
@@ -164,55 +211,67 @@ impl RedisClusterStore {
                 )
             })
             .collect();
-        let contended = denying
+        denying
             .iter()
             .all(|(_, others)| *others > 0)
-            .then_some(denying);
-        // The request is denied: give back what was reserved, and meanwhile
-        // judge the groups not reached (charging nothing).
-        let charged: Vec<usize> = reserved
-            .groups
-            .iter()
-            .flat_map(|g| g.indices.iter().copied())
-            .collect();
-        let refunds = reserved.refund();
-        for group in &groups[denied + 1..] {
-            let cmd = group_call(
-                keys,
-                args,
-                group,
-                time,
-                (Mode::Peek, None),
-                self.call_command(),
-            );
-            let peeked = self
-                .until(deadline, call(self.conn.clone(), cmd, self.runner()))
-                .await
-                .and_then(|reply| reply)
-                .and_then(|reply| parse_reply(&reply, group.len()));
-            // The request is denied whatever these layers say: a group that
-            // cannot be read only loses its numbers, never the denial (as
-            // an error it would let a fail-open policy admit the request).
-            let peeked =
-                peeked.unwrap_or_else(|_| group.iter().map(|&i| unread(&layers[i])).collect());
-            for (&i, v) in group.iter().zip(peeked) {
-                verdicts[i] = Some(v);
-            }
-        }
-        // Awaited so the caller's next decision sees the refunds; past the
-        // deadline they finish in the background (they are spawned tasks).
-        let _ = tokio::time::timeout_at(deadline, async {
-            for refund in refunds {
-                let _ = refund.await;
-            }
-        })
-        .await;
-        for i in charged {
-            verdicts[i] = verdicts[i].map(|v| v.uncharged(layers[i].cost));
-        }
-        let verdicts = verdicts.into_iter().map(|v| v.expect("decided")).collect();
-        Ok((verdicts, contended))
+            .then_some(denying)
     }
+
+    /// The verdicts of a `group` the decision did not reach, judged and not
+    /// charged. The request is denied whatever these layers say: a group
+    /// that cannot be read only loses its numbers, never the denial (as an
+    /// error it would let a fail-open policy admit the request).
+    async fn peek_unreached(&self, request: &Request<'_, '_>, group: &[usize]) -> Vec<Verdict> {
+        let Request {
+            layers,
+            keys,
+            args,
+            time,
+            deadline,
+        } = *request;
+        let cmd = group_call(
+            keys,
+            args,
+            group,
+            time,
+            (Mode::Peek, None),
+            self.call_command(),
+        );
+        self.until(deadline, call(self.conn.clone(), cmd, self.runner()))
+            .await
+            .and_then(|reply| reply)
+            .and_then(|reply| parse_reply(&reply, group.len()))
+            .map(|verdicts| verdicts.into_iter().collect())
+            .unwrap_or_else(|_| group.iter().map(|&i| unread(&layers[i])).collect())
+    }
+}
+
+/// One decision across slots: its layers, their keys and arguments, its
+/// time and its deadline.
+#[derive(Clone, Copy)]
+struct Request<'r, 'a> {
+    layers: &'r [LayerRequest<'a>],
+    keys: &'r [String],
+    args: &'r [[u64; LAYER_ARGS]],
+    time: &'r TimeArgs,
+    deadline: Instant,
+}
+
+/// Refund `reserved`, waiting for the refunds until `deadline`.
+async fn refund_within(reserved: Reservations, deadline: Instant) {
+    await_within(reserved.refund(), deadline).await;
+}
+
+/// Wait for `refunds` until `deadline`, so that the caller's next decision
+/// sees them; past it they finish in the background (they are spawned
+/// tasks).
+async fn await_within(refunds: Vec<JoinHandle<()>>, deadline: Instant) {
+    let _ = tokio::time::timeout_at(deadline, async {
+        for refund in refunds {
+            let _ = refund.await;
+        }
+    })
+    .await;
 }
 
 /// The verdict of a layer that could not be read after another group denied
