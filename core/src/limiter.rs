@@ -1,5 +1,7 @@
 //! The limiter: ordered layers decided together in one store call.
 
+mod degraded;
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -14,7 +16,7 @@ use crate::algorithm::Verdict;
 use crate::context::Context;
 use crate::decision::{Decision, LayerDecision, Source};
 use crate::error::{BuildError, Error, StoreError};
-use crate::failure::{Admission, BreakerConfig, BreakerState, CircuitBreaker, OnStoreFailure};
+use crate::failure::{Admission, BreakerConfig, BreakerState, CircuitBreaker};
 use crate::layer::{duplicate_names, shared_counters, Layer, Scope};
 use crate::observe::{self, LimiterMetrics};
 use crate::policy::Policy;
@@ -419,90 +421,6 @@ impl Limiter {
             Some(class) => Decision::degraded(layers, class),
             None => Decision::new(layers),
         })
-    }
-
-    /// Decide without the store, which failed with `error`: every layer by
-    /// its policy's failure mode.
-    async fn degraded(&self, requests: &[LayerRequest<'_>], error: &StoreError) -> Decision {
-        // The wait announced is the store's own when it knows one (a full
-        // budget frees up when its first key expires), else the breaker's.
-        let wait = match error {
-            StoreError::CircuitOpen(wait) => *wait,
-            StoreError::Full { retry_after, .. } => *retry_after,
-            _ => self.breaker.config().open_for,
-        };
-        let closed = |layer: &Layer| {
-            let v = Verdict {
-                allowed: false,
-                limit: layer.policy.capacity(),
-                remaining: 0,
-                reset_after: wait,
-                retry_after: Some(wait),
-            };
-            LayerDecision::new(layer, v, Source::FailClosed)
-        };
-        let any_closed = self.layers.iter().any(|l| {
-            matches!(l.policy.on_failure(), OnStoreFailure::FailClosed) && !l.policy.is_shadow()
-        });
-        // Fallback layers are decided together in the emergency store, but
-        // only when no layer fails closed: a request that cannot pass must
-        // not charge the emergency buckets.
-        let fallback: Vec<(usize, LayerRequest<'_>)> = if any_closed {
-            Vec::new()
-        } else {
-            self.layers
-                .iter()
-                .zip(requests)
-                .enumerate()
-                .filter_map(|(i, (layer, r))| {
-                    layer.fallback.as_ref().map(|policy| {
-                        (
-                            i,
-                            LayerRequest {
-                                key: r.key,
-                                policy,
-                                cost: r.cost,
-                            },
-                        )
-                    })
-                })
-                .collect()
-        };
-        let mut fallback_verdicts = None;
-        if let (false, Some(store)) = (fallback.is_empty(), &self.fallback) {
-            let batch: Vec<LayerRequest<'_>> = fallback.iter().map(|(_, r)| *r).collect();
-            match ask(&**store, &batch).await {
-                Ok(verdicts) => fallback_verdicts = Some(verdicts),
-                Err(_) => observe::fallback_failed(store.kind()),
-            }
-        }
-        let layers =
-            self.layers
-                .iter()
-                .enumerate()
-                .map(|(i, layer)| match layer.policy.on_failure() {
-                    OnStoreFailure::FailOpen => {
-                        let v = Verdict {
-                            allowed: true,
-                            limit: layer.policy.capacity(),
-                            remaining: layer.policy.capacity(),
-                            reset_after: Duration::ZERO,
-                            retry_after: None,
-                        };
-                        LayerDecision::new(layer, v, Source::FailOpen)
-                    }
-                    OnStoreFailure::Fallback(_) => {
-                        let slot = fallback.iter().position(|(j, _)| *j == i);
-                        match (slot, &fallback_verdicts) {
-                            (Some(slot), Some(verdicts)) => {
-                                LayerDecision::new(layer, verdicts[slot], Source::Fallback)
-                            }
-                            _ => closed(layer),
-                        }
-                    }
-                    _ => closed(layer),
-                });
-        Decision::degraded(layers, error.class())
     }
 }
 
