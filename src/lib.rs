@@ -55,7 +55,45 @@
 //! | `config-watch` | `config`, plus reloading the file when it changes (`LiveConfig::watch`) |
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub use tollgate_limiter::*;
+// What an application builds, asks and reads, in one screen. Everything
+// else of the core (configuration-file types, helpers for the other
+// crates) is `tollgate::limiter`, the core crate itself.
+
+// A limiter and what it is built from.
+pub use tollgate_limiter::{
+    BreakerConfig, BreakerState, Fallback, KeyBudget, OnStoreFailure, WhenFull,
+};
+pub use tollgate_limiter::{Limit, Limiter, LimiterBuilder, Policy, Scope};
+// A request, and an operator's change to its layers.
+pub use tollgate_limiter::{Adjustment, Context, HashKey, ScopedOperations, Subject};
+// The answer.
+pub use tollgate_limiter::{Decision, LayerDecision, Source, Verdict};
+// What can go wrong.
+pub use tollgate_limiter::{
+    BuildError, Error, HashKeyError, PolicyError, StoreError, SubjectError,
+};
+// Time.
+pub use tollgate_limiter::{Clock, ManualClock, MonotonicClock, SystemClock, Timestamp};
+// Routes whose limits a reload replaces; the login recipe.
+pub use tollgate_limiter::{Escalation, LimiterSource, LoginGuard, ReloadableRoute, RouteLimits};
+// Stores and algorithms of your own.
+pub use tollgate_limiter::MAX_RECOVERY;
+pub use tollgate_limiter::{async_trait, Algorithm, LayerRequest, State, Store, StoreKey};
+pub use tollgate_limiter::{duration_micros, Builtin, Layout, Stored, Transition, Verdicts};
+// Metrics and log events.
+pub use tollgate_limiter::observe;
+// With `wait`: outbound clients wait for capacity.
+#[cfg(feature = "wait")]
+#[cfg_attr(docsrs, doc(cfg(feature = "wait")))]
+pub use tollgate_limiter::{Rejected, Sleep, Throttle, WhenLimited};
+// With `blocked-cache`: long denials answered in-process.
+#[cfg(feature = "blocked-cache")]
+#[cfg_attr(docsrs, doc(cfg(feature = "blocked-cache")))]
+pub use tollgate_limiter::BlockedCacheConfig;
+
+/// The core crate whole: the model, the configuration-file types
+/// (`LimitSpec`, …) and the helpers the other crates share.
+pub use tollgate_limiter as limiter;
 
 /// The reference algorithm implementations (pure functions).
 pub mod algorithms {
