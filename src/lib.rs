@@ -74,8 +74,11 @@ pub use tollgate_limiter::{
 };
 // Time.
 pub use tollgate_limiter::{Clock, ManualClock, MonotonicClock, SystemClock, Timestamp};
-// Routes whose limits a reload replaces; the login recipe.
-pub use tollgate_limiter::{Escalation, LimiterSource, LoginGuard, ReloadableRoute, RouteLimits};
+// Routes whose limits a reload replaces.
+pub use tollgate_limiter::{LimiterSource, ReloadableRoute, RouteLimits};
+// The login recipe (an application of the limiter, not part of the core).
+mod login;
+pub use login::{Escalation, LoginGuard};
 // Stores and algorithms of your own.
 pub use tollgate_limiter::MAX_RECOVERY;
 pub use tollgate_limiter::{async_trait, Algorithm, LayerRequest, State, Store, StoreKey};

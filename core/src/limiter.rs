@@ -29,7 +29,7 @@ use crate::verdicts::Verdicts;
 /// is charged; otherwise nothing is charged.
 ///
 /// When the store fails, each layer's policy decides
-/// ([`OnStoreFailure`]): fail open, fail closed, or fall back to the
+/// ([`OnStoreFailure`](crate::OnStoreFailure)): fail open, fail closed, or fall back to the
 /// limiter's emergency store. A [`CircuitBreaker`] stops calling a store that
 /// keeps failing and probes it for recovery.
 ///

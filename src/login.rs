@@ -4,15 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::context::Context;
-use crate::decision::Decision;
-use crate::error::{Error, PolicyError};
-use crate::layer::Scope;
-use crate::limit::{Limit, MAX_LOG_LIMIT, MAX_RECOVERY};
-use crate::limiter::Limiter;
-use crate::policy::Policy;
-use crate::store::Store;
-use crate::time::duration_micros;
+use tollgate_limiter::{
+    duration_micros, Context, Decision, Error, Limit, Limiter, Policy, PolicyError, Scope, Store,
+    MAX_LOG_LIMIT, MAX_RECOVERY,
+};
 
 /// How blocks grow with repeated offences: the first block lasts
 /// `steps[0]`, the second within a quiet period `steps[1]`, and so on,
@@ -22,14 +17,14 @@ use crate::time::duration_micros;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_limiter::Escalation;
+/// use tollgate::Escalation;
 ///
 /// let minute = Duration::from_secs(60);
 /// let escalation = Escalation::new([minute, 10 * minute, 60 * minute], 24 * 60 * minute)?;
 /// assert_eq!(escalation.block_for(1), minute);
 /// assert_eq!(escalation.block_for(3), 60 * minute);
 /// assert_eq!(escalation.block_for(9), 60 * minute, "the last step stays");
-/// # Ok::<(), tollgate_limiter::PolicyError>(())
+/// # Ok::<(), tollgate::PolicyError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Escalation {
@@ -117,14 +112,14 @@ impl Escalation {
 /// failed attempt, per subject) and `offences` (a sliding log per subject
 /// named `<policy>-offences`: the blocks within a quiet period). Key the
 /// [`Context`] on the account (a user name or id; hash it with
-/// [`Subject::hashed`](crate::Subject::hashed) if it is sensitive), and keep
+/// [`Subject::hashed`](tollgate_limiter::Subject::hashed) if it is sensitive), and keep
 /// a per-client limit on the route as well, so one client cannot walk
 /// through many accounts.
 ///
 /// ```no_run
-/// # async fn f(store: std::sync::Arc<dyn tollgate_limiter::Store>) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn f(store: std::sync::Arc<dyn tollgate::Store>) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use tollgate_limiter::{Context, Escalation, Limit, LoginGuard, Policy, Subject};
+/// use tollgate::{Context, Escalation, Limit, LoginGuard, Policy, Subject};
 ///
 /// let minute = Duration::from_secs(60);
 /// let guard = LoginGuard::new(
