@@ -370,7 +370,7 @@ local function reward_layer(key, code, p1, p2, p3, now, units)
     -- missing key stays missing; a live block was kept by the caller, and
     -- an ended one is no state: nothing to give back).
     local log = read_log(key)
-    if not log or log.blocked or log.n == 0 then
+    if not log or log.blocked or log.n == 0 or units < 1 then
       return false
     end
     redis.call('LTRIM', key, 0, -(units + 1))
@@ -415,6 +415,13 @@ end
 -- 'penalize', 'reward' and 'block' (see the modes above).
 local function adjust(KEYS, ARGV, now, mode)
   local layers = #KEYS
+  -- A block's length is the same for every layer (the module, through
+  -- tollgate_algorithms::adjust_layers, takes one).
+  for i = 2, layers do
+    if mode == 'block' and ARGV[2 + LAYER_ARGS * (i - 1) + 2] ~= ARGV[2 + 2] then
+      return redis.error_reply("TOLLGATE_ARGS a block's length must be the same for every layer")
+    end
+  end
   -- Every key judged first: a foreign one fails the call unchanged.
   for i = 1, layers do
     local base = 2 + LAYER_ARGS * (i - 1)

@@ -265,6 +265,71 @@ fn client_input_never_brings_the_server_down() {
     assert_eq!(server.command(&["PING"]), Reply::Status("PONG".into()));
 }
 
+/// Calls the store never sends, answered alike by the module and the Lua
+/// code: a block whose length differs between layers is refused, and a
+/// log's reward of no units changes nothing, not even the key's expiry.
+#[tokio::test]
+async fn hand_written_adjustments_are_answered_alike() {
+    let server = RedisServer::shared_with_module();
+    // A store of the function library loads it on this server.
+    server_clock_store(server.url(), &unique("p"), Scripting::Functions).await;
+    let function = tollgate_redis::function_name();
+    let hour = "3600000000";
+    let t0 = START.as_micros();
+    let half_hour_later = (t0 + 1_800_000_000).to_string();
+    let t0 = t0.to_string();
+    for head in [vec!["TOLLGATE.DECIDE"], vec!["FCALL", function]] {
+        let call = |args: &[&str]| {
+            let mut all: Vec<&str> = head.clone();
+            all.extend_from_slice(args);
+            server.command(&all)
+        };
+        let (a, b) = (unique("block"), unique("block"));
+        let two_lengths = call(&[
+            "2", &a, &b, "", "", "1", "5000", "10", "10", hour, "1", "6000", "10", "10", hour,
+            "block",
+        ]);
+        match two_lengths {
+            Reply::Error(e) => assert!(
+                e.starts_with("TOLLGATE_ARGS a block's length must be the same"),
+                "{head:?}: {e}"
+            ),
+            other => panic!("{head:?}: {other:?}"),
+        }
+        assert_eq!(int(server.command(&["EXISTS", &a, &b])), 0, "{head:?}");
+        let log = unique("log");
+        call(&["1", &log, &t0, "", "5", "1", "10", hour, "0"]);
+        let entries = server.command(&["LRANGE", &log, "0", "-1"]);
+        let expires = int(server.command(&["PEXPIRETIME", &log]));
+        let rewarded = call(&[
+            "1",
+            &log,
+            &half_hour_later,
+            "",
+            "5",
+            "0",
+            "10",
+            hour,
+            "0",
+            "reward",
+        ]);
+        assert!(
+            matches!(rewarded, Reply::Array(Some(_))),
+            "{head:?}: {rewarded:?}"
+        );
+        assert_eq!(
+            server.command(&["LRANGE", &log, "0", "-1"]),
+            entries,
+            "{head:?}"
+        );
+        assert_eq!(
+            int(server.command(&["PEXPIRETIME", &log])),
+            expires,
+            "{head:?}: a reward of nothing keeps the expiry"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_store_uses_the_module_only_where_it_is_loaded() {
     let clock = ManualClock::new(START);
