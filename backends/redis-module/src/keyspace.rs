@@ -186,27 +186,26 @@ fn write_log(
             if drop > 0 {
                 effect(ctx, "LTRIM", &[k, drop.to_string().as_bytes(), b"-1"])?;
             }
-            push_entries(ctx, k, std::iter::repeat_n(stamp, push))?;
+            // One time, written once and pushed `push` times.
+            let stamp = stamp.to_string();
+            push_entries(ctx, k, &vec![stamp.as_str(); push])?;
         }
         LogEdit::Replace => {
             effect(ctx, "DEL", &[k])?;
-            push_entries(ctx, k, next.iter().copied())?;
+            let entries: Vec<String> = next.iter().map(u64::to_string).collect();
+            push_entries(ctx, k, &entries)?;
         }
     }
     effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
 }
 
-/// `RPUSH` `entries` to the list at `k`, [`PUSH_CHUNK`] at a time.
-fn push_entries(
-    ctx: &Context,
-    k: &[u8],
-    entries: impl Iterator<Item = u64>,
-) -> Result<(), RedisError> {
-    let texts: Vec<String> = entries.map(|e| e.to_string()).collect();
+/// `RPUSH` the decimal `texts` to the list at `k`, [`PUSH_CHUNK`] at a
+/// time.
+fn push_entries<T: AsRef<[u8]>>(ctx: &Context, k: &[u8], texts: &[T]) -> Result<(), RedisError> {
     for chunk in texts.chunks(PUSH_CHUNK as usize) {
         let mut args: Vec<&[u8]> = Vec::with_capacity(chunk.len() + 1);
         args.push(k);
-        args.extend(chunk.iter().map(String::as_bytes));
+        args.extend(chunk.iter().map(AsRef::as_ref));
         effect(ctx, "RPUSH", &args)?;
     }
     Ok(())

@@ -132,24 +132,29 @@ impl RedisClusterStore {
         request: &Request<'_, '_>,
         group: &[usize],
     ) -> Result<(Verdicts, Vec<(u64, u64)>), StoreError> {
+        let reply = self.group_reply(request, group, Mode::Reserve).await?;
+        parse_reserve(&reply, group.len())
+    }
+
+    /// One slot `group`'s call in `mode`, within the request's deadline; a
+    /// conflict names the group's layer.
+    async fn group_reply(
+        &self,
+        request: &Request<'_, '_>,
+        group: &[usize],
+        mode: Mode,
+    ) -> Result<Vec<i64>, StoreError> {
         let Request {
-            keys, args, time, ..
-        } = *request;
-        let cmd = group_call(
+            layers,
             keys,
             args,
-            group,
             time,
-            (Mode::Reserve, None),
-            self.call_command(),
-        );
-        self.until(
-            request.deadline,
-            call(self.conn.clone(), cmd, self.runner()),
-        )
-        .await
-        .and_then(|reply| reply.map_err(|e| in_group(e, request.layers, group)))
-        .and_then(|reply| parse_reserve(&reply, group.len()))
+            deadline,
+        } = *request;
+        let cmd = group_call(keys, args, group, time, (mode, None), self.call_command());
+        self.until(deadline, call(self.conn.clone(), cmd, self.runner()))
+            .await?
+            .map_err(|e| in_group(e, layers, group))
     }
 
     /// The request is denied: give back what was `reserved` and meanwhile
@@ -222,27 +227,11 @@ impl RedisClusterStore {
     /// that cannot be read only loses its numbers, never the denial (as an
     /// error it would let a fail-open policy admit the request).
     async fn peek_unreached(&self, request: &Request<'_, '_>, group: &[usize]) -> Vec<Verdict> {
-        let Request {
-            layers,
-            keys,
-            args,
-            time,
-            deadline,
-        } = *request;
-        let cmd = group_call(
-            keys,
-            args,
-            group,
-            time,
-            (Mode::Peek, None),
-            self.call_command(),
-        );
-        self.until(deadline, call(self.conn.clone(), cmd, self.runner()))
+        self.group_reply(request, group, Mode::Peek)
             .await
-            .and_then(|reply| reply)
             .and_then(|reply| parse_reply(&reply, group.len()))
             .map(|verdicts| verdicts.into_iter().collect())
-            .unwrap_or_else(|_| group.iter().map(|&i| unread(&layers[i])).collect())
+            .unwrap_or_else(|_| group.iter().map(|&i| unread(&request.layers[i])).collect())
     }
 }
 
