@@ -46,6 +46,7 @@
 //! | `redis-tls` | `redis`, plus TLS (`rediss://`, a CA of your own, client certificates) over rustls for every Redis store (guide: `docs/operations.md`, "Redis in production") |
 //! | `redis-cluster` | `redis::RedisClusterStore`: slot-aware layered decisions on Redis Cluster (guide: `docs/cluster.md`) |
 //! | `blocked-cache` | long denials answered in-process without a store call |
+//! | `plan-source` | plans from your own async source ([`PlanSource`]: a database, an account service), cached in-process with a deadline |
 //! | `wait` | `Limiter::wait` and `Limiter::throttle`: outbound clients wait for capacity (tokio's timer; guide: `docs/operations.md`, "Waiting for capacity") |
 //! | `tower` | [`tower::RateLimitLayer`], for axum, tonic and hyper (guide: `docs/http.md`) |
 //! | `tonic` | `tower`, plus the client address from tonic's `TcpConnectInfo` |
@@ -64,6 +65,8 @@ pub use tollgate_limiter::{
     BreakerConfig, BreakerState, Fallback, KeyBudget, OnStoreFailure, WhenFull,
 };
 pub use tollgate_limiter::{Limit, Limiter, LimiterBuilder, Policy, Scope};
+// Plans: a policy's limits per customer, and what a customer has used.
+pub use tollgate_limiter::{LayerUsage, Plan, PlanName, Plans, Usage};
 // A request, and an operator's change to its layers.
 pub use tollgate_limiter::{Adjustment, Context, HashKey, ScopedOperations, Subject};
 // The answer.
@@ -89,6 +92,10 @@ pub use tollgate_limiter::observe;
 #[cfg(feature = "wait")]
 #[cfg_attr(docsrs, doc(cfg(feature = "wait")))]
 pub use tollgate_limiter::{Rejected, Sleep, Throttle, WhenLimited};
+// With `plan-source`: plans from the application's own source.
+#[cfg(feature = "plan-source")]
+#[cfg_attr(docsrs, doc(cfg(feature = "plan-source")))]
+pub use tollgate_limiter::{PlanCacheConfig, PlanSource, PlanSourceError};
 // With `blocked-cache`: long denials answered in-process.
 #[cfg(feature = "blocked-cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "blocked-cache")))]

@@ -15,7 +15,9 @@ use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use tollgate_limiter::{Limit, Limiter, ManualClock, Policy, Scope, Store, Timestamp};
+use tollgate_limiter::{
+    Limit, Limiter, ManualClock, Plan, PlanName, Plans, Policy, Scope, Store, Subject, Timestamp,
+};
 use tollgate_memory::MemoryStore;
 #[allow(unused_imports)] // used by some test binaries
 pub use tollgate_testkit::DownStore;
@@ -43,6 +45,49 @@ pub fn per_minute(store: Arc<dyn Store>, name: &str, limit: u64) -> Limiter {
         .layer("subject", Scope::Subject, policy)
         .build()
         .unwrap()
+}
+
+/// 3 requests a minute per subject on the free plan, 10 on `pro`.
+pub fn per_minute_with_plans(store: Arc<dyn Store>) -> Limiter {
+    let minute = Duration::from_secs(60);
+    let pro = Plan::new("pro")
+        .unwrap()
+        .limit("per-user", Limit::fixed_window(10, minute).unwrap());
+    let policy = Policy::new("per-user", Limit::fixed_window(3, minute).unwrap()).unwrap();
+    Limiter::builder(store)
+        .layer("subject", Scope::Subject, policy)
+        .plans(Plans::new(Plan::new("free").unwrap()).plan(pro))
+        .build()
+        .unwrap()
+}
+
+/// What the tests' stand-in for authentication makes of an `x-user`
+/// header: the user as the subject and, for users named `pro-…`, the plan
+/// `pro` — decided by the server from who the caller is.
+pub fn authenticated(user: Option<&str>) -> (Option<Subject>, Option<PlanName>) {
+    let subject = user.and_then(|v| Subject::new(v).ok());
+    let plan = user
+        .filter(|u| u.starts_with("pro-"))
+        .map(|_| PlanName::new("pro").unwrap());
+    (subject, plan)
+}
+
+/// Against a server of [`per_minute_with_plans`] behind [`authenticated`]
+/// that answers `left: <remaining>`: a `pro-…` user is decided under the
+/// pro plan, and a client's headers naming a plan change nothing.
+pub async fn assert_plans_from_authentication(http: &Http) {
+    let pro = http.get("/", &[("x-user", "pro-ann")]).await;
+    assert_eq!((pro.status, pro.body.as_str()), (StatusCode::OK, "left: 9"));
+    let claims = [
+        ("x-user", "bob"),
+        ("x-plan", "pro"),
+        ("x-tollgate-plan", "pro"),
+    ];
+    let free = http.get("/", &claims).await;
+    assert_eq!(
+        (free.status, free.body.as_str()),
+        (StatusCode::OK, "left: 2")
+    );
 }
 
 /// A response as the test reads it.

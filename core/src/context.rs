@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::layer::{Layer, Scope};
+use crate::plan::PlanName;
 use crate::store::StoreKey;
 use crate::subject::Subject;
 
@@ -21,6 +22,7 @@ pub struct Context {
     subject: Option<Subject>,
     tenant: Option<Subject>,
     attributes: Vec<(Arc<str>, Subject)>,
+    plan: Option<PlanName>,
 }
 
 impl Context {
@@ -48,6 +50,17 @@ impl Context {
         self.attributes.retain(|(n, _)| *n != name);
         self.attributes.push((name, value));
         self
+    }
+    /// Set the plan the request is decided under (see [`Plans`](crate::Plans)).
+    /// Set it on the server side only, from who the caller is (your
+    /// authentication), never from anything the client sends.
+    pub fn with_plan(mut self, plan: PlanName) -> Self {
+        self.plan = Some(plan);
+        self
+    }
+    /// The plan set with [`with_plan`](Self::with_plan), if any.
+    pub fn plan(&self) -> Option<&PlanName> {
+        self.plan.as_ref()
     }
     /// The subject, if any.
     pub fn subject(&self) -> Option<&Subject> {

@@ -43,12 +43,14 @@ impl Source {
 /// and window. Made once per distinct layer (see [`Layer::new`]) and kept
 /// for the life of the process, so a decision refers to it by a plain
 /// reference: deciding clones no `Arc` and allocates nothing.
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct LayerInfo {
     pub(crate) layer: Box<str>,
     pub(crate) policy: Box<str>,
     pub(crate) shadow: bool,
     pub(crate) window: Option<Duration>,
+    /// The plan whose limit the layer decides by, if the limiter has plans.
+    pub(crate) plan: Option<Box<str>>,
 }
 
 impl LayerInfo {
@@ -122,6 +124,12 @@ impl LayerDecision {
     /// The window the policy announces ([`Limit::window`](crate::Limit::window)).
     pub fn window(&self) -> Option<Duration> {
         self.info.window
+    }
+
+    /// The plan whose limit decided this layer, when the limiter has
+    /// [`Plans`](crate::Plans).
+    pub fn plan(&self) -> Option<&'static str> {
+        self.info.plan.as_deref()
     }
 }
 

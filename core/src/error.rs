@@ -230,4 +230,12 @@ pub enum BuildError {
     /// A layer falls back to the emergency store but the limiter has none.
     #[error("layer {0:?} falls back to an emergency store on store failure; give the limiter one with LimiterBuilder::fallback_store")]
     NoFallbackStore(String),
+    /// A plan cannot be used ([`LimiterBuilder::plans`](crate::LimiterBuilder::plans)).
+    #[error("plan {plan:?}: {reason}")]
+    Plan {
+        /// The plan's name.
+        plan: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }

@@ -4,7 +4,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::decision::LayerInfo;
-use crate::error::BuildError;
+use crate::error::{BuildError, PolicyError};
+use crate::plan::Plan;
 use crate::policy::Policy;
 use crate::store::KeyMiddle;
 
@@ -85,6 +86,7 @@ impl Layer {
             policy: policy.name().into(),
             shadow: policy.is_shadow(),
             window: policy.limit().window(),
+            plan: None,
         });
         let middle = KeyMiddle::new(&policy, scope.key_label());
         Layer {
@@ -96,6 +98,26 @@ impl Layer {
             fallback,
         }
     }
+    /// The same layer under `plan`: the plan's limit for its policy, if
+    /// the plan gives one (the policy's own otherwise), and the plan's name
+    /// in its decisions. The keys stay the layer's: a subject's usage
+    /// carries over from plan to plan.
+    pub(crate) fn under_plan(&self, plan: &Plan) -> Result<Layer, PolicyError> {
+        let mut layer = match plan.limit_of(self.policy.name()) {
+            Some(limit) => Layer::new(
+                self.name.clone(),
+                self.scope.clone(),
+                self.policy.with_limit(limit.clone())?,
+            ),
+            None => self.clone(),
+        };
+        layer.info = LayerInfo::interned(LayerInfo {
+            plan: Some(plan.name().as_str().into()),
+            ..layer.info.clone()
+        });
+        Ok(layer)
+    }
+
     /// The layer's name.
     pub fn name(&self) -> &str {
         &self.name

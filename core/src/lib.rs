@@ -23,12 +23,16 @@ mod limiter;
 mod live;
 pub mod observe;
 mod operate;
+mod plan;
+#[cfg(feature = "plan-source")]
+mod plan_source;
 mod policy;
 mod scoped;
 mod spec;
 mod store;
 mod subject;
 mod time;
+mod usage;
 mod verdicts;
 #[cfg(feature = "wait")]
 mod wait;
@@ -49,6 +53,10 @@ pub use layer::{duplicate_names, shared_counters, Layer, Scope};
 pub use limit::*;
 pub use limiter::{Limiter, LimiterBuilder};
 pub use live::{LimiterSource, ReloadableRoute, RouteLimits};
+pub use plan::{Plan, PlanName, Plans};
+#[cfg(feature = "plan-source")]
+#[cfg_attr(docsrs, doc(cfg(feature = "plan-source")))]
+pub use plan_source::{PlanCacheConfig, PlanSource, PlanSourceError};
 pub use policy::{check_name, Policy};
 pub use scoped::ScopedOperations;
 pub use spec::{DurationSpec, FieldKind, LimitSpec, ModeSpec, OnFailureSpec, WhenFullSpec};
@@ -57,6 +65,7 @@ pub use subject::{HashKey, Subject};
 #[cfg(feature = "wait")]
 pub use time::Sleep;
 pub use time::{duration_micros, Clock, ManualClock, MonotonicClock, SystemClock, Timestamp};
+pub use usage::{LayerUsage, Usage};
 pub use verdicts::{IntoIter as VerdictsIntoIter, Verdicts};
 #[cfg(feature = "wait")]
 pub use wait::{Rejected, Throttle, WhenLimited};

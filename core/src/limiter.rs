@@ -1,6 +1,7 @@
 //! The limiter: ordered layers decided together in one store call.
 
 mod degraded;
+mod planned;
 
 use std::fmt;
 use std::future::Future;
@@ -19,6 +20,7 @@ use crate::error::{BuildError, Error, StoreError};
 use crate::failure::{Admission, BreakerConfig, BreakerState, CircuitBreaker};
 use crate::layer::{duplicate_names, shared_counters, Layer, Scope};
 use crate::observe::{self, LimiterMetrics};
+use crate::plan::Plans;
 use crate::policy::Policy;
 use crate::store::{LayerRequest, Store};
 use crate::time::{Clock, MonotonicClock};
@@ -69,6 +71,8 @@ pub struct Limiter {
     has_shadow: bool,
     /// Counters of decisions per layer, and the store's latency.
     metrics: Arc<LimiterMetrics>,
+    /// Each plan's limiter, when the limiter has plans.
+    plans: Option<Arc<planned::PlanBook>>,
 }
 
 impl fmt::Debug for Limiter {
@@ -93,6 +97,27 @@ impl Limiter {
             clock: Arc::new(MonotonicClock::new()),
             #[cfg(feature = "blocked-cache")]
             blocked: None,
+            plans: None,
+        }
+    }
+
+    /// The same limiter (store, breaker, caches and metrics shared) over
+    /// `layers`, which are its own layers under a plan: the same names,
+    /// scopes and keys.
+    fn with_layers(&self, layers: Arc<[Layer]>) -> Limiter {
+        Limiter {
+            has_shadow: layers.iter().any(|l| l.policy.is_shadow()),
+            layers,
+            plans: None,
+            ..self.clone()
+        }
+    }
+
+    /// The limiter of `ctx`'s plan (this one when it has no plans).
+    pub(crate) async fn planned(&self, ctx: &Context) -> &Limiter {
+        match &self.plans {
+            None => self,
+            Some(book) => book.limiter_for(ctx).await,
         }
     }
 
@@ -388,6 +413,7 @@ impl Limiter {
                 clock: self.clock.clone(),
                 #[cfg(feature = "blocked-cache")]
                 blocked: None,
+                plans: None,
             };
             // Fewer shadow layers each time: the recursion ends.
             Some(Check::new(&subset, ctx, cost).await?)
@@ -473,6 +499,20 @@ impl Future for Check<'_> {
                     // catches it and polls again gets a panic, never a
                     // second decision.
                     this.stage = Stage::Done;
+                    let limiter = match limiter.plans.as_deref() {
+                        None => limiter,
+                        Some(book) => match book.resolve(ctx) {
+                            planned::Resolved::Ready(limiter) => limiter,
+                            #[cfg(feature = "plan-source")]
+                            planned::Resolved::Fetch(cache, customer) => {
+                                this.stage = Stage::Rest(Box::pin(async move {
+                                    let limiter = book.fetched(cache, &customer).await;
+                                    Check::new(limiter, ctx, cost).await
+                                }));
+                                continue;
+                            }
+                        },
+                    };
                     // The start's lists live on this poll's stack: a
                     // decision that waits moves them into its rest.
                     let mut requests = Requests::new();
@@ -652,6 +692,7 @@ pub struct LimiterBuilder {
     clock: Arc<dyn Clock>,
     #[cfg(feature = "blocked-cache")]
     blocked: Option<crate::blocked::BlockedCacheConfig>,
+    plans: Option<Plans>,
 }
 
 impl LimiterBuilder {
@@ -691,6 +732,13 @@ impl LimiterBuilder {
         self
     }
 
+    /// Decide each request under its customer's plan (see [`Plans`]):
+    /// every plan's limits are checked when the limiter is built.
+    pub fn plans(mut self, plans: Plans) -> Self {
+        self.plans = Some(plans);
+        self
+    }
+
     /// Check the layers and build the limiter.
     pub fn build(self) -> Result<Limiter, BuildError> {
         if self.layers.is_empty() {
@@ -718,7 +766,7 @@ impl LimiterBuilder {
             .blocked
             .map(|c| Arc::new(crate::blocked::BlockedCache::new(c)));
         let has_shadow = self.layers.iter().any(|l| l.policy.is_shadow());
-        Ok(Limiter {
+        let mut limiter = Limiter {
             layers: self.layers.into(),
             store: self.store,
             fallback: self.fallback,
@@ -728,6 +776,11 @@ impl LimiterBuilder {
             blocked,
             has_shadow,
             metrics,
-        })
+            plans: None,
+        };
+        if let Some(plans) = self.plans {
+            limiter.plans = Some(Arc::new(planned::PlanBook::build(&limiter, plans)?));
+        }
+        Ok(limiter)
     }
 }

@@ -14,6 +14,7 @@
 //! | `tollgate_fallback_failures_total` | counter | `store` |
 //! | `tollgate_unidentified_requests_total` | counter | `reason` |
 //! | `tollgate_config_reloads_total` | counter | `result` |
+//! | `tollgate_plan_defaults_total` | counter | `reason` (`unknown_plan`, `source_failed`, `source_timeout`) |
 //!
 //! Every metric is described (`# HELP` in Prometheus) and a limiter's
 //! decision series are registered at zero when it is built, so dashboards
@@ -72,6 +73,10 @@ pub fn describe() {
                 "tollgate_unidentified_requests_total",
                 "HTTP requests without the identity a layer needs (answered 401), by reason."
             );
+            metrics::describe_counter!(
+                "tollgate_plan_defaults_total",
+                "Requests decided under the default plan because their own could not be found, by reason."
+            );
         });
     }
 }
@@ -118,6 +123,22 @@ pub fn config_reload(result: &'static str, error: Option<&str>, unbound_routes: 
         }
     }
     let _ = (result, error, unbound_routes);
+}
+
+/// A request decided under the default plan because its own could not be
+/// found (`reason`: `unknown_plan`, `source_failed`, `source_timeout`);
+/// a request no rule assigns a plan is not counted (the default is its
+/// plan).
+pub(crate) fn plan_defaulted(reason: &'static str) {
+    #[cfg(feature = "metrics")]
+    if reason != "unassigned" {
+        metrics::counter!("tollgate_plan_defaults_total", "reason" => reason).increment(1);
+    }
+    #[cfg(feature = "tracing")]
+    if reason != "unassigned" {
+        tracing::debug!(reason, "request decided under the default plan");
+    }
+    let _ = reason;
 }
 
 /// A decision that skipped the store because the breaker is open.

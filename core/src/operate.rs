@@ -33,8 +33,9 @@ impl Limiter {
     /// # Ok(()) }
     /// ```
     pub async fn peek(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
-        let requests = self.requests(ctx, cost, |_| true)?;
-        let verdicts = self.store().peek(&requests).await?;
+        let this = self.planned(ctx).await;
+        let requests = this.requests(ctx, cost, |_| true)?;
+        let verdicts = this.store().peek(&requests).await?;
         if verdicts.len() != requests.len() {
             return Err(Error::Store(crate::StoreError::Protocol(format!(
                 "the store peeked {} layers and answered {} verdicts",
@@ -42,7 +43,7 @@ impl Limiter {
                 verdicts.len()
             ))));
         }
-        Ok(Decision::new(self.layers().iter().zip(verdicts).map(
+        Ok(Decision::new(this.layers().iter().zip(verdicts).map(
             |(layer, verdict)| LayerDecision::new(layer, verdict, Source::Store),
         )))
     }
@@ -71,12 +72,13 @@ impl Limiter {
 
     /// [`reset`](Limiter::reset) on `ctx`'s layers counted per `scope`.
     pub(crate) async fn reset_in(&self, ctx: &Context, scope: &Scope) -> Result<(), Error> {
-        let requests = self.requests(ctx, 1, |l| l.scope == *scope)?;
+        let this = self.planned(ctx).await;
+        let requests = this.requests(ctx, 1, |l| l.scope == *scope)?;
         if requests.is_empty() {
             return Ok(());
         }
-        self.store().reset(&requests).await?;
-        self.forget_cached(ctx);
+        this.store().reset(&requests).await?;
+        this.forget_cached(ctx);
         Ok(())
     }
 
@@ -178,7 +180,8 @@ impl Limiter {
                 reason: "units must be at least 1".into(),
             });
         }
-        let mut requests = self.requests(ctx, 1, |l| l.scope == *scope)?;
+        let this = self.planned(ctx).await;
+        let mut requests = this.requests(ctx, 1, |l| l.scope == *scope)?;
         if requests.is_empty() {
             let reason = match scope {
                 Scope::Subject => "the limiter has no per-subject layer (Scope::Subject); only a client's own layers are changed".into(),
@@ -189,7 +192,7 @@ impl Limiter {
         for r in requests.iter_mut() {
             r.cost = units.min(r.policy.limit().capacity());
         }
-        let verdicts = self.store().adjust(&requests, adjustment).await?;
+        let verdicts = this.store().adjust(&requests, adjustment).await?;
         if verdicts.len() != requests.len() {
             return Err(Error::Store(crate::StoreError::Protocol(format!(
                 "the store adjusted {} layers and answered {} verdicts",
@@ -197,9 +200,9 @@ impl Limiter {
                 verdicts.len()
             ))));
         }
-        self.forget_cached(ctx);
+        this.forget_cached(ctx);
         Ok(Decision::new(
-            self.layers()
+            this.layers()
                 .iter()
                 .filter(|l| l.scope == *scope)
                 .zip(verdicts)

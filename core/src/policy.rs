@@ -177,6 +177,18 @@ impl Policy {
         })
     }
 
+    /// The same policy with `limit` instead of its own (a plan's limit):
+    /// the same name, version, failure mode (its emergency limit
+    /// recomputed from `limit`), key budget and mode.
+    pub(crate) fn with_limit(&self, limit: Limit) -> Result<Policy, PolicyError> {
+        Policy {
+            limit,
+            fallback: None,
+            ..self.clone()
+        }
+        .with_on_failure(self.on_failure.clone())
+    }
+
     /// The same policy under another version; stored state of other versions
     /// is ignored (and expires on its own).
     pub fn with_version(mut self, version: u32) -> Self {

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use tollgate_limiter::{Context, Limit, Limiter, ManualClock, Policy, Scope, Subject, Timestamp};
+use tollgate_limiter::{
+    Context, Limit, Limiter, ManualClock, Plan, PlanName, Plans, Policy, Scope, Subject, Timestamp,
+};
 use tollgate_memory::MemoryStore;
 use tollgate_testkit::ready;
 
@@ -44,7 +46,9 @@ fn limits() -> Vec<(&'static str, Limit)> {
 
 /// A limiter with `layers` layers of `limit`: per subject, per tenant,
 /// global, per route attribute (in that order).
-fn limiter(limit: &Limit, layers: usize, clock: &ManualClock) -> Limiter {
+/// With `plans`, half the clients are on a plan of their own (from the
+/// static table), the others on the default.
+fn limiter(limit: &Limit, layers: usize, clock: &ManualClock, plans: bool) -> Limiter {
     let store = MemoryStore::builder()
         .clock(Arc::new(clock.clone()))
         .build();
@@ -63,6 +67,15 @@ fn limiter(limit: &Limit, layers: usize, clock: &ManualClock) -> Limiter {
     {
         builder = builder.blocked_cache(tollgate_limiter::BlockedCacheConfig::default());
     }
+    if plans {
+        let pro = Plan::new("pro").unwrap().limit("layer-0", limit.clone());
+        let mut table = Plans::new(Plan::new("free").unwrap()).plan(pro);
+        for i in (0..KEYS).step_by(2) {
+            let subject = Subject::new(format!("client-{i}")).unwrap();
+            table = table.assign(subject, PlanName::new("pro").unwrap());
+        }
+        builder = builder.plans(table);
+    }
     builder.build().unwrap()
 }
 
@@ -79,8 +92,8 @@ fn steady_state_decisions_allocate_nothing() {
         })
         .collect();
     for (name, limit) in limits() {
-        for layers in 1..=4 {
-            let limiter = limiter(&limit, layers, &clock);
+        for (layers, plans) in (1..=4).flat_map(|n| [(n, false), (n, true)]) {
+            let limiter = limiter(&limit, layers, &clock, plans);
             // Every key exists, every metric handle is made.
             for ctx in &contexts {
                 assert!(ready(limiter.check(ctx, 1)).unwrap().is_allowed());
@@ -97,7 +110,7 @@ fn steady_state_decisions_allocate_nothing() {
             assert_eq!(
                 (stats.allocations, stats.reallocations),
                 (0, 0),
-                "{name} with {layers} layers: {} decisions allocated {} times and reallocated {} times ({} bytes)",
+                "{name} with {layers} layers (plans: {plans}): {} decisions allocated {} times and reallocated {} times ({} bytes)",
                 10 * KEYS,
                 stats.allocations,
                 stats.reallocations,

@@ -63,6 +63,7 @@ const FEATURES: &[&str] = &[
     "tracing",
     "blocked-cache",
     "wait",
+    "plan-source",
     "tower",
     "tonic",
     "axum",

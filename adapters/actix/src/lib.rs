@@ -56,7 +56,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpResponse};
 
 use tollgate_http::{is_list_field, RequestView};
-use tollgate_limiter::{Context, LimiterSource, Subject};
+use tollgate_limiter::{Context, LimiterSource, PlanName, Subject};
 
 pub use tollgate_http::{
     decision_headers, names, single_header_value, AccessRules, Cidr, CidrError, ClientIp, Gate,
@@ -162,6 +162,9 @@ impl RequestView for View<'_> {
                 .cloned()
                 .map(Context::for_subject)
         })
+    }
+    fn extension_plan(&self) -> Option<PlanName> {
+        self.0.extensions().get::<PlanName>().cloned()
     }
 }
 

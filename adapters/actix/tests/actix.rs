@@ -13,7 +13,7 @@ use actix_web::{guard, web, App, HttpMessage, HttpServer};
 use common::{memory_store, per_minute, DownStore, Http};
 use http::StatusCode;
 use tollgate_actix::{Cidr, ClientIp, GateBuilder, Identity, RateLimit};
-use tollgate_limiter::{Decision, Limiter, Store, Subject};
+use tollgate_limiter::{Decision, Limiter, Store};
 
 /// Serve one route wrapped in `rate_limit` on a free loopback port. The
 /// `auth` stand-in turns an `x-user` header into a subject, as an
@@ -27,10 +27,13 @@ fn serve(rate_limit: RateLimit) -> Http {
                     let user = request
                         .headers()
                         .get("x-user")
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| Subject::new(v).ok());
+                        .and_then(|v| v.to_str().ok());
+                    let (user, plan) = common::authenticated(user);
                     if let Some(user) = user {
                         request.extensions_mut().insert(user);
+                    }
+                    if let Some(plan) = plan {
+                        request.extensions_mut().insert(plan);
                     }
                     service.call(request)
                 })
@@ -152,6 +155,20 @@ async fn missing_subject_is_401_and_an_auth_layer_identifies() {
     let reply = http.get("/", &[("x-user", "alice")]).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.body, "left: 2");
+}
+
+/// The plan the authentication layer puts into the request's extensions
+/// decides the request's limit; a client's header naming a plan does not.
+#[actix_web::test]
+async fn the_plan_comes_from_the_authentication_never_the_client() {
+    let (_clock, store) = memory_store();
+    let http = serve(
+        RateLimit::builder(common::per_minute_with_plans(store))
+            .identity(Identity::new().extension())
+            .build()
+            .unwrap(),
+    );
+    common::assert_plans_from_authentication(&http).await;
 }
 
 /// Any store can go here; a stopped Redis will once its store lands.

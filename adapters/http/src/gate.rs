@@ -266,7 +266,7 @@ impl<R: ?Sized> Gate<R> {
         Some(Prepared {
             // No identity is not an error yet: a limiter with only global
             // layers needs none. The limiter reports a missing subject.
-            context: identified.unwrap_or_default(),
+            context: with_extension_plan(identified.unwrap_or_default(), view),
             cost,
             unidentified,
             route,
@@ -613,6 +613,17 @@ impl<R: ?Sized> fmt::Debug for Gate<R> {
             .field("challenge", &self.challenge)
             .field("reject_with", &self.on_reject.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+/// `ctx` under the plan the application's authentication put into the
+/// request's extensions ([`PlanName`](tollgate_limiter::PlanName)), unless
+/// the context names one already. Nothing the client sends (no header,
+/// no query) can choose a plan.
+fn with_extension_plan(ctx: Context, view: &dyn RequestView) -> Context {
+    match view.extension_plan() {
+        Some(plan) if ctx.plan().is_none() => ctx.with_plan(plan),
+        _ => ctx,
     }
 }
 

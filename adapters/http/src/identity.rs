@@ -4,7 +4,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use tollgate_limiter::{Context, HashKey, Subject};
+use tollgate_limiter::{Context, HashKey, PlanName, Subject};
 
 use crate::client_ip::ClientIp;
 
@@ -32,6 +32,13 @@ pub trait RequestView {
     /// The identity an earlier layer (typically authentication) put into the
     /// request extensions: a [`Context`], or else a [`Subject`].
     fn extension_context(&self) -> Option<Context>;
+    /// The plan an earlier layer (authentication) put into the request
+    /// extensions ([`PlanName`]), if any. The default reads none: an
+    /// adapter of your own implements it to honour plans, and a view that
+    /// wraps another delegates it.
+    fn extension_plan(&self) -> Option<PlanName> {
+        None
+    }
 }
 
 /// The identity in `extensions`: a [`Context`], or else a [`Subject`].
@@ -64,6 +71,9 @@ impl RequestView for http::request::Parts {
     fn extension_context(&self) -> Option<Context> {
         context_from_extensions(&self.extensions)
     }
+    fn extension_plan(&self) -> Option<PlanName> {
+        self.extensions.get::<PlanName>().cloned()
+    }
 }
 
 impl<B> RequestView for http::Request<B> {
@@ -85,6 +95,9 @@ impl<B> RequestView for http::Request<B> {
     }
     fn extension_context(&self) -> Option<Context> {
         context_from_extensions(self.extensions())
+    }
+    fn extension_plan(&self) -> Option<PlanName> {
+        self.extensions().get::<PlanName>().cloned()
     }
 }
 

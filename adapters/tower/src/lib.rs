@@ -177,6 +177,9 @@ impl RequestView for View<'_> {
     fn extension_context(&self) -> Option<Context> {
         self.0.extension_context()
     }
+    fn extension_plan(&self) -> Option<tollgate_limiter::PlanName> {
+        self.0.extension_plan()
+    }
 }
 
 /// The future of [`RateLimitService`]'s responses.

@@ -15,7 +15,7 @@ use axum::routing::get;
 use axum::{Extension, Router};
 use common::{memory_store, per_minute, DownStore, Http};
 use http::StatusCode;
-use tollgate_limiter::{Decision, Limiter, Store, Subject};
+use tollgate_limiter::{Decision, Limiter, Store};
 use tollgate_tower::{Cidr, ClientIp, Identity, RateLimitLayer};
 
 /// Serve `app` on a free loopback port, with the client's socket address.
@@ -155,39 +155,64 @@ async fn clients_behind_a_trusted_proxy_get_their_own_buckets() {
 async fn missing_subject_is_401_and_an_auth_layer_identifies() {
     let (_clock, store) = memory_store();
     // Identity from extensions only (the default): an auth layer sets it.
-    async fn auth(mut request: Request, next: Next) -> Response {
-        let user = request
-            .headers()
-            .get("x-user")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| Subject::new(v).ok());
-        if let Some(user) = user {
-            request.extensions_mut().insert(user);
-        }
-        next.run(request).await
-    }
-    let app = Router::new()
-        .route(
-            "/",
-            get(|Extension(decision): Extension<Decision>| async move {
-                format!("left: {}", decision.layers()[0].verdict.remaining)
-            }),
-        )
-        .layer(
-            RateLimitLayer::builder(per_minute(store, "per-user", 3))
-                .identity(Identity::new().extension())
-                .unauthorized_challenge("Bearer")
-                .build()
-                .unwrap(),
-        )
-        .layer(middleware::from_fn(auth));
-    let http = serve(app).await;
+    let http = serve(authenticated_app(
+        RateLimitLayer::builder(per_minute(store, "per-user", 3))
+            .identity(Identity::new().extension())
+            .unauthorized_challenge("Bearer")
+            .build()
+            .unwrap(),
+    ))
+    .await;
 
     common::assert_401(&http.get("/", &[]).await, "Bearer");
 
     let reply = http.get("/", &[("x-user", "alice")]).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.body, "left: 2");
+}
+
+/// One route behind `layer`, behind a stand-in for authentication: the
+/// `x-user` header becomes the subject (and, for `pro-…` users, the plan)
+/// in the request's extensions.
+fn authenticated_app(layer: RateLimitLayer) -> Router {
+    async fn auth(mut request: Request, next: Next) -> Response {
+        let user = request
+            .headers()
+            .get("x-user")
+            .and_then(|v| v.to_str().ok());
+        let (user, plan) = common::authenticated(user);
+        if let Some(user) = user {
+            request.extensions_mut().insert(user);
+        }
+        if let Some(plan) = plan {
+            request.extensions_mut().insert(plan);
+        }
+        next.run(request).await
+    }
+    Router::new()
+        .route(
+            "/",
+            get(|Extension(decision): Extension<Decision>| async move {
+                format!("left: {}", decision.layers()[0].verdict.remaining)
+            }),
+        )
+        .layer(layer)
+        .layer(middleware::from_fn(auth))
+}
+
+/// The plan the authentication layer puts into the request's extensions
+/// decides the request's limit; a client's header naming a plan does not.
+#[tokio::test]
+async fn the_plan_comes_from_the_authentication_never_the_client() {
+    let (_clock, store) = memory_store();
+    let http = serve(authenticated_app(
+        RateLimitLayer::builder(common::per_minute_with_plans(store))
+            .identity(Identity::new().extension())
+            .build()
+            .unwrap(),
+    ))
+    .await;
+    common::assert_plans_from_authentication(&http).await;
 }
 
 /// Any store can go here; a stopped Redis will once its store lands.

@@ -722,6 +722,77 @@ pub async fn algorithm_swaps_start_from_no_state(factory: impl StoreFactory) {
     }
 }
 
+/// A plan changes a policy's limit, never its key: a window counter keeps
+/// the units used under the new limit (8 of 10 used, moved to 50: 42
+/// left; moved to 5: denied), a plan with another algorithm starts from no
+/// state, and [`Limiter::usage`] reads what was used under the plan.
+pub async fn plans_keep_what_was_used(factory: impl StoreFactory) {
+    use tollgate_limiter::{Plan, PlanName, Plans};
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    let hour = Duration::from_secs(3600);
+    // The window counters, by their constructor.
+    type Window = fn(u64, Duration) -> Result<Limit, tollgate_limiter::PolicyError>;
+    let windows: [Window; 2] = [Limit::fixed_window, Limit::sliding_window];
+    for window in windows {
+        let name = unique("plans");
+        let plans = Plans::new(Plan::new("free").expect("valid"))
+            .plan(
+                Plan::new("pro")
+                    .expect("valid")
+                    .limit(&name, window(50, hour).expect("valid")),
+            )
+            .plan(
+                Plan::new("small")
+                    .expect("valid")
+                    .limit(&name, window(5, hour).expect("valid")),
+            )
+            .plan(
+                Plan::new("bucket")
+                    .expect("valid")
+                    .limit(&name, Limit::gcra(4, hour, 4).expect("valid")),
+            );
+        let limiter = Limiter::builder(store.clone())
+            .layer(
+                "l",
+                Scope::Subject,
+                Policy::new(&name, window(10, hour).expect("valid")).expect("valid"),
+            )
+            .plans(plans)
+            .build()
+            .expect("valid");
+        let free = fresh_subject();
+        let on = |plan: &str| free.clone().with_plan(PlanName::new(plan).expect("valid"));
+        assert_eq!(admitted(&limiter, &free, 8, 1).await, 8);
+        let usage = limiter
+            .usage(&on("pro"))
+            .await
+            .expect("store answers")
+            .layers[0];
+        assert_eq!(
+            (usage.used, usage.remaining, usage.limit, usage.plan),
+            (8, 42, 50, Some("pro"))
+        );
+        assert_eq!(
+            admitted(&limiter, &on("small"), 3, 1).await,
+            0,
+            "downgraded"
+        );
+        assert_eq!(admitted(&limiter, &on("pro"), 50, 1).await, 42, "upgraded");
+        assert_eq!(
+            admitted(&limiter, &on("bucket"), 10, 1).await,
+            4,
+            "another algorithm"
+        );
+        let usage = limiter.usage(&free).await.expect("store answers").layers[0];
+        assert_eq!(
+            (usage.used, usage.remaining),
+            (10, 0),
+            "at most the limit reads as used"
+        );
+    }
+}
+
 /// A layer whose policy is in shadow mode is decided and counted exactly as
 /// if enforced (its state evolves the same), but its denial never denies
 /// the request; the enforced layers are charged as if it had admitted. A
@@ -1147,6 +1218,7 @@ macro_rules! conformance_tests {
             subjects_and_versions_are_isolated,
             state_resets_after_reset_after,
             algorithm_swaps_start_from_no_state,
+            plans_keep_what_was_used,
             shadow_layers_count_but_never_deny,
             rolling_deploys_are_bounded,
             implausible_times_are_refused,

@@ -1,0 +1,248 @@
+//! Plans: each request decided under its customer's plan, found on the
+//! server side only; a plan change keeps what the customer used.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_limiter::{
+    BuildError, Context, Limit, Limiter, ManualClock, Plan, PlanName, Plans, Policy, Scope,
+    Subject, Timestamp,
+};
+use tollgate_memory::MemoryStore;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn clock() -> ManualClock {
+    // A window boundary, so a test's window is whole.
+    ManualClock::new(Timestamp::from_micros(
+        1_800_000_000 / 3600 * 3600 * 1_000_000,
+    ))
+}
+
+fn plan(name: &str) -> PlanName {
+    PlanName::new(name).unwrap()
+}
+
+fn customer(name: &str) -> Context {
+    Context::for_subject(Subject::new(name).unwrap())
+}
+
+/// One per-subject layer of policy `quota` under `limit`, with `plans`.
+fn limiter(limit: Limit, plans: Plans, clock: &ManualClock) -> Limiter {
+    let store = MemoryStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .build();
+    Limiter::builder(Arc::new(store))
+        .layer("key", Scope::Subject, Policy::new("quota", limit).unwrap())
+        .plans(plans)
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap()
+}
+
+/// free: the policy's own 1,000 an hour; pro 5,000; small 500.
+fn window_plans(window: fn(u64) -> Limit) -> Plans {
+    Plans::new(Plan::new("free").unwrap())
+        .plan(Plan::new("pro").unwrap().limit("quota", window(5_000)))
+        .plan(Plan::new("small").unwrap().limit("quota", window(500)))
+}
+
+async fn admitted(limiter: &Limiter, ctx: &Context, n: u64) -> u64 {
+    let mut admitted = 0;
+    for _ in 0..n {
+        admitted += u64::from(limiter.check(ctx, 1).await.unwrap().is_allowed());
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn the_plan_comes_from_the_context_then_the_table_then_the_default() {
+    let clock = clock();
+    let plans = window_plans(|n| Limit::fixed_window(n, HOUR).unwrap())
+        .assign(Subject::new("key-pro").unwrap(), plan("pro"));
+    let limiter = limiter(Limit::fixed_window(1_000, HOUR).unwrap(), plans, &clock);
+    let limit_of =
+        |d: tollgate_limiter::Decision| (d.layers()[0].verdict.limit, d.layers()[0].plan());
+
+    let unlisted = limiter.check(&customer("key-1"), 1).await.unwrap();
+    assert_eq!(limit_of(unlisted), (1_000, Some("free")));
+    let listed = limiter.check(&customer("key-pro"), 1).await.unwrap();
+    assert_eq!(limit_of(listed), (5_000, Some("pro")));
+    // The context's plan (set by the application's authentication) wins.
+    let chosen = customer("key-pro").with_plan(plan("small"));
+    assert_eq!(
+        limit_of(limiter.check(&chosen, 1).await.unwrap()),
+        (500, Some("small"))
+    );
+    // A plan the limiter does not know decides under the default.
+    let unknown = customer("key-2").with_plan(plan("platinum"));
+    assert_eq!(
+        limit_of(limiter.check(&unknown, 1).await.unwrap()),
+        (1_000, Some("free"))
+    );
+}
+
+/// Used 800 of 1,000, upgraded to 5,000: 4,200 left; downgraded to 500:
+/// denied until the window ends — on both window counters.
+#[tokio::test]
+async fn a_plan_change_keeps_a_windows_count() {
+    for window in [
+        (|n| Limit::fixed_window(n, HOUR).unwrap()) as fn(u64) -> Limit,
+        |n| Limit::sliding_window(n, HOUR).unwrap(),
+    ] {
+        let clock = clock();
+        let limiter = limiter(window(1_000), window_plans(window), &clock);
+        let free = customer("key-1");
+        assert_eq!(admitted(&limiter, &free, 800).await, 800);
+
+        let pro = customer("key-1").with_plan(plan("pro"));
+        let usage = limiter.usage(&pro).await.unwrap().layers[0];
+        assert_eq!(
+            (usage.used, usage.limit, usage.remaining),
+            (800, 5_000, 4_200)
+        );
+        assert_eq!(usage.plan, Some("pro"));
+        assert_eq!(admitted(&limiter, &pro, 4_300).await, 4_200);
+
+        let small = customer("key-1").with_plan(plan("small"));
+        assert_eq!(admitted(&limiter, &small, 10).await, 0);
+        let denied = limiter.check(&small, 1).await.unwrap();
+        assert!(denied.retry_after().unwrap() > Duration::from_secs(3500));
+        // Back on the free plan the customer has used more than it allows.
+        assert_eq!(admitted(&limiter, &free, 10).await, 0);
+    }
+}
+
+/// A plan that changes the algorithm starts from no state, as every
+/// algorithm swap does; plans without a limit for a policy keep its own.
+#[tokio::test]
+async fn a_plan_with_another_algorithm_starts_afresh() {
+    let clock = clock();
+    let plans = Plans::new(Plan::new("free").unwrap()).plan(
+        Plan::new("burst")
+            .unwrap()
+            .limit("quota", Limit::gcra(10, HOUR, 10).unwrap()),
+    );
+    let limiter = limiter(Limit::fixed_window(10, HOUR).unwrap(), plans, &clock);
+    assert_eq!(admitted(&limiter, &customer("k"), 10).await, 10);
+    let burst = customer("k").with_plan(plan("burst"));
+    assert_eq!(admitted(&limiter, &burst, 20).await, 10);
+    assert_eq!(admitted(&limiter, &customer("k"), 1).await, 0);
+}
+
+#[tokio::test]
+async fn usage_reports_each_layer_without_charging() {
+    let clock = clock();
+    let plans = Plans::new(Plan::new("free").unwrap());
+    let limiter = limiter(Limit::gcra(10, HOUR, 10).unwrap(), plans, &clock);
+    let ctx = customer("k");
+    assert_eq!(admitted(&limiter, &ctx, 3).await, 3);
+    for _ in 0..2 {
+        let usage = limiter.usage(&ctx).await.unwrap().layers[0];
+        assert_eq!((usage.used, usage.remaining, usage.limit), (3, 7, 10));
+        // Three units of six minutes each to refill.
+        assert_eq!(usage.resets_in, Duration::from_secs(3 * 360));
+        assert_eq!(
+            (usage.layer, usage.policy, usage.plan),
+            ("key", "quota", Some("free"))
+        );
+    }
+    clock.advance(Duration::from_secs(360));
+    let usage = limiter.usage(&ctx).await.unwrap().layers[0];
+    assert_eq!((usage.used, usage.resets_in), (2, Duration::from_secs(720)));
+}
+
+#[test]
+fn plans_that_cannot_work_are_refused_when_built() {
+    let clock = clock();
+    let store = Arc::new(MemoryStore::builder().build());
+    let build = |plans: Plans| {
+        Limiter::builder(store.clone())
+            .layer(
+                "key",
+                Scope::Subject,
+                Policy::new("quota", Limit::fixed_window(10, HOUR).unwrap()).unwrap(),
+            )
+            .plans(plans)
+            .build()
+    };
+    let typo = Plans::new(Plan::new("free").unwrap()).plan(
+        Plan::new("pro")
+            .unwrap()
+            .limit("qouta", Limit::fixed_window(100, HOUR).unwrap()),
+    );
+    let err = build(typo).unwrap_err();
+    assert!(
+        matches!(&err, BuildError::Plan { plan, .. } if plan == "pro"),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("\"qouta\", which no layer uses"),
+        "{err}"
+    );
+
+    let unassignable =
+        Plans::new(Plan::new("free").unwrap()).assign(Subject::new("k").unwrap(), plan("gold"));
+    let err = build(unassignable).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("plan \"gold\": subject k is assigned"),
+        "{err}"
+    );
+    let _ = clock;
+}
+
+/// 16 tasks on the same customers while the plan changes twice (1,000 →
+/// 5,000 → 500): no request is admitted beyond the limit of the plan it
+/// was decided under, and the store's count is what was admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_changes_under_load_admit_what_the_rule_allows() {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    let clock = clock();
+    let window = |n| Limit::fixed_window(n, HOUR).unwrap();
+    let limiter = Arc::new(limiter(window(1_000), window_plans(window), &clock));
+    let phase = Arc::new(AtomicUsize::new(0));
+    let admitted_in = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
+    let plans = ["free", "pro", "small"];
+    let mut tasks = Vec::new();
+    for task in 0..16 {
+        let (limiter, phase, admitted_in) = (limiter.clone(), phase.clone(), admitted_in.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..500u64 {
+                if task == 0 && (i == 100 || i == 300) {
+                    phase.fetch_add(1, Ordering::SeqCst);
+                }
+                let p = phase.load(Ordering::SeqCst);
+                let ctx = customer(["a", "b"][(i % 2) as usize]).with_plan(plan(plans[p]));
+                let decision = limiter.check(&ctx, 1).await.unwrap();
+                if decision.is_allowed() {
+                    let layer = &decision.layers()[0];
+                    // Admitted under the plan it was asked under.
+                    assert_eq!(layer.plan(), Some(plans[p]));
+                    assert_eq!(layer.verdict.limit, [1_000, 5_000, 500][p]);
+                    admitted_in[p].fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let total: u64 = admitted_in.iter().map(|a| a.load(Ordering::SeqCst)).sum();
+    let mut used = 0;
+    for name in ["a", "b"] {
+        // Read under the largest plan, so no count is above its limit.
+        let ctx = customer(name).with_plan(plan("pro"));
+        let usage = limiter.usage(&ctx).await.unwrap().layers[0];
+        assert!(usage.used <= 5_000, "{usage:?}");
+        used += usage.used;
+    }
+    assert_eq!(used, total, "the store counts exactly what was admitted");
+    // 16 × 500 requests on two customers: 8,000, more than both can take
+    // under any plan, so each count ends at a limit it reached.
+    assert!(total <= 2 * 5_000);
+    // Each plan admits only below its own limit: at most 1,000 a customer
+    // while free, and while small only what takes a count below 500.
+    assert!(admitted_in[0].load(Ordering::SeqCst) <= 2 * 1_000);
+    assert!(admitted_in[2].load(Ordering::SeqCst) <= 2 * 500);
+}
