@@ -149,6 +149,11 @@ pub mod config {
 #[doc = include_str!("../docs/http.md")]
 pub struct HttpGuideDoctests;
 
+/// The plans guide's examples, compiled and run as doc-tests.
+#[cfg(all(doctest, feature = "axum", feature = "memory"))]
+#[doc = include_str!("../docs/plans.md")]
+pub struct PlansGuideDoctests;
+
 /// The API consumers' guide's examples, compiled and run as doc-tests.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/clients.md")]

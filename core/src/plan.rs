@@ -5,7 +5,7 @@
 //! limiter's plans, its default plan, and how a request's plan is found —
 //! always on the server side, never from anything the client sends:
 //!
-//! 1. the [`PlanName`] in the request's [`Context`] (the application's
+//! 1. the [`PlanName`] in the request's [`Context`](crate::Context) (the application's
 //!    authentication puts it into the request's extensions; the HTTP
 //!    adapters copy it into the context);
 //! 2. the static table of [`Plans::assign`], by the customer's subject;
@@ -29,7 +29,7 @@ use crate::subject::Subject;
 
 /// A plan's name (1–64 characters of `A-Z a-z 0-9 _ - .`). Put it into a
 /// request's extensions from your authentication middleware (or into the
-/// [`Context`] with [`Context::with_plan`]) to choose the request's plan.
+/// [`Context`](crate::Context) with [`Context::with_plan`](crate::Context::with_plan)) to choose the request's plan.
 ///
 /// ```
 /// use tollgate_limiter::PlanName;

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::json;
-use tollgate_limiter::{Decision, Error};
+use tollgate_limiter::{Decision, Error, Usage};
 
 use crate::http_api::{error, json_body, reply, unauthorized, EntryJson};
 use crate::rules::{Descriptor, Target};
@@ -126,7 +126,7 @@ async fn run(
             .ok_or_else(|| Refusal::new(StatusCode::BAD_REQUEST, "give units (at least 1)"))
     };
     let decided = match operation {
-        "usage" => limiter.peek(ctx, 1).await,
+        "usage" => return limiter.usage(ctx).await.map(usage).map_err(refused),
         "peek" => limiter.peek(ctx, body.units.unwrap_or(1)).await,
         "reset" => match own.reset(ctx).await {
             Ok(()) => limiter.peek(ctx, 1).await,
@@ -173,6 +173,26 @@ fn layers(decision: &Decision, peek: bool) -> Vec<serde_json::Value> {
                 layer["retry_after_ms"] = json!(v.retry_after.map(|r| r.as_millis() as u64));
             }
             layer
+        })
+        .collect()
+}
+
+/// Each layer's usage ([`Limiter::usage`](tollgate_limiter::Limiter::usage)):
+/// used, limit and remaining, when it is full again, and the plan.
+fn usage(usage: Usage) -> Vec<serde_json::Value> {
+    usage
+        .layers
+        .iter()
+        .map(|l| {
+            json!({
+                "layer": l.layer,
+                "policy": l.policy,
+                "plan": l.plan,
+                "limit": l.limit,
+                "used": l.used,
+                "remaining": l.remaining,
+                "resets_in_ms": l.resets_in.as_millis() as u64,
+            })
         })
         .collect()
 }

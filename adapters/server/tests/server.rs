@@ -935,9 +935,11 @@ async fn operators_change_one_client_of_a_rule() {
     }
     let (status, text) = op("usage", "").await;
     assert_eq!(status, 200, "{text}");
-    assert!(text.contains(r#""layer":"api.user","limit":5,"policy":"per-user","remaining":3,"resets_in_ms":60000,"used":2"#), "{text}");
+    assert!(text.contains(r#""layer":"api.user","limit":5,"plan":null,"policy":"per-user","remaining":3,"resets_in_ms":60000,"used":2"#), "{text}");
     assert!(
-        text.contains(r#""layer":"api.tenant","limit":8,"policy":"per-tenant","remaining":6"#),
+        text.contains(
+            r#""layer":"api.tenant","limit":8,"plan":null,"policy":"per-tenant","remaining":6"#
+        ),
         "{text}"
     );
 

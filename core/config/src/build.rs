@@ -116,6 +116,10 @@ impl Config {
                     .clone();
                 builder = builder.layer(layer.name(), layer.scope().clone(), policy);
             }
+            if let Some(plans) = self.plans() {
+                builder =
+                    builder.plans(plans.for_policies(def.layers().iter().map(|l| l.policy())));
+            }
             let limiter = builder.build().map_err(|source| SetupError::Route {
                 route: name.clone(),
                 source,

@@ -71,6 +71,7 @@
 mod build;
 mod error;
 mod live;
+mod plans;
 mod spec;
 
 use std::collections::BTreeMap;
@@ -85,6 +86,7 @@ pub use error::{ConfigError, SetupError};
 #[cfg(feature = "watch")]
 pub use live::Watch;
 pub use live::{LiveConfig, LiveRoute, ReloadError, ReloadReport, UnknownRoute};
+pub use plans::PlansDef;
 pub use spec::{
     MemorySpec, RedisClusterSpec, RedisOptions, RedisSentinelSpec, RedisSpec, ScriptingSpec,
     StoreSpec,
@@ -99,6 +101,7 @@ pub struct Config {
     access: AccessRules,
     policies: BTreeMap<String, Policy>,
     routes: BTreeMap<String, RouteDef>,
+    plans: Option<PlansDef>,
     server: Option<toml::Table>,
 }
 
@@ -183,6 +186,12 @@ impl Config {
     /// The circuit breaker every limiter uses.
     pub fn breaker(&self) -> BreakerConfig {
         self.breaker
+    }
+
+    /// The `[plans]` section, if the file has one: every route's limiter
+    /// decides under these plans.
+    pub fn plans(&self) -> Option<&PlansDef> {
+        self.plans.as_ref()
     }
 
     /// The `[access]` section: exempt and denied subjects and networks,

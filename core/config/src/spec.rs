@@ -11,8 +11,8 @@ use serde::Deserialize;
 use tollgate_http::{check_method, check_path, AccessRules, Cidr};
 use tollgate_limiter::{
     check_name, duplicate_names, shared_counters, BreakerConfig, DurationSpec, FieldKind,
-    KeyBudget, Layer, LimitSpec, ModeSpec, OnFailureSpec, Policy, PolicyError, Scope, Subject,
-    WhenFullSpec,
+    KeyBudget, Layer, Limit, LimitSpec, ModeSpec, OnFailureSpec, Policy, PolicyError, Scope,
+    Subject, WhenFullSpec,
 };
 use toml::{Table, Value};
 
@@ -272,7 +272,7 @@ enum ScopeSpec {
     Attribute(String),
 }
 
-const SECTIONS: &str = "store, fallback, breaker, access, policies, routes, server";
+const SECTIONS: &str = "store, fallback, breaker, access, policies, plans, routes, server";
 const MAX_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Validate a parsed document.
@@ -342,8 +342,11 @@ pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
         }
         None => BTreeMap::new(),
     };
-    // Invalid policies stay in the map as `None`: routes naming them are not
-    // reported again as naming an undefined policy.
+    // Invalid policies stay in the map as `None`: routes and plans naming
+    // them are not reported again as naming an undefined policy.
+    let plans = doc
+        .remove("plans")
+        .and_then(|value| crate::plans::plans(&mut errors, value, &policies));
     let mut routes = BTreeMap::new();
     match doc.remove("routes") {
         Some(Value::Table(table)) => {
@@ -391,6 +394,7 @@ pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
                 .filter_map(|(name, p)| p.map(|p| (name, p)))
                 .collect(),
             routes,
+            plans,
             server,
         }),
         _ => Err(ConfigError::Invalid(errors)),
@@ -455,7 +459,11 @@ fn access(errors: &mut Vec<PolicyError>, spec: AccessSpec) -> AccessRules {
 
 /// Deserialize `value` as `T`, recording an error at `path` (plus the path
 /// inside `value`) when it does not fit.
-fn de<T: DeserializeOwned>(errors: &mut Vec<PolicyError>, path: &str, value: Value) -> Option<T> {
+pub(crate) fn de<T: DeserializeOwned>(
+    errors: &mut Vec<PolicyError>,
+    path: &str,
+    value: Value,
+) -> Option<T> {
     match serde_path_to_error::deserialize::<_, T>(value) {
         Ok(v) => Some(v),
         Err(e) => {
@@ -760,63 +768,14 @@ fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Pol
             "applies to a key budget: set max_keys too",
         ));
     }
-    // Check the parameters' types here, where the field path is known
-    // (the tagged LimitSpec reports them without it).
-    for (key, value) in table.iter_mut() {
-        let kind = LimitSpec::field_kind(key);
-        if kind == Some(FieldKind::Count) && !matches!(value, Value::Integer(n) if *n >= 0) {
-            errors.push(field_error(
-                &format!("{path}.{key}"),
-                format!("{} must be a whole number > 0", show(value)),
-            ));
-            *value = Value::Integer(1);
-        } else if kind == Some(FieldKind::Duration) {
-            let parsed = match value.as_str() {
-                Some(text) => text.parse::<DurationSpec>(),
-                None => Err(format!(
-                    "{} must be a duration string such as \"500ms\", \"1s\", \"5m\", \"2h\" or \"1d\"",
-                    show(value)
-                )),
-            };
-            if let Err(reason) = parsed {
-                errors.push(field_error(&format!("{path}.{key}"), reason));
-                *value = Value::String("1s".into());
-            }
-        }
-    }
-    // Unknown fields are reported (and dropped) here, so the limit's
-    // values are still checked in the same pass.
-    let fields: Option<Vec<&str>> = table
-        .get("algorithm")
-        .and_then(Value::as_str)
-        .and_then(LimitSpec::fields)
-        .map(|fields| fields.iter().map(|(name, _)| *name).collect());
-    let before_unknown = errors.len();
-    if let Some(fields) = fields {
-        table.retain(|key, _| {
-            let known = key == "algorithm" || fields.contains(&key);
-            if !known {
-                errors.push(field_error(
-                    &format!("{path}.{key}"),
-                    format!(
-                        "unknown field `{key}`; this algorithm takes {}, plus version, mode, on_failure, max_keys and when_full",
-                        fields.join(", ")
-                    ),
-                ));
-            }
-            known
-        });
-    }
-    let unknown_fields = errors.len() - before_unknown;
-    let spec = de::<LimitSpec>(errors, &path, Value::Table(table));
-    if errors.len() > before + unknown_fields {
-        return None;
-    }
-    let (Some(spec), Some(version), Some(max_keys)) = (spec, version, max_keys) else {
+    let limit = limit(errors, &path, table, POLICY_FIELDS);
+    let (Some(limit), Some(version), Some(max_keys)) = (limit, version, max_keys) else {
         return None;
     };
+    if errors.len() > before {
+        return None;
+    }
     let built = (|| {
-        let limit = spec.build().map_err(|e| e.within(&path))?;
         let mut policy = Policy::new(name, limit)
             .map_err(|e| field_error(&path, format!("the policy name {}", e.reason())))?
             .with_version(version);
@@ -841,13 +800,101 @@ fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Pol
         }
     })();
     match built {
-        Ok(_) if unknown_fields > 0 => None,
         Ok(policy) => Some(policy),
         Err(e) => {
             errors.push(e);
             None
         }
     }
+}
+
+/// What a policy's table holds besides its limit's fields.
+const POLICY_FIELDS: &str = "version, mode, on_failure, max_keys and when_full";
+
+/// The limit `table` describes (an algorithm and its parameters; `also`
+/// names the other fields the table's owner takes, already removed), every
+/// error reported with its field path under `path`.
+pub(crate) fn limit(
+    errors: &mut Vec<PolicyError>,
+    path: &str,
+    mut table: Table,
+    also: &str,
+) -> Option<Limit> {
+    let before = errors.len();
+    // Check the parameters' types here, where the field path is known
+    // (the tagged LimitSpec reports them without it).
+    for (key, value) in table.iter_mut() {
+        let kind = LimitSpec::field_kind(key);
+        if kind == Some(FieldKind::Count) && !matches!(value, Value::Integer(n) if *n >= 0) {
+            errors.push(field_error(
+                &format!("{path}.{key}"),
+                format!("{} must be a whole number > 0", show(value)),
+            ));
+            *value = Value::Integer(1);
+        } else if kind == Some(FieldKind::Duration) {
+            let parsed = match value.as_str() {
+                Some(text) => text.parse::<DurationSpec>(),
+                None => Err(format!(
+                    "{} must be a duration string such as \"500ms\", \"1s\", \"5m\", \"2h\" or \"1d\"",
+                    show(value)
+                )),
+            };
+            if let Err(reason) = parsed {
+                errors.push(field_error(&format!("{path}.{key}"), reason));
+                *value = Value::String("1s".into());
+            }
+        }
+    }
+    let unknown_fields = unknown_limit_fields(errors, path, &mut table, also);
+    let spec = de::<LimitSpec>(errors, path, Value::Table(table));
+    if errors.len() > before + unknown_fields {
+        return None;
+    }
+    match spec?.build() {
+        Ok(limit) => (unknown_fields == 0).then_some(limit),
+        Err(e) => {
+            errors.push(e.within(path));
+            None
+        }
+    }
+}
+
+/// Report (and drop) the fields of `table` its algorithm does not take,
+/// so the limit's values are still checked in the same pass; how many.
+fn unknown_limit_fields(
+    errors: &mut Vec<PolicyError>,
+    path: &str,
+    table: &mut Table,
+    also: &str,
+) -> usize {
+    let fields: Option<Vec<&str>> = table
+        .get("algorithm")
+        .and_then(Value::as_str)
+        .and_then(LimitSpec::fields)
+        .map(|fields| fields.iter().map(|(name, _)| *name).collect());
+    let Some(fields) = fields else {
+        return 0;
+    };
+    let before = errors.len();
+    let also = if also.is_empty() {
+        String::new()
+    } else {
+        format!(", plus {also}")
+    };
+    table.retain(|key, _| {
+        let known = key == "algorithm" || fields.contains(&key);
+        if !known {
+            errors.push(field_error(
+                &format!("{path}.{key}"),
+                format!(
+                    "unknown field `{key}`; this algorithm takes {}{also}",
+                    fields.join(", ")
+                ),
+            ));
+        }
+        known
+    });
+    errors.len() - before
 }
 
 fn route(
