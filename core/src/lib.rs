@@ -25,6 +25,8 @@ pub mod observe;
 mod operate;
 mod plan;
 #[cfg(feature = "plan-source")]
+mod plan_cache;
+#[cfg(feature = "plan-source")]
 mod plan_source;
 mod policy;
 mod scoped;

@@ -129,6 +129,7 @@ pub fn config_reload(result: &'static str, error: Option<&str>, unbound_routes: 
 /// found (`reason`: `unknown_plan`, `source_failed`, `source_timeout`);
 /// a request no rule assigns a plan is not counted (the default is its
 /// plan).
+#[inline]
 pub(crate) fn plan_defaulted(reason: &'static str) {
     #[cfg(feature = "metrics")]
     if reason != "unassigned" {

@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use moka::sync::Cache;
-use moka::Expiry;
 
 use crate::plan::PlanName;
+use crate::plan_cache::AnswerCache;
 use crate::subject::Subject;
 
 /// Where a customer's plan is kept (see [`Plans::source`](crate::Plans::source)).
@@ -71,7 +70,8 @@ pub struct PlanCacheConfig {
     /// How long a failure is remembered (default 1 s): meanwhile the
     /// customer is decided under the default plan without asking again.
     pub failure_ttl: Duration,
-    /// The most answers kept (default 100,000); the least used go first.
+    /// The most answers kept (default 100,000); when full, expired answers
+    /// make room first, then arbitrary ones.
     pub max_entries: u64,
     /// How long a decision waits for the source (default 50 ms).
     pub deadline: Duration,
@@ -128,77 +128,72 @@ impl crate::plan::Plans {
     }
 }
 
-/// A cached answer: the plan (`None`: the default), or a failure's reason.
-#[derive(Debug, Clone)]
-struct Answer(Result<Option<PlanName>, &'static str>);
-
-/// Answers expire after the TTL of their kind.
-struct AnswerExpiry(PlanCacheConfig);
-
-impl Expiry<Subject, Answer> for AnswerExpiry {
-    fn expire_after_create(
-        &self,
-        _: &Subject,
-        answer: &Answer,
-        _: std::time::Instant,
-    ) -> Option<Duration> {
-        Some(match answer.0 {
-            Ok(_) => self.0.ttl,
-            Err(_) => self.0.failure_ttl,
-        })
-    }
+/// What the source said of a customer, as kept (small: one is read per
+/// decision).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// The plan of this index among the limiter's.
+    Plan(u32),
+    /// The default plan.
+    Default,
+    /// No plan: why (`source_failed`, `source_timeout`, `unknown_plan`).
+    Failed(&'static str),
 }
 
 /// A plan source behind its cache.
 pub(crate) struct PlanCache {
     source: Arc<dyn PlanSource>,
-    answers: Cache<Subject, Answer>,
-    deadline: Duration,
+    answers: AnswerCache<Answer>,
+    config: PlanCacheConfig,
 }
 
 impl fmt::Debug for PlanCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PlanCache")
             .field("source", &self.source)
-            .field("entries", &self.answers.entry_count())
+            .field("entries", &self.answers.len())
             .finish()
     }
 }
 
 impl PlanCache {
     pub(crate) fn new(settings: SourceSettings) -> Self {
-        let answers = Cache::builder()
-            .max_capacity(settings.config.max_entries)
-            .expire_after(AnswerExpiry(settings.config))
-            .build();
         PlanCache {
             source: settings.source,
-            answers,
-            deadline: settings.config.deadline,
+            answers: AnswerCache::new(settings.config.max_entries),
+            config: settings.config,
         }
     }
 
-    /// The cached answer for `customer`, if any: its plan (`None`: the
-    /// default), or why the source gave none, remembered for a while.
-    pub(crate) fn cached(
-        &self,
-        customer: &Subject,
-    ) -> Option<Result<Option<PlanName>, &'static str>> {
-        self.answers.get(customer).map(|a| a.0)
+    /// The answer kept for `customer`, if any.
+    #[inline]
+    pub(crate) fn cached(&self, customer: &Subject) -> Option<Answer> {
+        self.answers.get(customer)
     }
 
     /// Ask the source for `customer`'s plan, under the deadline, and keep
-    /// the answer; `Err` is why there is none (`source_failed`,
-    /// `source_timeout`).
-    pub(crate) async fn fetch(&self, customer: &Subject) -> Result<Option<PlanName>, &'static str> {
-        let answer = match tokio::time::timeout(self.deadline, self.source.plan_of(customer)).await
-        {
-            Ok(Ok(plan)) => Ok(plan),
-            Ok(Err(_)) => Err("source_failed"),
-            Err(_) => Err("source_timeout"),
+    /// the answer (a failure for `failure_ttl`); `index_of` finds a plan
+    /// by name.
+    pub(crate) async fn fetch(
+        &self,
+        customer: &Subject,
+        index_of: impl Fn(&PlanName) -> Option<usize>,
+    ) -> Answer {
+        let asked = tokio::time::timeout(self.config.deadline, self.source.plan_of(customer));
+        let answer = match asked.await {
+            Ok(Ok(None)) => Answer::Default,
+            Ok(Ok(Some(plan))) => match index_of(&plan).and_then(|i| u32::try_from(i).ok()) {
+                Some(i) => Answer::Plan(i),
+                None => Answer::Failed("unknown_plan"),
+            },
+            Ok(Err(_)) => Answer::Failed("source_failed"),
+            Err(_) => Answer::Failed("source_timeout"),
         };
-        self.answers
-            .insert(customer.clone(), Answer(answer.clone()));
+        let ttl = match answer {
+            Answer::Failed("source_failed" | "source_timeout") => self.config.failure_ttl,
+            _ => self.config.ttl,
+        };
+        self.answers.insert(customer.clone(), answer, ttl);
         answer
     }
 }

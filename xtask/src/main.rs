@@ -563,6 +563,22 @@ fn in_process_goals(cases: &[Case]) -> String {
                 false,
             ),
             (
+                "10,000 keys, each subject's plan from the plan source's cache / a fixed policy (time per decision)",
+                rate("tollgate_keyed", threads)
+                    .zip(rate("tollgate_keyed_plan_cached", threads))
+                    .map(|(fixed, planned)| fixed / planned),
+                1.15,
+                false,
+            ),
+            (
+                "10,000 keys, each subject's plan from the static table / a fixed policy (time per decision; reported)",
+                rate("tollgate_keyed", threads)
+                    .zip(rate("tollgate_keyed_plan_table", threads))
+                    .map(|(fixed, planned)| fixed / planned),
+                f64::NAN,
+                false,
+            ),
+            (
                 "with metrics / without, 10,000 keys (time per decision; two binaries)",
                 rate("tollgate_keyed", threads)
                     .zip(rate("tollgate_keyed+metrics", threads))

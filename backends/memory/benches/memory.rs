@@ -16,7 +16,11 @@
 //!   layer (its key fixed when the limiter is built) against governor's
 //!   direct limiter;
 //! - `tollgate_three_layers`: per subject (GCRA), per tenant (token bucket)
-//!   and global (fixed window), decided together, all admitting.
+//!   and global (fixed window), decided together, all admitting;
+//! - `tollgate_keyed_plan_cached` / `tollgate_keyed_plan_table`: as
+//!   `tollgate_keyed`, each subject's plan (half of them on a plan of their
+//!   own) from a plan source's cache, every answer cached before the run,
+//!   or from the static table.
 //!
 //! Built with `--features metrics`, the Tollgate cases are named
 //! `…+metrics` and a recorder counting into atomics is installed first, so
@@ -29,7 +33,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use governor::{Quota, RateLimiter};
-use tollgate_limiter::{Context, Limit, Limiter, Policy, Scope, Subject};
+use tollgate_limiter::{
+    Context, Limit, Limiter, Plan, PlanCacheConfig, PlanName, PlanSource, PlanSourceError, Plans,
+    Policy, Scope, Subject,
+};
 use tollgate_memory::MemoryStore;
 use tollgate_testkit::ready;
 
@@ -103,6 +110,57 @@ fn three_layers() -> Limiter {
         )
         .build()
         .expect("valid")
+}
+
+/// Subjects of even number are on the plan `pro`, the others on the
+/// default: from a source whose every answer is cached before the run, or
+/// from the static table.
+fn planned(contexts: &[Context], from_source: bool) -> Limiter {
+    #[derive(Debug)]
+    struct Evens;
+    #[tollgate_limiter::async_trait]
+    impl PlanSource for Evens {
+        async fn plan_of(&self, who: &Subject) -> Result<Option<PlanName>, PlanSourceError> {
+            let n: usize = who.as_str()["client-".len()..]
+                .parse()
+                .expect("a bench subject");
+            Ok(n.is_multiple_of(2).then(|| PlanName::new("pro").expect("valid")))
+        }
+    }
+    let pro = Plan::new("pro")
+        .expect("valid")
+        .limit("bench", roomy_keyed());
+    let mut plans = Plans::new(Plan::new("free").expect("valid")).plan(pro);
+    if from_source {
+        plans = plans.source(
+            Arc::new(Evens),
+            PlanCacheConfig::default().ttl(Duration::from_secs(3_600)),
+        );
+    } else {
+        for ctx in contexts.iter().step_by(2) {
+            let subject = ctx.subject().expect("a subject").clone();
+            plans = plans.assign(subject, PlanName::new("pro").expect("valid"));
+        }
+    }
+    let store = Arc::new(MemoryStore::builder().max_keys(4 * KEYS).build());
+    let limiter = Limiter::builder(store)
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new("bench", roomy_keyed()).expect("valid"),
+        )
+        .plans(plans)
+        .build()
+        .expect("valid");
+    // Every plan asked once (the source's answers now cached).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime");
+    for ctx in contexts {
+        runtime.block_on(limiter.check(ctx, 1)).expect("decides");
+    }
+    limiter
 }
 
 /// Governor's quota of the same shape: never exceeded, or spent.
@@ -190,6 +248,16 @@ fn bench(c: &mut Criterion) {
         case("governor_direct", &|_| {
             black_box(governor.check().is_ok());
         });
+
+        for (label, from_source) in [
+            ("tollgate_keyed_plan_cached", true),
+            ("tollgate_keyed_plan_table", false),
+        ] {
+            let planned = planned(&contexts, from_source);
+            case(&name(label), &|i| {
+                check(&planned, &contexts[i as usize % KEYS]);
+            });
+        }
 
         let layered = three_layers();
         case(&name("tollgate_three_layers"), &|i| {

@@ -17,10 +17,12 @@ use crate::subject::Subject;
 #[derive(Debug)]
 pub(crate) struct PlanBook {
     /// Every plan's limiter (its layers under the plan), the default's
-    /// included.
-    by_name: HashMap<PlanName, Limiter>,
-    default: PlanName,
-    assigned: HashMap<Subject, PlanName>,
+    /// included. Plans are few: found by name in a short scan.
+    plans: Vec<(PlanName, Limiter)>,
+    /// The default plan's index.
+    default: usize,
+    /// The static table: a customer's plan index.
+    assigned: HashMap<Subject, usize, foldhash::fast::RandomState>,
     keyed_by: Scope,
     #[cfg(feature = "plan-source")]
     source: Option<crate::plan_source::PlanCache>,
@@ -43,7 +45,7 @@ impl PlanBook {
             plan: plan.to_string(),
             reason,
         };
-        let mut by_name = HashMap::new();
+        let mut limiters = Vec::new();
         for plan in &plans.plans {
             if let Some((policy, _)) = plan
                 .limits()
@@ -58,21 +60,22 @@ impl PlanBook {
                 .map(|layer| layer.under_plan(plan))
                 .collect::<Result<Arc<[Layer]>, _>>()
                 .map_err(|e| plan_error(plan.name(), e.to_string()))?;
-            by_name.insert(plan.name().clone(), base.with_layers(layers));
+            limiters.push((plan.name().clone(), base.with_layers(layers)));
         }
-        if let Some((subject, plan)) = plans
-            .assigned
-            .iter()
-            .find(|(_, p)| !by_name.contains_key(*p))
-        {
-            let reason =
-                format!("subject {subject} is assigned to it, but no such plan is defined");
-            return Err(plan_error(plan, reason));
+        let index_of = |name: &PlanName| limiters.iter().position(|(n, _)| n == name);
+        let mut assigned = HashMap::default();
+        for (subject, plan) in &plans.assigned {
+            let Some(index) = index_of(plan) else {
+                let reason =
+                    format!("subject {subject} is assigned to it, but no such plan is defined");
+                return Err(plan_error(plan, reason));
+            };
+            assigned.insert(subject.clone(), index);
         }
         Ok(PlanBook {
-            by_name,
-            default: plans.default,
-            assigned: plans.assigned,
+            default: index_of(&plans.default).expect("Plans holds its default"),
+            plans: limiters,
+            assigned,
             keyed_by: plans.keyed_by,
             #[cfg(feature = "plan-source")]
             source: plans.source.map(crate::plan_source::PlanCache::new),
@@ -82,9 +85,13 @@ impl PlanBook {
     /// The limiter of `ctx`'s plan, when it is known without waiting: the
     /// context's plan, the static table's, a cached answer of the plan
     /// source, or the default.
+    #[inline]
     pub(crate) fn resolve(&self, ctx: &Context) -> Resolved<'_> {
         if let Some(plan) = ctx.plan() {
-            return Resolved::Ready(self.named(Some(plan)));
+            return Resolved::Ready(match self.index_of(plan) {
+                Some(i) => &self.plans[i].1,
+                None => self.default_plan("unknown_plan"),
+            });
         }
         let customer = match self.keyed_by {
             Scope::Tenant => ctx.tenant(),
@@ -93,14 +100,13 @@ impl PlanBook {
         let Some(customer) = customer else {
             return Resolved::Ready(self.default_plan("unassigned"));
         };
-        if let Some(plan) = self.assigned.get(customer) {
-            return Resolved::Ready(self.named(Some(plan)));
+        if let Some(&i) = self.assigned.get(customer) {
+            return Resolved::Ready(&self.plans[i].1);
         }
         #[cfg(feature = "plan-source")]
         if let Some(cache) = &self.source {
             return match cache.cached(customer) {
-                Some(Ok(plan)) => Resolved::Ready(self.named(plan.as_ref())),
-                Some(Err(reason)) => Resolved::Ready(self.default_plan(reason)),
+                Some(answer) => Resolved::Ready(self.answered(answer)),
                 None => Resolved::Fetch(cache, customer.clone()),
             };
         }
@@ -124,27 +130,32 @@ impl PlanBook {
         cache: &crate::plan_source::PlanCache,
         customer: &Subject,
     ) -> &Limiter {
-        match cache.fetch(customer).await {
-            Ok(plan) => self.named(plan.as_ref()),
-            Err(reason) => self.default_plan(reason),
+        let answer = cache.fetch(customer, |name| self.index_of(name)).await;
+        self.answered(answer)
+    }
+
+    /// The limiter of the source's `answer`.
+    #[cfg(feature = "plan-source")]
+    #[inline]
+    fn answered(&self, answer: crate::plan_source::Answer) -> &Limiter {
+        use crate::plan_source::Answer;
+        match answer {
+            Answer::Plan(i) => &self.plans[i as usize].1,
+            Answer::Default => self.default_plan("unassigned"),
+            Answer::Failed(reason) => self.default_plan(reason),
         }
     }
 
-    /// The limiter of the plan `plan` (the default when there is none, or
-    /// no plan of that name).
-    fn named(&self, plan: Option<&PlanName>) -> &Limiter {
-        match plan {
-            None => self.default_plan("unassigned"),
-            Some(plan) => match self.by_name.get(plan) {
-                Some(limiter) => limiter,
-                None => self.default_plan("unknown_plan"),
-            },
-        }
+    /// The index of the plan named `name`, if the limiter has one.
+    #[inline]
+    fn index_of(&self, name: &PlanName) -> Option<usize> {
+        self.plans.iter().position(|(n, _)| n == name)
     }
 
     /// The default plan's limiter, counted with why it was chosen.
+    #[inline]
     fn default_plan(&self, reason: &'static str) -> &Limiter {
         observe::plan_defaulted(reason);
-        &self.by_name[&self.default]
+        &self.plans[self.default].1
     }
 }
