@@ -124,7 +124,8 @@ fn planned(contexts: &[Context], from_source: bool) -> Limiter {
             let n: usize = who.as_str()["client-".len()..]
                 .parse()
                 .expect("a bench subject");
-            Ok(n.is_multiple_of(2).then(|| PlanName::new("pro").expect("valid")))
+            Ok(n.is_multiple_of(2)
+                .then(|| PlanName::new("pro").expect("valid")))
         }
     }
     let pro = Plan::new("pro")

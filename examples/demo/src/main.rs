@@ -44,16 +44,17 @@ use tollgate::tower::{
 };
 use tollgate::{
     Clock, Context, Decision, Escalation, HashKey, Limit, LoginGuard, ManualClock, MonotonicClock,
-    Policy, Subject, Timestamp,
+    PlanName, Policy, Subject, Timestamp,
 };
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// The demo's API keys: key, user, tenant. Alice and Bob share a tenant.
-const KEYS: &[(&str, &str, &str)] = &[
-    ("demo-key-alice", "alice", "acme"),
-    ("demo-key-bob", "bob", "acme"),
-    ("demo-key-carol", "carol", "globex"),
+/// The demo's API keys: key, user, tenant, plan. Alice and Bob share a
+/// tenant; Carol pays for the pro plan (demo.toml's `[plans]`).
+const KEYS: &[(&str, &str, &str, &str)] = &[
+    ("demo-key-alice", "alice", "acme", "free"),
+    ("demo-key-bob", "bob", "acme", "free"),
+    ("demo-key-carol", "carol", "globex", "pro"),
 ];
 
 /// The key API keys are hashed with. A real server loads it from its secret
@@ -64,7 +65,8 @@ const HASH_KEY: &[u8] = b"tollgate-demo-hash-key, not a secret";
 #[derive(Clone)]
 struct Keys {
     hash_key: HashKey,
-    known: Arc<HashMap<Subject, Subject>>,
+    /// Hashed key → (tenant, plan).
+    known: Arc<HashMap<Subject, (Subject, PlanName)>>,
 }
 
 impl Keys {
@@ -72,9 +74,10 @@ impl Keys {
         let hash_key = HashKey::new(HASH_KEY).expect("16+ bytes");
         let known = KEYS
             .iter()
-            .map(|(key, _, tenant)| {
+            .map(|(key, _, tenant, plan)| {
                 let tenant = Subject::new(tenant).expect("valid tenant");
-                (Subject::hashed(key, &hash_key), tenant)
+                let plan = PlanName::new(plan).expect("valid plan");
+                (Subject::hashed(key, &hash_key), (tenant, plan))
             })
             .collect();
         Keys {
@@ -200,8 +203,11 @@ async fn authenticate(State(keys): State<Keys>, mut request: Request, next: Next
     let (parts, body) = request.into_parts();
     let key = single_header_value(&parts, "x-api-key").map(|v| Subject::hashed(v, &keys.hash_key));
     request = Request::from_parts(parts, body);
-    match key.and_then(|k| keys.known.get(&k).map(|tenant| (k, tenant.clone()))) {
-        Some((key, tenant)) => {
+    match key.and_then(|k| keys.known.get(&k).map(|known| (k, known.clone()))) {
+        Some((key, (tenant, plan))) => {
+            // The plan is the account's, never the client's to choose:
+            // every route decides under it, whatever identifies the caller.
+            request.extensions_mut().insert(plan);
             request
                 .extensions_mut()
                 .insert(Context::for_subject(key).with_tenant(tenant));
@@ -429,7 +435,7 @@ async fn run() -> Result<(), Error> {
     for (what, command) in tries {
         println!("  # {what}\n  {command}\n");
     }
-    println!("Keys: demo-key-alice, demo-key-bob (tenant acme), demo-key-carol (tenant globex).");
+    println!("Keys: demo-key-alice, demo-key-bob (tenant acme, plan free), demo-key-carol (tenant globex, plan pro: 10 searches).");
     println!(
         "\nLimits reload without a restart: edit {} (say, `limit = 10` under [policies.login]) and save,\nor send SIGHUP: kill -HUP {}. An invalid file keeps the running limits and says why. Ctrl-C stops.",
         args.config.display(),
@@ -672,6 +678,14 @@ async fn selftest(path: &std::path::Path) -> Result<(), Error> {
         .await?;
     t.burst("bob, 2 at t=0 (own bucket)", "GET /search", bob, 2, 2)
         .await?;
+    t.burst(
+        "carol (plan pro: 10), 12 at t=0",
+        "GET /search",
+        carol,
+        12,
+        10,
+    )
+    .await?;
     clock.advance(Duration::from_millis(2_500));
     t.burst("alice, 4 at t=2.5s", "GET /search", alice, 4, 2)
         .await?;
