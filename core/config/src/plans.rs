@@ -24,8 +24,8 @@ use serde::Deserialize;
 use tollgate_limiter::{Plan, PlanName, Plans, Policy, PolicyError, Subject};
 use toml::{Table, Value};
 
-use crate::field_error;
 use crate::spec::{de, limit};
+use crate::{field_error, RouteDef};
 
 /// The plans of a configuration file, as every route's limiter takes them.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,6 +65,33 @@ impl PlansDef {
     /// The default plan's name.
     pub fn default_plan(&self) -> &PlanName {
         self.default.name()
+    }
+
+    /// Report each plan limit below the cost of a route that counts by
+    /// its policy: no request of the route could pass under that plan.
+    pub(crate) fn check_costs(
+        &self,
+        errors: &mut Vec<PolicyError>,
+        routes: &BTreeMap<String, RouteDef>,
+    ) {
+        let plans = std::iter::once(&self.default).chain(&self.others);
+        for plan in plans {
+            for (policy, limit) in plan.limits() {
+                let route = routes.iter().find(|(_, r)| {
+                    r.cost() > limit.capacity() && r.layers().iter().any(|l| l.policy() == policy)
+                });
+                if let Some((route, def)) = route {
+                    errors.push(field_error(
+                        &format!("plans.limits.{}.{policy}", plan.name()),
+                        format!(
+                            "its capacity {} is less than the cost {} of route {route:?}: no request of it could pass under this plan",
+                            limit.capacity(),
+                            def.cost()
+                        ),
+                    ));
+                }
+            }
+        }
     }
 }
 

@@ -282,101 +282,34 @@ pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
         Some(value) => store(&mut errors, value),
         None => Some(StoreSpec::Memory(MemorySpec::default())),
     };
-    let fallback_max_keys = match doc.remove("fallback") {
-        Some(value) => de::<FallbackSpec>(&mut errors, "fallback", value).and_then(|f| {
-            if f.max_keys == 0 {
-                errors.push(field_error("fallback.max_keys", "must be > 0"));
-                None
-            } else {
-                Some(f.max_keys)
-            }
-        }),
-        None => Some(DEFAULT_FALLBACK_MAX_KEYS),
-    };
-    let breaker = match doc.remove("breaker") {
-        Some(value) => de::<BreakerSpec>(&mut errors, "breaker", value).map(|b| {
-            let mut config = BreakerConfig::default();
-            if let Some(n) = b.failure_threshold {
-                if n == 0 {
-                    errors.push(field_error("breaker.failure_threshold", "must be > 0"));
-                }
-                config.failure_threshold = n;
-            }
-            if let Some(d) = b.open_for {
-                check_duration(
-                    &mut errors,
-                    "breaker.open_for",
-                    d.0,
-                    Duration::from_secs(3600),
-                );
-                config.open_for = d.0;
-            }
-            config
-        }),
-        None => Some(BreakerConfig::default()),
-    };
+    let fallback_max_keys = fallback_section(&mut errors, doc.remove("fallback"));
+    let breaker = breaker_section(&mut errors, doc.remove("breaker"));
     let access = match doc.remove("access") {
         Some(value) => de::<AccessSpec>(&mut errors, "access", value)
             .map(|spec| access(&mut errors, spec))
             .unwrap_or_default(),
         None => AccessRules::new(),
     };
-    let policies = match doc.remove("policies") {
-        Some(Value::Table(table)) => {
-            let mut policies = BTreeMap::new();
-            for (name, value) in table {
-                let policy = policy(&mut errors, &name, value);
-                policies.insert(name, policy);
-            }
-            policies
-        }
-        Some(other) => {
-            errors.push(field_error(
-                "policies",
-                format!(
-                    "must be a table of named policies ([policies.<name>]), not a {}",
-                    other.type_str()
-                ),
-            ));
-            BTreeMap::new()
-        }
-        None => BTreeMap::new(),
-    };
     // Invalid policies stay in the map as `None`: routes and plans naming
     // them are not reported again as naming an undefined policy.
+    let policies = named_section(&mut errors, "policies", doc.remove("policies"), policy);
     let plans = doc
         .remove("plans")
         .and_then(|value| crate::plans::plans(&mut errors, value, &policies));
-    let mut routes = BTreeMap::new();
-    match doc.remove("routes") {
-        Some(Value::Table(table)) => {
-            for (name, value) in table {
-                if let Some(route) = route(&mut errors, &name, value, &policies) {
-                    routes.insert(name, route);
-                }
-            }
-        }
-        Some(other) => errors.push(field_error(
-            "routes",
-            format!(
-                "must be a table of named routes ([routes.<name>]), not a {}",
-                other.type_str()
-            ),
-        )),
-        None => {}
+    let routes = named_section(
+        &mut errors,
+        "routes",
+        doc.remove("routes"),
+        |errors, name, value| route(errors, name, value, &policies),
+    );
+    let routes: BTreeMap<String, RouteDef> = routes
+        .into_iter()
+        .filter_map(|(name, r)| r.map(|r| (name, r)))
+        .collect();
+    if let Some(plans) = &plans {
+        plans.check_costs(&mut errors, &routes);
     }
-    // The rate limit server's own section: it validates it.
-    let server = match doc.remove("server") {
-        Some(Value::Table(table)) => Some(table),
-        Some(other) => {
-            errors.push(field_error(
-                "server",
-                format!("must be a table ([server]), not a {}", other.type_str()),
-            ));
-            None
-        }
-        None => None,
-    };
+    let server = server_section(&mut errors, doc.remove("server"));
     for key in doc.keys() {
         errors.push(field_error(
             key,
@@ -398,6 +331,82 @@ pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
             server,
         }),
         _ => Err(ConfigError::Invalid(errors)),
+    }
+}
+
+/// `[fallback]`: the emergency store's size (default
+/// [`DEFAULT_FALLBACK_MAX_KEYS`]); `None` when invalid.
+fn fallback_section(errors: &mut Vec<PolicyError>, value: Option<Value>) -> Option<usize> {
+    let Some(value) = value else {
+        return Some(DEFAULT_FALLBACK_MAX_KEYS);
+    };
+    let fallback = de::<FallbackSpec>(errors, "fallback", value)?;
+    if fallback.max_keys == 0 {
+        errors.push(field_error("fallback.max_keys", "must be > 0"));
+        return None;
+    }
+    Some(fallback.max_keys)
+}
+
+/// `[breaker]`: the circuit breaker's settings; `None` when invalid.
+fn breaker_section(errors: &mut Vec<PolicyError>, value: Option<Value>) -> Option<BreakerConfig> {
+    let mut config = BreakerConfig::default();
+    let Some(value) = value else {
+        return Some(config);
+    };
+    let spec = de::<BreakerSpec>(errors, "breaker", value)?;
+    if let Some(n) = spec.failure_threshold {
+        if n == 0 {
+            errors.push(field_error("breaker.failure_threshold", "must be > 0"));
+        }
+        config.failure_threshold = n;
+    }
+    if let Some(d) = spec.open_for {
+        check_duration(errors, "breaker.open_for", d.0, Duration::from_secs(3600));
+        config.open_for = d.0;
+    }
+    Some(config)
+}
+
+/// A section of named tables (`[policies.<name>]`, `[routes.<name>]`),
+/// each read by `read`; an entry that is invalid is kept as `None`.
+fn named_section<T>(
+    errors: &mut Vec<PolicyError>,
+    section: &str,
+    value: Option<Value>,
+    mut read: impl FnMut(&mut Vec<PolicyError>, &str, Value) -> Option<T>,
+) -> BTreeMap<String, Option<T>> {
+    let mut read_all = BTreeMap::new();
+    match value {
+        Some(Value::Table(table)) => {
+            for (name, value) in table {
+                let entry = read(errors, &name, value);
+                read_all.insert(name, entry);
+            }
+        }
+        Some(other) => errors.push(field_error(
+            section,
+            format!(
+                "must be a table of named {section} ([{section}.<name>]), not a {}",
+                other.type_str()
+            ),
+        )),
+        None => {}
+    }
+    read_all
+}
+
+/// `[server]`: the rate limit server's own section, which it validates.
+fn server_section(errors: &mut Vec<PolicyError>, value: Option<Value>) -> Option<Table> {
+    match value? {
+        Value::Table(table) => Some(table),
+        other => {
+            errors.push(field_error(
+                "server",
+                format!("must be a table ([server]), not a {}", other.type_str()),
+            ));
+            None
+        }
     }
 }
 
@@ -530,19 +539,9 @@ fn store(errors: &mut Vec<PolicyError>, value: Value) -> Option<StoreSpec> {
     }
 }
 
-/// A `redis` or `redis-sentinel` store: its own fields required, the
-/// other kind's refused, the shared options checked.
+/// A `redis`, `redis-sentinel` or `redis-cluster` store: its own fields
+/// required, the other kinds' refused, the shared options checked.
 fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Option<StoreSpec> {
-    let refuse = |errors: &mut Vec<PolicyError>, field: &str, present: bool, why: &str| {
-        if present {
-            errors.push(field_error(&format!("store.{field}"), why));
-        }
-    };
-    let scheme_ok = |url: &str| {
-        ["redis://", "rediss://", "unix://", "redis+unix://"]
-            .iter()
-            .any(|s| url.starts_with(s))
-    };
     let options = redis_options(errors, &f);
     if kind != "redis-cluster" {
         refuse(
@@ -552,70 +551,91 @@ fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Opt
             "is for kind = \"redis-cluster\"",
         );
     }
-    if kind == "redis-cluster" {
-        let for_other = "is not for kind = \"redis-cluster\" (give the cluster's nodes)";
-        for (field, present) in [
-            ("url", f.url.is_some()),
-            ("pool_size", f.pool_size.is_some()),
-            ("sentinels", f.sentinels.is_some()),
-            ("service", f.service.is_some()),
-            ("username", f.username.is_some()),
-            ("password", f.password.is_some()),
-            ("db", f.db.is_some()),
-        ] {
-            refuse(errors, field, present, for_other);
-        }
-        refuse(
-            errors,
-            "lazy",
-            f.lazy,
-            "a Cluster store connects at startup (it discovers the cluster's slots then)",
-        );
-        let nodes = f.nodes.unwrap_or_default();
-        if nodes.is_empty() {
-            errors.push(field_error(
-                "store.nodes",
-                "missing or empty; write nodes = [\"redis://10.0.0.1:6379\", ...]",
-            ));
-        }
-        for (i, url) in nodes.iter().enumerate() {
-            if !["redis://", "rediss://"].iter().any(|s| url.starts_with(s)) {
-                errors.push(field_error(
-                    &format!("store.nodes[{i}]"),
-                    "must start with redis:// or rediss://",
-                ));
-            }
-        }
-        return Some(StoreSpec::RedisCluster(RedisClusterSpec { nodes, options }));
+    match kind {
+        "redis-cluster" => Some(cluster_store(errors, f, options)),
+        "redis" => standalone_store(errors, f, options),
+        _ => Some(sentinel_store(errors, f, options)),
     }
-    if kind == "redis" {
-        let for_sentinel = "is for kind = \"redis-sentinel\"";
-        refuse(errors, "sentinels", f.sentinels.is_some(), for_sentinel);
-        refuse(errors, "service", f.service.is_some(), for_sentinel);
-        let in_url = "is for kind = \"redis-sentinel\"; with kind = \"redis\" put it in the url";
-        refuse(errors, "username", f.username.is_some(), in_url);
-        refuse(errors, "password", f.password.is_some(), in_url);
-        refuse(errors, "db", f.db.is_some(), in_url);
-        let Some(url) = f.url else {
-            errors.push(field_error(
-                "store.url",
-                "missing; write url = \"redis://127.0.0.1:6379/\"",
-            ));
-            return None;
-        };
-        if !scheme_ok(&url) {
-            errors.push(field_error(
-                "store.url",
-                "must start with redis://, rediss:// or unix:// (for example \"redis://127.0.0.1:6379/\")",
-            ));
-        }
-        check_pool_size(errors, f.pool_size);
-        return Some(StoreSpec::Redis(RedisSpec {
-            url,
-            pool_size: f.pool_size,
-            options,
-        }));
+}
+
+/// An error at `store.<field>` saying `why`, when the field is `present`.
+fn refuse(errors: &mut Vec<PolicyError>, field: &str, present: bool, why: &str) {
+    if present {
+        errors.push(field_error(&format!("store.{field}"), why));
     }
+}
+
+/// `kind = "redis-cluster"`: some of the cluster's nodes.
+fn cluster_store(
+    errors: &mut Vec<PolicyError>,
+    f: RedisFields,
+    options: RedisOptions,
+) -> StoreSpec {
+    let for_other = "is not for kind = \"redis-cluster\" (give the cluster's nodes)";
+    for (field, present) in [
+        ("url", f.url.is_some()),
+        ("pool_size", f.pool_size.is_some()),
+        ("sentinels", f.sentinels.is_some()),
+        ("service", f.service.is_some()),
+        ("username", f.username.is_some()),
+        ("password", f.password.is_some()),
+        ("db", f.db.is_some()),
+    ] {
+        refuse(errors, field, present, for_other);
+    }
+    refuse(
+        errors,
+        "lazy",
+        f.lazy,
+        "a Cluster store connects at startup (it discovers the cluster's slots then)",
+    );
+    let nodes = f.nodes.unwrap_or_default();
+    let example = "nodes = [\"redis://10.0.0.1:6379\", ...]";
+    check_addresses(errors, "nodes", &nodes, example);
+    StoreSpec::RedisCluster(RedisClusterSpec { nodes, options })
+}
+
+/// `kind = "redis"`: one server's URL.
+fn standalone_store(
+    errors: &mut Vec<PolicyError>,
+    f: RedisFields,
+    options: RedisOptions,
+) -> Option<StoreSpec> {
+    let for_sentinel = "is for kind = \"redis-sentinel\"";
+    refuse(errors, "sentinels", f.sentinels.is_some(), for_sentinel);
+    refuse(errors, "service", f.service.is_some(), for_sentinel);
+    let in_url = "is for kind = \"redis-sentinel\"; with kind = \"redis\" put it in the url";
+    refuse(errors, "username", f.username.is_some(), in_url);
+    refuse(errors, "password", f.password.is_some(), in_url);
+    refuse(errors, "db", f.db.is_some(), in_url);
+    let Some(url) = f.url else {
+        errors.push(field_error(
+            "store.url",
+            "missing; write url = \"redis://127.0.0.1:6379/\"",
+        ));
+        return None;
+    };
+    let schemes = ["redis://", "rediss://", "unix://", "redis+unix://"];
+    if !schemes.iter().any(|s| url.starts_with(s)) {
+        errors.push(field_error(
+            "store.url",
+            "must start with redis://, rediss:// or unix:// (for example \"redis://127.0.0.1:6379/\")",
+        ));
+    }
+    check_pool_size(errors, f.pool_size);
+    Some(StoreSpec::Redis(RedisSpec {
+        url,
+        pool_size: f.pool_size,
+        options,
+    }))
+}
+
+/// `kind = "redis-sentinel"`: the sentinels and the service they monitor.
+fn sentinel_store(
+    errors: &mut Vec<PolicyError>,
+    f: RedisFields,
+    options: RedisOptions,
+) -> StoreSpec {
     refuse(
         errors,
         "url",
@@ -624,20 +644,8 @@ fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Opt
     );
     check_pool_size(errors, f.pool_size);
     let sentinels = f.sentinels.unwrap_or_default();
-    if sentinels.is_empty() {
-        errors.push(field_error(
-            "store.sentinels",
-            "missing or empty; write sentinels = [\"redis://10.0.0.1:26379\", ...]",
-        ));
-    }
-    for (i, url) in sentinels.iter().enumerate() {
-        if !["redis://", "rediss://"].iter().any(|s| url.starts_with(s)) {
-            errors.push(field_error(
-                &format!("store.sentinels[{i}]"),
-                "must start with redis:// or rediss://",
-            ));
-        }
-    }
+    let example = "sentinels = [\"redis://10.0.0.1:26379\", ...]";
+    check_addresses(errors, "sentinels", &sentinels, example);
     let service = f.service.unwrap_or_default();
     if service.is_empty() {
         errors.push(field_error(
@@ -645,7 +653,7 @@ fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Opt
             "missing; write the name the sentinels monitor (service = \"mymaster\")",
         ));
     }
-    Some(StoreSpec::RedisSentinel(RedisSentinelSpec {
+    StoreSpec::RedisSentinel(RedisSentinelSpec {
         sentinels,
         service,
         username: f.username,
@@ -653,7 +661,26 @@ fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Opt
         db: f.db.unwrap_or(0),
         pool_size: f.pool_size,
         options,
-    }))
+    })
+}
+
+/// `store.<field>`: a list of at least one `redis://` or `rediss://`
+/// address (`example` shows one).
+fn check_addresses(errors: &mut Vec<PolicyError>, field: &str, urls: &[String], example: &str) {
+    if urls.is_empty() {
+        errors.push(field_error(
+            &format!("store.{field}"),
+            format!("missing or empty; write {example}"),
+        ));
+    }
+    for (i, url) in urls.iter().enumerate() {
+        if !["redis://", "rediss://"].iter().any(|s| url.starts_with(s)) {
+            errors.push(field_error(
+                &format!("store.{field}[{i}]"),
+                "must start with redis:// or rediss://",
+            ));
+        }
+    }
 }
 
 /// `pool_size`, when given, is 1–1024 connections.
@@ -727,84 +754,114 @@ fn policy(errors: &mut Vec<PolicyError>, name: &str, value: Value) -> Option<Pol
         return None;
     };
     let before = errors.len();
-    let version = match table.remove("version") {
-        None => Some(1),
-        Some(Value::Integer(v)) if v >= 1 && v <= i64::from(u32::MAX) => Some(v as u32),
-        Some(v) => {
-            errors.push(field_error(
-                &format!("{path}.version"),
-                format!(
-                    "{} must be a whole number between 1 and {}",
-                    show(&v),
-                    u32::MAX
-                ),
-            ));
-            None
-        }
-    };
-    let on_failure = table
-        .remove("on_failure")
-        .map(|v| de::<OnFailureSpec>(errors, &format!("{path}.on_failure"), v));
-    let max_keys = match table.remove("max_keys") {
-        None => Some(None),
-        Some(Value::Integer(n)) if n >= 1 => Some(Some(n as usize)),
-        Some(v) => {
-            errors.push(field_error(
-                &format!("{path}.max_keys"),
-                format!("{} must be a whole number > 0", show(&v)),
-            ));
-            None
-        }
-    };
-    let when_full = table
-        .remove("when_full")
-        .map(|v| de::<WhenFullSpec>(errors, &format!("{path}.when_full"), v));
-    let mode = table
-        .remove("mode")
-        .map(|v| de::<ModeSpec>(errors, &format!("{path}.mode"), v));
-    if let (Some(None), Some(Some(_))) = (&max_keys, &when_full) {
-        errors.push(field_error(
-            &format!("{path}.when_full"),
-            "applies to a key budget: set max_keys too",
-        ));
-    }
+    let extras = policy_extras(errors, &path, &mut table);
     let limit = limit(errors, &path, table, POLICY_FIELDS);
-    let (Some(limit), Some(version), Some(max_keys)) = (limit, version, max_keys) else {
+    let (Some(limit), Some(extras)) = (limit, extras) else {
         return None;
     };
     if errors.len() > before {
         return None;
     }
-    let built = (|| {
-        let mut policy = Policy::new(name, limit)
-            .map_err(|e| field_error(&path, format!("the policy name {}", e.reason())))?
-            .with_version(version);
-        if let Some(max_keys) = max_keys {
-            let when_full = when_full.flatten().map(Into::into).unwrap_or_default();
-            let budget = KeyBudget::new(max_keys, when_full).map_err(|e| e.within(&path))?;
-            policy = policy.with_key_budget(budget);
-        }
-        if let Some(Some(ModeSpec::Shadow)) = mode {
-            policy = policy.shadow();
-        }
-        match on_failure.flatten() {
-            Some(spec) => {
-                let on_failure = spec
-                    .build()
-                    .map_err(|e| e.within(&format!("{path}.on_failure")))?;
-                policy
-                    .with_on_failure(on_failure)
-                    .map_err(|e| e.within(&format!("{path}.on_failure")))
-            }
-            None => Ok(policy),
-        }
-    })();
-    match built {
+    match extras.policy(name, &path, limit) {
         Ok(policy) => Some(policy),
         Err(e) => {
             errors.push(e);
             None
         }
+    }
+}
+
+/// What a policy's table holds besides its limit.
+struct PolicyExtras {
+    version: u32,
+    on_failure: Option<OnFailureSpec>,
+    max_keys: Option<usize>,
+    when_full: Option<WhenFullSpec>,
+    shadow: bool,
+}
+
+/// Take a policy's fields other than its limit's out of `table` (errors
+/// under `path`); `None` when one is invalid.
+fn policy_extras(
+    errors: &mut Vec<PolicyError>,
+    path: &str,
+    table: &mut Table,
+) -> Option<PolicyExtras> {
+    let before = errors.len();
+    let version = match table.remove("version") {
+        None => 1,
+        Some(Value::Integer(v)) if v >= 1 && v <= i64::from(u32::MAX) => v as u32,
+        Some(v) => {
+            let reason = format!(
+                "{} must be a whole number between 1 and {}",
+                show(&v),
+                u32::MAX
+            );
+            errors.push(field_error(&format!("{path}.version"), reason));
+            1
+        }
+    };
+    let mut field = |name: &str| table.remove(name).map(|v| (format!("{path}.{name}"), v));
+    let on_failure = field("on_failure").and_then(|(at, v)| de::<OnFailureSpec>(errors, &at, v));
+    let max_keys = match field("max_keys") {
+        None => None,
+        Some((_, Value::Integer(n))) if n >= 1 => Some(n as usize),
+        Some((at, v)) => {
+            errors.push(field_error(
+                &at,
+                format!("{} must be a whole number > 0", show(&v)),
+            ));
+            None
+        }
+    };
+    let when_full = field("when_full").and_then(|(at, v)| de::<WhenFullSpec>(errors, &at, v));
+    let mode = field("mode").and_then(|(at, v)| de::<ModeSpec>(errors, &at, v));
+    if max_keys.is_none()
+        && when_full.is_some()
+        && !table_had_error(errors, before, path, "max_keys")
+    {
+        errors.push(field_error(
+            &format!("{path}.when_full"),
+            "applies to a key budget: set max_keys too",
+        ));
+    }
+    (errors.len() == before).then_some(PolicyExtras {
+        version,
+        on_failure,
+        max_keys,
+        when_full,
+        shadow: matches!(mode, Some(ModeSpec::Shadow)),
+    })
+}
+
+/// Whether an error about `<path>.<field>` was reported since `before`.
+fn table_had_error(errors: &[PolicyError], before: usize, path: &str, field: &str) -> bool {
+    let at = format!("{path}.{field}");
+    errors[before..].iter().any(|e| e.field() == at)
+}
+
+impl PolicyExtras {
+    /// The policy named `name` (at `path`) with `limit` and these fields.
+    fn policy(self, name: &str, path: &str, limit: Limit) -> Result<Policy, PolicyError> {
+        let mut policy = Policy::new(name, limit)
+            .map_err(|e| field_error(path, format!("the policy name {}", e.reason())))?
+            .with_version(self.version);
+        if let Some(max_keys) = self.max_keys {
+            let when_full = self.when_full.map(Into::into).unwrap_or_default();
+            let budget = KeyBudget::new(max_keys, when_full).map_err(|e| e.within(path))?;
+            policy = policy.with_key_budget(budget);
+        }
+        if self.shadow {
+            policy = policy.shadow();
+        }
+        let Some(spec) = self.on_failure else {
+            return Ok(policy);
+        };
+        let at = format!("{path}.on_failure");
+        let on_failure = spec.build().map_err(|e| e.within(&at))?;
+        policy
+            .with_on_failure(on_failure)
+            .map_err(|e| e.within(&at))
     }
 }
 
@@ -920,56 +977,13 @@ fn route(
     let mut checked = Vec::with_capacity(spec.layers.len());
     for (i, layer) in spec.layers.into_iter().enumerate() {
         let at = format!("{path}.layers[{i}]");
-        let scope = match layer.scope {
-            ScopeSpec::Subject => Scope::Subject,
-            ScopeSpec::Tenant => Scope::Tenant,
-            ScopeSpec::Global => Scope::Global,
-            ScopeSpec::Attribute(attr) => {
-                if let Err(e) = check_name("scope.attribute", &attr) {
-                    errors.push(e.within(&at));
-                }
-                Scope::Attribute(Arc::from(attr))
-            }
-        };
-        let layer_name = layer.name.unwrap_or_else(|| match &scope {
-            Scope::Attribute(attr) => attr.to_string(),
-            Scope::Tenant => "tenant".into(),
-            Scope::Global => "global".into(),
-            _ => "subject".into(),
-        });
-        match policies.get(&layer.policy) {
-            None => {
-                let defined: Vec<&str> = policies.keys().map(String::as_str).collect();
-                errors.push(field_error(
-                    &format!("{at}.policy"),
-                    format!(
-                        "no policy named {:?} is defined under [policies] (defined: {})",
-                        layer.policy,
-                        if defined.is_empty() {
-                            "none".to_string()
-                        } else {
-                            defined.join(", ")
-                        }
-                    ),
-                ));
-            }
-            Some(Some(policy)) => {
-                if cost > policy.capacity() {
-                    errors.push(field_error(
-                        &format!("{path}.cost"),
-                        format!(
-                            "{cost} is more than the capacity {} of policy {:?} (layers[{i}]): no request could ever pass",
-                            policy.capacity(),
-                            layer.policy
-                        ),
-                    ));
-                }
-                checked.push((
-                    i,
-                    Layer::new(layer_name.as_str(), scope.clone(), policy.clone()),
-                ));
-            }
-            Some(None) => {}
+        let scope = layer_scope(errors, &at, layer.scope);
+        let layer_name = layer.name.unwrap_or_else(|| default_layer_name(&scope));
+        if let Some(policy) = layer_policy(errors, &path, i, &layer.policy, cost, policies) {
+            checked.push((
+                i,
+                Layer::new(layer_name.as_str(), scope.clone(), policy.clone()),
+            ));
         }
         layers.push(LayerDef {
             name: layer_name,
@@ -977,9 +991,81 @@ fn route(
             policy: layer.policy,
         });
     }
-    // The limiter's own rules for the layers of one route, each reported
-    // where the layer was written (a layer whose policy is missing or
-    // invalid is already reported and has no counter to compare).
+    route_conflicts(errors, &path, &layers, checked);
+    (errors.len() == before).then_some(RouteDef { cost, layers })
+}
+
+/// A layer's scope (an attribute's name checked, errors under `at`).
+fn layer_scope(errors: &mut Vec<PolicyError>, at: &str, scope: ScopeSpec) -> Scope {
+    match scope {
+        ScopeSpec::Subject => Scope::Subject,
+        ScopeSpec::Tenant => Scope::Tenant,
+        ScopeSpec::Global => Scope::Global,
+        ScopeSpec::Attribute(attr) => {
+            if let Err(e) = check_name("scope.attribute", &attr) {
+                errors.push(e.within(at));
+            }
+            Scope::Attribute(Arc::from(attr))
+        }
+    }
+}
+
+/// The name of a layer that gives none: its scope's.
+fn default_layer_name(scope: &Scope) -> String {
+    match scope {
+        Scope::Attribute(attr) => attr.to_string(),
+        Scope::Tenant => "tenant".into(),
+        Scope::Global => "global".into(),
+        _ => "subject".into(),
+    }
+}
+
+/// The valid policy layer `i` of route `path` names, which must exist and
+/// take the route's `cost`; `None` (reported, or already reported as
+/// invalid) otherwise.
+fn layer_policy<'p>(
+    errors: &mut Vec<PolicyError>,
+    path: &str,
+    i: usize,
+    name: &str,
+    cost: u64,
+    policies: &'p BTreeMap<String, Option<Policy>>,
+) -> Option<&'p Policy> {
+    let Some(policy) = policies.get(name) else {
+        let defined: Vec<&str> = policies.keys().map(String::as_str).collect();
+        let defined = match defined.is_empty() {
+            true => "none".to_string(),
+            false => defined.join(", "),
+        };
+        errors.push(field_error(
+            &format!("{path}.layers[{i}].policy"),
+            format!("no policy named {name:?} is defined under [policies] (defined: {defined})"),
+        ));
+        return None;
+    };
+    let policy = policy.as_ref()?;
+    if cost > policy.capacity() {
+        errors.push(field_error(
+            &format!("{path}.cost"),
+            format!(
+                "{cost} is more than the capacity {} of policy {name:?} (layers[{i}]): no request could ever pass",
+                policy.capacity(),
+            ),
+        ));
+    }
+    Some(policy)
+}
+
+/// The limiter's own rules for the layers of one route, each reported
+/// where the layer was written (a layer whose policy is missing or invalid
+/// is already reported and has no counter to compare: `checked` holds the
+/// others, with their index).
+fn route_conflicts(
+    errors: &mut Vec<PolicyError>,
+    path: &str,
+    layers: &[LayerDef],
+    checked: Vec<(usize, Layer)>,
+) {
     for (i, duplicate) in duplicate_names(layers.iter().map(|l: &LayerDef| l.name.as_str())) {
         errors.push(field_error(
             &format!("{path}.layers[{i}].name"),
@@ -993,7 +1079,6 @@ fn route(
             shared.to_string(),
         ));
     }
-    (errors.len() == before).then_some(RouteDef { cost, layers })
 }
 
 /// A value as the user wrote it, for messages (scalars), or its type.

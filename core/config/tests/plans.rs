@@ -158,3 +158,30 @@ fn every_error_names_its_field() {
         "{err}"
     );
 }
+
+/// A plan whose limit is below a route's cost is refused where the plan
+/// gives it: no request of the route could pass under that plan.
+#[test]
+fn a_plan_limit_below_a_routes_cost_is_refused() {
+    let text = file(5_000)
+        .replace("[routes.api]\n", "[routes.api]\ncost = 1500\n")
+        .replace(
+            "limit = 1000\nwindow = \"1h\"",
+            "limit = 10000\nwindow = \"1h\"",
+        );
+    // pro (5,000) and enterprise (burst 5,000) take it; the policy's 10,000 too.
+    Config::from_toml_str(&text).unwrap();
+    let err = Config::from_toml_str(&text.replace("cost = 1500", "cost = 6000"))
+        .unwrap_err()
+        .to_string();
+    for expected in [
+        "plans.limits.pro.api: its capacity 5000 is less than the cost 6000 of route \"api\"",
+        "plans.limits.enterprise.api: its capacity 5000 is less than the cost 6000",
+    ] {
+        assert!(err.contains(expected), "{expected:?} in {err}");
+    }
+    assert!(
+        !err.contains("routes.api"),
+        "the route itself is fine: {err}"
+    );
+}
