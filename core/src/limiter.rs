@@ -221,22 +221,8 @@ impl Limiter {
         if self.has_shadow && self.layers.iter().any(|l| undecidable(l, ctx, cost)) {
             return Start::Unfinished(Unfinished::Undecidable);
         }
-        // Up to four layers live on the stack: no allocation per decision.
-        for layer in self.layers.iter() {
-            if let Err(e) = layer.policy.check_cost(cost) {
-                return Start::Done(Err(e.into()));
-            }
-            let Some(key) = ctx.key_for(layer) else {
-                return Start::Done(Err(Error::MissingSubject {
-                    layer: layer.name.to_string(),
-                    scope: layer.scope.label().to_string(),
-                }));
-            };
-            requests.push(LayerRequest {
-                key,
-                policy: &layer.policy,
-                cost,
-            });
+        if let Err(e) = self.requests_into(ctx, cost, requests) {
+            return Start::Done(Err(e));
         }
         #[cfg(feature = "blocked-cache")]
         if let Some(cache) = &self.blocked {
@@ -252,30 +238,73 @@ impl Limiter {
                 Err(StoreError::CircuitOpen(wait))
             }
             Admission::Call | Admission::Probe => {
-                // A probe whose caller stops waiting must not keep the
-                // breaker half-open for good.
-                let probe = ProbeGuard {
-                    breaker: (admission == Admission::Probe).then_some(&*self.breaker),
-                };
-                // Written by the store in place: the answer is not moved.
-                let Some(answer) = self.store.decide_now(requests, verdicts) else {
-                    // Nothing was decided: the waiting path takes over
-                    // the probe.
-                    probe.settled();
-                    return Start::Unfinished(Unfinished::Waiting(admission));
-                };
-                // An in-process answer is not timed: it takes less time
-                // than reading a clock twice.
-                let answer = answer.and_then(|()| one_each(verdicts, requests.len()));
-                self.after_call(admission, None, answer.as_ref().err());
-                probe.settled();
-                answer
+                match self.decide_now(admission, requests, verdicts) {
+                    Some(answer) => answer,
+                    // Nothing was decided: the waiting path takes over.
+                    None => return Start::Unfinished(Unfinished::Waiting(admission)),
+                }
             }
         };
         match answer {
             Ok(()) if !denied_only_by_shadow(requests, verdicts) => Start::Decided,
             answer => Start::Unfinished(Unfinished::Answered(answer)),
         }
+    }
+
+    /// Each layer's request for `ctx` at `cost`, into `requests`: up to
+    /// four live on the stack, so a decision allocates nothing. Refused
+    /// when a cost exceeds a layer's capacity or the context lacks a
+    /// layer's subject.
+    #[inline(always)]
+    fn requests_into<'a>(
+        &'a self,
+        ctx: &'a Context,
+        cost: u64,
+        requests: &mut Requests<'a>,
+    ) -> Result<(), Error> {
+        for layer in self.layers.iter() {
+            layer.policy.check_cost(cost)?;
+            let Some(key) = ctx.key_for(layer) else {
+                return Err(Error::MissingSubject {
+                    layer: layer.name.to_string(),
+                    scope: layer.scope.label().to_string(),
+                });
+            };
+            requests.push(LayerRequest {
+                key,
+                policy: &layer.policy,
+                cost,
+            });
+        }
+        Ok(())
+    }
+
+    /// The answer of a store that decides at once (in-process), written
+    /// into `verdicts` in place (the answer is not moved); `None` when the
+    /// store must be waited for (nothing decided).
+    #[inline(always)]
+    fn decide_now(
+        &self,
+        admission: Admission,
+        requests: &Requests<'_>,
+        verdicts: &mut Verdicts,
+    ) -> Option<Result<(), StoreError>> {
+        // A probe whose caller stops waiting must not keep the breaker
+        // half-open for good.
+        let probe = ProbeGuard {
+            breaker: (admission == Admission::Probe).then_some(&*self.breaker),
+        };
+        let Some(answer) = self.store.decide_now(requests, verdicts) else {
+            // The waiting path takes over the probe.
+            probe.settled();
+            return None;
+        };
+        // An in-process answer is not timed: it takes less time than
+        // reading a clock twice.
+        let answer = answer.and_then(|()| one_each(verdicts, requests.len()));
+        self.after_call(admission, None, answer.as_ref().err());
+        probe.settled();
+        Some(answer)
     }
 
     /// The store's answer, from a store that waits (Redis).

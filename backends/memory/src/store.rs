@@ -390,6 +390,48 @@ impl MemoryStoreBuilder {
 /// Why a decision could not write: a budget it needs is full.
 struct NeedRoom(Option<Arc<Budget>>);
 
+/// The budgets taken for a decision's new keys: the layer's index, and its
+/// policy's budget if it has one.
+type Taken = SmallVec<[(usize, Option<Arc<Budget>>); 4]>;
+
+/// Where a decision's layers live: their keys, each one's hash and shard,
+/// and its entry's index in the shard's table when it has one.
+struct Placed<'l, 'k> {
+    layers: &'l [LayerRequest<'k>],
+    located: &'l [(u64, usize)],
+    found: &'l [Option<usize>],
+}
+
+/// The shards of one decision's layers, each locked once, in ascending
+/// order: no two decisions deadlock.
+struct LockedShards<'s> {
+    order: SmallVec<[usize; 4]>,
+    guards: SmallVec<[RwLockWriteGuard<'s, Shard>; 4]>,
+}
+
+impl<'s> LockedShards<'s> {
+    fn lock(store: &'s MemoryStore, located: &[(u64, usize)]) -> Self {
+        let mut order: SmallVec<[usize; 4]> = located.iter().map(|&(_, id)| id).collect();
+        order.sort_unstable();
+        order.dedup();
+        let guards = order.iter().map(|&i| lock(&store.shards[i])).collect();
+        LockedShards { order, guards }
+    }
+
+    fn get(&self, id: usize) -> &Shard {
+        &self.guards[self.slot(id)]
+    }
+
+    fn get_mut(&mut self, id: usize) -> &mut Shard {
+        let slot = self.slot(id);
+        &mut self.guards[slot]
+    }
+
+    fn slot(&self, id: usize) -> usize {
+        self.order.binary_search(&id).expect("locked shard")
+    }
+}
+
 impl MemoryStore {
     /// A builder with the defaults.
     pub fn builder() -> MemoryStoreBuilder {
@@ -700,14 +742,7 @@ impl MemoryStore {
         let now_us = now.as_micros();
         let located: SmallVec<[(u64, usize); 4]> =
             layers.iter().map(|l| self.locate(&l.key)).collect();
-        let keep: SmallVec<[u64; 4]> = located.iter().map(|&(hash, _)| hash).collect();
-        let mut order: SmallVec<[usize; 4]> = located.iter().map(|&(_, id)| id).collect();
-        order.sort_unstable();
-        order.dedup();
-        // Locks are taken in ascending shard order: no two decisions deadlock.
-        let mut guards: SmallVec<[RwLockWriteGuard<'_, Shard>; 4]> =
-            order.iter().map(|&i| lock(&self.shards[i])).collect();
-        let slot = |id: usize| order.binary_search(&id).expect("locked shard");
+        let mut shards = LockedShards::lock(self, &located);
         // Where each layer's entry is in its shard's table, when it has
         // one: its write needs no second lookup. (Under these locks only
         // this call changes the tables, and it inserts last.)
@@ -717,7 +752,7 @@ impl MemoryStore {
                 .iter()
                 .zip(&located)
                 .map(|(l, &(hash, id))| {
-                    let shard = &guards[slot(id)];
+                    let shard = shards.get(id);
                     let index = shard.find_index(hash, &l.key);
                     found.push(index);
                     index
@@ -739,15 +774,35 @@ impl MemoryStore {
             out.extend_from_slice(&layered.verdicts);
             return Ok(Ok(()));
         }
-        // Units for new keys are taken before anything is written, and given
-        // back if any budget is full.
-        let mut taken: SmallVec<[(usize, Option<Arc<Budget>>); 4]> = SmallVec::new();
-        for i in 0..layers.len() {
-            if found[i].is_some() || layered.writes[i].is_none() {
+        let placed = Placed {
+            layers,
+            located: &located,
+            found: &found,
+        };
+        let taken = self.take_room(&mut shards, &placed, &layered, now_us)?;
+        self.write(&mut shards, &placed, layered.writes, &taken, now_us);
+        out.extend_from_slice(&layered.verdicts);
+        Ok(Ok(()))
+    }
+
+    /// Units of the key budgets for the new keys `layered` writes, taken
+    /// before anything is written and all given back if any budget is
+    /// full.
+    fn take_room(
+        &self,
+        shards: &mut LockedShards<'_>,
+        at: &Placed<'_, '_>,
+        layered: &Layered,
+        now_us: u64,
+    ) -> Result<Taken, NeedRoom> {
+        let keep: SmallVec<[u64; 4]> = at.located.iter().map(|&(hash, _)| hash).collect();
+        let mut taken = Taken::new();
+        for i in 0..at.layers.len() {
+            if at.found[i].is_some() || layered.writes[i].is_none() {
                 continue;
             }
-            let shard = &mut guards[slot(located[i].1)];
-            match self.take_units(shard, layers[i].policy, now_us, &keep) {
+            let shard = shards.get_mut(at.located[i].1);
+            match self.take_units(shard, at.layers[i].policy, now_us, &keep) {
                 Ok(budget) => taken.push((i, budget)),
                 Err(room) => {
                     for (_, budget) in taken {
@@ -760,27 +815,39 @@ impl MemoryStore {
                 }
             }
         }
-        // Existing entries first, where they were found; then the new
-        // ones (an insert may grow a table and move its entries).
+        Ok(taken)
+    }
+
+    /// Make `writes`: existing entries first, where they were found; then
+    /// the new ones (an insert may grow a table and move its entries),
+    /// each under the budget `taken` holds for it.
+    fn write(
+        &self,
+        shards: &mut LockedShards<'_>,
+        at: &Placed<'_, '_>,
+        writes: tollgate_algorithms::Writes,
+        taken: &Taken,
+        now_us: u64,
+    ) {
         let mut new_keys: SmallVec<[(usize, Stored); 4]> = SmallVec::new();
-        for (i, write) in layered.writes.into_iter().enumerate() {
+        for (i, write) in writes.into_iter().enumerate() {
             let Some(next) = write else { continue };
-            let shard = &mut *guards[slot(located[i].1)];
-            match found[i] {
-                Some(index) => shard.overwrite(index, located[i].0, next, now_us),
+            let (hash, id) = at.located[i];
+            match at.found[i] {
+                Some(index) => shards.get_mut(id).overwrite(index, hash, next, now_us),
                 None => new_keys.push((i, next)),
             }
         }
         for (i, next) in new_keys {
-            let (hash, id) = located[i];
+            let (hash, id) = at.located[i];
             let budget = taken
                 .iter()
                 .find(|(j, _)| *j == i)
                 .and_then(|(_, b)| b.as_ref());
-            guards[slot(id)].insert(hash, &layers[i].key, next, now_us, budget);
+            shards
+                .get_mut(id)
+                .insert(hash, &at.layers[i].key, next, now_us, budget);
         }
-        out.extend_from_slice(&layered.verdicts);
-        Ok(Ok(()))
     }
 }
 
