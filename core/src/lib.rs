@@ -49,7 +49,11 @@ pub use context::Context;
 pub use decision::{Decision, LayerDecision, Source};
 pub use error::{BuildError, Error, HashKeyError, PolicyError, StoreError, SubjectError};
 pub use failure::{BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure};
-pub use layer::{duplicate_names, shared_counters, Layer, Scope};
+pub use layer::{Layer, Scope};
+// For Tollgate's sibling crates (the configuration reports each rule
+// where it was written): not part of the model an application uses.
+#[doc(hidden)]
+pub use layer::{duplicate_names, shared_counters};
 // Whole: each built-in algorithm's parameters and configuration types
 // come from the list of built-ins.
 pub use limit::*;
@@ -59,7 +63,9 @@ pub use plan::{Plan, PlanName, Plans};
 #[cfg(feature = "plan-source")]
 #[cfg_attr(docsrs, doc(cfg(feature = "plan-source")))]
 pub use plan_source::{PlanCacheConfig, PlanSource, PlanSourceError};
-pub use policy::{check_name, Policy};
+#[doc(hidden)]
+pub use policy::check_name;
+pub use policy::Policy;
 pub use scoped::ScopedOperations;
 pub use spec::{DurationSpec, FieldKind, LimitSpec, ModeSpec, OnFailureSpec, WhenFullSpec};
 pub use store::{LayerRequest, Store, StoreKey};

@@ -12,9 +12,11 @@
 //! | `tollgate_store_latency_seconds` | histogram (stores that wait, such as Redis: an in-process answer is not timed) | `store` |
 //! | `tollgate_breaker_open` | gauge (1 open, 0 closed) | `store` |
 //! | `tollgate_fallback_failures_total` | counter | `store` |
-//! | `tollgate_unidentified_requests_total` | counter | `reason` |
-//! | `tollgate_config_reloads_total` | counter | `result` |
 //! | `tollgate_plan_defaults_total` | counter | `reason` (`unknown_plan`, `source_failed`, `source_timeout`) |
+//!
+//! The HTTP adapters record `tollgate_unidentified_requests_total`
+//! (`tollgate-http`'s `observe`) and the configuration crate
+//! `tollgate_config_reloads_total`, each with its own `metrics` feature.
 //!
 //! Every metric is described (`# HELP` in Prometheus) and a limiter's
 //! decision series are registered at zero when it is built, so dashboards
@@ -66,14 +68,6 @@ pub fn describe() {
                 "Decisions the emergency store could not make either (failed closed)."
             );
             metrics::describe_counter!(
-                "tollgate_config_reloads_total",
-                "Configuration reloads, by result (ok, or why the new configuration was refused)."
-            );
-            metrics::describe_counter!(
-                "tollgate_unidentified_requests_total",
-                "HTTP requests without the identity a layer needs (answered 401), by reason."
-            );
-            metrics::describe_counter!(
                 "tollgate_plan_defaults_total",
                 "Requests decided under the default plan because their own could not be found, by reason."
             );
@@ -103,28 +97,6 @@ pub(crate) fn register(store: &'static str, policies: &[&str]) {
     let _ = (store, policies);
 }
 
-/// A configuration reload: `result` is `ok` or the refusal's class;
-/// `error`, when refused, what was wrong (logged once, here); routes no
-/// code is bound to are logged as a warning.
-pub fn config_reload(result: &'static str, error: Option<&str>, unbound_routes: &[String]) {
-    #[cfg(feature = "metrics")]
-    metrics::counter!("tollgate_config_reloads_total", "result" => result).increment(1);
-    #[cfg(feature = "tracing")]
-    {
-        match error {
-            Some(error) => tracing::error!(result, "{error}"),
-            None => tracing::info!(result, "rate-limit configuration reloaded"),
-        }
-        if !unbound_routes.is_empty() {
-            tracing::warn!(
-                routes = unbound_routes.join(", "),
-                "configured routes that no code is bound to decide nothing (a typo in a route name?)"
-            );
-        }
-    }
-    let _ = (result, error, unbound_routes);
-}
-
 /// A request decided under the default plan because its own could not be
 /// found (`reason`: `unknown_plan`, `source_failed`, `source_timeout`);
 /// a request no rule assigns a plan is not counted (the default is its
@@ -148,26 +120,6 @@ pub(crate) fn store_skipped(store: &'static str) {
     metrics::counter!("tollgate_store_errors_total", "store" => store, "class" => "circuit_open")
         .increment(1);
     let _ = store;
-}
-
-/// A request an HTTP adapter could not identify (answered 401). `reason`
-/// is a short label (`no_client_address`, `no_identity`); `warning`, when
-/// given, is logged the first time this reason is seen, since it points at
-/// a misconfiguration rather than a client.
-pub fn unidentified(reason: &'static str, warning: Option<&'static str>) {
-    #[cfg(feature = "metrics")]
-    metrics::counter!("tollgate_unidentified_requests_total", "reason" => reason).increment(1);
-    #[cfg(feature = "tracing")]
-    if let Some(warning) = warning {
-        use std::sync::Mutex;
-        static SEEN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-        let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-        if !seen.contains(&reason) {
-            seen.push(reason);
-            tracing::warn!(reason, "{warning}");
-        }
-    }
-    let _ = (reason, warning);
 }
 
 /// A store call failed with `error`.

@@ -4,7 +4,9 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use tollgate_limiter::{observe, Context, Decision, Error, LimiterSource, RouteLimits, Scope};
+use tollgate_limiter::{Context, Decision, Error, LimiterSource, RouteLimits, Scope};
+
+use crate::observe;
 
 use crate::access::{Access, AccessRules};
 use crate::grpc::is_grpc;

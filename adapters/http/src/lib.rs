@@ -38,6 +38,7 @@ mod gate;
 mod grpc;
 pub mod headers;
 mod identity;
+pub mod observe;
 mod rejection;
 mod response;
 mod skip;

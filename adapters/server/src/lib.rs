@@ -119,7 +119,7 @@ impl Shared {
     async fn reload(&self) -> Result<(), ServerError> {
         let _one = self.reloading.lock().await;
         let (config, domains) = self.checked_file().inspect_err(|e| {
-            tollgate_limiter::observe::config_reload(e.class(), Some(&e.to_string()), &[]);
+            tollgate_config::observe::config_reload(e.class(), Some(&e.to_string()), &[]);
         })?;
         // Counts its own outcome.
         self.live.reload_with(config.clone()).await?;
@@ -244,6 +244,8 @@ fn metrics() -> Option<PrometheusHandle> {
                 .install_recorder()
                 .ok()?;
             tollgate_limiter::observe::describe();
+            tollgate_config::observe::describe();
+            tollgate_http::observe::describe();
             rule_stats::describe();
             traces::describe();
             Some(handle)

@@ -71,6 +71,7 @@
 mod build;
 mod error;
 mod live;
+pub mod observe;
 mod plans;
 mod spec;
 

@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use tollgate_limiter::{observe, Clock, RouteLimits, Store};
+use tollgate_limiter::{Clock, RouteLimits, Store};
+
+use crate::observe;
 
 use crate::{Config, ConfigError, SetupError};
 
@@ -230,6 +232,7 @@ impl LiveConfig {
         };
         let fallback = config.fallback_store(clock.clone());
         let routes = config.routes_over(&store, &fallback, &clock)?;
+        tollgate_limiter::observe::describe();
         observe::describe();
         Ok(LiveConfig {
             shared: Arc::new(Shared {
