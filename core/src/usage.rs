@@ -48,7 +48,7 @@ impl Limiter {
     /// # use std::time::Duration;
     /// use tollgate_limiter::{Context, Limit, Limiter, Policy, Scope, Subject};
     /// # let store = Arc::new(tollgate_memory::MemoryStore::builder().build());
-    /// let month = Duration::from_secs(7 * 24 * 3600);
+    /// let month = Duration::from_secs(30 * 24 * 3600);
     /// let quota = Policy::new("quota", Limit::fixed_window(10_000, month)?)?;
     /// let limiter = Limiter::builder(store).layer("quota", Scope::Subject, quota).build()?;
     /// let ctx = Context::for_subject(Subject::new("key-7")?);

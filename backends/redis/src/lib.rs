@@ -51,8 +51,9 @@
 //!   algorithm's (until the state is back to new, in milliseconds, rounded
 //!   up) plus one millisecond, because Redis counts a TTL from its clock
 //!   truncated to the millisecond; no key lives without one, and none
-//!   outlives [`MAX_RECOVERY`](tollgate_limiter::MAX_RECOVERY) by more than that
-//!   millisecond.
+//!   outlives the longest a policy can ask for by more than that
+//!   millisecond: a fixed window's [`MAX_QUOTA_WINDOW`](tollgate_limiter::MAX_QUOTA_WINDOW),
+//!   any other state's [`MAX_RECOVERY`](tollgate_limiter::MAX_RECOVERY).
 //! - **States.** The smallest exact encoding per algorithm: GCRA one
 //!   integer (its theoretical arrival time, which Redis keeps inside the
 //!   key's object), the token bucket one too (when it is full again) with a

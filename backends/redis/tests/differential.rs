@@ -129,9 +129,12 @@ fn gcra() -> impl Strategy<Value = Limit> {
 }
 
 fn fixed_window() -> impl Strategy<Value = Limit> {
+    // Up to a year's quota: windows whose ends lie far past the run.
+    let quota = 1_000_000u64..=duration_micros(tollgate_limiter::MAX_QUOTA_WINDOW);
     prop_oneof![
         3 => (1u64..=50, period()),
         1 => (1u64..=1_000_000_000, period()),
+        1 => (1u64..=1_000_000_000, quota),
     ]
     .prop_map(|(limit, w)| Limit::fixed_window(limit, Duration::from_micros(w)).expect("valid"))
 }
@@ -376,7 +379,10 @@ async fn differential(limits: Vec<Limit>, ops: &[Op], path: Path) {
             Step::Fraction(f) => now + (scale * f / 1_000).max(1),
             Step::Idle(pct) => now + scale + scale * pct / 100,
             Step::Back(f, us) => now.saturating_sub(scale * f / 1_000 + us),
-        };
+        }
+        // Stores decide only up to 2100 (a later time is refused before
+        // any code runs): a run of year-long windows stops there.
+        .min(Timestamp::LATEST.as_micros());
         let costs: Vec<u64> = limits
             .iter()
             .map(|l| match op.cost {

@@ -5,11 +5,25 @@ use std::time::Duration;
 
 use super::builtins::Layout;
 use super::window::{window_algorithm, Window};
-use super::{Limit, MAX_COUNT};
+use super::{Limit, MAX_COUNT, MAX_QUOTA_WINDOW};
 use crate::error::PolicyError;
 
 impl Limit {
-    /// Fixed window: `limit` per window aligned on multiples of `window`.
+    /// Fixed window: `limit` per window aligned on multiples of `window`
+    /// since the Unix epoch (1970-01-01 00:00 UTC): a day starts at 00:00
+    /// UTC, a 7-day window on Thursdays, a 30-day one every 30 days from
+    /// the epoch. Windows run up to [`MAX_QUOTA_WINDOW`] (366 days); every
+    /// other algorithm's up to [`MAX_WINDOW`](super::MAX_WINDOW) (7 days).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tollgate_limiter::Limit;
+    /// let month = Limit::fixed_window(10_000, Duration::from_secs(30 * 24 * 3600))?;
+    /// assert_eq!(month.window(), Some(Duration::from_secs(30 * 24 * 3600)));
+    /// assert!(Limit::fixed_window(1, Duration::from_secs(367 * 24 * 3600)).is_err());
+    /// assert!(Limit::sliding_window(1, Duration::from_secs(8 * 24 * 3600)).is_err());
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
+    /// ```
     pub fn fixed_window(limit: u64, window: Duration) -> Result<Self, PolicyError> {
         FixedWindow::new(limit, window).map(Limit::FixedWindow)
     }
@@ -18,7 +32,7 @@ impl Limit {
 impl FixedWindow {
     /// Validated fixed window parameters; see [`Limit::fixed_window`].
     pub fn new(limit: u64, window: Duration) -> Result<Self, PolicyError> {
-        Window::new(limit, window, MAX_COUNT).map(FixedWindow)
+        Window::new(limit, window, MAX_COUNT, MAX_QUOTA_WINDOW).map(FixedWindow)
     }
 }
 

@@ -19,11 +19,16 @@ pub const MAX_COUNT: u64 = 1_000_000_000;
 pub const MAX_LOG_LIMIT: u64 = 10_000;
 /// Shortest period or window a policy accepts.
 pub const MIN_WINDOW: Duration = Duration::from_millis(1);
-/// Longest period or window a policy accepts.
+/// Longest period or window a policy accepts (but a fixed window's:
+/// [`MAX_QUOTA_WINDOW`]).
 pub const MAX_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Longest time any policy may take to return from empty to full. Stored
-/// state lives at most this long after its last write (plus clock skew), so
-/// this is also the longest TTL Tollgate ever sets.
+/// Longest fixed window: a quota over up to a year (366 days), aligned to
+/// the Unix epoch like every fixed window. Its state lives until its
+/// window ends, so this is the longest TTL Tollgate ever sets.
+pub const MAX_QUOTA_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
+/// Longest time any other policy may take to return from empty to full,
+/// and the longest block. Stored state of any algorithm but the fixed
+/// window lives at most this long after its last write (plus clock skew).
 pub const MAX_RECOVERY: Duration = Duration::from_secs(14 * 24 * 3600);
 
 mod builtins;
@@ -228,10 +233,21 @@ fn check_count(field: &'static str, value: u64, max: u64) -> Result<(), PolicyEr
 }
 
 fn check_window(field: &'static str, value: Duration) -> Result<u64, PolicyError> {
-    if value < MIN_WINDOW || value > MAX_WINDOW {
+    check_window_up_to(field, value, MAX_WINDOW)
+}
+
+/// `value` in µs, when between [`MIN_WINDOW`] and `max` (a whole number of
+/// days).
+fn check_window_up_to(
+    field: &'static str,
+    value: Duration,
+    max: Duration,
+) -> Result<u64, PolicyError> {
+    if value < MIN_WINDOW || value > max {
+        let days = max.as_secs() / (24 * 3600);
         return Err(PolicyError::new(
             field,
-            format!("{value:?} must be between {MIN_WINDOW:?} and {MAX_WINDOW:?} (7 days)"),
+            format!("{value:?} must be between {MIN_WINDOW:?} and {max:?} ({days} days)"),
         ));
     }
     Ok(duration_micros(value))

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::builtins::Layout;
 use super::window::{window_algorithm, Window};
-use super::{Limit, MAX_LOG_LIMIT};
+use super::{Limit, MAX_LOG_LIMIT, MAX_WINDOW};
 use crate::error::PolicyError;
 
 impl Limit {
@@ -18,7 +18,7 @@ impl Limit {
 impl SlidingLog {
     /// Validated sliding log parameters; see [`Limit::sliding_log`].
     pub fn new(limit: u64, window: Duration) -> Result<Self, PolicyError> {
-        Window::new(limit, window, MAX_LOG_LIMIT).map(SlidingLog)
+        Window::new(limit, window, MAX_LOG_LIMIT, MAX_WINDOW).map(SlidingLog)
     }
 }
 

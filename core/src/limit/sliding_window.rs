@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::builtins::Layout;
 use super::window::{window_algorithm, Window};
-use super::{Limit, MAX_COUNT, MAX_EXACT};
+use super::{Limit, MAX_COUNT, MAX_EXACT, MAX_WINDOW};
 use crate::error::PolicyError;
 
 impl Limit {
@@ -18,7 +18,7 @@ impl Limit {
 impl SlidingWindow {
     /// Validated sliding window counter parameters; see [`Limit::sliding_window`].
     pub fn new(limit: u64, window: Duration) -> Result<Self, PolicyError> {
-        let w = Window::new(limit, window, MAX_COUNT)?;
+        let w = Window::new(limit, window, MAX_COUNT, MAX_WINDOW)?;
         // The weighted count is `count x window`, exact below 2^53.
         if w.limit().saturating_mul(w.window_us()) > MAX_EXACT {
             return Err(PolicyError::new(

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{check_count, check_window};
+use super::{check_count, check_window_up_to};
 use crate::error::PolicyError;
 
 /// A limit per window: what [`FixedWindow`](super::FixedWindow),
@@ -15,9 +15,14 @@ pub struct Window {
 }
 
 impl Window {
-    pub(super) fn new(limit: u64, window: Duration, max_limit: u64) -> Result<Self, PolicyError> {
+    pub(super) fn new(
+        limit: u64,
+        window: Duration,
+        max_limit: u64,
+        max_window: Duration,
+    ) -> Result<Self, PolicyError> {
         check_count("limit", limit, max_limit)?;
-        let window_us = check_window("window", window)?;
+        let window_us = check_window_up_to("window", window, max_window)?;
         Ok(Window { limit, window_us })
     }
     /// Units admitted per window.

@@ -722,6 +722,39 @@ pub async fn algorithm_swaps_start_from_no_state(factory: impl StoreFactory) {
     }
 }
 
+/// A fixed window runs up to a year: a 30-day quota admits its limit,
+/// then denies until its window ends — aligned to the Unix epoch, so the
+/// retry is exact to the microsecond — and a new window starts full.
+pub async fn long_fixed_windows_are_quotas(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    let month = Duration::from_secs(30 * 24 * 3600);
+    for window in [month, tollgate_limiter::MAX_QUOTA_WINDOW] {
+        let limiter = single(
+            store.clone(),
+            Limit::fixed_window(3, window).expect("valid"),
+        );
+        let ctx = fresh_subject();
+        assert_eq!(admitted(&limiter, &ctx, 5, 1).await, 3, "{window:?}");
+        let w = window.as_micros() as u64;
+        let end = (START.as_micros() / w + 1) * w;
+        let denied = limiter.check(&ctx, 1).await.expect("store answers");
+        let until_end = Duration::from_micros(end - START.as_micros());
+        assert_eq!(
+            denied.retry_after(),
+            Some(until_end),
+            "{window:?}: until the window ends"
+        );
+        clock.set(Timestamp::from_micros(end));
+        assert_eq!(
+            admitted(&limiter, &ctx, 5, 1).await,
+            3,
+            "{window:?}: the next window"
+        );
+        clock.set(START);
+    }
+}
+
 /// A plan changes a policy's limit, never its key: a window counter keeps
 /// the units used under the new limit (8 of 10 used, moved to 50: 42
 /// left; moved to 5: denied), a plan with another algorithm starts from no
@@ -1219,6 +1252,7 @@ macro_rules! conformance_tests {
             state_resets_after_reset_after,
             algorithm_swaps_start_from_no_state,
             plans_keep_what_was_used,
+            long_fixed_windows_are_quotas,
             shadow_layers_count_but_never_deny,
             rolling_deploys_are_bounded,
             implausible_times_are_refused,
