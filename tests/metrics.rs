@@ -193,3 +193,42 @@ fn requests_without_a_client_address_are_counted() {
         "{seen:?}"
     );
 }
+
+/// A request whose plan cannot be found (a name the limiter does not
+/// know) is decided under the default plan and counted, by reason.
+#[test]
+fn requests_decided_under_the_default_plan_are_counted() {
+    use tollgate::{Plan, PlanName, Plans};
+    let recorder = Registrations::default();
+    let limiter = Limiter::builder(Arc::new(MemoryStore::default()))
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new(
+                "search",
+                Limit::fixed_window(5, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .plans(Plans::new(Plan::new("free").unwrap()))
+        .build()
+        .unwrap();
+    let subject = Context::for_subject(Subject::new("key-1").unwrap());
+    metrics::with_local_recorder(&recorder, || {
+        // Unassigned: the default is the customer's plan, not a fallback.
+        ready(limiter.check(&subject, 1)).unwrap();
+        let unknown = subject.clone().with_plan(PlanName::new("gold").unwrap());
+        let decision = ready(limiter.check(&unknown, 1)).unwrap();
+        assert_eq!(decision.layers()[0].plan(), Some("free"));
+    });
+    let seen = recorder.0.lock().unwrap().clone();
+    let defaults: Vec<&String> = seen
+        .iter()
+        .filter(|s| s.starts_with("tollgate_plan_defaults_total"))
+        .collect();
+    assert_eq!(
+        defaults,
+        ["tollgate_plan_defaults_total{reason=unknown_plan}"],
+        "{seen:?}"
+    );
+}

@@ -22,6 +22,7 @@ use moka::Expiry;
 
 use crate::algorithm::Verdict;
 use crate::decision::{Decision, LayerDecision, Source};
+use crate::layer::Layer;
 use crate::store::LayerRequest;
 use crate::time::{duration_micros, Clock};
 
@@ -114,6 +115,7 @@ impl BlockedCache {
     /// The cached denial of `requests` at `cost`, aged to now.
     pub(crate) fn get(
         &self,
+        layers: &[Layer],
         requests: &[LayerRequest<'_>],
         cost: u64,
         clock: &dyn Clock,
@@ -129,6 +131,18 @@ impl BlockedCache {
                 .zip(blocked.keys.iter())
                 .all(|(r, k)| r.key.matches(k));
         if !same || now >= blocked.until || cost < blocked.cost {
+            return None;
+        }
+        // Denied under the same limits: a customer whose plan changed since
+        // (the plans' limiters share this cache) is decided again.
+        let same_limits = blocked.decision.layers().len() == layers.len()
+            && blocked
+                .decision
+                .layers()
+                .iter()
+                .zip(layers)
+                .all(|(d, l)| std::ptr::eq(d.info, l.info));
+        if !same_limits {
             return None;
         }
         let elapsed = Duration::from_micros(now.saturating_sub(blocked.denied_at));

@@ -226,7 +226,7 @@ impl Limiter {
         }
         #[cfg(feature = "blocked-cache")]
         if let Some(cache) = &self.blocked {
-            if let Some(decision) = cache.get(requests, cost, &*self.clock) {
+            if let Some(decision) = cache.get(&self.layers, requests, cost, &*self.clock) {
                 self.metrics.decision(&decision);
                 return Start::Done(Ok(decision));
             }

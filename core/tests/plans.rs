@@ -246,3 +246,34 @@ async fn plan_changes_under_load_admit_what_the_rule_allows() {
     assert!(admitted_in[0].load(Ordering::SeqCst) <= 2 * 1_000);
     assert!(admitted_in[2].load(Ordering::SeqCst) <= 2 * 500);
 }
+
+/// The plans' limiters share the blocked-key cache: a denial cached under
+/// one plan does not answer the customer once their plan changed.
+#[cfg(feature = "blocked-cache")]
+#[tokio::test]
+async fn a_cached_denial_does_not_outlive_a_plan_change() {
+    let clock = clock();
+    let store = MemoryStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let plans = window_plans(|n| Limit::fixed_window(n, HOUR).unwrap());
+    let limiter = Limiter::builder(Arc::new(store))
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new("quota", Limit::fixed_window(1_000, HOUR).unwrap()).unwrap(),
+        )
+        .plans(plans)
+        .blocked_cache(tollgate_limiter::BlockedCacheConfig::default())
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap();
+    let small = customer("k").with_plan(plan("small"));
+    assert_eq!(admitted(&limiter, &small, 501).await, 500);
+    let cached = limiter.check(&small, 1).await.unwrap();
+    assert_eq!(cached.layers()[0].source, tollgate_limiter::Source::Cache);
+    let pro = customer("k").with_plan(plan("pro"));
+    let upgraded = limiter.check(&pro, 1).await.unwrap();
+    assert!(upgraded.is_allowed(), "{upgraded:?}");
+    assert_eq!(upgraded.layers()[0].verdict.remaining, 5_000 - 501);
+}
