@@ -45,21 +45,21 @@ impl Recorder for Registrations {
     }
 }
 
+/// A limiter with one layer `layer` per subject: policy `policy`, `limit`
+/// a minute.
+fn one_layer(layer: &str, policy: &str, limit: u64) -> tollgate::LimiterBuilder {
+    let limit = Limit::fixed_window(limit, Duration::from_secs(60)).unwrap();
+    Limiter::builder(Arc::new(MemoryStore::default())).layer(
+        layer,
+        Scope::Subject,
+        Policy::new(policy, limit).unwrap(),
+    )
+}
+
 #[test]
 fn decisions_and_store_calls_are_counted_with_bounded_labels() {
     let recorder = Registrations::default();
-    let limiter = Limiter::builder(Arc::new(MemoryStore::default()))
-        .layer(
-            "key",
-            Scope::Subject,
-            Policy::new(
-                "search",
-                Limit::fixed_window(1, Duration::from_secs(60)).unwrap(),
-            )
-            .unwrap(),
-        )
-        .build()
-        .unwrap();
+    let limiter = one_layer("key", "search", 1).build().unwrap();
     let secret_user = "user-4711@example.com";
     let ctx = Context::for_subject(Subject::new(secret_user).unwrap());
     metrics::with_local_recorder(&recorder, || {
@@ -160,18 +160,7 @@ fn circuit_open_shadow_denials_and_registration_are_counted() {
 fn requests_without_a_client_address_are_counted() {
     use tollgate::tower::{ClientIp, Gate, Identity, Outcome};
     let recorder = Registrations::default();
-    let limiter = Limiter::builder(Arc::new(MemoryStore::default()))
-        .layer(
-            "ip",
-            Scope::Subject,
-            Policy::new(
-                "per-ip",
-                Limit::fixed_window(5, Duration::from_secs(60)).unwrap(),
-            )
-            .unwrap(),
-        )
-        .build()
-        .unwrap();
+    let limiter = one_layer("ip", "per-ip", 5).build().unwrap();
     let gate: Gate<http::request::Parts> = Gate::builder(limiter)
         .identity(Identity::new().client_ip(ClientIp::direct()))
         .build()
@@ -200,16 +189,7 @@ fn requests_without_a_client_address_are_counted() {
 fn requests_decided_under_the_default_plan_are_counted() {
     use tollgate::{Plan, PlanName, Plans};
     let recorder = Registrations::default();
-    let limiter = Limiter::builder(Arc::new(MemoryStore::default()))
-        .layer(
-            "key",
-            Scope::Subject,
-            Policy::new(
-                "search",
-                Limit::fixed_window(5, Duration::from_secs(60)).unwrap(),
-            )
-            .unwrap(),
-        )
+    let limiter = one_layer("key", "search", 5)
         .plans(Plans::new(Plan::new("free").unwrap()))
         .build()
         .unwrap();
