@@ -199,7 +199,7 @@ impl Plans {
         self
     }
 
-    /// The plans, the default first.
+    /// The plans, the default among them.
     pub fn plans(&self) -> &[Plan] {
         &self.plans
     }

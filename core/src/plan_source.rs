@@ -16,7 +16,9 @@ use crate::subject::Subject;
 ///
 /// Asked when a customer's plan is not cached, with a deadline: a source
 /// that fails or hangs does not hold the request up, which is decided
-/// under the default plan (counted in `tollgate_plan_defaults_total`).
+/// under the default plan (counted in `tollgate_plan_defaults_total`; with
+/// the `tracing` feature a failure is logged as a warning). The deadline
+/// is tokio's timer: decide inside a tokio runtime with time enabled.
 ///
 /// ```
 /// use tollgate_limiter::{async_trait, PlanName, PlanSource, PlanSourceError, Subject};
@@ -121,7 +123,9 @@ pub(crate) struct SourceSettings {
 impl crate::plan::Plans {
     /// The same plans, asking `source` for the plan of a customer the
     /// static table does not list, and keeping its answers as `config`
-    /// says.
+    /// says. Each limiter built with these plans keeps its own answers (a
+    /// service with several limiters asks the source once per limiter and
+    /// customer).
     pub fn source(mut self, source: Arc<dyn PlanSource>, config: PlanCacheConfig) -> Self {
         self.source = Some(SourceSettings { source, config });
         self
@@ -186,7 +190,12 @@ impl PlanCache {
                 Some(i) => Answer::Plan(i),
                 None => Answer::Failed("unknown_plan"),
             },
-            Ok(Err(_)) => Answer::Failed("source_failed"),
+            Ok(Err(error)) => {
+                #[cfg(feature = "tracing")]
+                tracing::warn!(%error, "the plan source failed; deciding under the default plan");
+                let _ = error;
+                Answer::Failed("source_failed")
+            }
             Err(_) => Answer::Failed("source_timeout"),
         };
         let ttl = match answer {
