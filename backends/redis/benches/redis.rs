@@ -11,7 +11,7 @@
 //! - `limiter/fcall`: the same store and layer with the code run as a
 //!   Redis function (`FCALL`, what a server without the module gets on
 //!   Redis 7);
-//! - `limiter/evalsha`: the same with `Scripting::Eval` (the script form,
+//! - `limiter/evalsha`: the same with `Engine::Eval` (the script form,
 //!   as on Redis 6.2);
 //! - `limiter/fcall-3layers`: three layers (subject, tenant, global), one
 //!   call;
@@ -42,7 +42,7 @@ use tokio::runtime::Runtime;
 use tollgate_limiter::{
     Context, LayerRequest, Limit, Limiter, Policy, Scope, Store, StoreKey, Subject,
 };
-use tollgate_redis::{RedisStore, Scripting};
+use tollgate_redis::{Engine, RedisStore};
 use tollgate_testkit::command_stats::command_stats;
 use tollgate_testkit::redis_server::RedisServer;
 
@@ -189,10 +189,10 @@ fn contexts() -> Vec<Context> {
         .collect()
 }
 
-async fn store(url: &str, prefix: &str, scripting: Scripting) -> RedisStore {
+async fn store(url: &str, prefix: &str, engine: Engine) -> RedisStore {
     RedisStore::builder(url)
         .prefix(prefix)
-        .scripting(scripting)
+        .engine(engine)
         // Long enough that queueing shows as latency (p99), not as failed
         // decisions.
         .deadline(Duration::from_secs(2))
@@ -227,13 +227,13 @@ fn setup() -> Setup {
     let url = server.url().to_string();
     let contexts = Arc::new(contexts());
     let targets = rt.block_on(async {
-        let module = store(&url, "bench-module", Scripting::Auto).await;
+        let module = store(&url, "bench-module", Engine::Auto).await;
         assert!(module.uses_module(), "the server loaded the module");
-        let module_three = store(&url, "bench-module-3", Scripting::Module).await;
-        let fcall = store(&url, "tollgate", Scripting::Functions).await;
+        let module_three = store(&url, "bench-module-3", Engine::Module).await;
+        let fcall = store(&url, "tollgate", Engine::Functions).await;
         assert!(fcall.uses_functions(), "Redis 7 runs functions");
-        let evalsha = store(&url, "bench-eval", Scripting::Eval).await;
-        let three = store(&url, "bench-3", Scripting::Functions).await;
+        let evalsha = store(&url, "bench-eval", Engine::Eval).await;
+        let three = store(&url, "bench-3", Engine::Functions).await;
         let (con, sha) = classic(&url).await;
         let keys: Vec<String> = (0..KEYS).map(|i| format!("tb:key-{i:012}")).collect();
         let raw_keys: Vec<String> = (0..KEYS)
@@ -395,11 +395,11 @@ fn cost_report(setup: &Setup) {
         let mut admin = classic(url).await.0;
         let mut cases: Vec<(String, &'static str, Target)> = Vec::new();
         for (name, limit) in &limits {
-            for (way, scripting, command) in [
-                ("module", Scripting::Module, "tollgate.decide"),
-                ("fcall", Scripting::Functions, "fcall"),
+            for (way, engine, command) in [
+                ("module", Engine::Module, "tollgate.decide"),
+                ("fcall", Engine::Functions, "fcall"),
             ] {
-                let store = store(url, "bench-cost", scripting).await;
+                let store = store(url, "bench-cost", engine).await;
                 let limiter = Limiter::builder(Arc::new(store) as Arc<dyn Store>)
                     .layer("key", Scope::Subject, roomy("api", limit.clone()))
                     .build()

@@ -1,5 +1,5 @@
 //! Prints Tollgate's Redis function library, for an administrator to load
-//! once where stores run with `Scripting::PreloadedFunctions` (their Redis
+//! once where stores run with `Engine::PreloadedFunctions` (their Redis
 //! user may call it but not load or replace any library):
 //!
 //! ```sh

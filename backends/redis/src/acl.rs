@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::Scripting;
+use crate::Engine;
 
 /// What a store's code runs inside Redis: reading the time, counter states
 /// (strings) and sliding logs (lists), and removing them (`Store::reset`,
@@ -22,45 +22,45 @@ const CODE_COMMANDS: [&str; 13] = [
 /// naming it.
 ///
 /// ```
-/// use tollgate_redis::{AclRule, Scripting};
+/// use tollgate_redis::{AclRule, Engine};
 ///
 /// let rule = AclRule::new("tollgate").to_string();
 /// assert!(rule.starts_with("resetkeys ~tollgate:* resetchannels -@all +fcall +function|load"));
-/// let script_only = AclRule::new("tollgate").scripting(Scripting::Eval).to_string();
+/// let script_only = AclRule::new("tollgate").engine(Engine::Eval).to_string();
 /// assert!(script_only.contains("+evalsha +script|load"));
 /// // The recommended rule: an administrator loads the library.
 /// let restricted = AclRule::new("tollgate")
-///     .scripting(Scripting::PreloadedFunctions)
+///     .engine(Engine::PreloadedFunctions)
 ///     .to_string();
 /// assert!(restricted.contains(" +fcall ") && !restricted.contains("function"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AclRule {
     prefix: String,
-    scripting: Scripting,
+    engine: Engine,
     replica_ack: bool,
     cluster: bool,
 }
 
 impl AclRule {
     /// The rule for stores with this key prefix, calling the function
-    /// library (the default [`Scripting::Auto`] on Redis 7.0 and later).
+    /// library (the default [`Engine::Auto`] on Redis 7.0 and later).
     pub fn new(prefix: impl Into<String>) -> Self {
         AclRule {
             prefix: prefix.into(),
-            scripting: Scripting::Auto,
+            engine: Engine::Auto,
             replica_ack: false,
             cluster: false,
         }
     }
 
-    /// For stores built with this [`Scripting`]: [`Scripting::Eval`] needs
+    /// For stores built with this [`Engine`]: [`Engine::Eval`] needs
     /// `EVALSHA` and `SCRIPT LOAD` instead of `FCALL` and `FUNCTION LOAD`;
-    /// [`Scripting::PreloadedFunctions`] `FCALL` alone (the recommended
-    /// rule: it cannot replace any library); [`Scripting::Module`] the
+    /// [`Engine::PreloadedFunctions`] `FCALL` alone (the recommended
+    /// rule: it cannot replace any library); [`Engine::Module`] the
     /// module's `TOLLGATE.PROTOCOL` and `TOLLGATE.DECIDE`.
-    pub fn scripting(mut self, scripting: Scripting) -> Self {
-        self.scripting = scripting;
+    pub fn engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
         self
     }
 
@@ -82,16 +82,16 @@ impl AclRule {
 impl fmt::Display for AclRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "resetkeys ~{}:* resetchannels -@all", self.prefix)?;
-        match self.scripting {
-            Scripting::Eval => {
+        match self.engine {
+            Engine::Eval => {
                 f.write_str(" +evalsha +script|load")?;
                 if self.cluster {
                     f.write_str(" +eval")?;
                 }
             }
             // Loaded by an administrator: nothing that can replace code.
-            Scripting::PreloadedFunctions => f.write_str(" +fcall")?,
-            Scripting::Module => f.write_str(" +tollgate.protocol +tollgate.decide")?,
+            Engine::PreloadedFunctions => f.write_str(" +fcall")?,
+            Engine::Module => f.write_str(" +tollgate.protocol +tollgate.decide")?,
             _ => f.write_str(" +fcall +function|load")?,
         }
         for command in CODE_COMMANDS {

@@ -37,21 +37,21 @@ pub enum RedisStoreError {
         max_skew: Duration,
     },
     /// The store was built with
-    /// [`Scripting::Functions`](crate::Scripting::Functions) and the server
+    /// [`Engine::Functions`](crate::Engine::Functions) and the server
     /// has no Redis Functions (before Redis 7.0).
-    #[error("this Redis server has no Redis Functions (FUNCTION LOAD and FCALL came with Redis 7.0): upgrade Redis, or build the store with Scripting::Auto or Scripting::Eval to run the same code with EVALSHA")]
+    #[error("this Redis server has no Redis Functions (FUNCTION LOAD and FCALL came with Redis 7.0): upgrade Redis, or build the store with Engine::Auto or Engine::Eval to run the same code with EVALSHA")]
     NoFunctions,
     /// The store was built with
-    /// [`Scripting::PreloadedFunctions`](crate::Scripting::PreloadedFunctions)
+    /// [`Engine::PreloadedFunctions`](crate::Engine::PreloadedFunctions)
     /// and the server lacks this release's function library (a new server,
     /// a `FUNCTION FLUSH`, an upgrade of Tollgate): an administrator loads
     /// it; the store never does.
     #[error("this Redis server lacks Tollgate's function library {0}, which an administrator loads (the store's user may not): `cargo run -q -p tollgate-redis --example function-library | redis-cli -u <admin URL> -x FUNCTION LOAD REPLACE` (docs/operations.md, \"Least privilege\")")]
     LibraryNotLoaded(String),
-    /// The store was built with [`Scripting::Module`](crate::Scripting::Module)
+    /// The store was built with [`Engine::Module`](crate::Engine::Module)
     /// and the server has not loaded Tollgate's module, or one of another
     /// protocol.
-    #[error("this Redis server has no Tollgate module speaking this store's protocol ({0}): load backends/redis-module's library (loadmodule in redis.conf or MODULE LOAD; see docs/redis-module.md), or build the store with Scripting::Auto to use Redis Functions without it")]
+    #[error("this Redis server has no Tollgate module speaking this store's protocol ({0}): load backends/redis-module's library (loadmodule in redis.conf or MODULE LOAD; see docs/redis-module.md), or build the store with Engine::Auto to use Redis Functions without it")]
     NoModule(String),
     /// A charge was not acknowledged by enough replicas within the
     /// [`replica_ack`](crate::RedisStore::builder) timeout: it is on the
@@ -133,15 +133,15 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
         ErrorKind::Extension if e.code() == Some("TOLLGATE_SKEW") => skew_error(&e),
         ErrorKind::Extension if e.code() == Some("TOLLGATE_CONFLICT") => conflict_error(&e),
         ErrorKind::Extension if e.code() == Some("WRONGTYPE") => crate::conflicts::unlocated(),
-        ErrorKind::Client if e.detail() == Some(crate::scripting::NO_FUNCTIONS) => {
+        ErrorKind::Client if e.detail() == Some(crate::engine::NO_FUNCTIONS) => {
             RedisStoreError::NoFunctions.into()
         }
-        ErrorKind::Client if e.detail() == Some(crate::scripting::NOT_LOADED) => {
+        ErrorKind::Client if e.detail() == Some(crate::engine::NOT_LOADED) => {
             RedisStoreError::LibraryNotLoaded(crate::script::library_name().to_string()).into()
         }
         ErrorKind::Client
             if e.detail()
-                .is_some_and(|d| d.starts_with(crate::scripting::NO_MODULE)) =>
+                .is_some_and(|d| d.starts_with(crate::engine::NO_MODULE)) =>
         {
             RedisStoreError::NoModule(e.detail().unwrap_or_default().to_string()).into()
         }

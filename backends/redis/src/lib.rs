@@ -21,9 +21,9 @@
 //!   function library ([`function_library`], named after its own digest,
 //!   so two releases sharing a Redis each keep theirs) and every decision
 //!   is an `FCALL`: the code's helpers and tables are made once per load,
-//!   not once per call. Before 7.0, or with [`Scripting::Eval`], the same
+//!   not once per call. Before 7.0, or with [`Engine::Eval`], the same
 //!   code runs as a script ([`eval_script`], `EVALSHA`). The store finds out at
-//!   connect ([`Scripting::Auto`], the default). A server that lost the
+//!   connect ([`Engine::Auto`], the default). A server that lost the
 //!   code (restart, failover, `FUNCTION FLUSH`, `SCRIPT FLUSH`) gets it
 //!   again at the first call that misses it, and that call is sent once
 //!   more.
@@ -32,7 +32,7 @@
 //!   algorithms compiled into Redis, same arguments, answers and states)
 //!   is decided by it at a fraction of the Lua's Redis CPU: an `Auto`
 //!   store finds it at connect and after the server lost what it used
-//!   ([`Scripting`], [`RedisStore::uses_module`], docs/redis-module.md).
+//!   ([`Engine`], [`RedisStore::uses_module`], docs/redis-module.md).
 //! - **Same answers as Rust.** Each algorithm is a Lua function in
 //!   `lua/<algorithm>.lua`, a line-by-line port of the reference in
 //!   `tollgate-algorithms` in exact integer arithmetic; a differential test
@@ -95,7 +95,7 @@
 //! Redis 5.0 or later (the code reads `TIME` before writing, which needs
 //! effects replication, the default since 5.0). Only Redis 7.0 is tested
 //! here: the script form is tested by forcing it
-//! ([`Scripting::Eval`]) on 7.0; Redis 6.2 itself is declared, not tested.
+//! ([`Engine::Eval`]) on 7.0; Redis 6.2 itself is declared, not tested.
 //! Keep `maxmemory-policy noeviction` (Redis's default): under an evicting
 //! policy every Tollgate key is a candidate (they all have TTLs), and an
 //! evicted counter hands out its capacity again; under `noeviction` a full
@@ -115,6 +115,7 @@ mod client;
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub mod cluster;
 mod conflicts;
+mod engine;
 mod error;
 #[cfg(feature = "cluster")]
 mod holds;
@@ -125,7 +126,6 @@ mod replication;
 pub mod script;
 #[cfg(not(feature = "internals"))]
 mod script;
-mod scripting;
 mod sentinel;
 mod settings;
 mod store;
@@ -136,9 +136,9 @@ pub use acl::AclRule;
 #[cfg(feature = "cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
+pub use engine::{Engine, MODULE_PROTOCOL};
 pub use error::RedisStoreError;
 pub use script::{eval_script, function_library, function_name, library_name};
-pub use scripting::{Scripting, MODULE_PROTOCOL};
 pub use settings::{check_prefix, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_PREFIX};
 pub use store::{ConnectionMode, RedisStore, RedisStoreBuilder};
 #[cfg(feature = "tls")]

@@ -10,9 +10,9 @@ use redis::{Cmd, RedisResult, Value};
 use tollgate_limiter::StoreError;
 
 use crate::client::is_no_permission;
+use crate::engine::CallCommand;
 use crate::error::RedisStoreError;
 use crate::script::{ScriptCall, TimeArgs};
-use crate::scripting::CallCommand;
 use crate::settings::{within, CheckedSettings};
 
 /// The probe's keys are the store's own, under its prefix, in a hash tag

@@ -15,8 +15,8 @@ use std::sync::OnceLock;
 use tollgate_limiter::{Builtin, LayerRequest, Layout, StoreError};
 pub use tollgate_redis_protocol::{parse_reply, Mode, LAYER_ARGS};
 
+use crate::engine::CallCommand;
 use crate::error::RedisStoreError;
-use crate::scripting::CallCommand;
 
 /// Every built-in algorithm's Lua file, from the list of built-ins.
 macro_rules! algorithm_files {
@@ -102,7 +102,7 @@ fn lua_table(body: &mut String, name: &str, entries: impl Iterator<Item = (u8, S
 }
 
 /// The script form, for `EVALSHA` (Redis before 7.0, or
-/// [`Scripting::Eval`](crate::Scripting::Eval)): the code, then a call of
+/// [`Engine::Eval`](crate::Engine::Eval)): the code, then a call of
 /// `decide`. Standalone and Cluster stores run the same code.
 pub fn eval_script() -> &'static str {
     static SCRIPT: OnceLock<String> = OnceLock::new();

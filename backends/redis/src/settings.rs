@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tollgate_limiter::{duration_micros, Clock, StoreError, StoreKey};
 
+use crate::engine::{Engine, Runner};
 use crate::error::{check_plausible, RedisStoreError};
 use crate::replication::ReplicaAck;
 use crate::script::TimeArgs;
-use crate::scripting::{Runner, Scripting};
 
 /// The key prefix when none is configured.
 pub const DEFAULT_PREFIX: &str = "tollgate";
@@ -29,7 +29,7 @@ pub(crate) struct Settings {
     pub(crate) connect_timeout: Duration,
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) max_skew: Option<Duration>,
-    pub(crate) scripting: Scripting,
+    pub(crate) engine: Engine,
     pub(crate) replica_ack: Option<ReplicaAck>,
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<crate::Tls>,
@@ -43,7 +43,7 @@ impl Default for Settings {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             clock: None,
             max_skew: None,
-            scripting: Scripting::Auto,
+            engine: Engine::Auto,
             replica_ack: None,
             #[cfg(feature = "tls")]
             tls: None,
@@ -64,7 +64,7 @@ impl Settings {
             deadline: self.deadline,
             clock: self.clock.clone(),
             max_skew: self.max_skew,
-            runner: Arc::new(Runner::new(self.scripting)),
+            runner: Arc::new(Runner::new(self.engine)),
         })
     }
 }
@@ -122,16 +122,16 @@ macro_rules! settings_setters {
         }
 
         /// How the server decides (default
-        /// [`Scripting::Auto`](crate::Scripting::Auto): Tollgate's native
+        /// [`Engine::Auto`](crate::Engine::Auto): Tollgate's native
         /// module where the server loaded it, else a function library and
         /// `FCALL` on Redis 7.0 and later, else `EVALSHA` of the script).
         /// All of them decide alike, with one protocol; the module costs
         /// Redis the least CPU per call, the library less than the script.
-        /// [`Scripting::Module`](crate::Scripting::Module) insists on the
-        /// module, [`Scripting::Eval`](crate::Scripting::Eval) forces
+        /// [`Engine::Module`](crate::Engine::Module) insists on the
+        /// module, [`Engine::Eval`](crate::Engine::Eval) forces
         /// `EVALSHA` (for example for an ACL user without `FCALL`).
-        pub fn scripting(mut self, scripting: crate::Scripting) -> Self {
-            self.settings.scripting = scripting;
+        pub fn engine(mut self, engine: crate::Engine) -> Self {
+            self.settings.engine = engine;
             self
         }
 
@@ -182,19 +182,19 @@ macro_rules! settings_getters {
 
         /// Whether calls go to the function library (`FCALL`) rather than
         /// the script (`EVALSHA`): true unless the store was built with
-        /// [`Scripting::Eval`](crate::Scripting::Eval) or found that its
+        /// [`Engine::Eval`](crate::Engine::Eval) or found that its
         /// server has no functions.
         pub fn uses_functions(&self) -> bool {
-            self.checked.runner.call_command() == crate::scripting::CallCommand::Fcall
+            self.checked.runner.call_command() == crate::engine::CallCommand::Fcall
         }
 
         /// Whether calls go to Tollgate's module (`TOLLGATE.DECIDE`): true
         /// when the server has loaded it (and it speaks this store's
         /// protocol) and the store was built with
-        /// [`Scripting::Auto`](crate::Scripting::Auto) or
-        /// [`Scripting::Module`](crate::Scripting::Module).
+        /// [`Engine::Auto`](crate::Engine::Auto) or
+        /// [`Engine::Module`](crate::Engine::Module).
         pub fn uses_module(&self) -> bool {
-            self.checked.runner.call_command() == crate::scripting::CallCommand::Module
+            self.checked.runner.call_command() == crate::engine::CallCommand::Module
         }
 
         /// The per-decision deadline.

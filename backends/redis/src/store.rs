@@ -16,10 +16,10 @@ use tollgate_limiter::{Adjustment, LayerRequest, Store, StoreError, Verdicts};
 
 use crate::client::{self, connect_error};
 use crate::conflicts;
+use crate::engine::CallCommand;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
 use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall};
-use crate::scripting::CallCommand;
 use crate::sentinel::{Sentinel, SentinelTarget};
 use crate::settings::{settings_getters, settings_setters, within, CheckedSettings, Settings};
 
@@ -181,7 +181,7 @@ impl RedisStoreBuilder {
 
     /// Connect now (every pool connection, or the multiplexed one) and load
     /// the code (the function library, or the script; see
-    /// [`scripting`](RedisStoreBuilder::scripting)), within the connect
+    /// [`engine`](RedisStoreBuilder::engine)), within the connect
     /// timeout. Fails when Redis cannot be
     /// reached; use [`build`](RedisStoreBuilder::build) to start without it.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {

@@ -8,7 +8,7 @@ mod common;
 use std::sync::{Arc, OnceLock};
 
 use tollgate_limiter::{Clock, ManualClock, Store, StoreError};
-use tollgate_redis::{AclRule, RedisStore, RedisStoreError, Scripting};
+use tollgate_redis::{AclRule, Engine, RedisStore, RedisStoreError};
 use tollgate_testkit::conformance::unique;
 use tollgate_testkit::redis_server::RedisServer;
 use tollgate_testkit::resp::Reply;
@@ -33,10 +33,10 @@ fn url(user: &str) -> String {
     format!("redis://{user}:pw@127.0.0.1:{}/", server().port())
 }
 
-async fn connect_as(user: &str, scripting: Scripting) -> Result<RedisStore, StoreError> {
+async fn connect_as(user: &str, engine: Engine) -> Result<RedisStore, StoreError> {
     RedisStore::builder(url(user))
         .prefix(format!("{PREFIX}:{}", unique("t")))
-        .scripting(scripting)
+        .engine(engine)
         .connect()
         .await
 }
@@ -68,7 +68,7 @@ mod eval {
     fn user() -> &'static str {
         static USER: OnceLock<()> = OnceLock::new();
         USER.get_or_init(|| {
-            let rule = AclRule::new(PREFIX).scripting(Scripting::Eval).to_string();
+            let rule = AclRule::new(PREFIX).engine(Engine::Eval).to_string();
             set_user("tollgate-eval", &rule)
         });
         "tollgate-eval"
@@ -78,7 +78,7 @@ mod eval {
         Arc::new(
             RedisStore::builder(url(user()))
                 .prefix(format!("{PREFIX}:{}", unique("t")))
-                .scripting(Scripting::Eval)
+                .engine(Engine::Eval)
                 .clock(Arc::new(clock) as Arc<dyn Clock>)
                 .connect()
                 .await
@@ -111,7 +111,7 @@ mod preloaded {
         USER.get_or_init(|| {
             admin_loads_the_library(server());
             let rule = AclRule::new(PREFIX)
-                .scripting(Scripting::PreloadedFunctions)
+                .engine(Engine::PreloadedFunctions)
                 .to_string();
             set_user("tollgate-pre", &rule)
         });
@@ -122,7 +122,7 @@ mod preloaded {
         Arc::new(
             RedisStore::builder(url(user()))
                 .prefix(format!("{PREFIX}:{}", unique("t")))
-                .scripting(Scripting::PreloadedFunctions)
+                .engine(Engine::PreloadedFunctions)
                 .clock(Arc::new(clock) as Arc<dyn Clock>)
                 .connect()
                 .await
@@ -162,11 +162,11 @@ async fn the_restricted_rules_cannot_replace_any_library() {
     preloaded::user();
     // (The module's rule is tried on a server with the module, in
     // the_module_rule_decides_through_the_module.)
-    for (user, scripting) in [
-        ("cannot-pre", Scripting::PreloadedFunctions),
-        ("cannot-eval", Scripting::Eval),
+    for (user, engine) in [
+        ("cannot-pre", Engine::PreloadedFunctions),
+        ("cannot-eval", Engine::Eval),
     ] {
-        set_user(user, &AclRule::new(PREFIX).scripting(scripting).to_string());
+        set_user(user, &AclRule::new(PREFIX).engine(engine).to_string());
         let refused = replace_a_library_as(server(), user)
             .await
             .expect_err("FUNCTION LOAD is not granted");
@@ -188,14 +188,14 @@ async fn the_restricted_rules_cannot_replace_any_library() {
 async fn a_preloaded_store_without_the_library_fails_clearly_until_it_is_loaded() {
     let own = RedisServer::start();
     let rule = AclRule::new(PREFIX)
-        .scripting(Scripting::PreloadedFunctions)
+        .engine(Engine::PreloadedFunctions)
         .to_string();
     let mut args = vec!["ACL", "SETUSER", "pre", "reset", "on", ">pw"];
     args.extend(rule.split_whitespace());
     assert_eq!(own.command(&args), Reply::Status("OK".into()));
     let builder = RedisStore::builder(format!("redis://pre:pw@127.0.0.1:{}/", own.port()))
         .prefix(format!("{PREFIX}:{}", unique("t")))
-        .scripting(Scripting::PreloadedFunctions);
+        .engine(Engine::PreloadedFunctions);
     let is_not_loaded = |e: &StoreError| {
         matches!(
             RedisStoreError::of(e),
@@ -244,9 +244,7 @@ async fn a_preloaded_store_without_the_library_fails_clearly_until_it_is_loaded(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_module_rule_decides_through_the_module() {
     let with_module = RedisServer::shared_with_module();
-    let rule = AclRule::new(PREFIX)
-        .scripting(Scripting::Module)
-        .to_string();
+    let rule = AclRule::new(PREFIX).engine(Engine::Module).to_string();
     let mut args = vec!["ACL", "SETUSER", "tollgate-mod", "reset", "on", ">pw"];
     args.extend(rule.split_whitespace());
     assert_eq!(with_module.command(&args), Reply::Status("OK".into()));
@@ -255,7 +253,7 @@ async fn the_module_rule_decides_through_the_module() {
         with_module.port()
     ))
     .prefix(format!("{PREFIX}:{}", unique("t")))
-    .scripting(Scripting::Module)
+    .engine(Engine::Module)
     .connect()
     .await
     .expect("connect with exactly the module rule");
@@ -282,7 +280,7 @@ async fn the_module_rule_decides_through_the_module() {
 
 /// Each permission of the rule, removed alone, fails the connect with a
 /// `NoPermission` naming it.
-async fn one_fewer_fails_at_connect(rule: AclRule, scripting: Scripting, user: &str) {
+async fn one_fewer_fails_at_connect(rule: AclRule, engine: Engine, user: &str) {
     let rule = rule.to_string();
     let grants: Vec<&str> = rule
         .split_whitespace()
@@ -292,7 +290,7 @@ async fn one_fewer_fails_at_connect(rule: AclRule, scripting: Scripting, user: &
     for missing in grants {
         let fewer: Vec<&str> = rule.split_whitespace().filter(|w| *w != missing).collect();
         set_user(user, &fewer.join(" "));
-        let error = connect_as(user, scripting)
+        let error = connect_as(user, engine)
             .await
             .expect_err(&format!("connect without {missing} must fail"));
         let Some(RedisStoreError::NoPermission(detail)) = RedisStoreError::of(&error) else {
@@ -312,20 +310,20 @@ async fn one_fewer_fails_at_connect(rule: AclRule, scripting: Scripting, user: &
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_permission_fewer_fails_at_connect_with_functions() {
-    one_fewer_fails_at_connect(AclRule::new(PREFIX), Scripting::Auto, "fewer-fn").await;
+    one_fewer_fails_at_connect(AclRule::new(PREFIX), Engine::Auto, "fewer-fn").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_permission_fewer_fails_at_connect_with_the_preloaded_library() {
     preloaded::user();
-    let rule = AclRule::new(PREFIX).scripting(Scripting::PreloadedFunctions);
-    one_fewer_fails_at_connect(rule, Scripting::PreloadedFunctions, "fewer-pre").await;
+    let rule = AclRule::new(PREFIX).engine(Engine::PreloadedFunctions);
+    one_fewer_fails_at_connect(rule, Engine::PreloadedFunctions, "fewer-pre").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_permission_fewer_fails_at_connect_with_the_script() {
-    let rule = AclRule::new(PREFIX).scripting(Scripting::Eval);
-    one_fewer_fails_at_connect(rule, Scripting::Eval, "fewer-eval").await;
+    let rule = AclRule::new(PREFIX).engine(Engine::Eval);
+    one_fewer_fails_at_connect(rule, Engine::Eval, "fewer-eval").await;
 }
 
 /// A refused login, and a missing permission, are named at connect in
@@ -426,7 +424,7 @@ mod cluster {
     async fn connect(
         cluster: &RedisCluster,
         user: &str,
-        scripting: Scripting,
+        engine: Engine,
     ) -> Result<RedisClusterStore, StoreError> {
         let urls = cluster
             .nodes()
@@ -434,7 +432,7 @@ mod cluster {
             .map(|n| format!("redis://{user}:pw@127.0.0.1:{}/", n.port()));
         RedisClusterStore::builder(urls)
             .prefix(format!("{PREFIX}:{}", unique("c")))
-            .scripting(scripting)
+            .engine(engine)
             .deadline(std::time::Duration::from_secs(2))
             .connect()
             .await
@@ -458,17 +456,13 @@ mod cluster {
                 ],
             );
         }
-        for scripting in [
-            Scripting::Auto,
-            Scripting::Eval,
-            Scripting::PreloadedFunctions,
-        ] {
+        for engine in [Engine::Auto, Engine::Eval, Engine::PreloadedFunctions] {
             let rule = AclRule::new(PREFIX)
-                .scripting(scripting)
+                .engine(engine)
                 .cluster(true)
                 .to_string();
             set_cluster_user(&cluster, "tollgate-c", &rule);
-            let store = connect(&cluster, "tollgate-c", scripting)
+            let store = connect(&cluster, "tollgate-c", engine)
                 .await
                 .expect("connect with exactly the rule");
             // Two layers on different slots: reserve-and-refund across nodes.
@@ -497,7 +491,7 @@ mod cluster {
             {
                 let fewer: Vec<&str> = rule.split_whitespace().filter(|w| *w != missing).collect();
                 set_cluster_user(&cluster, "fewer-c", &fewer.join(" "));
-                let error = connect(&cluster, "fewer-c", scripting)
+                let error = connect(&cluster, "fewer-c", engine)
                     .await
                     .expect_err(&format!("connect without {missing} must fail"));
                 assert!(

@@ -18,7 +18,7 @@ use tollgate_limiter::{
     Adjustment, Clock, LayerRequest, Limit, ManualClock, Policy, State, Store, StoreKey, Stored,
 };
 use tollgate_memory::MemoryStore;
-use tollgate_redis::{ConnectionMode, Scripting};
+use tollgate_redis::{ConnectionMode, Engine};
 use tollgate_testkit::conformance::{unique, START};
 use tollgate_testkit::redis_server::RedisServer;
 
@@ -70,12 +70,11 @@ enum Path {
 
 async fn run(limits: Vec<Limit>, ops: Vec<Op>, path: Path) {
     let clock = ManualClock::new(START);
-    let (url, scripting) = match path {
-        Path::Functions => (RedisServer::shared().url(), Scripting::Functions),
-        Path::Module => (RedisServer::shared_with_module().url(), Scripting::Module),
+    let (url, engine) = match path {
+        Path::Functions => (RedisServer::shared().url(), Engine::Functions),
+        Path::Module => (RedisServer::shared_with_module().url(), Engine::Module),
     };
-    let store =
-        common::store_with(url, clock.clone(), ConnectionMode::Multiplexed, scripting).await;
+    let store = common::store_with(url, clock.clone(), ConnectionMode::Multiplexed, engine).await;
     assert_eq!(store.uses_module(), path == Path::Module);
     let mut con = common::raw(url).await;
     let redis_key = |l: &LayerRequest<'_>| store.redis_key(&l.key);

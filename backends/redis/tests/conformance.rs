@@ -43,7 +43,7 @@ mod pool {
 /// The script form (`EVALSHA`, as on Redis 6.2) passes the same suite.
 mod eval {
     use super::*;
-    use tollgate_redis::Scripting;
+    use tollgate_redis::Engine;
 
     tollgate_testkit::conformance_tests!(|clock: ManualClock| async move {
         Arc::new(
@@ -51,7 +51,7 @@ mod eval {
                 RedisServer::shared().url(),
                 clock,
                 ConnectionMode::Multiplexed,
-                Scripting::Eval,
+                Engine::Eval,
             )
             .await,
         ) as Arc<dyn Store>
@@ -63,7 +63,7 @@ mod eval {
             RedisServer::shared().url(),
             ManualClock::new(tollgate_testkit::conformance::START),
             ConnectionMode::Multiplexed,
-            Scripting::Eval,
+            Engine::Eval,
         )
         .await;
         let foreign = common::RedisForeign {
@@ -79,14 +79,14 @@ mod eval {
 /// passes the same suite: the store finds it and uses it.
 mod module {
     use super::*;
-    use tollgate_redis::Scripting;
+    use tollgate_redis::Engine;
 
     async fn store(clock: ManualClock) -> tollgate_redis::RedisStore {
         let store = common::store_with(
             RedisServer::shared_with_module().url(),
             clock,
             ConnectionMode::Multiplexed,
-            Scripting::Auto,
+            Engine::Auto,
         )
         .await;
         assert!(store.uses_module(), "the store found the module");

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tollgate_limiter::{
     Clock, LayerRequest, Limit, ManualClock, Policy, Store, StoreKey, SystemClock,
 };
-use tollgate_redis::{ConnectionMode, RedisStore, RedisStoreError, Scripting, MODULE_PROTOCOL};
+use tollgate_redis::{ConnectionMode, Engine, RedisStore, RedisStoreError, MODULE_PROTOCOL};
 use tollgate_testkit::conformance::{unique, START};
 use tollgate_testkit::redis_server::RedisServer;
 use tollgate_testkit::resp::Reply;
@@ -60,11 +60,11 @@ fn replica_of(primary: &RedisServer) -> RedisServer {
 
 /// A store on `url` deciding at the server's clock (what replicas must
 /// follow without a manual clock's help).
-async fn server_clock_store(url: &str, prefix: &str, scripting: Scripting) -> RedisStore {
+async fn server_clock_store(url: &str, prefix: &str, engine: Engine) -> RedisStore {
     RedisStore::builder(url)
         .prefix(prefix)
         .clock(Arc::new(SystemClock) as Arc<dyn Clock>)
-        .scripting(scripting)
+        .engine(engine)
         .connect()
         .await
         .expect("connect")
@@ -272,7 +272,7 @@ fn client_input_never_brings_the_server_down() {
 async fn hand_written_adjustments_are_answered_alike() {
     let server = RedisServer::shared_with_module();
     // A store of the function library loads it on this server.
-    server_clock_store(server.url(), &unique("p"), Scripting::Functions).await;
+    server_clock_store(server.url(), &unique("p"), Engine::Functions).await;
     let function = tollgate_redis::function_name();
     let hour = "3600000000";
     let t0 = START.as_micros();
@@ -350,7 +350,7 @@ async fn a_store_uses_the_module_only_where_it_is_loaded() {
     // Asked for the module where there is none: a clear error at connect.
     let refused = RedisStore::builder(RedisServer::shared().url())
         .prefix(unique("t"))
-        .scripting(Scripting::Module)
+        .engine(Engine::Module)
         .connect()
         .await
         .expect_err("no module");
@@ -374,7 +374,7 @@ async fn the_module_and_the_function_library_share_states() {
     let url = server.url().to_string();
     let clock = ManualClock::new(START);
     let prefix = unique("mix");
-    let store = |scripting| {
+    let store = |engine| {
         let clock = clock.clone();
         let prefix = prefix.clone();
         let url = url.clone();
@@ -382,14 +382,14 @@ async fn the_module_and_the_function_library_share_states() {
             RedisStore::builder(url)
                 .prefix(prefix)
                 .clock(Arc::new(clock) as Arc<dyn Clock>)
-                .scripting(scripting)
+                .engine(engine)
                 .connect()
                 .await
                 .expect("connect")
         }
     };
-    let module = store(Scripting::Module).await;
-    let lua = store(Scripting::Functions).await;
+    let module = store(Engine::Module).await;
+    let lua = store(Engine::Functions).await;
     let policies = policies();
     let subject = unique("s");
     let mut admitted = 0;
@@ -446,7 +446,7 @@ async fn replicas_and_the_aof_hold_the_primarys_states() {
     ]);
     let replica = replica_of(&primary);
     let prefix = unique("repl");
-    let store = server_clock_store(primary.url(), &prefix, Scripting::Module).await;
+    let store = server_clock_store(primary.url(), &prefix, Engine::Module).await;
     let policies = policies();
     let subjects: Vec<String> = (0..5).map(|_| unique("s")).collect();
     for subject in &subjects {
@@ -533,7 +533,7 @@ async fn a_replica_promoted_without_the_module_decides_on_from_the_same_states()
     let primary = RedisServer::start_with_module(&[]);
     let replica = replica_of(&primary);
     let prefix = unique("failover");
-    let before = server_clock_store(primary.url(), &prefix, Scripting::Auto).await;
+    let before = server_clock_store(primary.url(), &prefix, Engine::Auto).await;
     assert!(before.uses_module());
     let policies = policies();
     let subject = unique("s");
@@ -547,7 +547,7 @@ async fn a_replica_promoted_without_the_module_decides_on_from_the_same_states()
         replica.command(&["REPLICAOF", "NO", "ONE"]),
         Reply::Status("OK".into())
     );
-    let after = server_clock_store(replica.url(), &prefix, Scripting::Auto).await;
+    let after = server_clock_store(replica.url(), &prefix, Engine::Auto).await;
     assert!(!after.uses_module(), "the promoted replica has no module");
     let mut admitted = 0;
     for _ in 0..30 {
@@ -561,7 +561,7 @@ async fn a_replica_promoted_without_the_module_decides_on_from_the_same_states()
     assert_eq!(admitted, 20);
 }
 
-/// A store built with `Scripting::Module` keeps exact admission under
+/// A store built with `Engine::Module` keeps exact admission under
 /// concurrency on one key (the conformance suite runs it on every
 /// algorithm; this is the plain case at the server's clock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -570,7 +570,7 @@ async fn concurrent_decisions_admit_exactly_the_capacity() {
         server_clock_store(
             RedisServer::shared_with_module().url(),
             &unique("c"),
-            Scripting::Module,
+            Engine::Module,
         )
         .await,
     );

@@ -16,7 +16,7 @@ use tollgate_limiter::{
     Store, StoreError, StoreKey, Subject, SystemClock, Timestamp, Transition, Verdict,
     MAX_QUOTA_WINDOW, MAX_RECOVERY, MAX_WINDOW,
 };
-use tollgate_redis::{ConnectionMode, RedisStore, RedisStoreError, Scripting};
+use tollgate_redis::{ConnectionMode, Engine, RedisStore, RedisStoreError};
 use tollgate_testkit::command_stats::command_stats;
 use tollgate_testkit::conformance::{self, every_algorithm, fresh_subject, single, unique, START};
 use tollgate_testkit::redis_server::RedisServer;
@@ -182,7 +182,7 @@ impl Monitor {
 
 /// A three-layer decision is one call, admitted or denied, with either
 /// connection mode and either way of running the code: one FCALL (or one
-/// EVALSHA with `Scripting::Eval`) and no other client command (no PING
+/// EVALSHA with `Engine::Eval`) and no other client command (no PING
 /// per pool checkout, no load, no second round trip).
 #[tokio::test]
 async fn a_three_layer_decision_is_one_script_call() {
@@ -190,10 +190,9 @@ async fn a_three_layer_decision_is_one_script_call() {
     let server = RedisServer::start();
     let mut admin = common::raw(server.url()).await;
     let mut monitor = Monitor::start(&server);
-    let ways = [(Scripting::Auto, "fcall"), (Scripting::Eval, "evalsha")];
-    for (mode, (scripting, command)) in MODES.into_iter().flat_map(|m| ways.map(|w| (m, w))) {
-        let store =
-            common::store_with(server.url(), ManualClock::new(START), mode, scripting).await;
+    let ways = [(Engine::Auto, "fcall"), (Engine::Eval, "evalsha")];
+    for (mode, (engine, command)) in MODES.into_iter().flat_map(|m| ways.map(|w| (m, w))) {
+        let store = common::store_with(server.url(), ManualClock::new(START), mode, engine).await;
         assert_eq!(store.uses_functions(), command == "fcall");
         let store: Arc<dyn Store> = Arc::new(store);
         let second = Duration::from_secs(1);
@@ -252,9 +251,9 @@ async fn decisions_survive_function_and_script_flush() {
     let server = RedisServer::start();
     let mut admin = common::raw(server.url()).await;
     for mode in MODES {
-        for scripting in [Scripting::Auto, Scripting::Functions, Scripting::Eval] {
+        for engine in [Engine::Auto, Engine::Functions, Engine::Eval] {
             let store =
-                common::store_with(server.url(), ManualClock::new(START), mode, scripting).await;
+                common::store_with(server.url(), ManualClock::new(START), mode, engine).await;
             let limiter = single(
                 Arc::new(store),
                 Limit::fixed_window(5, Duration::from_secs(60)).unwrap(),
@@ -268,19 +267,19 @@ async fn decisions_survive_function_and_script_flush() {
             );
             flush_code(&mut admin).await;
             let after = limiter.check(&ctx, 1).await.expect("reloaded and retried");
-            assert_eq!(after.store_error(), None, "{mode:?} {scripting:?}");
+            assert_eq!(after.store_error(), None, "{mode:?} {engine:?}");
             assert_eq!(
                 after.layers()[0].verdict.remaining,
                 3,
-                "{mode:?} {scripting:?}: the state was kept"
+                "{mode:?} {engine:?}: the state was kept"
             );
         }
     }
-    for scripting in [Scripting::Auto, Scripting::Eval] {
+    for engine in [Engine::Auto, Engine::Eval] {
         flush_code(&mut admin).await;
         let lazy = RedisStore::builder(server.url())
             .prefix(unique("lazy"))
-            .scripting(scripting)
+            .engine(engine)
             .build()
             .expect("valid configuration");
         let limiter = single(
@@ -308,17 +307,17 @@ async fn flush_code(admin: &mut redis::aio::MultiplexedConnection) {
 /// many as were sent (its limit is not reached), each counted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_under_load_loses_no_decision_and_counts_each_once() {
-    /// Flushes per scripting mode; the decisions run until they are done.
+    /// Flushes per engine mode; the decisions run until they are done.
     const FLUSHES: usize = 6;
     let server = RedisServer::start();
     let admin = common::raw(server.url()).await;
-    for scripting in [Scripting::Auto, Scripting::Eval] {
+    for engine in [Engine::Auto, Engine::Eval] {
         // A generous deadline: the test is about reloading, not speed.
         let store = RedisStore::builder(server.url())
             .prefix(unique("flush"))
             .clock(Arc::new(ManualClock::new(START)) as Arc<dyn Clock>)
             .deadline(Duration::from_secs(2))
-            .scripting(scripting)
+            .engine(engine)
             .connect()
             .await
             .expect("connect");
@@ -350,7 +349,7 @@ async fn a_flush_under_load_loses_no_decision_and_counts_each_once() {
                         let d = limiter.check(&ctx, 1).await.expect("decided");
                         assert!(
                             d.is_allowed() && d.store_error().is_none(),
-                            "{scripting:?}: {d:?}"
+                            "{engine:?}: {d:?}"
                         );
                         sent += 1;
                     }
@@ -363,34 +362,34 @@ async fn a_flush_under_load_loses_no_decision_and_counts_each_once() {
             sent += task.await.expect("no decision failed");
         }
         flusher.await.unwrap();
-        assert!(sent > 0, "{scripting:?}: no decision sent");
+        assert!(sent > 0, "{engine:?}: no decision sent");
         let d = limiter.check(&ctx, 1).await.unwrap();
         assert_eq!(
             d.layers()[0].verdict.remaining,
             1_000_000 - sent - 1,
-            "{scripting:?}: every decision counted once"
+            "{engine:?}: every decision counted once"
         );
     }
 }
 
-/// `Scripting::Functions` is what it says; the library and the script are
+/// `Engine::Functions` is what it says; the library and the script are
 /// the same code, so a key written through one is read through the other.
 #[tokio::test]
 async fn functions_and_the_script_share_states() {
     let url = RedisServer::shared().url();
     let prefix = unique("both");
-    let make = |scripting| {
+    let make = |engine| {
         RedisStore::builder(url)
             .prefix(prefix.clone())
             .clock(Arc::new(ManualClock::new(START)) as Arc<dyn Clock>)
-            .scripting(scripting)
+            .engine(engine)
             .connect()
     };
-    let functions = make(Scripting::Functions)
+    let functions = make(Engine::Functions)
         .await
         .expect("Redis 7 has functions");
     assert!(functions.uses_functions());
-    let script = make(Scripting::Eval).await.expect("connect");
+    let script = make(Engine::Eval).await.expect("connect");
     assert!(!script.uses_functions());
     let policy = policy(Limit::gcra(10, Duration::from_secs(1), 10).unwrap());
     let subject = unique("s");
@@ -888,7 +887,7 @@ async fn a_full_server_is_unavailable() {
         server.url(),
         ManualClock::new(START),
         ConnectionMode::Multiplexed,
-        Scripting::Eval,
+        Engine::Eval,
     )
     .await;
     let policy = policy(Limit::gcra(10, Duration::from_secs(1), 10).unwrap());

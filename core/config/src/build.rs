@@ -211,8 +211,8 @@ macro_rules! configured {
         if let Some(d) = options.connect_timeout {
             builder = builder.connect_timeout(d.0);
         }
-        if let Some(scripting) = options.scripting {
-            builder = builder.scripting(crate::build::scripting(scripting));
+        if let Some(engine) = options.engine {
+            builder = builder.engine(crate::build::engine(engine));
         }
         if let Some(replicas) = options.replica_ack {
             let timeout = options
@@ -251,18 +251,18 @@ async fn redis_store(
     Ok(Arc::new(store))
 }
 
-/// The Redis store's [`Scripting`](tollgate_redis::Scripting) for the
-/// file's `scripting`.
+/// The Redis store's [`Engine`](tollgate_redis::Engine) for the
+/// file's `engine`.
 #[cfg(feature = "redis")]
-pub(crate) fn scripting(spec: crate::ScriptingSpec) -> tollgate_redis::Scripting {
-    use crate::ScriptingSpec;
-    use tollgate_redis::Scripting;
+pub(crate) fn engine(spec: crate::EngineSpec) -> tollgate_redis::Engine {
+    use crate::EngineSpec;
+    use tollgate_redis::Engine;
     match spec {
-        ScriptingSpec::Auto => Scripting::Auto,
-        ScriptingSpec::Module => Scripting::Module,
-        ScriptingSpec::Functions => Scripting::Functions,
-        ScriptingSpec::PreloadedFunctions => Scripting::PreloadedFunctions,
-        ScriptingSpec::Eval => Scripting::Eval,
+        EngineSpec::Auto => Engine::Auto,
+        EngineSpec::Module => Engine::Module,
+        EngineSpec::Functions => Engine::Functions,
+        EngineSpec::PreloadedFunctions => Engine::PreloadedFunctions,
+        EngineSpec::Eval => Engine::Eval,
     }
 }
 

@@ -89,8 +89,7 @@ pub use live::Watch;
 pub use live::{LiveConfig, LiveRoute, ReloadError, ReloadReport, UnknownRoute};
 pub use plans::PlansDef;
 pub use spec::{
-    MemorySpec, RedisClusterSpec, RedisOptions, RedisSentinelSpec, RedisSpec, ScriptingSpec,
-    StoreSpec,
+    EngineSpec, MemorySpec, RedisClusterSpec, RedisOptions, RedisSentinelSpec, RedisSpec, StoreSpec,
 };
 
 /// A validated configuration file; build the limiters with [`Config::build`].

@@ -168,15 +168,15 @@ pub struct RedisOptions {
     /// How long to wait for them (default `"20ms"`).
     pub replica_ack_timeout: Option<DurationSpec>,
     /// How the server decides (default `"auto"`).
-    pub scripting: Option<ScriptingSpec>,
+    pub engine: Option<EngineSpec>,
 }
 
-/// `scripting = "…"`: how a Redis store has the server decide (see
-/// `tollgate_redis::Scripting`).
+/// `engine = "…"`: how a Redis store has the server decide (see
+/// `tollgate_redis::Engine`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
-pub enum ScriptingSpec {
+pub enum EngineSpec {
     /// The module where loaded, else functions (loaded by the store), else
     /// the script.
     Auto,
@@ -214,7 +214,9 @@ struct RedisFields {
     client_key_file: Option<String>,
     replica_ack: Option<u32>,
     replica_ack_timeout: Option<DurationSpec>,
-    scripting: Option<ScriptingSpec>,
+    // `scripting` was its name before 0.1's engine rename.
+    #[serde(alias = "scripting")]
+    engine: Option<EngineSpec>,
 }
 
 #[derive(Deserialize)]
@@ -739,7 +741,7 @@ fn redis_options(errors: &mut Vec<PolicyError>, f: &RedisFields) -> RedisOptions
         client_key_file: f.client_key_file.clone(),
         replica_ack: f.replica_ack,
         replica_ack_timeout: f.replica_ack_timeout,
-        scripting: f.scripting,
+        engine: f.engine,
     }
 }
 

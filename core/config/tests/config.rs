@@ -465,13 +465,13 @@ replica_ack_timeout = "10ms"
 }
 
 #[test]
-fn a_redis_store_takes_its_scripting() {
+fn a_redis_store_takes_its_engine() {
     let config = Config::from_toml_str(
         r#"
 [store]
 kind = "redis"
 url = "redis://127.0.0.1:6379/"
-scripting = "preloaded-functions"
+engine = "preloaded-functions"
 "#,
     )
     .expect("valid");
@@ -479,15 +479,24 @@ scripting = "preloaded-functions"
         panic!("expected a Redis store, got {:?}", config.store());
     };
     assert_eq!(
-        spec.options.scripting,
-        Some(tollgate_config::ScriptingSpec::PreloadedFunctions)
+        spec.options.engine,
+        Some(tollgate_config::EngineSpec::PreloadedFunctions)
     );
+    // Its earlier name is still read.
+    let earlier = Config::from_toml_str(
+        "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379/\"\nscripting = \"eval\"\n",
+    )
+    .expect("valid");
+    let StoreSpec::Redis(spec) = earlier.store() else {
+        panic!("expected a Redis store");
+    };
+    assert_eq!(spec.options.engine, Some(tollgate_config::EngineSpec::Eval));
     let list = errors(
         r#"
 [store]
 kind = "redis"
 url = "redis://127.0.0.1:6379/"
-scripting = "lua"
+engine = "lua"
 "#,
     );
     assert!(

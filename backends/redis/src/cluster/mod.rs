@@ -31,7 +31,7 @@
 //!
 //! The code reaches every master: [`connect`](RedisClusterStoreBuilder::connect)
 //! loads it on all masters (the function library, or the script; see
-//! [`scripting`](RedisClusterStoreBuilder::scripting)), and a node that
+//! [`engine`](RedisClusterStoreBuilder::engine)), and a node that
 //! lacks it (a promoted replica, a node that received a slot, a `FUNCTION
 //! FLUSH` or `SCRIPT FLUSH`) gets it on the spot: `FUNCTION LOAD REPLACE`
 //! on that node and the `FCALL` once more, or for the script the whole
@@ -65,11 +65,11 @@ use tollgate_limiter::{Adjustment, LayerRequest, Store, StoreError, Verdict, Ver
 
 use crate::client::connect_error;
 use crate::conflicts;
+use crate::engine::{check_load, CallCommand, Runner};
 use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::holds::Holds;
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
 use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall, LAYER_ARGS};
-use crate::scripting::{check_load, CallCommand, Runner};
 use crate::settings::{settings_getters, settings_setters, within, CheckedSettings, Settings};
 
 mod redirects;

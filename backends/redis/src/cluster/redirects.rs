@@ -10,11 +10,11 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tollgate_limiter::StoreError;
 
 use super::slots::hash_slot;
-use crate::error::from_redis;
-use crate::script::{eval_script, function_name};
-use crate::scripting::{
+use crate::engine::{
     check_load, is_missing_function, is_module_missing, is_unknown_command, CallCommand, Runner,
 };
+use crate::error::from_redis;
+use crate::script::{eval_script, function_name};
 
 /// The longest pause between two attempts of a call Redis answered it did
 /// not run (`TRYAGAIN` while a slot moves, `CLUSTERDOWN` during a failover):

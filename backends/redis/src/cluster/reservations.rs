@@ -11,9 +11,9 @@ use tollgate_limiter::{LayerRequest, StoreError, Verdict, Verdicts};
 
 use super::redirects::call;
 use super::{group_call, in_group, RedisClusterStore};
+use crate::engine::{CallCommand, Runner};
 use crate::holds::Held;
 use crate::script::{parse_reply, Mode, ScriptCall, TimeArgs, LAYER_ARGS};
-use crate::scripting::{CallCommand, Runner};
 use tollgate_redis_protocol::{REPLY_FIELDS, RESERVE_FIELDS};
 
 /// Passes of a cross-slot decision denied only where other decisions of

@@ -8,27 +8,27 @@ use std::sync::Arc;
 
 use redis::aio::MultiplexedConnection;
 use tollgate_limiter::{Clock, ManualClock};
-use tollgate_redis::{ConnectionMode, RedisStore, Scripting};
+use tollgate_redis::{ConnectionMode, Engine, RedisStore};
 use tollgate_testkit::conformance::unique;
 use tollgate_testkit::redis_server::RedisServer;
 
 /// A store on `url` with a prefix no other test uses, reading time from `clock`.
 pub async fn store_at(url: &str, clock: ManualClock, mode: ConnectionMode) -> RedisStore {
-    store_with(url, clock, mode, Scripting::Auto).await
+    store_with(url, clock, mode, Engine::Auto).await
 }
 
-/// The same, running its code as `scripting` says.
+/// The same, running its code as `engine` says.
 pub async fn store_with(
     url: &str,
     clock: ManualClock,
     mode: ConnectionMode,
-    scripting: Scripting,
+    engine: Engine,
 ) -> RedisStore {
     RedisStore::builder(url)
         .prefix(unique("t"))
         .clock(Arc::new(clock) as Arc<dyn Clock>)
         .connection_mode(mode)
-        .scripting(scripting)
+        .engine(engine)
         .connect()
         .await
         .expect("connect to the test redis-server")

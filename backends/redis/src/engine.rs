@@ -1,7 +1,7 @@
 //! How a store has the server decide: with Tollgate's native module
 //! (`TOLLGATE.DECIDE`, where the server loaded it), as a function library
 //! (`FCALL`, Redis 7.0 and later) or as a script (`EVALSHA`), chosen by
-//! [`Scripting`] and, in the default [`Scripting::Auto`], by what the
+//! [`Engine`] and, in the default [`Engine::Auto`], by what the
 //! server answers; and loading the code where a server lost it.
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -12,7 +12,7 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use crate::script::{eval_script, function_library, library_name, sha1};
 
 /// How a store has the server decide; see
-/// [`RedisStoreBuilder::scripting`](crate::RedisStoreBuilder::scripting).
+/// [`RedisStoreBuilder::engine`](crate::RedisStoreBuilder::engine).
 ///
 /// Every way decides alike: the module runs the reference algorithms the
 /// Lua code is held to bit for bit, with the same arguments, replies,
@@ -22,7 +22,7 @@ use crate::script::{eval_script, function_library, library_name, sha1};
 /// Redis less than the script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub enum Scripting {
+pub enum Engine {
     /// The fastest way the server offers: Tollgate's module where the
     /// server loaded it (and it speaks this store's protocol), else a
     /// function library where the server has Redis Functions (Redis 7.0
@@ -91,7 +91,7 @@ const LOADS: usize = 3;
 /// What a store knows of how to call its server, shared by its clones.
 #[derive(Debug)]
 pub(crate) struct Runner {
-    scripting: Scripting,
+    engine: Engine,
     /// An `Auto` store's current way ([`CallCommand`] as a number): the module
     /// until the server shows it has none, then functions, then the
     /// script. Every load looks again from the module and publishes what
@@ -100,28 +100,28 @@ pub(crate) struct Runner {
 }
 
 impl Runner {
-    pub(crate) fn new(scripting: Scripting) -> Self {
+    pub(crate) fn new(engine: Engine) -> Self {
         Runner {
-            scripting,
+            engine,
             auto: AtomicU8::new(CallCommand::Module as u8),
         }
     }
 
     /// How to send the next call.
     pub(crate) fn call_command(&self) -> CallCommand {
-        match self.scripting {
-            Scripting::Eval => CallCommand::Evalsha,
-            Scripting::Functions | Scripting::PreloadedFunctions => CallCommand::Fcall,
-            Scripting::Module => CallCommand::Module,
-            Scripting::Auto => CallCommand::from_u8(self.auto.load(Ordering::Relaxed)),
+        match self.engine {
+            Engine::Eval => CallCommand::Evalsha,
+            Engine::Functions | Engine::PreloadedFunctions => CallCommand::Fcall,
+            Engine::Module => CallCommand::Module,
+            Engine::Auto => CallCommand::from_u8(self.auto.load(Ordering::Relaxed)),
         }
     }
 
     /// The way a load tries first: the module for an `Auto` store (every
     /// load looks again), else the store's own.
     pub(crate) fn first_call_command(&self) -> CallCommand {
-        match self.scripting {
-            Scripting::Auto => CallCommand::Module,
+        match self.engine {
+            Engine::Auto => CallCommand::Module,
             _ => self.call_command(),
         }
     }
@@ -130,7 +130,7 @@ impl Runner {
     /// found. Only a finished load publishes its way, so calls sent while
     /// another task loads never see the ways it tries on the way down.
     pub(crate) fn settle(&self, style: CallCommand) {
-        if self.scripting == Scripting::Auto {
+        if self.engine == Engine::Auto {
             self.auto.store(style as u8, Ordering::Relaxed);
         }
     }
@@ -184,7 +184,7 @@ impl Runner {
 
     /// Whether an administrator loads the library (the store never does).
     pub(crate) fn preloaded(&self) -> bool {
-        self.scripting == Scripting::PreloadedFunctions
+        self.engine == Engine::PreloadedFunctions
     }
 
     /// What a preloaded store sends instead of a load: a call of no layers
@@ -227,7 +227,7 @@ impl Runner {
         if !lacks {
             return Err(e);
         }
-        if self.scripting == Scripting::Auto && style != CallCommand::Evalsha {
+        if self.engine == Engine::Auto && style != CallCommand::Evalsha {
             return Ok(CallCommand::from_u8(style as u8 + 1));
         }
         Err(match style {
