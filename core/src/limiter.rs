@@ -102,8 +102,8 @@ impl Limiter {
     }
 
     /// The same limiter (store, breaker, caches and metrics shared) over
-    /// `layers`, which are its own layers under a plan: the same names,
-    /// scopes and keys.
+    /// `layers`: its own layers under a plan (the same names, scopes and
+    /// keys), or some of them.
     fn with_layers(&self, layers: Arc<[Layer]>) -> Limiter {
         Limiter {
             has_shadow: layers.iter().any(|l| l.policy.is_shadow()),
@@ -432,17 +432,13 @@ impl Limiter {
         let decided_kept = if kept.is_empty() {
             None
         } else {
+            // Its own counters (its layers are fewer), and no cached
+            // denial of the whole request answers for the subset.
             let subset = Limiter {
-                has_shadow: kept.iter().any(|l| l.policy.is_shadow()),
                 metrics: Arc::new(LimiterMetrics::new(&kept)),
-                layers: kept,
-                store: self.store.clone(),
-                fallback: self.fallback.clone(),
-                breaker: self.breaker.clone(),
-                clock: self.clock.clone(),
                 #[cfg(feature = "blocked-cache")]
                 blocked: None,
-                plans: None,
+                ..self.with_layers(kept)
             };
             // Fewer shadow layers each time: the recursion ends.
             Some(Check::new(&subset, ctx, cost).await?)
