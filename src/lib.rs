@@ -47,6 +47,7 @@
 //! | `redis-cluster` | `redis::RedisClusterStore`: slot-aware layered decisions on Redis Cluster (guide: `docs/cluster.md`) |
 //! | `blocked-cache` | long denials answered in-process without a store call |
 //! | `plan-source` | plans from your own async source ([`PlanSource`]: a database, an account service), cached in-process with a deadline |
+//! | `calendar` | calendar quotas ([`Recurrence`]): a limit per day, week, month or year in an IANA time zone, or from a billing date (guide: `docs/plans.md`) |
 //! | `wait` | `Limiter::wait` and `Limiter::throttle`: outbound clients wait for capacity (tokio's timer; guide: `docs/operations.md`, "Waiting for capacity") |
 //! | `tower` | [`tower::RateLimitLayer`], for axum, tonic and hyper (guide: `docs/http.md`) |
 //! | `tonic` | `tower`, plus the client address from tonic's `TcpConnectInfo` |
@@ -96,6 +97,10 @@ pub use tollgate_limiter::{Rejected, Sleep, Throttle, WhenLimited};
 #[cfg(feature = "plan-source")]
 #[cfg_attr(docsrs, doc(cfg(feature = "plan-source")))]
 pub use tollgate_limiter::{PlanCacheConfig, PlanSource, PlanSourceError};
+// With `calendar`: quotas per calendar day, week, month or year.
+#[cfg(feature = "calendar")]
+#[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
+pub use tollgate_limiter::{CalendarUnit, Recurrence};
 // With `blocked-cache`: long denials answered in-process.
 #[cfg(feature = "blocked-cache")]
 #[cfg_attr(docsrs, doc(cfg(feature = "blocked-cache")))]
@@ -150,7 +155,7 @@ pub mod config {
 pub struct HttpGuideDoctests;
 
 /// The plans guide's examples, compiled and run as doc-tests.
-#[cfg(all(doctest, feature = "axum", feature = "memory"))]
+#[cfg(all(doctest, feature = "axum", feature = "memory", feature = "calendar"))]
 #[doc = include_str!("../docs/plans.md")]
 pub struct PlansGuideDoctests;
 

@@ -36,6 +36,24 @@ pub(crate) trait Reference {
     }
 }
 
+/// A counter's reward: the refund of a charge made where `state`'s last
+/// charge was (the fixed window's current window, the calendar quota's
+/// span), never aging.
+pub(crate) fn reward_last_charge(
+    algorithm: &impl Reference,
+    state: &State,
+    now: u64,
+    units: u64,
+) -> Option<State> {
+    let (at, _) = algorithm.charge_marks(state)?;
+    let charge = Charge {
+        cost: units,
+        at,
+        mark: 0,
+    };
+    algorithm.refund(state, now, charge).next
+}
+
 /// A charge no refund rule can find too old: GCRA and the token bucket owe
 /// it whole while their full-again instant is ahead of now.
 const FAR: u64 = u64::MAX;

@@ -1,10 +1,9 @@
 //! Fixed window: a counter per aligned window.
 
-use tollgate_limiter::{FixedWindow, State, Stored, Transition, Verdict, Window, MAX_EXACT};
+use tollgate_limiter::{FixedWindow, State, Transition, Window, MAX_EXACT};
 
 use crate::builtin::{cells, Reference};
 use crate::refund::{Charge, Refund};
-use crate::{after, ttl_until};
 
 /// Fixed window over the state `[count, last µs, 0]`.
 ///
@@ -22,29 +21,9 @@ pub fn fixed_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) ->
     let start = t - t % w;
     let count = if last >= start { stored } else { 0 };
     let end = start.saturating_add(w);
-    let allowed = count.saturating_add(cost) <= p.limit();
-    let count_after = if allowed {
-        count.saturating_add(cost)
-    } else {
-        count
-    };
-    Transition {
-        verdict: Verdict {
-            allowed,
-            limit: p.limit(),
-            remaining: p.limit().saturating_sub(count_after),
-            reset_after: if count_after == 0 {
-                after(t, now)
-            } else {
-                after(end, now)
-            },
-            retry_after: (!allowed).then(|| after(end, now)),
-        },
-        next: allowed.then(|| Stored {
-            state: State::Cells([count_after, t, 0]),
-            ttl: ttl_until(end, now),
-        }),
-    }
+    crate::counter::count(p.limit(), count, cost, now, (t, end), |count_after| {
+        State::Cells([count_after, t, 0])
+    })
 }
 
 /// The count goes down only while it still counts the charge's window.
@@ -53,11 +32,7 @@ pub fn fixed_window_refund(p: &Window, [count, last, _]: [u64; 3], c: Charge) ->
     if last < c.at || last - last % w != c.at - c.at % w {
         return Refund::NOTHING;
     }
-    let give = c.cost.min(count);
-    if give == 0 {
-        return Refund::NOTHING;
-    }
-    Refund::cells(give, [count - give, last, 0])
+    Refund::from_count(count, c.cost, |left| [left, last, 0])
 }
 
 impl Reference for FixedWindow {
@@ -80,13 +55,7 @@ impl Reference for FixedWindow {
     }
     /// From the current window's count.
     fn reward(&self, state: &State, now: u64, units: u64) -> Option<State> {
-        let (at, _) = self.charge_marks(state)?;
-        let charge = Charge {
-            cost: units,
-            at,
-            mark: 0,
-        };
-        self.refund(state, now, charge).next
+        crate::builtin::reward_last_charge(self, state, now, units)
     }
     /// [count, last]: the count within exact integers.
     fn within_reach(&self, [count, _, _]: [u64; 3]) -> bool {

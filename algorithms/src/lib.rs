@@ -18,6 +18,7 @@
 
 mod adjust;
 mod builtin;
+mod counter;
 mod layered;
 pub mod refund;
 

@@ -81,6 +81,16 @@ impl Refund {
             next: Some(State::Cells(cells)),
         }
     }
+
+    /// A counter gives back at most its `count` of `cost`; `cells` is its
+    /// state from the count left.
+    pub(crate) fn from_count(count: u64, cost: u64, cells: impl FnOnce(u64) -> [u64; 3]) -> Refund {
+        let give = cost.min(count);
+        if give == 0 {
+            return Refund::NOTHING;
+        }
+        Refund::cells(give, cells(count - give))
+    }
 }
 
 /// Refund `charge` from `state` at `now` (µs) under `limit`.

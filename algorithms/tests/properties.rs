@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate_limiter::{Limit, State, Timestamp};
+use tollgate_limiter::{CalendarUnit, Limit, Recurrence, State, Timestamp};
 
 const T0: u64 = 1_780_000_000_000_000;
 
@@ -77,6 +77,27 @@ proptest! {
         }
     }
 
+    /// Calendar quota: no day of the calendar (in zones with shifts of an
+    /// hour and of half an hour) ever holds more than the limit, the
+    /// clock stepping back across midnight included.
+    #[test]
+    fn calendar_never_exceeds_the_limit_in_a_span(
+        limit in 1u64..20,
+        zone in prop_oneof![Just("Europe/Berlin"), Just("Australia/Lord_Howe")],
+        s in steps(5, 4 * 3_600_000_000),
+    ) {
+        let days = Recurrence::new(CalendarUnit::Day, zone, "2025-01-01T00:00").unwrap();
+        let policy = Limit::calendar(limit, days.clone()).unwrap();
+        let admitted = run(&policy, &s.into_iter().map(|st| Step { cost: st.cost.min(limit), ..st }).collect::<Vec<_>>());
+        let mut per_span = std::collections::HashMap::new();
+        for (t, cost) in admitted {
+            *per_span.entry(days.span_at(t).0).or_insert(0) += cost;
+        }
+        for (span, total) in per_span {
+            prop_assert!(total <= limit, "the day from {span} admitted {total} > {limit}");
+        }
+    }
+
     /// Sliding log: no interval of one window length holds more than the limit.
     #[test]
     fn sliding_log_never_exceeds_the_limit_in_any_window(limit in 1u64..20, window_ms in 1u64..500, s in steps(5, 300_000)) {
@@ -140,14 +161,15 @@ proptest! {
     /// Retry-after is exact for every algorithm: waiting exactly that long
     /// admits the same request, one microsecond less does not.
     #[test]
-    fn retry_after_is_exact(which in 0usize..5, capacity in 1u64..10, period_ms in 1u64..1_000, s in steps(4, 100_000)) {
+    fn retry_after_is_exact(which in 0usize..6, capacity in 1u64..10, period_ms in 1u64..1_000, s in steps(4, 100_000)) {
         let period = Duration::from_millis(period_ms);
         let limit = match which {
             0 => Limit::token_bucket(capacity, capacity, period),
             1 => Limit::gcra(capacity, period, capacity),
             2 => Limit::fixed_window(capacity, period),
             3 => Limit::sliding_window(capacity, period),
-            _ => Limit::sliding_log(capacity, period),
+            4 => Limit::sliding_log(capacity, period),
+            _ => Limit::calendar(capacity, Recurrence::new(CalendarUnit::Day, "UTC", "2025-01-01T00:00").unwrap()),
         };
         let Ok(limit) = limit else { return Ok(()) };
         let mut now = T0;

@@ -60,6 +60,9 @@ pub enum FieldKind {
     Count,
     /// A duration string ([`DurationSpec`]: `period = "1s"`).
     Duration,
+    /// A string the algorithm reads (`per = "month"`,
+    /// `time_zone = "Europe/Berlin"`).
+    Text,
 }
 
 impl LimitSpec {
@@ -323,6 +326,11 @@ mod tests {
             let value = match kind {
                 FieldKind::Count => serde_json::Value::from(5),
                 FieldKind::Duration => serde_json::Value::from("1s"),
+                FieldKind::Text => serde_json::Value::from(match *name {
+                    "per" => "month",
+                    "time_zone" => "UTC",
+                    _ => "2025-01-01T00:00",
+                }),
             };
             table.insert((*name).into(), value);
         }

@@ -64,6 +64,7 @@ const FEATURES: &[&str] = &[
     "blocked-cache",
     "wait",
     "plan-source",
+    "calendar",
     "tower",
     "tonic",
     "axum",

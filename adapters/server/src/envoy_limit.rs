@@ -1,16 +1,19 @@
 //! A policy as Envoy expresses a limit: requests per second, minute, hour,
-//! day or week.
+//! day, week, month or year.
 
-use tollgate_limiter::Limit;
+use tollgate_limiter::{CalendarUnit, Limit, Schedule};
 
 /// Envoy's units, in seconds, with their protobuf numbers
-/// (`RateLimitResponse.RateLimit.Unit`).
-const UNITS: [(u64, i32, &str); 5] = [
+/// (`RateLimitResponse.RateLimit.Unit`); a month and a year as
+/// envoyproxy/ratelimit counts them (30 and 365 days).
+const UNITS: [(u64, i32, &str); 7] = [
     (1, 1, "SECOND"),
     (60, 2, "MINUTE"),
     (3600, 3, "HOUR"),
     (86_400, 4, "DAY"),
     (7 * 86_400, 7, "WEEK"),
+    (30 * 86_400, 5, "MONTH"),
+    (365 * 86_400, 6, "YEAR"),
 ];
 
 /// A limit in Envoy's terms.
@@ -20,7 +23,8 @@ pub struct EnvoyLimit {
     pub requests_per_unit: u32,
     /// The unit's protobuf number.
     pub unit: i32,
-    /// The unit's name (`SECOND`, `MINUTE`, `HOUR`, `DAY`, `WEEK`).
+    /// The unit's name (`SECOND`, `MINUTE`, `HOUR`, `DAY`, `WEEK`,
+    /// `MONTH`, `YEAR`).
     pub unit_name: &'static str,
     /// Whether the figure is exact (a count over exactly one unit, or one
     /// that scales to a whole count of the next unit up); otherwise it is
@@ -33,8 +37,12 @@ pub struct EnvoyLimit {
 /// the smallest at least as long as the policy's period up to a day, in
 /// which its rate is a whole number of requests (exact); when there is
 /// none, the smallest such unit with the count rounded down (at least 1).
-/// `None` for a custom algorithm.
+/// A calendar quota is its limit per its calendar unit, exact. `None` for
+/// a custom algorithm.
 pub fn envoy_limit(limit: &Limit) -> Option<EnvoyLimit> {
+    if let Some(calendar) = calendar_limit(limit) {
+        return Some(calendar);
+    }
     let (count, per) = limit.rate()?;
     let per_us = per.as_micros().max(1);
     let mut candidates: Vec<(u64, i32, &'static str)> = UNITS
@@ -42,7 +50,7 @@ pub fn envoy_limit(limit: &Limit) -> Option<EnvoyLimit> {
         .filter(|(secs, _, _)| u128::from(*secs) * 1_000_000 >= per_us)
         .collect();
     if candidates.is_empty() {
-        candidates.push(UNITS[4]);
+        candidates.push(UNITS[UNITS.len() - 1]);
     }
     let in_unit = |secs: u64| u128::from(count) * u128::from(secs) * 1_000_000;
     let fits =
@@ -59,6 +67,29 @@ pub fn envoy_limit(limit: &Limit) -> Option<EnvoyLimit> {
         unit,
         unit_name,
         exact: fits(scaled),
+    })
+}
+
+/// A calendar quota per its unit: a day, week, month or year of the
+/// calendar (in its time zone) is what the unit says.
+fn calendar_limit(limit: &Limit) -> Option<EnvoyLimit> {
+    let Limit::Calendar(calendar) = limit else {
+        return None;
+    };
+    let Schedule::Every(every) = calendar.schedule() else {
+        return None;
+    };
+    let (unit, unit_name) = match every.unit() {
+        CalendarUnit::Day => (4, "DAY"),
+        CalendarUnit::Week => (7, "WEEK"),
+        CalendarUnit::Month => (5, "MONTH"),
+        CalendarUnit::Year => (6, "YEAR"),
+    };
+    Some(EnvoyLimit {
+        requests_per_unit: u32::try_from(calendar.limit()).unwrap_or(u32::MAX),
+        unit,
+        unit_name,
+        exact: true,
     })
 }
 
@@ -87,11 +118,28 @@ mod tests {
             (Limit::fixed_window(7, s(49)), (86_400, "WEEK", true)),
             (Limit::fixed_window(7, s(47)), (8, "MINUTE", false)),
             (Limit::fixed_window(10, s(7 * 86_400)), (10, "WEEK", true)),
-            (Limit::fixed_window(10, s(3 * 86_400)), (23, "WEEK", false)),
+            (Limit::fixed_window(10, s(3 * 86_400)), (100, "MONTH", true)),
+            (Limit::fixed_window(10, s(30 * 86_400)), (10, "MONTH", true)),
+            (Limit::fixed_window(7, s(366 * 86_400)), (6, "YEAR", false)),
         ];
         for (limit, expected) in cases {
             let limit = limit.unwrap();
             assert_eq!(of(limit.clone()), expected, "{limit:?}");
+        }
+    }
+
+    #[test]
+    fn calendar_quotas_are_their_limit_per_their_unit() {
+        use tollgate_limiter::Recurrence;
+        for (unit, name) in [
+            (CalendarUnit::Day, "DAY"),
+            (CalendarUnit::Week, "WEEK"),
+            (CalendarUnit::Month, "MONTH"),
+            (CalendarUnit::Year, "YEAR"),
+        ] {
+            let every = Recurrence::new(unit, "Europe/Berlin", "2025-01-01T00:00").unwrap();
+            let limit = Limit::calendar(10_000, every).unwrap();
+            assert_eq!(of(limit), (10_000, name, true));
         }
     }
 }

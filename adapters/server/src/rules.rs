@@ -65,9 +65,10 @@ impl Descriptor {
 /// policy's limit, on counters of their own (a policy named after the
 /// override), keeping its scope and failure mode, never in shadow mode
 /// (as the reference). A unit Tollgate cannot count as a fixed window
-/// (`UNKNOWN`, `MONTH`, `YEAR`: windows stop at a week) or a limit of 0
-/// makes the descriptor over
-/// the limit: the server never admits on a limit it does not understand.
+/// (`UNKNOWN`) or a limit of 0 makes the descriptor over the limit: the
+/// server never admits on a limit it does not understand. `MONTH` and
+/// `YEAR` count as envoyproxy/ratelimit counts them: 30 and 365 days from
+/// the epoch (a calendar month is a `calendar` policy of the file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LimitOverride {
     /// Requests per unit.
@@ -94,6 +95,8 @@ impl LimitOverride {
             2 => Some(("MINUTE", 60)),
             3 => Some(("HOUR", 3600)),
             4 => Some(("DAY", 86_400)),
+            5 => Some(("MONTH", 30 * 86_400)),
+            6 => Some(("YEAR", 365 * 86_400)),
             7 => Some(("WEEK", 7 * 86_400)),
             _ => None,
         }

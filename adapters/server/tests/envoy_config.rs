@@ -482,10 +482,6 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
             "config file cannot have empty domain",
         ),
         (
-            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: month, requests_per_unit: 1 }\n".into())],
-            "Tollgate counts windows of up to a week",
-        ),
-        (
             vec![("a.yaml", format!("domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    {limit}\n"))],
             "quota_mode is not supported by Tollgate",
         ),
@@ -653,5 +649,42 @@ async fn the_formats_edges_are_the_references() {
     );
     assert_eq!(admitted(&server, "d", &[("w", "axyb")], 3).await, 2);
     assert_eq!(admitted(&server, "d", &[("w", "ab")], 3).await, 2);
+    server.shutdown().await;
+}
+
+/// `unit: month` counts 30 days from the epoch, as the reference does; a
+/// calendar month is a `calendar` policy a descriptor names. Both state
+/// `MONTH` and the exact time to their end.
+#[tokio::test]
+async fn months_count_as_the_reference_counts_them_and_calendar_months_by_policy() {
+    let yaml = "domain: quota\ndescriptors:\n  - key: fixed\n    rate_limit: { unit: month, requests_per_unit: 2 }\n  - key: calendar\n    tollgate: { policy: monthly }\n";
+    let monthly = "\n[policies.monthly]\nalgorithm = \"calendar\"\nlimit = 2\nper = \"month\"\ntime_zone = \"UTC\"\nfrom = \"2025-01-01T00:00\"\n";
+    let dir = directory(&[("quota.yaml", yaml)], monthly);
+    let server = start(&dir, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let now = START.as_micros() / 1_000_000;
+    let thirty_days = 30 * 86_400;
+    // START is 2026-05-28T20:27Z; June begins at 1_780_272_000 s.
+    for (key, end) in [
+        ("fixed", (now / thirty_days + 1) * thirty_days),
+        ("calendar", 1_780_272_000),
+    ] {
+        assert_eq!(
+            admitted(&server, "quota", &[(key, "v")], 3).await,
+            2,
+            "{key}"
+        );
+        let r = ask(&server, "quota", &[&[(key, "v")]]).await;
+        let status = &r.statuses[0];
+        let limit = status.current_limit.as_ref().expect("stated");
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (2, 5),
+            "{key}: 2 per MONTH"
+        );
+        let reset = status.duration_until_reset.as_ref().expect("a reset");
+        assert_eq!(reset.seconds as u64, end - now, "{key}");
+    }
     server.shutdown().await;
 }

@@ -747,16 +747,14 @@ async fn a_descriptor_limit_override_is_applied() {
     // The configured limit (5) has counters of its own.
     let r = ask(&mut c, vec![user("o1", "o-acme")], 0).await;
     assert_eq!(r.statuses[0].limit_remaining, 4);
-    // MONTH (5) cannot be counted as a window yet; UNKNOWN (0) is unknown.
-    for unit in [5, 0] {
-        let r = ask(
-            &mut c,
-            vec![with_override(user("o2", "o-acme"), 100, unit)],
-            0,
-        )
-        .await;
-        assert_eq!(codes(&r), (OVER, vec![OVER]), "unit {unit}");
-    }
+    // MONTH (5) counts 30 days from the epoch, as the reference does.
+    let r = ask(&mut c, vec![with_override(user("o2", "o-acme"), 100, 5)], 0).await;
+    assert_eq!(codes(&r), (OK, vec![OK]), "MONTH");
+    let limit = r.statuses[0].current_limit.as_ref().expect("stated");
+    assert_eq!((limit.requests_per_unit, limit.unit), (100, 5));
+    // UNKNOWN (0) is unknown.
+    let r = ask(&mut c, vec![with_override(user("o2", "o-acme"), 100, 0)], 0).await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]), "UNKNOWN");
     let r = ask(
         &mut c,
         vec![with_override(user("o3", "o-acme"), 0, minute)],

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use governor::{Quota, RateLimiter};
 use tollgate_limiter::{
-    Context, Limit, Limiter, Plan, PlanCacheConfig, PlanName, PlanSource, PlanSourceError, Plans,
-    Policy, Scope, Subject,
+    CalendarUnit, Context, Limit, Limiter, Plan, PlanCacheConfig, PlanName, PlanSource,
+    PlanSourceError, Plans, Policy, Recurrence, Scope, Subject,
 };
 use tollgate_memory::MemoryStore;
 use tollgate_testkit::ready;
@@ -257,6 +257,26 @@ fn bench(c: &mut Criterion) {
             let planned = planned(&contexts, from_source);
             case(&name(label), &|i| {
                 check(&planned, &contexts[i as usize % KEYS]);
+            });
+        }
+
+        // A calendar month (New York time) beside a fixed window of the
+        // same length: what finding the span in the time zone costs.
+        let month = Duration::from_secs(30 * 24 * 3600);
+        let every = Recurrence::new(CalendarUnit::Month, "America/New_York", "2025-01-01T00:00");
+        for (label, limit) in [
+            (
+                "tollgate_keyed_fixed_30d",
+                Limit::fixed_window(1_000_000_000, month),
+            ),
+            (
+                "tollgate_keyed_calendar_month",
+                Limit::calendar(1_000_000_000, every.expect("valid")),
+            ),
+        ] {
+            let quota = limiter(Scope::Subject, limit.expect("valid"));
+            case(&name(label), &|i| {
+                check(&quota, &contexts[i as usize % KEYS]);
             });
         }
 

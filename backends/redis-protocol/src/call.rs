@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use tollgate_limiter::{Adjustment, Builtin, Layout, Limit, StoreError};
+use tollgate_limiter::{Adjustment, Builtin, Layout, Limit, StoreError, Timestamp};
 
 use crate::state::digits;
 
@@ -115,19 +115,21 @@ impl Mode {
     }
 }
 
-/// One layer's arguments: its algorithm's code, `cost` and the
-/// algorithm's three parameters; `None` for a custom algorithm (the Lua
-/// and the module run only the built-ins).
+/// One layer's arguments for a decision at `now`: its algorithm's code,
+/// `cost` and the algorithm's three parameters (a calendar quota's carry
+/// the span holding `now`); `None` for a custom algorithm (the Lua and
+/// the module run only the built-ins).
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_limiter::Limit;
+/// use tollgate_limiter::{Limit, Timestamp};
 /// let limit = Limit::fixed_window(10, Duration::from_secs(1)).unwrap();
-/// assert_eq!(tollgate_redis_protocol::layer_args(&limit, 2), Some([3, 2, 10, 1_000_000, 0]));
+/// let args = tollgate_redis_protocol::layer_args(&limit, 2, Timestamp::EARLIEST);
+/// assert_eq!(args, Some([3, 2, 10, 1_000_000, 0]));
 /// ```
 #[inline]
-pub fn layer_args(limit: &Limit, cost: u64) -> Option<[u64; LAYER_ARGS]> {
-    let (code, [p1, p2, p3]) = limit.args()?;
+pub fn layer_args(limit: &Limit, cost: u64, now: Timestamp) -> Option<[u64; LAYER_ARGS]> {
+    let (code, [p1, p2, p3]) = limit.args(now)?;
     Some([code.into(), cost, p1, p2, p3])
 }
 
@@ -422,7 +424,7 @@ mod tests {
     #[test]
     fn what_is_encoded_parses_back() {
         let limit = Limit::sliding_window(9, Duration::from_secs(60)).unwrap();
-        let layer = layer_args(&limit, 4).unwrap();
+        let layer = layer_args(&limit, 4, Timestamp::EARLIEST).unwrap();
         for mode in [
             Mode::Decide,
             Mode::Reserve,

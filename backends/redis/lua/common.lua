@@ -66,6 +66,38 @@ local function ttl_ms(reset_at, now)
   return ms
 end
 
+-- What the fixed window and the calendar quota share (Rust:
+-- algorithms/src/counter.rs): a request of cost against count of limit
+-- until stop (an empty count resets at empty_at); returns as an algorithm
+-- does, the next cells {count after, b, c}.
+local function counted(limit, count, cost, now, empty_at, stop, b, c)
+  local allowed = count + cost <= limit
+  local count_after = count
+  if allowed then
+    count_after = count + cost
+  end
+  local reset_after = after(stop, now)
+  if count_after == 0 then
+    reset_after = after(empty_at, now)
+  end
+  -- max() only guards a count written under a larger limit.
+  local remaining = max(limit - count_after, 0)
+  if allowed then
+    return true, limit, remaining, reset_after, -1, ttl_ms(stop, now), count_after, b, c
+  end
+  return false, limit, remaining, reset_after, after(stop, now)
+end
+
+-- A counter's refund (Rust: Refund::from_count): at most its count;
+-- returns what it gives and the cells {count left, b, c}.
+local function give_from_count(count, cost, b, c)
+  local give = min(cost, count)
+  if give <= 0 then
+    return 0
+  end
+  return give, count - give, b, c
+end
+
 -- An integer as decimal text. tostring() would give 14 significant digits
 -- and an exponent ("1.78e+15"), losing the microseconds; '%d' goes through
 -- a 64-bit C long, exact for every integer below 2^53 and cheaper than a

@@ -25,22 +25,7 @@ local function fixed_window(limit, w, _, stored, last, _, now, cost)
   if last >= start then
     count = stored
   end
-  local stop = start + w
-  local allowed = count + cost <= limit
-  local count_after = count
-  if allowed then
-    count_after = count + cost
-  end
-  local reset_after = after(stop, now)
-  if count_after == 0 then
-    reset_after = after(t, now)
-  end
-  -- max() only guards a count written under a larger limit.
-  local remaining = max(limit - count_after, 0)
-  if allowed then
-    return true, limit, remaining, reset_after, -1, ttl_ms(stop, now), count_after, t, 0
-  end
-  return false, limit, remaining, reset_after, after(stop, now)
+  return counted(limit, count, cost, now, t, start + w, t, 0)
 end
 
 -- Fixed window: the count goes down only while it still counts the
@@ -52,11 +37,7 @@ local function refund_fixed_window(_, w, _, count, last, _, now, cost, at)
   if last < at or last - mod(last, w) ~= at - mod(at, w) then
     return 0
   end
-  local give = min(cost, count)
-  if give <= 0 then
-    return 0
-  end
-  return give, count - give, last, 0
+  return give_from_count(count, cost, last, 0)
 end
 
 -- A reward: from the current window's count.

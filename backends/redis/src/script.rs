@@ -12,7 +12,7 @@
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
-use tollgate_limiter::{Builtin, LayerRequest, Layout, StoreError};
+use tollgate_limiter::{Builtin, Clock, LayerRequest, Layout, StoreError, SystemClock, Timestamp};
 pub use tollgate_redis_protocol::{parse_reply, Mode, LAYER_ARGS};
 
 use crate::engine::CallCommand;
@@ -159,6 +159,17 @@ pub(crate) struct TimeArgs {
     pub(crate) max_skew: Option<u64>,
 }
 
+impl TimeArgs {
+    /// The instant calendar quotas take their span at: the caller's time,
+    /// or this machine's clock when the server's `TIME` decides (the span
+    /// is then off at a boundary by at most the two clocks' skew; a state
+    /// holding a later span wins, see `lua/calendar.lua`).
+    pub(crate) fn spans_at(&self) -> Timestamp {
+        self.now
+            .map_or_else(|| SystemClock.now(), Timestamp::from_micros)
+    }
+}
+
 /// One call of the code (`FCALL` of the function or `EVALSHA` of the
 /// script): every store builds its calls here, so the argument layout is
 /// written once.
@@ -220,11 +231,15 @@ impl ScriptCall {
     }
 }
 
-/// One layer's arguments ([`tollgate_redis_protocol::layer_args`]).
+/// One layer's arguments for a decision at `now`
+/// ([`tollgate_redis_protocol::layer_args`]).
 ///
 /// Fails with [`StoreError::Unsupported`] for a custom algorithm (the script
 /// runs only the built-ins) and rejects a cost outside `1..=capacity`.
-pub fn layer_args(layer: &LayerRequest<'_>) -> Result<[u64; LAYER_ARGS], StoreError> {
+pub fn layer_args(
+    layer: &LayerRequest<'_>,
+    now: Timestamp,
+) -> Result<[u64; LAYER_ARGS], StoreError> {
     let cost = layer.cost;
     let limit = layer.policy.limit();
     if cost == 0 || cost > limit.capacity() {
@@ -236,7 +251,7 @@ pub fn layer_args(layer: &LayerRequest<'_>) -> Result<[u64; LAYER_ARGS], StoreEr
             },
         )));
     }
-    tollgate_redis_protocol::layer_args(limit, cost)
+    tollgate_redis_protocol::layer_args(limit, cost, now)
         .ok_or(StoreError::Unsupported(limit.algorithm_name()))
 }
 

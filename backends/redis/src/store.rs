@@ -407,8 +407,9 @@ impl RedisStore {
     ) -> Result<Cmd, StoreError> {
         let keys = layers.iter().map(|l| self.checked.key_arg(&l.key));
         let mut call = ScriptCall::new(style, keys, time);
+        let now = time.spans_at();
         for layer in layers {
-            call = call.layer(&with_block(layer_args(layer)?, block));
+            call = call.layer(&with_block(layer_args(layer, now)?, block));
         }
         Ok(call.mode(mode))
     }

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate_limiter::{
-    Adjustment, Clock, LayerRequest, Limit, ManualClock, Policy, State, Store, StoreKey, Stored,
+    Adjustment, CalendarUnit, Clock, LayerRequest, Limit, ManualClock, Policy, Recurrence, State,
+    Store, StoreKey, Stored,
 };
 use tollgate_memory::MemoryStore;
 use tollgate_redis::{ConnectionMode, Engine};
@@ -49,14 +50,18 @@ fn op() -> impl Strategy<Value = Op> {
 /// seconds (the Redis keys outlive the test's run: the manual clock
 /// decides, not Redis's expiry).
 fn limit() -> impl Strategy<Value = Limit> {
-    (0usize..5, 2u64..20).prop_map(|(kind, secs)| {
+    (0usize..6, 2u64..20).prop_map(|(kind, secs)| {
         let w = Duration::from_secs(secs);
         match kind {
             0 => Limit::token_bucket(8, 3, w).unwrap(),
             1 => Limit::gcra(8, w, 8).unwrap(),
             2 => Limit::fixed_window(8, w).unwrap(),
             3 => Limit::sliding_window(8, w).unwrap(),
-            _ => Limit::sliding_log(8, w).unwrap(),
+            4 => Limit::sliding_log(8, w).unwrap(),
+            _ => {
+                let days = Recurrence::new(CalendarUnit::Day, "Europe/Berlin", "2025-01-01T00:00");
+                Limit::calendar(8, days.unwrap()).unwrap()
+            }
         }
     })
 }

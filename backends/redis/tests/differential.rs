@@ -30,8 +30,8 @@ use proptest::prelude::*;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use tollgate_limiter::{
-    duration_micros, LayerRequest, Limit, Policy, State, StoreKey, Timestamp, Verdict, MAX_EXACT,
-    MAX_RECOVERY,
+    duration_micros, CalendarUnit, LayerRequest, Limit, Policy, Recurrence, State, StoreKey,
+    Timestamp, Verdict, MAX_EXACT, MAX_RECOVERY,
 };
 use tollgate_redis::script::{layer_args, parse_reply};
 use tollgate_testkit::conformance::{unique, START};
@@ -163,6 +163,40 @@ fn sliding_log() -> impl Strategy<Value = Limit> {
     .prop_map(|(limit, w)| Limit::sliding_log(limit, Duration::from_micros(w)).expect("valid"))
 }
 
+/// Calendar quotas: any unit, in zones with daylight-saving changes of
+/// an hour and of 30 minutes, an offset of +05:45 and UTC, from anchors
+/// at odd times and on the 29th to 31st (spans that start on a shorter
+/// month's last day).
+fn calendar() -> impl Strategy<Value = Limit> {
+    let unit = prop_oneof![
+        Just(CalendarUnit::Day),
+        Just(CalendarUnit::Week),
+        Just(CalendarUnit::Month),
+        Just(CalendarUnit::Year),
+    ];
+    let zone = prop_oneof![
+        Just("UTC"),
+        Just("Europe/Berlin"),
+        Just("America/New_York"),
+        Just("Australia/Lord_Howe"),
+        Just("Asia/Kathmandu"),
+    ];
+    let limit = prop_oneof![3 => 1u64..=50, 1 => 1u64..=1_000_000_000];
+    let anchor = (
+        2019i32..=2025,
+        1u32..=12,
+        1u32..=31,
+        0u32..24,
+        prop_oneof![Just(0u32), Just(30), 0u32..60],
+    );
+    (limit, unit, zone, anchor).prop_map(|(limit, unit, zone, (y, m, d, h, min))| {
+        let d = d.min(if m == 2 { 29 } else { 30 + (m + m / 8) % 2 });
+        let from = format!("{y}-{m:02}-{d:02}T{h:02}:{min:02}");
+        let every = Recurrence::new(unit, zone, &from).expect("valid");
+        Limit::calendar(limit, every).expect("valid")
+    })
+}
+
 /// The time scale of a policy: its period, window, or burst × interval.
 fn scale(limit: &Limit) -> u64 {
     common::time_scale(limit)
@@ -273,7 +307,7 @@ impl Harness {
         for (policy, &cost) in self.policies.iter().zip(costs) {
             let key = StoreKey::new("diff", policy, "subject", "s");
             let layer = LayerRequest { key, policy, cost };
-            for a in layer_args(&layer).expect("built-in algorithm") {
+            for a in layer_args(&layer, Timestamp::from_micros(now)).expect("built-in algorithm") {
                 eval.arg(a);
             }
         }
@@ -603,6 +637,11 @@ proptest! {
     fn sliding_log_matches_rust(limit in sliding_log(), ops in ops(steps())) {
         run(vec![limit], &ops);
     }
+
+    #[test]
+    fn calendar_matches_rust(limit in calendar(), ops in ops(steps())) {
+        run(vec![limit], &ops);
+    }
 }
 
 fn any_limit() -> impl Strategy<Value = Limit> {
@@ -611,7 +650,8 @@ fn any_limit() -> impl Strategy<Value = Limit> {
         gcra(),
         fixed_window(),
         sliding_window(),
-        sliding_log()
+        sliding_log(),
+        calendar()
     ]
 }
 
@@ -666,6 +706,11 @@ proptest! {
     fn module_sliding_log_matches_rust(limit in sliding_log(), ops in ops(steps())) {
         run_on(vec![limit], &ops, Path::Module);
     }
+
+    #[test]
+    fn module_calendar_matches_rust(limit in calendar(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Module);
+    }
 }
 
 proptest! {
@@ -696,6 +741,11 @@ proptest! {
 
     #[test]
     fn script_sliding_log_matches_rust(limit in sliding_log(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Script);
+    }
+
+    #[test]
+    fn script_calendar_matches_rust(limit in calendar(), ops in ops(steps())) {
         run_on(vec![limit], &ops, Path::Script);
     }
 }

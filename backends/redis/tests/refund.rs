@@ -17,7 +17,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use redis::aio::MultiplexedConnection;
 use tollgate_algorithms::refund::{refund, Charge};
-use tollgate_limiter::{LayerRequest, Limit, Policy, State, StoreKey, Timestamp};
+use tollgate_limiter::{
+    CalendarUnit, LayerRequest, Limit, Policy, Recurrence, State, StoreKey, Timestamp,
+};
 use tollgate_redis::script::{layer_args, parse_reply, sha1};
 use tollgate_testkit::conformance::{unique, START};
 use tollgate_testkit::redis_server::RedisServer;
@@ -78,6 +80,10 @@ fn limit() -> impl Strategy<Value = Limit> {
         (1u64..=30, period()).prop_map(|(l, w)| Limit::fixed_window(l, Duration::from_micros(w))),
         (1u64..=30, period()).prop_map(|(l, w)| Limit::sliding_window(l, Duration::from_micros(w))),
         (1u64..=30, period()).prop_map(|(l, w)| Limit::sliding_log(l, Duration::from_micros(w))),
+        (1u64..=30, prop_oneof![Just("UTC"), Just("Europe/Berlin")]).prop_map(|(l, zone)| {
+            let day = Recurrence::new(CalendarUnit::Day, zone, "2025-01-01T00:00")?;
+            Limit::calendar(l, day)
+        }),
     ]
     .prop_filter_map("a valid policy", Result::ok)
 }
@@ -89,6 +95,7 @@ fn scale(limit: &Limit) -> u64 {
         Limit::FixedWindow(p) => p.window_us(),
         Limit::SlidingWindow(p) => p.window_us(),
         Limit::SlidingLog(p) => p.window_us(),
+        Limit::Calendar(_) => tollgate_limiter::duration_micros(limit.window().expect("built-in")),
         Limit::Custom(_) => unreachable!("built-in algorithms only"),
     }
     .max(1)
@@ -142,14 +149,14 @@ impl Harness {
         }
     }
 
-    fn args(&self, cost: u64) -> [u64; 5] {
+    fn args(&self, cost: u64, now: u64) -> [u64; 5] {
         let key = StoreKey::new("r", &self.policy, "subject", "s");
-        layer_args(&LayerRequest {
+        let layer = LayerRequest {
             key,
             policy: &self.policy,
             cost,
-        })
-        .expect("built-in")
+        };
+        layer_args(&layer, Timestamp::from_micros(now)).expect("built-in")
     }
 
     async fn script(&mut self, now: u64, args: &[u64], mode: &str) -> Vec<i64> {
@@ -239,7 +246,7 @@ async fn differential(limit: Limit, ops: &[(Step, Action)], path: Path) {
                     Action::Reserve(n) => 1 + n % limit.capacity(),
                     _ => 1,
                 };
-                let args = h.args(cost);
+                let args = h.args(cost, now);
                 let reply = h
                     .script(now, &args, if peek { "peek" } else { "reserve" })
                     .await;
@@ -277,7 +284,7 @@ async fn differential(limit: Limit, ops: &[(Step, Action)], path: Path) {
                     continue;
                 }
                 let charge = outstanding.remove(n % outstanding.len());
-                let mut args = h.args(charge.cost).to_vec();
+                let mut args = h.args(charge.cost, now).to_vec();
                 args.extend([charge.at, charge.mark]);
                 let reply = h.script(now, &args, "refund").await;
                 let r = refund(&limit, state.as_ref(), now, charge);
@@ -332,14 +339,19 @@ async fn immediate_refund(path: Path) {
         Limit::fixed_window(10, second).unwrap(),
         Limit::sliding_window(10, second).unwrap(),
         Limit::sliding_log(10, second).unwrap(),
+        Limit::calendar(
+            10,
+            Recurrence::new(CalendarUnit::Month, "UTC", "2025-01-01T00:00").unwrap(),
+        )
+        .unwrap(),
     ] {
         let name = limit.algorithm_name();
         let mut h = Harness::new(limit.clone(), path).await;
         let now = START.as_micros();
-        let first = h.args(3);
+        let first = h.args(3, now);
         h.script(now, &first, "reserve").await;
         let before = h.stored().await;
-        let args = h.args(2);
+        let args = h.args(2, now);
         let reply = h.script(now, &args, "reserve").await;
         let mut refund_args = args.to_vec();
         refund_args.extend([reply[5] as u64, reply[6] as u64]);

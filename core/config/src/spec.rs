@@ -902,6 +902,12 @@ pub(crate) fn limit(
                 errors.push(field_error(&format!("{path}.{key}"), reason));
                 *value = Value::String("1s".into());
             }
+        } else if kind == Some(FieldKind::Text) && !value.is_str() {
+            errors.push(field_error(
+                &format!("{path}.{key}"),
+                format!("{} must be a string", show(value)),
+            ));
+            *value = Value::String(String::new());
         }
     }
     let unknown_fields = unknown_limit_fields(errors, path, &mut table, also);

@@ -35,6 +35,8 @@ macro_rules! builtin_algorithms {
             SlidingWindow(sliding_window, SlidingWindowSpec) = 4,
             /// Every admitted unit's timestamp, kept for one window.
             SlidingLog(sliding_log, SlidingLogSpec) = 5,
+            /// At most `limit` per calendar span (a day, week, month or year in a time zone).
+            Calendar(calendar, CalendarSpec) = 6,
         }
     };
 }
@@ -62,9 +64,10 @@ pub(crate) trait Parameters: Sized {
     /// These parameters shared by `instances` processes (see
     /// [`Limit::divided_by`](crate::Limit::divided_by)).
     fn shared(&self, instances: u64) -> Result<Self, PolicyError>;
-    /// The three numbers the Redis script and the native module take; the
-    /// first is what a blocked layer reports as its limit.
-    fn args(&self) -> [u64; 3];
+    /// The three numbers the Redis script and the native module take for
+    /// a decision at `now` (µs); the first is what a blocked layer reports
+    /// as its limit.
+    fn args(&self, now: u64) -> [u64; 3];
     /// These parameters back from [`args`](Self::args).
     fn from_args(args: [u64; 3]) -> Result<Self, PolicyError>;
 }
@@ -94,7 +97,7 @@ pub enum Layout {
 /// let gcra = Builtin::named("gcra").unwrap();
 /// assert_eq!(gcra.layout, Layout::Cells { cells: 1, time_cell: 0 });
 /// assert_eq!(Builtin::by_code(gcra.code.into()).unwrap().name, "gcra");
-/// assert_eq!(Builtin::all().len(), 5);
+/// assert_eq!(Builtin::all().len(), 6);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

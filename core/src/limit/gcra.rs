@@ -127,7 +127,7 @@ impl Parameters for Gcra {
         check_recovery(burst.saturating_mul(interval_us))?;
         Ok(Gcra { burst, interval_us })
     }
-    fn args(&self) -> [u64; 3] {
+    fn args(&self, _now: u64) -> [u64; 3] {
         [self.burst, self.interval_us, 0]
     }
     fn from_args([burst, interval_us, _]: [u64; 3]) -> Result<Self, PolicyError> {

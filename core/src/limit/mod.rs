@@ -32,10 +32,16 @@ pub const MAX_QUOTA_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 pub const MAX_RECOVERY: Duration = Duration::from_secs(14 * 24 * 3600);
 
 mod builtins;
+#[cfg(feature = "calendar")]
+mod recurrence;
 mod window;
 
 pub(crate) use builtins::Parameters;
 pub use builtins::{Builtin, Layout};
+pub use calendar::{Schedule, MAX_CALENDAR_SPAN_US};
+#[cfg(feature = "calendar")]
+#[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
+pub use recurrence::{CalendarUnit, Recurrence};
 pub use window::Window;
 
 /// Each built-in's module (`limit/<name>.rs`) and types, `Limit`, its
@@ -176,24 +182,26 @@ macro_rules! define_limit {
                 Some((units, Duration::from_micros(micros)))
             }
 
-            /// The algorithm's code and its three parameters, as the Redis
-            /// script and the native module take them (see
-            /// [`from_args`](Self::from_args)); `None` for a custom algorithm.
+            /// The algorithm's code and its three parameters for a decision
+            /// at `now`, as the Redis script and the native module take
+            /// them (see [`from_args`](Self::from_args)); `None` for a
+            /// custom algorithm. Only a calendar quota's depend on `now`:
+            /// they carry the span holding it.
             ///
             /// ```
             /// # use std::time::Duration;
-            /// # use tollgate_limiter::Limit;
+            /// # use tollgate_limiter::{Limit, Timestamp};
             /// let limit = Limit::fixed_window(10, Duration::from_secs(1))?;
-            /// let (code, args) = limit.args().unwrap();
+            /// let (code, args) = limit.args(Timestamp::EARLIEST).unwrap();
             /// assert_eq!(args, [10, 1_000_000, 0]);
             /// assert_eq!(Limit::from_args(code.into(), args)?, limit);
             /// assert!(Limit::from_args(99, args).is_err());
             /// # Ok::<(), tollgate_limiter::PolicyError>(())
             /// ```
             #[inline]
-            pub fn args(&self) -> Option<(u8, [u64; 3])> {
+            pub fn args(&self, now: crate::Timestamp) -> Option<(u8, [u64; 3])> {
                 match self {
-                    $( Limit::$variant(p) => Some(($code, p.args())), )*
+                    $( Limit::$variant(p) => Some(($code, p.args(now.as_micros()))), )*
                     Limit::Custom(_) => None,
                 }
             }

@@ -111,7 +111,7 @@ impl Parameters for TokenBucket {
             slower(self.period_us, instances)?,
         )
     }
-    fn args(&self) -> [u64; 3] {
+    fn args(&self, _now: u64) -> [u64; 3] {
         [self.capacity, self.refill, self.period_us]
     }
     fn from_args([capacity, refill, period_us]: [u64; 3]) -> Result<Self, PolicyError> {

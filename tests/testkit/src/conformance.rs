@@ -75,7 +75,21 @@ pub fn every_algorithm_over(capacity: u64, period: Duration) -> Vec<Limit> {
         Limit::fixed_window(capacity, period).expect("valid"),
         Limit::sliding_window(capacity, period).expect("valid"),
         Limit::sliding_log(capacity, period).expect("valid"),
+        calendar_over(capacity, period),
     ]
+}
+
+/// A calendar quota of `capacity` per UTC day (no case's clock crosses
+/// midnight by `period`: [`START`] is 20:26 UTC, and cases move it by
+/// minutes; one that moves past a span's end moves by what a verdict said).
+fn calendar_over(capacity: u64, _period: Duration) -> Limit {
+    Limit::calendar(capacity, calendar("day", "UTC")).expect("valid")
+}
+
+/// Spans of `unit` in `zone`, from 1 January 2025 at 00:00.
+fn calendar(unit: &str, zone: &str) -> tollgate_limiter::Recurrence {
+    let unit = unit.parse().expect("a calendar unit");
+    tollgate_limiter::Recurrence::new(unit, zone, "2025-01-01T00:00").expect("valid")
 }
 
 /// A name no other case (in this process or another) uses, so cases can
@@ -755,6 +769,55 @@ pub async fn long_fixed_windows_are_quotas(factory: impl StoreFactory) {
     }
 }
 
+/// Calendar quotas count per span of the calendar: a New York month ends
+/// at midnight New York time, exactly what a denial says (a µs before it
+/// still denies, at it the next month admits); a Berlin day across the
+/// change to summer time lasts 23 hours; a clock stepping back across a
+/// boundary goes on counting in the later span.
+pub async fn calendar_quotas_follow_the_calendar(factory: impl StoreFactory) {
+    // 2026-03-31T12:00Z, 2026-04-01T04:00Z (00:00 EDT), 2026-05-01T04:00Z.
+    let (march_31, april, may) = (
+        1_774_958_400_000_000,
+        1_775_016_000_000_000,
+        1_777_608_000_000_000,
+    );
+    let clock = ManualClock::new(Timestamp::from_micros(march_31));
+    let store = factory.make(clock.clone()).await;
+    let monthly = Limit::calendar(3, calendar("month", "America/New_York")).expect("valid");
+    let limiter = single(store.clone(), monthly);
+    let ctx = fresh_subject();
+    assert_eq!(admitted(&limiter, &ctx, 5, 1).await, 3, "March's three");
+    let denied = limiter.check(&ctx, 1).await.expect("store answers");
+    assert_eq!(
+        denied.retry_after(),
+        Some(Duration::from_micros(april - march_31))
+    );
+    clock.set(Timestamp::from_micros(april - 1));
+    assert_eq!(admitted(&limiter, &ctx, 1, 1).await, 0, "still March");
+    clock.set(Timestamp::from_micros(april));
+    let first = limiter.check(&ctx, 1).await.expect("store answers");
+    assert!(first.is_allowed(), "April");
+    assert_eq!(
+        first.layers()[0].verdict.reset_after,
+        Duration::from_micros(may - april)
+    );
+    // A clock a second behind: March on its face, April in the store.
+    clock.set(Timestamp::from_micros(april - 1_000_000));
+    assert_eq!(admitted(&limiter, &ctx, 5, 1).await, 2, "April's other two");
+
+    // 2026-03-29 in Berlin: 2026-03-28T23:00Z to 2026-03-29T22:00Z.
+    let (noon, midnight) = (1_774_785_600_000_000, 1_774_821_600_000_000);
+    clock.set(Timestamp::from_micros(noon));
+    let daily = Limit::calendar(1, calendar("day", "Europe/Berlin")).expect("valid");
+    let limiter = single(store, daily);
+    assert_eq!(admitted(&limiter, &ctx, 2, 1).await, 1);
+    let denied = limiter.check(&ctx, 1).await.expect("store answers");
+    assert_eq!(
+        denied.retry_after(),
+        Some(Duration::from_micros(midnight - noon))
+    );
+}
+
 /// A plan changes a policy's limit, never its key: a window counter keeps
 /// the units used under the new limit (8 of 10 used, moved to 50: 42
 /// left; moved to 5: denied), a plan with another algorithm starts from no
@@ -1253,6 +1316,7 @@ macro_rules! conformance_tests {
             algorithm_swaps_start_from_no_state,
             plans_keep_what_was_used,
             long_fixed_windows_are_quotas,
+            calendar_quotas_follow_the_calendar,
             shadow_layers_count_but_never_deny,
             rolling_deploys_are_bounded,
             implausible_times_are_refused,

@@ -243,14 +243,13 @@ fn leaf(
                 _ if limit.requests_per_unit == 0 => Counting::Zero {
                     shadow: d.shadow_mode,
                 },
-                Some(Ok(seconds)) => {
+                Some(seconds) => {
                     let window = Duration::from_secs(seconds);
                     let limit = Limit::fixed_window(u64::from(limit.requests_per_unit), window)
                         .map_err(|e| e.to_string())?;
                     let policy = Policy::new(&rule, limit).map_err(|e| e.to_string())?;
                     Counting::Policy(shadow(policy))
                 }
-                Some(Err(e)) => return Err(e),
                 None => return Err(format!("invalid rate limit unit '{}'", limit.unit)),
             }
         }

@@ -381,13 +381,15 @@ impl RedisClusterStore {
     /// `layers`.
     fn call_of(&self, layers: &[LayerRequest<'_>]) -> Result<Call, StoreError> {
         let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
+        let time = self.checked.time_args()?;
+        let now = time.spans_at();
         Ok(Call {
             deadline: Instant::now() + self.checked.deadline,
             args: layers
                 .iter()
-                .map(layer_args)
+                .map(|layer| layer_args(layer, now))
                 .collect::<Result<Vec<_>, _>>()?,
-            time: self.checked.time_args()?,
+            time,
             groups: slot_groups(&keys),
             keys,
         })

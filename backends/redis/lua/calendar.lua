@@ -1,0 +1,44 @@
+-- Tollgate: calendar quota (Rust reference: algorithms/src/calendar.rs).
+--
+-- This file defines the algorithm (`calendar`), its refund (`refund_calendar`),
+-- its reward (`reward_calendar`) and the charge an admitted state marks
+-- (`charge_calendar`), run through layered.lua like every algorithm.
+--
+--   calendar(limit, span_start, span_end, count, start, stop, now, cost)
+--
+-- Layer ARGV: algorithm 6, cost, limit, span start µs, span end µs: the
+--   span holding the caller's time (the time zone arithmetic runs in the
+--   client; spans are deterministic).
+-- State: cells {count, start µs, end µs} of the span it counts, stored as
+--   "a b c"; nil: none. A stored later span wins over the one sent.
+-- Returns: as fixed_window.lua.
+local function calendar(limit, span_start, span_end, stored, start, stop, now, cost)
+  local count = 0
+  if stored and start > span_start then
+    count = stored
+  elseif stored and start == span_start then
+    count, stop = stored, span_end
+  else
+    start, stop = span_start, span_end
+  end
+  return counted(limit, count, cost, now, now, stop, start, stop)
+end
+
+-- Calendar quota: the count goes down only while it still counts the
+-- charge's span.
+local function refund_calendar(_, _, _, count, start, stop, now, cost, at)
+  if not count or start ~= at then
+    return 0
+  end
+  return give_from_count(count, cost, start, stop)
+end
+
+-- A reward: from the stored span's count.
+local function reward_calendar(p1, p2, p3, count, start, stop, now, units)
+  return refund_calendar(p1, p2, p3, count, start, stop, now, units, start)
+end
+
+-- The charge an admitted state marks: its span's start.
+local function charge_calendar(_, start, _)
+  return start, 0
+end
