@@ -1,6 +1,10 @@
 //! Calendar quota: a counter per calendar span.
 
-use tollgate_limiter::{Calendar, State, Transition, MAX_CALENDAR_SPAN_US, MAX_EXACT};
+use std::time::Duration;
+
+use tollgate_limiter::{
+    Calendar, State, Transition, Verdict, CALENDAR_ENDED_RETRY, MAX_CALENDAR_SPAN_US, MAX_EXACT,
+};
 
 use crate::builtin::{cells, Reference};
 use crate::refund::{Charge, Refund};
@@ -8,23 +12,46 @@ use crate::refund::{Charge, Refund};
 /// Calendar quota over the state `[count, span start µs, span end µs]`.
 ///
 /// The span is the one holding `now` (for a store: the one the caller
-/// sent), unless the state holds a later one: then the count goes on in
-/// the stored span, so a caller whose clock lags at a boundary never
-/// restarts a span another caller has begun (the lag is bounded by the
-/// callers' clock skew). A state of an earlier span counts as none.
+/// sent). A state of that span, or of one overlapping it (a schedule
+/// changed under the same key), goes on counting in it; a state of a later
+/// span (a caller whose clock runs ahead began it) goes on counting in that
+/// one, so a caller whose clock lags at a boundary never restarts a span
+/// another has begun; a state of an earlier span counts as none.
+///
+/// A span that has ended at `now` — the store's clock (Redis `TIME`) ahead
+/// of the caller's that chose it — admits nothing and writes nothing: its
+/// count would expire at once and start again. The caller's next call, a
+/// millisecond later as `retry_after` says, sends the next span once its
+/// clock reaches it.
 pub fn calendar(p: &Calendar, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transition {
     let now = crate::bounded(now);
-    let (start, end) = p.span_at(now);
+    let (span_start, span_end) = p.span_at(now);
     let (count, start, end) = match state {
-        Some([count, stored_start, stored_end]) if stored_start > start => {
-            (count, stored_start, stored_end)
-        }
-        Some([count, stored_start, _]) if stored_start == start => (count, start, end),
-        _ => (0, start, end),
+        Some([count, start, end]) if start >= span_end => (count, start, end),
+        Some([count, _, end]) if end > span_start => (count, span_start, span_end),
+        _ => (0, span_start, span_end),
     };
+    if end <= now {
+        return ended(p.limit());
+    }
     crate::counter::count(p.limit(), count, cost, now, (now, end), |count_after| {
         State::Cells([count_after, start, end])
     })
+}
+
+/// The verdict in a span that has ended at the store's clock: denied,
+/// nothing left, retry in a millisecond.
+fn ended(limit: u64) -> Transition {
+    Transition {
+        verdict: Verdict {
+            allowed: false,
+            limit,
+            remaining: 0,
+            reset_after: Duration::ZERO,
+            retry_after: Some(CALENDAR_ENDED_RETRY),
+        },
+        next: None,
+    }
 }
 
 /// The count goes down only while it still counts the charge's span.

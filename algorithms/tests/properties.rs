@@ -77,9 +77,10 @@ proptest! {
         }
     }
 
-    /// Calendar quota: no day of the calendar (in zones with shifts of an
-    /// hour and of half an hour) ever holds more than the limit, the
-    /// clock stepping back across midnight included.
+    /// Calendar quota: no day of the calendar ever holds more than the
+    /// limit, the clock stepping back across midnight included (the
+    /// daylight-saving days themselves: `core/tests/calendar.rs` and the
+    /// Redis differential).
     #[test]
     fn calendar_never_exceeds_the_limit_in_a_span(
         limit in 1u64..20,

@@ -320,6 +320,16 @@ fn bad_units_zones_and_anchors_name_their_field() {
     assert_eq!(from.field(), "from");
     let year = Recurrence::new(Month, "UTC", "1900-01-01T00:00").unwrap_err();
     assert_eq!(year.field(), "from");
+    let offset = Recurrence::new(Month, "UTC", "2025-01-17T00:00-05:00").unwrap_err();
+    assert!(
+        offset.to_string().contains("the zone is time_zone"),
+        "{offset}"
+    );
+    let no_day = Recurrence::new(Month, "UTC", "2025-02-30T00:00").unwrap_err();
+    assert!(
+        no_day.to_string().contains("is not a civil date-time ("),
+        "{no_day}"
+    );
     let unit = "fortnight".parse::<CalendarUnit>().unwrap_err();
     assert_eq!(unit.field(), "per");
 }
@@ -375,4 +385,44 @@ async fn a_clock_stepping_back_over_a_boundary_keeps_the_later_span() {
     assert!(limiter.check(&ctx, 1).await.unwrap().is_allowed());
     let denied = limiter.check(&ctx, 1).await.unwrap();
     assert!(!denied.is_allowed(), "April's two are spent");
+}
+
+/// A billing date moved from the 17th to the 1st on 20 March: the count
+/// of the span [17 March, 17 April) goes on in [1 March, 1 April), the
+/// span it overlaps, rather than a fresh allowance (or the old span
+/// running on into April beside the new one); April starts full.
+#[tokio::test]
+async fn a_changed_billing_date_carries_the_count_into_the_overlapping_span() {
+    let clock = ManualClock::new(Timestamp::from_micros(at("2026-03-20T12:00:00Z")));
+    let store: Arc<MemoryStore> = Arc::new(
+        MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+    );
+    let ctx = Context::for_subject(Subject::new("customer").unwrap());
+    let quota = |from: &str| {
+        let every = every(Month, "UTC", from);
+        let policy = Policy::new("monthly", Limit::calendar(5, every).unwrap()).unwrap();
+        Limiter::builder(store.clone())
+            .layer("key", Scope::Subject, policy)
+            .clock(Arc::new(clock.clone()))
+            .build()
+            .unwrap()
+    };
+    let on_the_17th = quota("2025-01-17T00:00");
+    for _ in 0..3 {
+        assert!(on_the_17th.check(&ctx, 1).await.unwrap().is_allowed());
+    }
+    let on_the_1st = quota("2025-01-01T00:00");
+    let mut admitted = 0;
+    for _ in 0..5 {
+        admitted += u64::from(on_the_1st.check(&ctx, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(admitted, 2, "3 of March's 5 were used");
+    clock.set(Timestamp::from_micros(at("2026-04-01T00:00:00Z")));
+    let mut admitted = 0;
+    for _ in 0..6 {
+        admitted += u64::from(on_the_1st.check(&ctx, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(admitted, 5, "April is whole");
 }

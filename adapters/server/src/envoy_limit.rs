@@ -27,14 +27,14 @@ pub struct EnvoyLimit {
     /// `MONTH`, `YEAR`).
     pub unit_name: &'static str,
     /// Whether the figure is exact (a count over exactly one unit, or one
-    /// that scales to a whole count of the next unit up); otherwise it is
-    /// the whole number of requests the policy allows per that unit,
-    /// rounded down (at least 1).
+    /// that scales to a whole count of a longer unit; a calendar quota's
+    /// limit per its unit); otherwise it is the whole number of requests
+    /// the policy allows per that unit, rounded down (at least 1).
     pub exact: bool,
 }
 
 /// `limit` as Envoy's `requests_per_unit` and `unit`: the first unit, from
-/// the smallest at least as long as the policy's period up to a day, in
+/// the smallest at least as long as the policy's period up to a year, in
 /// which its rate is a whole number of requests (exact); when there is
 /// none, the smallest such unit with the count rounded down (at least 1).
 /// A calendar quota is its limit per its calendar unit, exact. `None` for

@@ -29,6 +29,10 @@ pub fn lua_constants() -> String {
         ("REFUND_LAYER_ARGS", REFUND_LAYER_ARGS as u64),
         ("REPLY_FIELDS", REPLY_FIELDS as u64),
         ("RESERVE_FIELDS", RESERVE_FIELDS as u64),
+        (
+            "ENDED_RETRY_US",
+            tollgate_limiter::duration_micros(tollgate_limiter::CALENDAR_ENDED_RETRY),
+        ),
     ] {
         let _ = writeln!(lua, "local {name} = {value}");
     }

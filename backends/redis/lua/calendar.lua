@@ -10,16 +10,23 @@
 --   span holding the caller's time (the time zone arithmetic runs in the
 --   client; spans are deterministic).
 -- State: cells {count, start µs, end µs} of the span it counts, stored as
---   "a b c"; nil: none. A stored later span wins over the one sent.
+--   "a b c"; nil: none. A stored span of the one sent, or overlapping it
+--   (a changed schedule), goes on in the one sent; a later one goes on in
+--   itself; an earlier one counts as none. A span ended at now (Redis TIME
+--   ahead of the caller's clock) admits nothing, writes nothing, and says
+--   retry in a millisecond.
 -- Returns: as fixed_window.lua.
 local function calendar(limit, span_start, span_end, stored, start, stop, now, cost)
   local count = 0
-  if stored and start > span_start then
+  if stored and start >= span_end then
     count = stored
-  elseif stored and start == span_start then
-    count, stop = stored, span_end
+  elseif stored and stop > span_start then
+    count, start, stop = stored, span_start, span_end
   else
     start, stop = span_start, span_end
+  end
+  if stop <= now then
+    return false, limit, 0, 0, ENDED_RETRY_US
   end
   return counted(limit, count, cost, now, now, stop, start, stop)
 end

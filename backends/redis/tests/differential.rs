@@ -30,8 +30,8 @@ use proptest::prelude::*;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use tollgate_limiter::{
-    duration_micros, CalendarUnit, LayerRequest, Limit, Policy, Recurrence, State, StoreKey,
-    Timestamp, Verdict, MAX_EXACT, MAX_RECOVERY,
+    duration_micros, Calendar, CalendarUnit, LayerRequest, Limit, Policy, Recurrence, State,
+    StoreKey, Timestamp, Verdict, MAX_EXACT, MAX_RECOVERY,
 };
 use tollgate_redis::script::{layer_args, parse_reply};
 use tollgate_testkit::conformance::{unique, START};
@@ -189,11 +189,30 @@ fn calendar() -> impl Strategy<Value = Limit> {
         0u32..24,
         prop_oneof![Just(0u32), Just(30), 0u32..60],
     );
-    (limit, unit, zone, anchor).prop_map(|(limit, unit, zone, (y, m, d, h, min))| {
-        let d = d.min(if m == 2 { 29 } else { 30 + (m + m / 8) % 2 });
-        let from = format!("{y}-{m:02}-{d:02}T{h:02}:{min:02}");
-        let every = Recurrence::new(unit, zone, &from).expect("valid");
-        Limit::calendar(limit, every).expect("valid")
+    let every =
+        (limit.clone(), unit, zone, anchor).prop_map(|(limit, unit, zone, (y, m, d, h, min))| {
+            let february = if y % 4 == 0 { 29 } else { 28 };
+            let d = d.min(if m == 2 {
+                february
+            } else {
+                30 + (m + m / 8) % 2
+            });
+            let from = format!("{y}-{m:02}-{d:02}T{h:02}:{min:02}");
+            let every = Recurrence::new(unit, zone, &from).expect("valid");
+            Limit::calendar(limit, every).expect("valid")
+        });
+    prop_oneof![4 => every, 1 => calendar_span()]
+}
+
+/// One calendar span as a store receives it, around the run's start: the
+/// run's clock passes its end (a span ended at the store's clock admits
+/// nothing) and steps back before its start.
+fn calendar_span() -> impl Strategy<Value = Limit> {
+    let day = 86_400_000_000u64;
+    let limit = prop_oneof![3 => 1u64..=50, 1 => 1u64..=1_000_000_000];
+    (limit, 0..day, 1_000..2 * day).prop_map(|(limit, before, length)| {
+        let start = START.as_micros() - before;
+        Limit::Calendar(Calendar::span(limit, start, start + length).expect("valid"))
     })
 }
 
@@ -642,6 +661,11 @@ proptest! {
     fn calendar_matches_rust(limit in calendar(), ops in ops(steps())) {
         run(vec![limit], &ops);
     }
+
+    #[test]
+    fn calendar_span_matches_rust(limit in calendar_span(), ops in ops(steps())) {
+        run(vec![limit], &ops);
+    }
 }
 
 fn any_limit() -> impl Strategy<Value = Limit> {
@@ -709,6 +733,11 @@ proptest! {
 
     #[test]
     fn module_calendar_matches_rust(limit in calendar(), ops in ops(steps())) {
+        run_on(vec![limit], &ops, Path::Module);
+    }
+
+    #[test]
+    fn module_calendar_span_matches_rust(limit in calendar_span(), ops in ops(steps())) {
         run_on(vec![limit], &ops, Path::Module);
     }
 }

@@ -613,3 +613,48 @@ async fn concurrent_decisions_admit_exactly_the_capacity() {
     }
     assert_eq!(admitted, 100);
 }
+
+/// At the server's `TIME` (the default), a calendar span the caller sent
+/// that has ended on the server's clock — the caller's clock behind —
+/// admits nothing and writes nothing, on the module and on the Lua: its
+/// count would expire at once and start again, admitting the limit every
+/// few milliseconds for as long as the caller lags.
+#[tokio::test]
+async fn a_span_ended_at_the_servers_clock_admits_nothing() {
+    let now = SystemClock.now().as_micros();
+    let day = 86_400_000_000;
+    let ended = tollgate_limiter::Calendar::span(5, now - 2 * day, now - day).unwrap();
+    let policy = Policy::new("ended", Limit::Calendar(ended)).unwrap();
+    for engine in [Engine::Module, Engine::Functions] {
+        let server = RedisServer::shared_with_module();
+        let prefix = unique("ended");
+        let store = RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .engine(engine)
+            .connect()
+            .await
+            .expect("connect");
+        let layer = || {
+            vec![LayerRequest {
+                key: StoreKey::new("s", &policy, "s", "s"),
+                policy: &policy,
+                cost: 1,
+            }]
+        };
+        for _ in 0..3 {
+            let verdicts = store.decide(&layer()).await.expect("decides");
+            let verdict = verdicts.iter().next().expect("one layer");
+            assert!(!verdict.allowed, "{engine:?}");
+            assert_eq!(
+                verdict.retry_after,
+                Some(tollgate_limiter::CALENDAR_ENDED_RETRY)
+            );
+        }
+        let keys = server.command(&["KEYS", &format!("{prefix}:*")]);
+        assert_eq!(
+            keys,
+            Reply::Array(Some(vec![])),
+            "{engine:?}: nothing written"
+        );
+    }
+}

@@ -14,6 +14,12 @@ use crate::{CalendarUnit, Recurrence};
 /// (a time zone's offset may change within the year).
 pub const MAX_CALENDAR_SPAN_US: u64 = 367 * 86_400_000_000;
 
+/// What a calendar quota tells a call whose span has ended at the store's
+/// clock (Redis `TIME` ahead of the clock that chose the span) to wait:
+/// the call admits nothing, and the caller's clock reaches the next span
+/// within its skew.
+pub const CALENDAR_ENDED_RETRY: std::time::Duration = std::time::Duration::from_millis(1);
+
 impl Limit {
     /// A calendar quota: `limit` per span of `every` (a day, a week, a
     /// month, a year in a time zone, from an anchor). The span's end is the

@@ -38,7 +38,7 @@ mod window;
 
 pub(crate) use builtins::Parameters;
 pub use builtins::{Builtin, Layout};
-pub use calendar::{Schedule, MAX_CALENDAR_SPAN_US};
+pub use calendar::{Schedule, CALENDAR_ENDED_RETRY, MAX_CALENDAR_SPAN_US};
 #[cfg(feature = "calendar")]
 #[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
 pub use recurrence::{CalendarUnit, Recurrence};

@@ -23,7 +23,8 @@ use crate::error::PolicyError;
 pub enum CalendarUnit {
     /// A civil day: 23, 24 or 25 hours across daylight-saving changes.
     Day,
-    /// Seven civil days (an ISO week from a Monday anchor).
+    /// Seven civil days, from the anchor's weekday (an ISO week from a
+    /// Monday anchor: `"2024-12-30T00:00"`).
     Week,
     /// A calendar month: 28 to 31 days.
     Month,
@@ -54,13 +55,14 @@ impl CalendarUnit {
         }
     }
 
-    fn times(self, k: i64) -> Span {
+    fn times(self, k: i64) -> Option<Span> {
         match self {
-            CalendarUnit::Day => Span::new().days(k),
-            CalendarUnit::Week => Span::new().weeks(k),
-            CalendarUnit::Month => Span::new().months(k),
-            CalendarUnit::Year => Span::new().years(k),
+            CalendarUnit::Day => Span::new().try_days(k),
+            CalendarUnit::Week => Span::new().try_weeks(k),
+            CalendarUnit::Month => Span::new().try_months(k),
+            CalendarUnit::Year => Span::new().try_years(k),
         }
+        .ok()
     }
 
     /// Whole units from `from` to `to` by their dates, give or take one:
@@ -157,23 +159,12 @@ impl Recurrence {
                 format!("{time_zone:?} is not an IANA time zone name (such as \"UTC\" or \"Europe/Berlin\")"),
             )
         })?;
-        let anchor: DateTime = from.parse().map_err(|_| {
-            PolicyError::new(
-                "from",
-                format!("{from:?} is not a civil date-time: write it as \"2025-01-17T00:00\""),
-            )
-        })?;
-        if !(1970..=2100).contains(&anchor.year()) || anchor.subsec_nanosecond() != 0 {
-            return Err(PolicyError::new(
-                "from",
-                format!("{from:?} must lie between the years 1970 and 2100, on a whole second"),
-            ));
-        }
         Ok(Recurrence {
             unit,
-            zone_name: time_zone.into(),
+            // As the database spells it (the lookup ignores case).
+            zone_name: zone.iana_name().unwrap_or(time_zone).into(),
             zone,
-            anchor,
+            anchor: anchor(from)?,
             last_span: AtomicU64::new(0),
         })
     }
@@ -189,14 +180,18 @@ impl Recurrence {
     }
 
     /// The span holding `now` (µs since the Unix epoch): its start
-    /// (inclusive) and end (exclusive), in µs.
+    /// (inclusive) and end (exclusive), in µs. Within 1970–2100 there is
+    /// always one; were the calendar ever to fail, the answer is an empty
+    /// span, which admits nothing.
     pub fn span_at(&self, now: u64) -> (u64, u64) {
         let last = self.last_span.load(Ordering::Relaxed);
         let (start, end) = ((last >> 32) * 1_000_000, (last & 0xffff_ffff) * 1_000_000);
         if start <= now && now < end {
             return (start, end);
         }
-        let (start, end) = self.find_span(now);
+        let Some((start, end)) = self.find_span(now) else {
+            return (0, 0);
+        };
         let whole = |us: u64| us.is_multiple_of(1_000_000).then_some(us / 1_000_000);
         if let (Some(s), Some(e)) = (whole(start), whole(end)) {
             if e <= u64::from(u32::MAX) {
@@ -207,39 +202,58 @@ impl Recurrence {
     }
 
     /// [`span_at`](Self::span_at) by the calendar.
-    fn find_span(&self, now: u64) -> (u64, u64) {
-        let now = i64::try_from(now).unwrap_or(i64::MAX);
-        let civil = jiff::Timestamp::from_microsecond(now)
-            .map(|t| self.zone.to_datetime(t))
-            .unwrap_or(self.anchor);
+    fn find_span(&self, now: u64) -> Option<(u64, u64)> {
+        let now = i64::try_from(now).ok()?;
+        let civil = self
+            .zone
+            .to_datetime(jiff::Timestamp::from_microsecond(now).ok()?);
         let mut k = self.unit.guess(self.anchor.date(), civil.date());
         // The guess is off by at most one unit (the time of day, a
         // daylight-saving shift); a few steps settle it.
         for _ in 0..8 {
-            let (start, end) = (self.start_of(k), self.start_of(k + 1));
+            let (start, end) = (self.start_of(k)?, self.start_of(k + 1)?);
             if start > now {
                 k -= 1;
             } else if end <= now {
                 k += 1;
             } else {
-                return (micros(start), micros(end));
+                return Some((micros(start), micros(end)));
             }
         }
-        (micros(self.start_of(k)), micros(self.start_of(k + 1)))
+        None
     }
 
-    /// Span `k`'s start, µs since the epoch. Anchors lie in 1970–2100 and
-    /// `k` within a few hundred years of them, far inside jiff's range;
-    /// were it ever outside, the span would collapse to the anchor's.
-    fn start_of(&self, k: i64) -> i64 {
-        let civil = self
-            .anchor
-            .checked_add(self.unit.times(k))
-            .unwrap_or(self.anchor);
-        self.zone
-            .to_timestamp(civil)
-            .map_or(0, jiff::Timestamp::as_microsecond)
+    /// Span `k`'s start, µs since the epoch (`None` outside jiff's range,
+    /// which anchors of 1970–2100 and times up to 2100 never reach).
+    fn start_of(&self, k: i64) -> Option<i64> {
+        let civil = self.anchor.checked_add(self.unit.times(k)?).ok()?;
+        let start = self.zone.to_timestamp(civil).ok()?;
+        Some(start.as_microsecond())
     }
+}
+
+/// The civil date-time `from`: no offset or zone (the zone is the
+/// recurrence's), a year from 1970 to 2100, a whole second.
+fn anchor(from: &str) -> Result<DateTime, PolicyError> {
+    let bad = |why: String| PolicyError::new("from", format!("{from:?} {why}"));
+    let time = from.split_once('T').map_or("", |(_, time)| time);
+    if time.contains(['+', '-', 'Z', 'z', '[']) {
+        return Err(bad(
+            "has an offset or a zone: write the civil date-time alone (\"2025-01-17T00:00\"); the zone is time_zone".into(),
+        ));
+    }
+    let anchor: DateTime = from.parse().map_err(|e| {
+        bad(format!(
+            "is not a civil date-time ({e}): write it as \"2025-01-17T00:00\""
+        ))
+    })?;
+    if !(1970..=2100).contains(&anchor.year()) {
+        return Err(bad("must lie between the years 1970 and 2100".into()));
+    }
+    if anchor.subsec_nanosecond() != 0 {
+        return Err(bad("must fall on a whole second".into()));
+    }
+    Ok(anchor)
 }
 
 /// A start or end in µs; one before the epoch is the epoch.
@@ -283,7 +297,11 @@ mod tests {
                 } else {
                     t + 37_000_000_000
                 };
-                assert_eq!(every.span_at(t), every.find_span(t), "{unit:?} at {t}");
+                assert_eq!(
+                    Some(every.span_at(t)),
+                    every.find_span(t),
+                    "{unit:?} at {t}"
+                );
             }
         }
     }
