@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use tollgate_limiter::{
-    Calendar, State, Transition, Verdict, CALENDAR_ENDED_RETRY, MAX_CALENDAR_SPAN_US, MAX_EXACT,
+    Calendar, State, Transition, Verdict, CALENDAR_ENDED_RETRY, MAX_EXACT,
 };
 
 use crate::builtin::{cells, Reference};
@@ -84,9 +84,9 @@ impl Reference for Calendar {
     fn reward(&self, state: &State, now: u64, units: u64) -> Option<State> {
         crate::builtin::reward_last_charge(self, state, now, units)
     }
-    /// [count, start, end]: the count within exact integers, a span of
-    /// 1 µs to [`MAX_CALENDAR_SPAN_US`].
+    /// [count, start, end]: the count within exact integers, a span
+    /// [`Calendar::is_span`] accepts.
     fn within_reach(&self, [count, start, end]: [u64; 3]) -> bool {
-        count <= MAX_EXACT && start < end && end - start <= MAX_CALENDAR_SPAN_US
+        count <= MAX_EXACT && Calendar::is_span(start, end)
     }
 }

@@ -1,7 +1,7 @@
 //! A policy as Envoy expresses a limit: requests per second, minute, hour,
 //! day, week, month or year.
 
-use tollgate_limiter::{CalendarUnit, Limit, Schedule};
+use tollgate_limiter::{Limit, Schedule};
 
 /// Envoy's units, in seconds, with their protobuf numbers
 /// (`RateLimitResponse.RateLimit.Unit`); a month and a year as
@@ -70,6 +70,24 @@ pub fn envoy_limit(limit: &Limit) -> Option<EnvoyLimit> {
     })
 }
 
+/// Envoy's unit numbered `number` (`RateLimitUnit`): its name and length
+/// in seconds; `None` for `UNKNOWN` and numbers Envoy does not define.
+pub(crate) fn unit_numbered(number: i32) -> Option<(&'static str, u64)> {
+    UNITS
+        .iter()
+        .find(|(_, n, _)| *n == number)
+        .map(|(secs, _, name)| (*name, *secs))
+}
+
+/// Envoy's unit named `name` (any case, as envoyproxy/ratelimit's files
+/// write it): its length in seconds, protobuf number and name.
+pub(crate) fn unit_named(name: &str) -> Option<(u64, i32, &'static str)> {
+    UNITS
+        .iter()
+        .copied()
+        .find(|(_, _, n)| n.eq_ignore_ascii_case(name))
+}
+
 /// A calendar quota per its unit: a day, week, month or year of the
 /// calendar (in its time zone) is what the unit says.
 fn calendar_limit(limit: &Limit) -> Option<EnvoyLimit> {
@@ -79,12 +97,8 @@ fn calendar_limit(limit: &Limit) -> Option<EnvoyLimit> {
     let Schedule::Every(every) = calendar.schedule() else {
         return None;
     };
-    let (unit, unit_name) = match every.unit() {
-        CalendarUnit::Day => (4, "DAY"),
-        CalendarUnit::Week => (7, "WEEK"),
-        CalendarUnit::Month => (5, "MONTH"),
-        CalendarUnit::Year => (6, "YEAR"),
-    };
+    // Envoy's day, week, month and year are the calendar units' names.
+    let (_, unit, unit_name) = unit_named(every.unit().name())?;
     Some(EnvoyLimit {
         requests_per_unit: u32::try_from(calendar.limit()).unwrap_or(u32::MAX),
         unit,
@@ -130,7 +144,7 @@ mod tests {
 
     #[test]
     fn calendar_quotas_are_their_limit_per_their_unit() {
-        use tollgate_limiter::Recurrence;
+        use tollgate_limiter::{CalendarUnit, Recurrence};
         for (unit, name) in [
             (CalendarUnit::Day, "DAY"),
             (CalendarUnit::Week, "WEEK"),

@@ -90,16 +90,7 @@ impl LimitOverride {
     /// The unit's Envoy name and its length in seconds, for the units a
     /// fixed window counts.
     fn unit(&self) -> Option<(&'static str, u64)> {
-        match self.unit {
-            1 => Some(("SECOND", 1)),
-            2 => Some(("MINUTE", 60)),
-            3 => Some(("HOUR", 3600)),
-            4 => Some(("DAY", 86_400)),
-            5 => Some(("MONTH", 30 * 86_400)),
-            6 => Some(("YEAR", 365 * 86_400)),
-            7 => Some(("WEEK", 7 * 86_400)),
-            _ => None,
-        }
+        crate::envoy_limit::unit_numbered(self.unit)
     }
 
     /// The override as the answer's `current_limit` states it.

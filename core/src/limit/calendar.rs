@@ -85,7 +85,7 @@ impl Calendar {
     /// ```
     pub fn span(limit: u64, start: u64, end: u64) -> Result<Self, PolicyError> {
         check_count("limit", limit, MAX_COUNT)?;
-        if start >= end || end - start > MAX_CALENDAR_SPAN_US {
+        if !Self::is_span(start, end) {
             return Err(PolicyError::new(
                 "span",
                 format!("[{start}, {end}) µs must be a span of 1 µs to 367 days"),
@@ -106,6 +106,12 @@ impl Calendar {
             limit,
             schedule: Schedule::Every(std::sync::Arc::new(every)),
         })
+    }
+
+    /// Whether `[start, end)` (µs) is a span a calendar quota can count
+    /// in: 1 µs to [`MAX_CALENDAR_SPAN_US`] long.
+    pub fn is_span(start: u64, end: u64) -> bool {
+        start < end && end - start <= MAX_CALENDAR_SPAN_US
     }
 
     /// Units admitted per span.

@@ -151,18 +151,7 @@ pub(super) struct DescriptorExtension {
 /// A unit as the reference names it (any case), in seconds: `None` for a
 /// name it does not know.
 pub(super) fn unit_seconds(unit: &str) -> Option<u64> {
-    let seconds = match unit.to_ascii_uppercase().as_str() {
-        "SECOND" => 1,
-        "MINUTE" => 60,
-        "HOUR" => 3_600,
-        "DAY" => 86_400,
-        "WEEK" => 7 * 86_400,
-        // As the reference counts them: fixed lengths from the epoch.
-        "MONTH" => 30 * 86_400,
-        "YEAR" => 365 * 86_400,
-        _ => return None,
-    };
-    Some(seconds)
+    crate::envoy_limit::unit_named(unit).map(|(seconds, _, _)| seconds)
 }
 
 impl DescriptorYaml {
