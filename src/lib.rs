@@ -3,8 +3,9 @@
 //! Rate limiting for Rust services that decides atomically across several
 //! algorithms, layers and stores, and tells clients exactly when to come back.
 //!
-//! - Five built-in algorithms, chosen per policy ([`Limit`]): token bucket,
-//!   GCRA, fixed window, sliding window counter, sliding log; and your own
+//! - Seven built-in algorithms, chosen per policy ([`Limit`]): token bucket,
+//!   GCRA, fixed window, sliding window counter, sliding log, calendar
+//!   quota, and the concurrency limit (requests in flight); and your own
 //!   through the [`Algorithm`] trait ([`Limit::custom`]).
 //! - Layered policies (per key, per tenant, global) decided together by a
 //!   [`Limiter`]: all layers are charged, or none is.
@@ -48,6 +49,7 @@
 //! | `blocked-cache` | long denials answered in-process without a store call |
 //! | `plan-source` | plans from your own async source ([`PlanSource`]: a database, an account service), cached in-process with a deadline |
 //! | `calendar` | calendar quotas ([`Recurrence`]): a limit per day, week, month or year in an IANA time zone, or from a billing date (guide: `docs/plans.md`) |
+//! | `concurrency` | `Limiter::acquire` and `Permit`: concurrency limits, requests in flight each holding its place until its permit is dropped (tokio's runtime; guide: `docs/concurrency.md`) |
 //! | `wait` | `Limiter::wait` and `Limiter::throttle`: outbound clients wait for capacity (tokio's timer; guide: `docs/operations.md`, "Waiting for capacity") |
 //! | `tower` | [`tower::RateLimitLayer`], for axum, tonic and hyper (guide: `docs/http.md`) |
 //! | `tonic` | `tower`, plus the client address from tonic's `TcpConnectInfo` |
@@ -87,6 +89,7 @@ pub use login::{Escalation, LoginGuard};
 pub use tollgate_limiter::MAX_RECOVERY;
 pub use tollgate_limiter::{async_trait, Algorithm, LayerRequest, State, Store, StoreKey};
 pub use tollgate_limiter::{duration_micros, Builtin, Layout, Stored, Transition, Verdicts};
+pub use tollgate_limiter::{Hold, Holds};
 // Metrics and log events.
 pub use tollgate_limiter::observe;
 // With `wait`: outbound clients wait for capacity.
@@ -97,6 +100,10 @@ pub use tollgate_limiter::{Rejected, Sleep, Throttle, WhenLimited};
 #[cfg(feature = "plan-source")]
 #[cfg_attr(docsrs, doc(cfg(feature = "plan-source")))]
 pub use tollgate_limiter::{PlanCacheConfig, PlanSource, PlanSourceError};
+// With `concurrency`: requests in flight, each holding its place in a permit.
+#[cfg(feature = "concurrency")]
+#[cfg_attr(docsrs, doc(cfg(feature = "concurrency")))]
+pub use tollgate_limiter::{Acquired, Permit};
 // With `calendar`: quotas per calendar day, week, month or year.
 #[cfg(feature = "calendar")]
 #[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
@@ -158,6 +165,11 @@ pub struct HttpGuideDoctests;
 #[cfg(all(doctest, feature = "axum", feature = "memory", feature = "calendar"))]
 #[doc = include_str!("../docs/plans.md")]
 pub struct PlansGuideDoctests;
+
+/// The concurrency limits guide's examples, compiled and run as doc-tests.
+#[cfg(all(doctest, feature = "memory", feature = "concurrency"))]
+#[doc = include_str!("../docs/concurrency.md")]
+pub struct ConcurrencyGuideDoctests;
 
 /// The API consumers' guide's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

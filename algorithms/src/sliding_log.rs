@@ -95,20 +95,28 @@ impl Reference for SlidingLog {
             _ => Refund::NOTHING,
         }
     }
-    /// The time of the charge's entries.
     fn charge_marks(&self, next: &State) -> Option<(u64, u64)> {
-        match next {
-            State::Log(entries) => Some((*entries.back()?, 0)),
-            _ => None,
-        }
+        log_charge_marks(next)
     }
-    /// The newest `units` entries go.
     fn reward(&self, state: &State, _now: u64, units: u64) -> Option<State> {
-        let State::Log(entries) = state else {
-            return None;
-        };
-        let keep = entries.len().saturating_sub(units as usize);
-        (keep < entries.len())
-            .then(|| State::Log(entries.range(..keep).copied().collect::<VecDeque<u64>>()))
+        log_reward(state, units)
     }
+}
+
+/// A log's charge: the time of its newest entries (those it appended).
+pub(crate) fn log_charge_marks(next: &State) -> Option<(u64, u64)> {
+    match next {
+        State::Log(entries) => Some((*entries.back()?, 0)),
+        _ => None,
+    }
+}
+
+/// A log's reward: its newest `units` entries go.
+pub(crate) fn log_reward(state: &State, units: u64) -> Option<State> {
+    let State::Log(entries) = state else {
+        return None;
+    };
+    let keep = entries.len().saturating_sub(units as usize);
+    (keep < entries.len())
+        .then(|| State::Log(entries.range(..keep).copied().collect::<VecDeque<u64>>()))
 }

@@ -202,6 +202,15 @@ pub enum Error {
         /// What the layer keys on.
         scope: String,
     },
+    /// [`Limiter::check`](crate::Limiter::check) was asked to decide a
+    /// concurrency layer: its place would stay taken until its lease ran
+    /// out. Such a limiter decides with `Limiter::acquire`, whose permit
+    /// gives the place back.
+    #[error("layer {layer:?} is a concurrency limit: decide with Limiter::acquire, whose permit gives its place back when the work ends (check would hold the place until its lease runs out)")]
+    NeedsPermit {
+        /// The concurrency layer's name.
+        layer: String,
+    },
 }
 
 /// A limiter that cannot work, refused when it is built
@@ -230,6 +239,10 @@ pub enum BuildError {
     /// A layer falls back to the emergency store but the limiter has none.
     #[error("layer {0:?} falls back to an emergency store on store failure; give the limiter one with LimiterBuilder::fallback_store")]
     NoFallbackStore(String),
+    /// A concurrency layer falls back to the emergency store on store
+    /// failure: the emergency store's places would never be given back.
+    #[error("layer {0:?} is a concurrency limit, which cannot fall back to an emergency store: let it fail open or closed")]
+    ConcurrencyFallback(String),
     /// A plan cannot be used ([`LimiterBuilder::plans`](crate::LimiterBuilder::plans)).
     #[error("plan {plan:?}: {reason}")]
     Plan {

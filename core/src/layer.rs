@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::decision::LayerInfo;
 use crate::error::{BuildError, PolicyError};
+use crate::limit::Limit;
 use crate::plan::Plan;
 use crate::policy::Policy;
 use crate::store::KeyMiddle;
@@ -98,12 +99,38 @@ impl Layer {
             fallback,
         }
     }
+    /// Whether the layer is a concurrency limit
+    /// ([`Limit::concurrency`](crate::Limit::concurrency)): a limiter with
+    /// one decides with `Limiter::acquire`.
+    pub fn is_concurrency(&self) -> bool {
+        matches!(self.policy.limit(), Limit::Concurrency(_))
+    }
+
     /// The same layer under `plan`: the plan's limit for its policy, if
     /// the plan gives one (the policy's own otherwise), and the plan's name
     /// in its decisions. The keys stay the layer's: a subject's usage
     /// carries over from plan to plan.
     pub(crate) fn under_plan(&self, plan: &Plan) -> Result<Layer, PolicyError> {
         let mut layer = match plan.limit_of(self.policy.name()) {
+            Some(limit) if matches!(limit, Limit::Concurrency(_)) != self.is_concurrency() => {
+                return Err(PolicyError::new(
+                    "limit",
+                    format!(
+                        "policy {:?} counts {}: a plan can change its limit, not turn it into a {}",
+                        self.policy.name(),
+                        if self.is_concurrency() {
+                            "requests in flight"
+                        } else {
+                            "requests over time"
+                        },
+                        if self.is_concurrency() {
+                            "rate limit"
+                        } else {
+                            "concurrency limit"
+                        },
+                    ),
+                ));
+            }
             Some(limit) => Layer::new(
                 self.name.clone(),
                 self.scope.clone(),

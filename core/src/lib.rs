@@ -17,12 +17,15 @@ mod context;
 mod decision;
 mod error;
 mod failure;
+mod hold;
 mod layer;
 mod limit;
 mod limiter;
 mod live;
 pub mod observe;
 mod operate;
+#[cfg(feature = "concurrency")]
+mod permit;
 mod plan;
 #[cfg(feature = "plan-source")]
 mod plan_cache;
@@ -49,6 +52,7 @@ pub use context::Context;
 pub use decision::{Decision, LayerDecision, Source};
 pub use error::{BuildError, Error, HashKeyError, PolicyError, StoreError, SubjectError};
 pub use failure::{BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure};
+pub use hold::{Hold, Holds};
 pub use layer::{Layer, Scope};
 // For Tollgate's sibling crates (the configuration reports each rule
 // where it was written): not part of the model an application uses.
@@ -57,8 +61,12 @@ pub use layer::{duplicate_names, shared_counters};
 // Whole: each built-in algorithm's parameters and configuration types
 // come from the list of built-ins.
 pub use limit::*;
+#[cfg(feature = "concurrency")]
+pub use limiter::Acquired;
 pub use limiter::{Limiter, LimiterBuilder};
 pub use live::{LimiterSource, ReloadableRoute, RouteLimits};
+#[cfg(feature = "concurrency")]
+pub use permit::Permit;
 pub use plan::{Plan, PlanName, Plans};
 #[cfg(feature = "plan-source")]
 #[cfg_attr(docsrs, doc(cfg(feature = "plan-source")))]

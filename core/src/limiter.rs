@@ -1,5 +1,7 @@
 //! The limiter: ordered layers decided together in one store call.
 
+#[cfg(feature = "concurrency")]
+mod acquire;
 mod degraded;
 mod planned;
 
@@ -18,6 +20,7 @@ use crate::context::Context;
 use crate::decision::{Decision, LayerDecision, Source};
 use crate::error::{BuildError, Error, StoreError};
 use crate::failure::{Admission, BreakerConfig, BreakerState, CircuitBreaker};
+use crate::hold::Holds;
 use crate::layer::{duplicate_names, shared_counters, Layer, Scope};
 use crate::observe::{self, LimiterMetrics};
 use crate::plan::Plans;
@@ -25,6 +28,8 @@ use crate::policy::Policy;
 use crate::store::{LayerRequest, Store};
 use crate::time::{Clock, MonotonicClock};
 use crate::verdicts::Verdicts;
+#[cfg(feature = "concurrency")]
+pub use acquire::Acquired;
 
 /// An ordered list of layers over one store. `check` decides all layers in
 /// one store call: admitted only if every layer admits, and then every layer
@@ -69,6 +74,8 @@ pub struct Limiter {
     blocked: Option<Arc<crate::blocked::BlockedCache>>,
     /// Whether any layer is in shadow mode.
     has_shadow: bool,
+    /// Whether any layer is a concurrency limit (decided by `acquire`).
+    has_concurrency: bool,
     /// Counters of decisions per layer, and the store's latency.
     metrics: Arc<LimiterMetrics>,
     /// Each plan's limiter, when the limiter has plans.
@@ -107,6 +114,7 @@ impl Limiter {
     fn with_layers(&self, layers: Arc<[Layer]>) -> Limiter {
         Limiter {
             has_shadow: layers.iter().any(|l| l.policy.is_shadow()),
+            has_concurrency: layers.iter().any(Layer::is_concurrency),
             layers,
             plans: None,
             ..self.clone()
@@ -119,6 +127,14 @@ impl Limiter {
             None => self,
             Some(book) => book.limiter_for(ctx).await,
         }
+    }
+
+    /// Whether a layer is a concurrency limit: such a limiter decides with
+    /// `Limiter::acquire` (feature `concurrency`), whose permit gives the
+    /// places back; [`check`](Self::check) refuses it. Plans keep this
+    /// (a plan cannot turn a rate limit into a concurrency limit).
+    pub fn has_concurrency(&self) -> bool {
+        self.has_concurrency
     }
 
     /// The layers, in order.
@@ -221,6 +237,9 @@ impl Limiter {
         if self.has_shadow && self.layers.iter().any(|l| undecidable(l, ctx, cost)) {
             return Start::Unfinished(Unfinished::Undecidable);
         }
+        if self.has_concurrency {
+            return Start::Done(Err(self.needs_permit()));
+        }
         if let Err(e) = self.requests_into(ctx, cost, requests) {
             return Start::Done(Err(e));
         }
@@ -248,6 +267,16 @@ impl Limiter {
         match answer {
             Ok(()) if !denied_only_by_shadow(requests, verdicts) => Start::Decided,
             answer => Start::Unfinished(Unfinished::Answered(answer)),
+        }
+    }
+
+    /// `check` refuses a limiter with a concurrency layer: it would take
+    /// a place nothing gives back.
+    #[cold]
+    fn needs_permit(&self) -> Error {
+        let layer = self.layers.iter().find(|l| l.is_concurrency());
+        Error::NeedsPermit {
+            layer: layer.map_or_else(String::new, |l| l.name.to_string()),
         }
     }
 
@@ -365,7 +394,9 @@ impl Limiter {
         // without them, so the enforced layers are charged.
         let answer = match answer {
             Ok(verdicts) if denied_only_by_shadow(&requests, &verdicts) => {
-                past_shadow(&*self.store, &requests, verdicts).await
+                past_shadow(&*self.store, &requests, verdicts, false)
+                    .await
+                    .map(|(verdicts, _)| verdicts)
             }
             other => other,
         };
@@ -639,32 +670,35 @@ fn denied_only_by_shadow(requests: &[LayerRequest<'_>], verdicts: &[Verdict]) ->
 /// shadow layer that denies in a later pass is left out of the next one;
 /// a denial by an enforced layer denies the request. The shadow layers
 /// left out keep the verdict that left them out (they charged nothing).
+/// With `holding`, each pass acquires ([`Store::acquire`]) and the answer
+/// carries the holds of the pass that charged; otherwise no holds.
 async fn past_shadow(
     store: &dyn Store,
     requests: &[LayerRequest<'_>],
     mut verdicts: Verdicts,
-) -> Result<Verdicts, StoreError> {
+    holding: bool,
+) -> Result<(Verdicts, Holds), StoreError> {
     let mut included: SmallVec<[bool; 4]> = verdicts.iter().map(|v| v.allowed).collect();
+    let mut holds: Holds = requests.iter().map(|_| None).collect();
     loop {
-        let batch: SmallVec<[LayerRequest<'_>; 4]> = requests
-            .iter()
-            .zip(&included)
-            .filter(|(_, &inc)| inc)
-            .map(|(r, _)| *r)
-            .collect();
+        let slots: SmallVec<[usize; 4]> = (0..requests.len()).filter(|&i| included[i]).collect();
+        let batch: SmallVec<[LayerRequest<'_>; 4]> = slots.iter().map(|&i| requests[i]).collect();
         if batch.is_empty() {
             // Only shadow layers, all denying: admitted, nothing to charge.
-            return Ok(verdicts);
+            return Ok((verdicts, holds));
         }
-        let again = ask(store, &batch).await?;
-        let slots: SmallVec<[usize; 4]> = (0..requests.len()).filter(|&i| included[i]).collect();
-        for (&i, v) in slots.iter().zip(&again) {
+        let (again, held) = match holding {
+            true => held_each(store.acquire(&batch).await, batch.len())?,
+            false => (ask(store, &batch).await?, Holds::new()),
+        };
+        for (j, (&i, v)) in slots.iter().zip(&again).enumerate() {
             verdicts[i] = *v;
+            holds[i] = held.get(j).copied().flatten();
         }
         if !denied_only_by_shadow(&batch, &again) {
             // Admitted (and charged), or denied by an enforced layer
             // (nothing charged): the answer.
-            return Ok(verdicts);
+            return Ok((verdicts, holds));
         }
         for (&i, v) in slots.iter().zip(&again) {
             if !v.allowed {
@@ -672,6 +706,22 @@ async fn past_shadow(
             }
         }
     }
+}
+
+/// `answer` of an acquisition, unless it lacks a verdict or hold per layer.
+fn held_each(
+    answer: Result<(Verdicts, Holds), StoreError>,
+    layers: usize,
+) -> Result<(Verdicts, Holds), StoreError> {
+    let (verdicts, holds) = answer?;
+    one_each(&verdicts, layers)?;
+    if holds.len() != layers {
+        return Err(StoreError::Protocol(format!(
+            "{} holds for {layers} layers",
+            holds.len()
+        )));
+    }
+    Ok((verdicts, holds))
 }
 
 /// `store`'s answer, without a boxed future when it can decide at once:
@@ -778,6 +828,9 @@ impl LimiterBuilder {
             return Err(conflict);
         }
         if let Some(layer) = self.layers.iter().find(|l| l.fallback.is_some()) {
+            if layer.is_concurrency() {
+                return Err(BuildError::ConcurrencyFallback(layer.name.to_string()));
+            }
             if self.fallback.is_none() {
                 return Err(BuildError::NoFallbackStore(layer.name.to_string()));
             }
@@ -791,6 +844,7 @@ impl LimiterBuilder {
             .blocked
             .map(|c| Arc::new(crate::blocked::BlockedCache::new(c)));
         let has_shadow = self.layers.iter().any(|l| l.policy.is_shadow());
+        let has_concurrency = self.layers.iter().any(Layer::is_concurrency);
         let mut limiter = Limiter {
             layers: self.layers.into(),
             store: self.store,
@@ -800,6 +854,7 @@ impl LimiterBuilder {
             #[cfg(feature = "blocked-cache")]
             blocked,
             has_shadow,
+            has_concurrency,
             metrics,
             plans: None,
         };

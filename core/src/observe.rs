@@ -122,6 +122,29 @@ pub(crate) fn store_skipped(store: &'static str) {
     let _ = store;
 }
 
+/// A renewal found a permit's place in `policy` gone (its lease ran out
+/// before the renewal reached the store): the work goes on uncounted there.
+#[cfg_attr(not(feature = "concurrency"), allow(dead_code))]
+pub(crate) fn permit_lost(policy: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_permits_lost_total", "policy" => policy.to_string()).increment(1);
+    #[cfg(feature = "tracing")]
+    tracing::warn!(
+        policy,
+        "a permit's place was lost before its renewal: its lease ran out (renewals failing, or the process stalled)"
+    );
+    let _ = policy;
+}
+
+/// Places this process's permits hold in `policy` changed by `delta`
+/// (taken: +1, given back or lost: −1).
+#[cfg_attr(not(feature = "concurrency"), allow(dead_code))]
+pub(crate) fn permits_in_flight(policy: &str, delta: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tollgate_permits_in_flight", "policy" => policy.to_string()).increment(delta);
+    let _ = (policy, delta);
+}
+
 /// A store call failed with `error`.
 fn store_error(store: &'static str, error: &StoreError) {
     #[cfg(feature = "metrics")]

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 
 use crate::adjustment::Adjustment;
 use crate::error::StoreError;
+use crate::hold::{Hold, Holds};
 use crate::limit::Limit;
 use crate::policy::Policy;
 use crate::verdicts::Verdicts;
@@ -183,6 +184,13 @@ impl<'a> StoreKey<'a> {
     /// The hash tag (rendered between `{` and `}`).
     pub fn tag(&self) -> &'a str {
         self.tag
+    }
+
+    /// The tag, scope and subject the key was made of (its policy is the
+    /// layer's).
+    #[cfg(feature = "concurrency")]
+    pub(crate) fn made_of(&self) -> (&'a str, &'a str, &'a str) {
+        (self.tag, self.scope, self.subject)
     }
 
     /// The key's text, built in one allocation.
@@ -393,6 +401,48 @@ pub trait Store: Send + Sync + fmt::Debug {
     ) -> Result<Verdicts, StoreError> {
         let _ = layers;
         Err(StoreError::UnsupportedOperation(adjustment.name()))
+    }
+
+    /// Decide as [`decide`](Store::decide) does, and answer beside the
+    /// verdicts what each layer holds: for an admitted request, the
+    /// [`Hold`] of each concurrency layer
+    /// ([`Limit::Concurrency`](crate::Limit::Concurrency)), `None` for
+    /// every other layer and for a denied request (which holds nothing).
+    ///
+    /// The default says the store cannot ([`StoreError::UnsupportedOperation`]).
+    async fn acquire(&self, layers: &[LayerRequest<'_>]) -> Result<(Verdicts, Holds), StoreError> {
+        let _ = layers;
+        Err(StoreError::UnsupportedOperation("acquire"))
+    }
+
+    /// Give back each layer's hold (`holds[i]` for `layers[i]`, each a
+    /// concurrency layer), atomically over the layers. A hold that was lost
+    /// (it aged out, the key was reset) gives nothing back, and nothing
+    /// else is touched: releasing twice frees one place once, never a
+    /// place someone else holds. A key holding data Tollgate did not write
+    /// is left alone.
+    ///
+    /// The default says the store cannot ([`StoreError::UnsupportedOperation`]).
+    async fn release(&self, layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
+        let _ = (layers, holds);
+        Err(StoreError::UnsupportedOperation("release"))
+    }
+
+    /// Renew each layer's hold (`holds[i]` for `layers[i]`, each a
+    /// concurrency layer) for another lease, atomically over the layers:
+    /// each answer is the hold as it now is, or `None` when it was lost
+    /// (its lease ran out before this renewal, or it was released or
+    /// reset) — then nothing is written for it, and its holder no longer
+    /// counts.
+    ///
+    /// The default says the store cannot ([`StoreError::UnsupportedOperation`]).
+    async fn renew(
+        &self,
+        layers: &[LayerRequest<'_>],
+        holds: &[Hold],
+    ) -> Result<Holds, StoreError> {
+        let _ = (layers, holds);
+        Err(StoreError::UnsupportedOperation("renew"))
     }
 }
 

@@ -65,6 +65,7 @@ const FEATURES: &[&str] = &[
     "wait",
     "plan-source",
     "calendar",
+    "concurrency",
     "tower",
     "tonic",
     "axum",

@@ -55,7 +55,10 @@ use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpResponse};
 
-use tollgate_http::{is_list_field, RequestView};
+use tollgate_http::{is_list_field, Holding, RequestView};
+
+mod body;
+pub use body::HoldingBody;
 use tollgate_limiter::{Context, LimiterSource, PlanName, Subject};
 
 pub use tollgate_http::{
@@ -110,7 +113,7 @@ where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
     B: MessageBody + 'static,
 {
-    type Response = ServiceResponse<EitherBody<B>>;
+    type Response = ServiceResponse<EitherBody<HoldingBody<B>>>;
     type Error = actix_web::Error;
     type Transform = RateLimitMiddleware<S>;
     type InitError = ();
@@ -173,7 +176,7 @@ where
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
     B: MessageBody + 'static,
 {
-    type Response = ServiceResponse<EitherBody<B>>;
+    type Response = ServiceResponse<EitherBody<HoldingBody<B>>>;
     type Error = actix_web::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>>>>;
 
@@ -186,14 +189,20 @@ where
             let Some(prepared) = gate.prepare(&request, &View(&request)) else {
                 // Not rate limited (a skip rule, a CORS preflight).
                 let response = service.call(request).await?;
-                return Ok(response.map_into_left_body());
+                return Ok(holding(response, Holding::default()));
             };
             match gate.decide(&prepared).await {
-                Outcome::Allow { decision, headers } => {
+                Outcome::Allow {
+                    decision,
+                    headers,
+                    holding: held,
+                } => {
                     request.extensions_mut().insert(decision);
+                    // Held through the handler (a panic or cancellation
+                    // drops it) and then by the body until it is sent.
                     let mut response = service.call(request).await?;
                     apply_headers(&headers, response.headers_mut());
-                    Ok(response.map_into_left_body())
+                    Ok(holding(response, held))
                 }
                 Outcome::Reject(reply) => Ok(reject(request, reply)),
                 // `Outcome` may grow; anything unknown is not an admission.
@@ -201,6 +210,16 @@ where
             }
         })
     }
+}
+
+/// The service's `response`, its body holding `held` until it is sent.
+fn holding<B>(
+    response: ServiceResponse<B>,
+    held: Holding,
+) -> ServiceResponse<EitherBody<HoldingBody<B>>> {
+    response
+        .map_body(|_, body| HoldingBody::new(body, held))
+        .map_into_left_body()
 }
 
 /// Answer `request` with `reply`, without calling the service.

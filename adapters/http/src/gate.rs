@@ -4,12 +4,13 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use tollgate_limiter::{Context, Decision, Error, LimiterSource, RouteLimits, Scope};
+use tollgate_limiter::{Context, Decision, Error, Limiter, LimiterSource, RouteLimits, Scope};
 
 use crate::observe;
 
 use crate::access::{Access, AccessRules};
 use crate::grpc::is_grpc;
+use crate::holding::Holding;
 use crate::identity::{Identity, RequestView, Supplies};
 use crate::rejection::{self, RejectHook, Rejection, RejectionKind};
 use crate::response::{decision_headers, HeaderStyle, Headers, Reply};
@@ -29,6 +30,9 @@ pub enum Outcome {
         decision: Decision,
         /// `RateLimit-Policy`, `RateLimit` and the optional legacy headers.
         headers: Headers,
+        /// The places the request holds in concurrency layers: adapters
+        /// keep it until the response body has been sent.
+        holding: Holding,
     },
     /// Answer with this response; the service is not called.
     Reject(Reply),
@@ -303,17 +307,18 @@ impl<R: ?Sized> Gate<R> {
                 loaded.limiter()
             }
         };
-        let (kind, decision) = match limiter.check(&prepared.context, prepared.cost).await {
-            Ok(decision) if decision.is_allowed() => {
+        let (kind, decision) = match ask(limiter, prepared).await {
+            Ok((decision, holding)) if decision.is_allowed() => {
                 return Outcome::Allow {
                     headers: decision_headers(&decision, self.style),
                     decision,
+                    holding,
                 }
             }
-            Ok(decision) if decision.failed_closed() => {
+            Ok((decision, _)) if decision.failed_closed() => {
                 (RejectionKind::FailedClosed, Some(decision))
             }
-            Ok(decision) => (RejectionKind::Limited, Some(decision)),
+            Ok((decision, _)) => (RejectionKind::Limited, Some(decision)),
             Err(error) => {
                 if let Some(hook) = &self.on_error {
                     hook(&error);
@@ -349,6 +354,17 @@ impl<R: ?Sized> Gate<R> {
             self.on_reject.as_ref(),
         )
     }
+}
+
+/// The limiter's decision of `prepared`, with the places it holds: a
+/// limiter with concurrency layers acquires, any other checks.
+async fn ask(limiter: &Limiter, prepared: &Prepared) -> Result<(Decision, Holding), Error> {
+    if limiter.has_concurrency() {
+        let acquired = limiter.acquire(&prepared.context, prepared.cost).await?;
+        return Ok((acquired.decision, Holding::new(acquired.permit)));
+    }
+    let decision = limiter.check(&prepared.context, prepared.cost).await?;
+    Ok((decision, Holding::default()))
 }
 
 /// The warning logged once when requests arrive without a client address.

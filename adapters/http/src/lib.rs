@@ -37,6 +37,7 @@ mod client_ip;
 mod gate;
 mod grpc;
 pub mod headers;
+mod holding;
 mod identity;
 pub mod observe;
 mod rejection;
@@ -49,6 +50,7 @@ pub use gate::{Gate, GateBuilder, GateError, Outcome, Prepared};
 pub use grpc::{
     is_grpc, GrpcCode, APPLICATION_GRPC, GRPC_MESSAGE, GRPC_STATUS, GRPC_STATUS_DETAILS,
 };
+pub use holding::Holding;
 pub use identity::{context_from_extensions, single_header_value, Identity, PeerAddr, RequestView};
 pub use rejection::{Rejection, RejectionKind};
 pub use response::{

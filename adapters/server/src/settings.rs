@@ -90,6 +90,12 @@ impl RuleSpec {
                 self.route
             ));
         }
+        if let Some(held) = concurrency_policy(config, &self.route) {
+            return Err(format!(
+                "route {:?} has a concurrency limit (policy {held:?}): Envoy's rate limit protocol cannot give a place back, so it would stay taken until its lease ran out; limit requests in flight in the application (the HTTP adapters hold a place until the response is sent)",
+                self.route
+            ));
+        }
         if self.entries.is_empty() && self.values.is_empty() {
             return Err("give the descriptor's entries (entries, values)".into());
         }
@@ -232,5 +238,47 @@ impl Settings {
             ));
         }
         Ok(settings)
+    }
+}
+
+/// The name of the first concurrency policy among `route`'s layers.
+fn concurrency_policy<'c>(config: &'c Config, route: &str) -> Option<&'c str> {
+    let route = config.route(route)?;
+    route.layers().iter().map(|l| l.policy()).find(|name| {
+        config
+            .policy(name)
+            .is_some_and(|p| matches!(p.limit(), tollgate_limiter::Limit::Concurrency(_)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Envoy cannot give a place back: a rule over a concurrency limit is
+    /// refused when the file is read, naming the policy.
+    #[test]
+    fn a_rule_over_a_concurrency_limit_is_refused() {
+        let file = r#"
+[policies.exports]
+algorithm = "concurrency"
+limit = 2
+lease = "30s"
+
+[routes.export]
+layers = [{ name = "in-flight", scope = "subject", policy = "exports" }]
+
+[[server.rules]]
+name = "export"
+domain = "edge"
+route = "export"
+entries = { user_id = "subject" }
+"#;
+        let config = Config::from_toml_str(file).unwrap();
+        let refused = Settings::of(&config).unwrap_err().to_string();
+        assert!(
+            refused.contains("concurrency limit (policy \"exports\")"),
+            "{refused}"
+        );
     }
 }

@@ -1,11 +1,12 @@
 //! The response body: the service's own, or a rejection's problem document.
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tollgate_http::Holding;
 
 pin_project! {
     /// The body of a [`RateLimit`](crate::RateLimit) response: the inner
@@ -13,6 +14,10 @@ pin_project! {
     ///
     /// Wrapping rather than requiring `B: From<Bytes>` keeps the layer usable
     /// with any body type: axum's, hyper's `Incoming`-based ones, tonic's.
+    ///
+    /// An admitted request's places in concurrency layers ride with its
+    /// body: they are given back once the body has sent its last frame
+    /// (streaming bodies included), failed, or been dropped.
     pub struct RateLimitBody<B> {
         #[pin]
         kind: Kind<B>,
@@ -22,7 +27,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<B> {
-        Inner { #[pin] body: B },
+        Inner { #[pin] body: B, holding: Holding },
         Reply { data: Option<Bytes> },
     }
 }
@@ -30,8 +35,13 @@ pin_project! {
 impl<B> RateLimitBody<B> {
     /// The inner service's body.
     pub fn inner(body: B) -> Self {
+        Self::holding(body, Holding::default())
+    }
+
+    /// The inner service's body, holding `holding` until it ends.
+    pub fn holding(body: B, holding: Holding) -> Self {
         RateLimitBody {
-            kind: Kind::Inner { body },
+            kind: Kind::Inner { body, holding },
         }
     }
 
@@ -57,21 +67,30 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Inner { mut body, holding } => {
+                let frame = ready!(body.as_mut().poll_frame(cx));
+                let more = matches!(frame, Some(Ok(_))) && !body.is_end_stream();
+                if !more {
+                    // Sent (or failed): the places come back now, not when
+                    // the connection gets round to dropping the body.
+                    *holding = Holding::default();
+                }
+                Poll::Ready(frame)
+            }
             KindProj::Reply { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body, .. } => body.is_end_stream(),
             Kind::Reply { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body, .. } => body.size_hint(),
             Kind::Reply { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -219,14 +219,20 @@ where
         };
         Box::pin(async move {
             match gate.decide(&prepared).await {
-                Outcome::Allow { decision, headers } => {
+                Outcome::Allow {
+                    decision,
+                    headers,
+                    holding,
+                } => {
                     parts.extensions.insert(decision);
+                    // Held through the handler (a panic or cancellation
+                    // drops it) and then by the body until it is sent.
                     let response = inner.call(Request::from_parts(parts, body)).await?;
                     let (mut res_parts, res_body) = response.into_parts();
                     apply_headers(&headers, &mut res_parts.headers);
                     Ok(Response::from_parts(
                         res_parts,
-                        RateLimitBody::inner(res_body),
+                        RateLimitBody::holding(res_body, holding),
                     ))
                 }
                 Outcome::Reject(reply) => Ok(reply_response(reply)),

@@ -1,5 +1,6 @@
 //! The sharded map and the all-or-nothing decision over it.
 
+use std::cell::RefCell;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -14,8 +15,8 @@ use hashbrown::HashTable;
 use smallvec::SmallVec;
 use tollgate_algorithms::Layered;
 use tollgate_limiter::{
-    duration_micros, Adjustment, Clock, LayerRequest, Limit, MonotonicClock, Policy, State, Store,
-    StoreError, StoreKey, Stored, Timestamp, Verdicts, WhenFull,
+    duration_micros, Adjustment, Clock, Hold, Holds, LayerRequest, Limit, MonotonicClock, Policy,
+    State, Store, StoreError, StoreKey, Stored, Timestamp, Verdicts, WhenFull,
 };
 
 /// Passes of a decision that found a budget full: each makes room across
@@ -898,6 +899,35 @@ impl MemoryStore {
             .collect())
     }
 
+    /// Decide all layers as [`decide_all`](Self::decide_all) does, and
+    /// answer each concurrency layer's hold.
+    fn acquire_all(&self, layers: &[LayerRequest<'_>]) -> Result<(Verdicts, Holds), StoreError> {
+        let mut verdicts = Verdicts::new();
+        // Written by the attempt that answers (a failed one writes nothing).
+        let holds = RefCell::new(Holds::new());
+        self.with_room(&mut verdicts, |now, out| {
+            self.write_locked(layers, now, out, |states| {
+                let layered = tollgate_algorithms::decide_layers(layers, states, now);
+                *holds.borrow_mut() = tollgate_algorithms::holds_of(layers, &layered);
+                Ok(layered)
+            })
+        })?;
+        Ok((verdicts, holds.into_inner()))
+    }
+
+    /// Release or renew every layer's hold under the locks of its shard
+    /// (`change`: the reference's writes for the states found).
+    fn change_holds(
+        &self,
+        layers: &[LayerRequest<'_>],
+        change: impl Fn(&[Option<&State>], Timestamp) -> Layered,
+    ) -> Result<(), StoreError> {
+        let mut verdicts = Verdicts::new();
+        self.with_room(&mut verdicts, |now, out| {
+            self.write_locked(layers, now, out, |states| Ok(change(states, now)))
+        })
+    }
+
     /// Remove every layer's entry, giving its units back.
     fn reset_all(&self, layers: &[LayerRequest<'_>]) {
         let located = self.shards_of(layers);
@@ -968,5 +998,29 @@ impl Store for MemoryStore {
         adjustment: Adjustment,
     ) -> Result<Verdicts, StoreError> {
         self.adjust_all(layers, adjustment)
+    }
+
+    async fn acquire(&self, layers: &[LayerRequest<'_>]) -> Result<(Verdicts, Holds), StoreError> {
+        self.acquire_all(layers)
+    }
+
+    async fn release(&self, layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
+        self.change_holds(layers, |states, now| {
+            tollgate_algorithms::release_layers(layers, states, now, holds)
+        })
+    }
+
+    async fn renew(
+        &self,
+        layers: &[LayerRequest<'_>],
+        holds: &[Hold],
+    ) -> Result<Holds, StoreError> {
+        let renewed = RefCell::new(Holds::new());
+        self.change_holds(layers, |states, now| {
+            let (layered, holds) = tollgate_algorithms::renew_layers(layers, states, now, holds);
+            *renewed.borrow_mut() = holds;
+            layered
+        })?;
+        Ok(renewed.into_inner())
     }
 }

@@ -6,7 +6,7 @@
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use smallvec::SmallVec;
 use tollgate_algorithms::refund::{refund, Charge};
-use tollgate_algorithms::{adjust_layers, decide_layers, Layered};
+use tollgate_algorithms::{adjust_layers, decide_layers, renew, Layered};
 use tollgate_limiter::{Limit, State, Timestamp};
 use tollgate_redis_protocol::{self as protocol, verdict_fields, Call, Mode, Time};
 
@@ -21,6 +21,8 @@ pub(crate) fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     let now = now(&call, &raw[2 + n..])?;
     let reply = if call.mode == Mode::Refund {
         refund_layers(ctx, keys, &call, now)?
+    } else if call.mode == Mode::Renew {
+        renew_layers(ctx, keys, &call, now)?
     } else {
         // Every key read first: a foreign one fails the call unchanged.
         let states = read_states(ctx, keys, &call)?;
@@ -170,13 +172,7 @@ fn refund_layers(
 ) -> Result<Vec<i64>, RedisError> {
     let mut reply = Vec::with_capacity(keys.len());
     for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {
-        // A missing key or one Tollgate did not write gives nothing back.
-        let state = keyspace::read(ctx, key, layer, i + 1).ok().flatten();
-        let charge = Charge {
-            cost: layer.cost,
-            at: layer.at,
-            mark: layer.mark,
-        };
+        let (state, charge) = named_charge(ctx, key, layer, i)?;
         let given = match state {
             Some(State::Log(_)) => keyspace::remove_newest(ctx, key, layer.cost, layer.at)?,
             Some(state @ State::Cells(_)) => {
@@ -197,4 +193,42 @@ fn refund_layers(
         reply.push(given as i64);
     }
     Ok(reply)
+}
+
+/// Renew concurrency holds: per layer the time its hold moved to, or 0
+/// when it was lost (`tollgate_algorithms::renew`).
+fn renew_layers(
+    ctx: &Context,
+    keys: &[RedisString],
+    call: &Call,
+    now: u64,
+) -> Result<Vec<i64>, RedisError> {
+    let mut reply = Vec::with_capacity(keys.len());
+    for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {
+        let (state, hold) = named_charge(ctx, key, layer, i)?;
+        let renewal = renew(&layer.limit, state.as_ref(), now, hold);
+        if let Some(stored) = &renewal.next {
+            keyspace::write(ctx, key, layer.layout, state.as_ref(), stored)?;
+        }
+        reply.push(renewal.at as i64);
+    }
+    Ok(reply)
+}
+
+/// Layer `i`'s state and the charge (or hold) its arguments name. A
+/// missing key or one Tollgate did not write is no state: nothing is
+/// given back or renewed there.
+fn named_charge(
+    ctx: &Context,
+    key: &RedisString,
+    layer: &protocol::Layer,
+    i: usize,
+) -> Result<(Option<State>, Charge), RedisError> {
+    let state = keyspace::read(ctx, key, layer, i + 1).ok().flatten();
+    let charge = Charge {
+        cost: layer.cost,
+        at: layer.at,
+        mark: layer.mark,
+    };
+    Ok((state, charge))
 }

@@ -3,7 +3,7 @@
 //! ```text
 //! FCALL <function> <numkeys> <key>... <now µs | ""> <max skew µs | ""> <layer>... [mode]
 //! TOLLGATE.DECIDE  <numkeys> <key>... <now µs | ""> <max skew µs | ""> <layer>... [mode]
-//! layer: <algorithm code> <cost> <p1> <p2> <p3>        (refund: ... <at> <mark>)
+//! layer: <algorithm code> <cost> <p1> <p2> <p3>        (refund, renew: ... <at> <mark>)
 //! ```
 //!
 //! (`EVALSHA <sha> …` as `FCALL`.) The store encodes calls with
@@ -45,11 +45,14 @@ pub enum Mode {
     Block,
     /// Give reservations back; each layer's arguments end with its charge.
     Refund,
+    /// Renew concurrency holds; each layer's arguments end with its hold
+    /// (the time it was charged or last renewed at, and 0).
+    Renew,
 }
 
 impl Mode {
     /// Every mode named by a last argument, with its word.
-    const WORDS: [(&'static str, Mode); 7] = [
+    const WORDS: [(&'static str, Mode); 8] = [
         ("reserve", Mode::Reserve),
         ("peek", Mode::Peek),
         ("reset", Mode::Reset),
@@ -57,6 +60,7 @@ impl Mode {
         ("reward", Mode::Reward),
         ("block", Mode::Block),
         ("refund", Mode::Refund),
+        ("renew", Mode::Renew),
     ];
 
     /// The call's last argument (none to decide).
@@ -84,7 +88,7 @@ impl Mode {
     /// Arguments per layer in this mode.
     pub fn layer_args(self) -> usize {
         match self {
-            Mode::Refund => REFUND_LAYER_ARGS,
+            Mode::Refund | Mode::Renew => REFUND_LAYER_ARGS,
             _ => LAYER_ARGS,
         }
     }
@@ -287,7 +291,7 @@ fn parse_layer(mode: Mode, n: usize, args: &[&[u8]]) -> Result<Layer, ArgsError>
         )));
     };
     let (at, mark) = match mode {
-        Mode::Refund => match (num(5), num(6)) {
+        Mode::Refund | Mode::Renew => match (num(5), num(6)) {
             (Some(at), Some(mark)) => (at, mark),
             _ => {
                 return Err(ArgsError::new(format!(
@@ -317,7 +321,7 @@ fn parse_layer(mode: Mode, n: usize, args: &[&[u8]]) -> Result<Layer, ArgsError>
 fn checked_cost(mode: Mode, layout: Layout, limit: &Limit, cost: u64) -> Result<u64, String> {
     let capacity = limit.capacity();
     match mode {
-        Mode::Decide | Mode::Reserve | Mode::Peek | Mode::Reset | Mode::Refund => {
+        Mode::Decide | Mode::Reserve | Mode::Peek | Mode::Reset | Mode::Refund | Mode::Renew => {
             if cost == 0 || cost > capacity {
                 return Err(format!(
                     "cost {cost} must be between 1 and the capacity {capacity}"
@@ -434,13 +438,14 @@ mod tests {
             Mode::Reward,
             Mode::Block,
             Mode::Refund,
+            Mode::Renew,
         ] {
             let mut argv: Vec<String> = vec!["1800000000000000".into(), String::new()];
             argv.extend(layer.iter().map(u64::to_string));
             if mode == Mode::Block {
                 argv[3] = "5000".into();
             }
-            if mode == Mode::Refund {
+            if mode.layer_args() == REFUND_LAYER_ARGS {
                 argv.extend(["7".to_string(), "8".to_string()]);
             }
             argv.extend(mode.word().map(str::to_string));

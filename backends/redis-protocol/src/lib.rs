@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! FCALL <function> <numkeys> <key>... <now> <max skew> <layer>... [mode]
-//! layer: <algorithm code> <cost> <p1> <p2> <p3>        (refund: ... <at> <mark>)
+//! layer: <algorithm code> <cost> <p1> <p2> <p3>        (refund, renew: ... <at> <mark>)
 //! ```
 //!
 //! `EVALSHA <sha>` and `TOLLGATE.DECIDE` (the module) take the same
@@ -43,7 +43,11 @@
 //!   each layer's verdict for one unit afterwards, as a peek gives it.
 //! - `refund` gives reservations back; each layer's arguments end with the
 //!   charge's `at` and `mark`, and the reply is what each layer got back.
-//!   Not idempotent: the store sends a refund at most once.
+//!   Not idempotent: the store sends a refund at most once. A concurrency
+//!   limit's release is its refund.
+//! - `renew` renews concurrency holds (`tollgate_algorithms::renew`):
+//!   each layer's arguments end with the hold's `at` and 0, and the reply
+//!   is each hold's new `at`, or 0 when it was lost.
 //!
 //! # Replies
 //!
@@ -83,7 +87,10 @@ pub use call::{
 pub use expiry::{px, PUSH_CHUNK, TTL_MARGIN_MS};
 pub use log_edit::LogEdit;
 pub use lua::lua_constants;
-pub use reply::{parse_reply, verdict_fields, REPLY_FIELDS, RESERVE_FIELDS};
+pub use reply::{
+    parse_renewed, parse_reply, parse_reserve, verdict_fields, Charged, REPLY_FIELDS,
+    RESERVE_FIELDS,
+};
 pub use state::{block_end, block_text, read_cells, write_cells, LogReader, STORED_TIMES};
 
 /// The calling convention's version (arguments, modes, replies and

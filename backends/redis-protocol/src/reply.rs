@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tollgate_limiter::{StoreError, Verdict, Verdicts};
+use tollgate_limiter::{Hold, Holds, StoreError, Verdict, Verdicts};
 
 /// Integers per layer in a decision's reply.
 pub const REPLY_FIELDS: usize = 5;
@@ -71,6 +71,57 @@ fn verdict(r: &[i64]) -> Result<Verdict, StoreError> {
         reset_after: Duration::from_micros(unsigned(r[3], "reset_after")?),
         retry_after,
     })
+}
+
+/// What a `reserve` call charged one layer: the `at` and `mark` of its
+/// charge (`(0, 0)` when nothing was charged).
+pub type Charged = (u64, u64);
+
+/// The verdicts and charges of a `reserve` reply ([`RESERVE_FIELDS`]
+/// integers per layer); a reply of another shape is a
+/// [`StoreError::Protocol`].
+pub fn parse_reserve(reply: &[i64], layers: usize) -> Result<(Verdicts, Vec<Charged>), StoreError> {
+    if reply.len() != layers * RESERVE_FIELDS {
+        return Err(StoreError::Protocol(format!(
+            "the script answered {} integers for {layers} reserved layers",
+            reply.len()
+        )));
+    }
+    let mut verdict_fields = Vec::with_capacity(layers * REPLY_FIELDS);
+    let mut charges = Vec::with_capacity(layers);
+    for chunk in reply.chunks_exact(RESERVE_FIELDS) {
+        verdict_fields.extend_from_slice(&chunk[..REPLY_FIELDS]);
+        charges.push((
+            unsigned_charge(chunk[REPLY_FIELDS])?,
+            unsigned_charge(chunk[REPLY_FIELDS + 1])?,
+        ));
+    }
+    Ok((parse_reply(&verdict_fields, layers)?, charges))
+}
+
+/// The holds of a `renew` reply (one integer per layer: the hold's new
+/// `at`, 0 when it was lost), for holds of `costs`.
+pub fn parse_renewed(reply: &[i64], costs: &[u64]) -> Result<Holds, StoreError> {
+    if reply.len() != costs.len() {
+        return Err(StoreError::Protocol(format!(
+            "the script answered {} integers for {} renewed holds",
+            reply.len(),
+            costs.len()
+        )));
+    }
+    reply
+        .iter()
+        .zip(costs)
+        .map(|(&at, &cost)| {
+            let at = unsigned_charge(at)?;
+            Ok((at != 0).then_some(Hold { cost, at }))
+        })
+        .collect()
+}
+
+fn unsigned_charge(v: i64) -> Result<u64, StoreError> {
+    u64::try_from(v)
+        .map_err(|_| StoreError::Protocol(format!("the script answered a charge of {v}")))
 }
 
 #[cfg(test)]

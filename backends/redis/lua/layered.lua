@@ -22,10 +22,11 @@
 --          algorithm's file names its code's parameters).
 -- A last ARGV may name a mode: 'reserve', 'peek', 'reset', 'penalize',
 --   'reward', 'block' (the cost holds the block's length in µs), or
---   'refund' (7 arguments per layer: the 5, then the charge's at, mark).
+--   'refund' (7 arguments per layer: the 5, then the charge's at, mark),
+--   or 'renew' (7 per layer: the 5, then a concurrency hold's at, 0).
 -- Reply: 5 integers per layer (allowed, limit, remaining, reset_after µs,
 --   retry_after µs or −1); 'reserve' appends at and mark; 'refund'
---   answers what each layer got back. Adjustments answer each layer's
+--   answers what each layer got back; 'renew' each hold's new at (0: lost). Adjustments answer each layer's
 --   peek afterwards, and write what tollgate_algorithms::adjust writes,
 --   TTL included (adjusted_ttl below).
 -- Errors: "TOLLGATE_CONFLICT <i> not_a_state", Redis's WRONGTYPE,
@@ -46,9 +47,9 @@
 -- ALGORITHMS (every algorithm's function), and for the algorithms kept as
 -- counter cells REFUNDS, REWARDS, CHARGES (each algorithm's file:
 -- refund_*, reward_*, charge_*), CELLS (how many cells its state keeps)
--- and TIME_CELL (the cell holding a time, from 1). The sliding log, kept
--- as a list, has branches of its own (`code == LOG`).
-local LOG = SLIDING_LOG
+-- and TIME_CELL (the cell holding a time, from 1). The algorithms kept
+-- as a list (the sliding log, the concurrency limit: LOGS) have branches
+-- of their own (`LOGS[code]`).
 -- Counter states are stored as their cells (trailing cells an algorithm
 -- does not use are not written; nor are trailing cells after the time
 -- cell that are 0), read back by a pattern and written by a format (one
@@ -208,7 +209,7 @@ local function refund_target(key, code)
   if kind == 'none' then
     return 'none'
   end
-  if (code == LOG and kind == 'list') or (code ~= LOG and kind == 'string') then
+  if (LOGS[code] and kind == 'list') or (not LOGS[code] and kind == 'string') then
     return 'state'
   end
   return 'foreign'
@@ -234,18 +235,25 @@ end
 -- When that cannot be ruled out the refund gives back less (or nothing):
 -- a brief under-admission, never an over-admission. A state whose time is
 -- before the charge's was recreated since (it expired): nothing to refund.
+-- Layer i's arguments in a refund or renewal: its code, cost, three
+-- parameters, and the charge's (or hold's) at and mark.
+local function charge_args(ARGV, i)
+  local base = 2 + REFUND_LAYER_ARGS * (i - 1)
+  local n = {}
+  for j = 1, REFUND_LAYER_ARGS do
+    n[j] = tonumber(ARGV[base + j])
+  end
+  return n[1], n[2], n[3], n[4], n[5], n[6], n[7]
+end
+
 local function refund(KEYS, ARGV, now)
   local reply = {}
   for i = 1, #KEYS do
     local key = KEYS[i]
-    local base = 2 + REFUND_LAYER_ARGS * (i - 1)
-    local code = tonumber(ARGV[base + 1])
-    local cost = tonumber(ARGV[base + 2])
-    local p1, p2, p3 = tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]), tonumber(ARGV[base + 5])
-    local at, mark = tonumber(ARGV[base + 6]), tonumber(ARGV[base + 7])
+    local code, cost, p1, p2, p3, at, mark = charge_args(ARGV, i)
     reply[i] = 0
     local target = refund_target(key, code)
-    if code == LOG then
+    if LOGS[code] then
       -- A list Tollgate did not write is left alone.
       if target == 'state' and read_log(key) then
         reply[i] = refund_sliding_log(key, cost, at)
@@ -253,7 +261,8 @@ local function refund(KEYS, ARGV, now)
     else
       local run = REFUNDS[code]
       if not run then
-        return redis.error_reply('TOLLGATE_ARGS unknown algorithm ' .. tostring(ARGV[base + 1]))
+        local raw = ARGV[2 + REFUND_LAYER_ARGS * (i - 1) + 1]
+        return redis.error_reply('TOLLGATE_ARGS unknown algorithm ' .. tostring(raw))
       end
       if target == 'state' then
         local a, b, c = read_cells(key, code)
@@ -274,6 +283,46 @@ local function refund(KEYS, ARGV, now)
   return reply
 end
 
+-- Renewals of concurrency holds. Each layer's arguments end with the
+-- hold's at (the time its entries were written) and 0; the reply is,
+-- per layer, the time they were moved to, or 0 when the hold is lost
+-- (Rust: tollgate_algorithms::renew). A hold still live — its entries
+-- younger than the lease at t = max(now, newest), all `cost` of them
+-- there — moves to t, and the list's TTL to one lease after t; a lost
+-- one writes nothing (what is left of it ages out).
+local function renew(KEYS, ARGV, now)
+  local reply = {}
+  for i = 1, #KEYS do
+    local key = KEYS[i]
+    local code, cost, _, lease, _, at = charge_args(ARGV, i)
+    reply[i] = 0
+    local log = code == CONCURRENCY and refund_target(key, code) == 'state' and read_log(key)
+    if log and log.n > 0 and cost > 0 then
+      local t = max(now, log.at(log.n))
+      -- The entries equal to `at` are a run of the sorted list: [lo, hi).
+      local function first(pred)
+        local lo, hi = 0, log.n
+        while lo < hi do
+          local mid = fdiv(lo + hi, 2)
+          if pred(log.at(mid + 1)) then
+            lo = mid + 1
+          else
+            hi = mid
+          end
+        end
+        return lo
+      end
+      local held = first(function(e) return e <= at end) - first(function(e) return e < at end)
+      if at + lease > t and held >= cost then
+        redis.call('LREM', key, -cost, int(at))
+        write_log(key, { drop = 0, t = t }, cost, ttl_ms(t + lease, now) + TTL_MARGIN_MS)
+        reply[i] = t
+      end
+    end
+  end
+  return reply
+end
+
 -- Judge layer i (its key, algorithm code and cost; its three parameters
 -- are ARGV[p], ARGV[p + 1], ARGV[p + 2]) at `now`: admitted (1/0), limit,
 -- remaining, reset_after, retry_after, and when admitted the TTL and the
@@ -286,7 +335,7 @@ local function judge(i, key, code, cost, ARGV, p, now)
   end
   local p1, p2, p3 = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
   local ok, limit, remaining, reset_after, retry_after, ttl, a, b, c
-  if code == LOG then
+  if LOGS[code] then
     local log = read_log(key)
     if log == false then
       -- Nothing has been written yet: the whole call changes nothing.
@@ -320,7 +369,7 @@ end
 -- The end of the block at layer i's key when it is still on, else nil.
 local function live_block(key, code, now)
   local u
-  if code == LOG then
+  if LOGS[code] then
     local log = read_log(key)
     u = log and log.blocked
   else
@@ -336,7 +385,7 @@ end
 local function write_block(key, code, until_us, now)
   local ttl = ttl_ms(until_us, now) + TTL_MARGIN_MS
   local v = 'b' .. int(until_us)
-  if code == LOG then
+  if LOGS[code] then
     redis.call('DEL', key)
     redis.call('RPUSH', key, v)
     redis.call('PEXPIRE', key, ttl)
@@ -365,7 +414,7 @@ end
 -- Answers true when a log was trimmed (its TTL is set by the caller, once
 -- the trimmed log's reset_after is known).
 local function reward_layer(key, code, p1, p2, p3, now, units)
-  if code == LOG then
+  if LOGS[code] then
     -- The newest `units` entries go (a list left empty is removed; a
     -- missing key stays missing; a live block was kept by the caller, and
     -- an ended one is no state: nothing to give back).
@@ -403,7 +452,7 @@ local function penalize_layer(i, key, code, ARGV, p, now, units)
   if taken ~= 1 then
     return nil
   end
-  if code == LOG then
+  if LOGS[code] then
     write_log(key, a, take, ttl + TTL_MARGIN_MS)
     return ttl
   end
@@ -482,8 +531,8 @@ local function decide(KEYS, ARGV)
     if nargs == 3 + LAYER_ARGS * layers and (last == 'reserve' or last == 'peek' or last == 'reset'
         or last == 'penalize' or last == 'reward' or last == 'block') then
       mode = last
-    elseif nargs == 3 + REFUND_LAYER_ARGS * layers and last == 'refund' then
-      mode = 'refund'
+    elseif nargs == 3 + REFUND_LAYER_ARGS * layers and (last == 'refund' or last == 'renew') then
+      mode = last
     else
       return redis.error_reply('TOLLGATE_ARGS expected 2 arguments and 5 per key')
     end
@@ -509,6 +558,9 @@ local function decide(KEYS, ARGV)
   if mode == 'refund' then
     return refund(KEYS, ARGV, now)
   end
+  if mode == 'renew' then
+    return renew(KEYS, ARGV, now)
+  end
   if mode == 'penalize' or mode == 'reward' or mode == 'block' then
     return adjust(KEYS, ARGV, now, mode)
   end
@@ -522,7 +574,7 @@ local function decide(KEYS, ARGV)
       return limit
     end
     if ok == 1 then
-      if code == LOG then
+      if LOGS[code] then
         write_log(KEYS[1], a, tonumber(ARGV[4]), ttl + TTL_MARGIN_MS)
       else
         write_cells(KEYS[1], code, ttl + TTL_MARGIN_MS, a, b, c)
@@ -565,7 +617,7 @@ local function decide(KEYS, ARGV)
   if all_allowed then
     for i = 1, layers do
       local code = codes[i]
-      if code == LOG then
+      if LOGS[code] then
         write_log(KEYS[i], cell_a[i], tonumber(ARGV[2 + LAYER_ARGS * (i - 1) + 2]), ttls[i] + TTL_MARGIN_MS)
       else
         write_cells(KEYS[i], code, ttls[i] + TTL_MARGIN_MS, cell_a[i], cell_b[i], cell_c[i])
@@ -593,7 +645,7 @@ local function decide(KEYS, ARGV)
       local at, mark = 0, 0
       if all_allowed then
         local code = codes[i]
-        if code == LOG then
+        if LOGS[code] then
           at = cell_a[i].t
         else
           at, mark = CHARGES[code](cell_a[i], cell_b[i], cell_c[i])

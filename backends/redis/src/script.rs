@@ -85,6 +85,8 @@ fn body() -> &'static str {
             .iter()
             .map(|(b, _, time)| (b.code, (time + 1).to_string()));
         lua_table(&mut body, "TIME_CELL", time_cells);
+        let logs = all.iter().filter(|b| b.layout == Layout::Log);
+        lua_table(&mut body, "LOGS", logs.map(|b| (b.code, "true".into())));
         body.push('\n');
         body.push_str(include_str!("../lua/layered.lua"));
         body
@@ -317,8 +319,13 @@ mod tests {
             let code = format!("local {} = {}\n", b.name.to_uppercase(), b.code);
             assert!(body().contains(&code), "{code}");
             assert!(table("ALGORITHMS").contains(&format!(" [{}] = {},", b.code, b.name)));
-            let mut functions = vec![b.name.to_string(), format!("refund_{}", b.name)];
+            let mut functions = vec![b.name.to_string()];
+            if b.layout == Layout::Log {
+                // A list's refund is the log's LREM (`refund_sliding_log`).
+                assert!(table("LOGS").contains(&format!(" [{}] = true,", b.code)));
+            }
             if let Layout::Cells { cells, time_cell } = b.layout {
+                functions.push(format!("refund_{}", b.name));
                 functions.push(format!("reward_{}", b.name));
                 functions.push(format!("charge_{}", b.name));
                 let entry = |value: String| format!(" [{}] = {value},", b.code);
@@ -334,7 +341,10 @@ mod tests {
                 }
             }
             for f in functions {
-                assert!(file.contains(&format!("local function {f}(")), "{f}");
+                // A function of its own, or another's under its name.
+                let defined = file.contains(&format!("local function {f}("))
+                    || file.contains(&format!("local {f} = "));
+                assert!(defined, "{f}");
             }
         }
     }

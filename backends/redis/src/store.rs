@@ -12,7 +12,10 @@ use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
 use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, RedisResult};
-use tollgate_limiter::{Adjustment, LayerRequest, Store, StoreError, Verdicts};
+use tollgate_limiter::{Adjustment, Hold, Holds, LayerRequest, Limit, Store, StoreError, Verdicts};
+use tollgate_redis_protocol::{
+    parse_renewed, parse_reserve, Charged, REPLY_FIELDS, RESERVE_FIELDS,
+};
 
 use crate::client::{self, connect_error};
 use crate::conflicts;
@@ -404,12 +407,18 @@ impl RedisStore {
         layers: &[LayerRequest<'_>],
         time: &crate::script::TimeArgs,
         (mode, block): (Mode, Option<u64>),
+        holds: &[Hold],
     ) -> Result<Cmd, StoreError> {
         let keys = layers.iter().map(|l| self.checked.key_arg(&l.key));
         let mut call = ScriptCall::new(style, keys, time);
         let now = time.spans_at();
-        for layer in layers {
+        for (i, layer) in layers.iter().enumerate() {
             call = call.layer(&with_block(layer_args(layer, now)?, block));
+            // A release or renewal names each layer's hold after its
+            // arguments (`at`, and a mark of 0).
+            if let Some(hold) = holds.get(i) {
+                call = call.layer(&[hold.at, 0]);
+            }
         }
         Ok(call.mode(mode))
     }
@@ -432,15 +441,28 @@ impl RedisStore {
         layers: &[LayerRequest<'_>],
         (mode, block): (Mode, Option<u64>),
     ) -> Result<Verdicts, StoreError> {
+        let reply = self.call_reply(layers, (mode, block), &[]).await?;
+        parse_reply(&reply, layers.len())
+    }
+
+    /// The reply of one call over `layers` in `mode` (`holds`: each
+    /// layer's hold, for a release or renewal), loading the code first
+    /// where the server lost it; a key of another type is named by policy.
+    async fn call_reply(
+        &self,
+        layers: &[LayerRequest<'_>],
+        (mode, block): (Mode, Option<u64>),
+        holds: &[Hold],
+    ) -> Result<Vec<i64>, StoreError> {
         let time = self.checked.time_args()?;
         let runner = &*self.checked.runner;
         let style = runner.call_command();
-        let cmd = self.command(style, layers, &time, (mode, block))?;
+        let cmd = self.command(style, layers, &time, (mode, block), holds)?;
         // A call is built again when a reload found another way than it
         // was built for (a fallback, or the module back); its arguments
         // were checked above, so building it cannot fail.
         let rebuild = |style| {
-            self.command(style, layers, &time, (mode, block))
+            self.command(style, layers, &time, (mode, block), holds)
                 .unwrap_or_else(|_| cmd.clone())
         };
         match &self.conn {
@@ -466,23 +488,27 @@ impl RedisStore {
         }
     }
 
-    /// The verdicts of a call's `result`, or its error with the conflicting
-    /// layer named.
+    /// A call's reply, once replicas acknowledged what it wrote, or its
+    /// error with the conflicting layer named.
     async fn answer<C: ConnectionLike + Send>(
         &self,
         con: &mut C,
         result: RedisResult<Vec<i64>>,
         layers: &[LayerRequest<'_>],
         mode: Mode,
-    ) -> Result<Verdicts, StoreError> {
+    ) -> Result<Vec<i64>, StoreError> {
         match result {
             Ok(reply) => {
-                let verdicts = parse_reply(&reply, layers.len())?;
                 // A decision wrote only when every layer admitted; a peek
-                // writes nothing; a reset or an adjustment always writes.
+                // writes nothing; anything else may have written.
                 if let Some(ack) = &self.checked.replica_ack {
+                    let every_layer_admitted = |stride: usize| {
+                        reply.len() == layers.len() * stride
+                            && reply.chunks_exact(stride).all(|f| f[0] == 1)
+                    };
                     let wrote = match mode {
-                        Mode::Decide => verdicts.iter().all(|v| v.allowed),
+                        Mode::Decide => every_layer_admitted(REPLY_FIELDS),
+                        Mode::Reserve => every_layer_admitted(RESERVE_FIELDS),
                         Mode::Peek => false,
                         _ => true,
                     };
@@ -490,7 +516,7 @@ impl RedisStore {
                         ack.wait(con).await?;
                     }
                 }
-                Ok(verdicts)
+                Ok(reply)
             }
             Err(e) => {
                 let e = from_redis(e);
@@ -552,6 +578,74 @@ impl Store for RedisStore {
         let mode = Mode::of(adjustment)?;
         within(self.checked.deadline, self.call(layers, mode)).await?
     }
+
+    /// One call in `reserve` mode: a concurrency layer's charge is its hold.
+    async fn acquire(&self, layers: &[LayerRequest<'_>]) -> Result<(Verdicts, Holds), StoreError> {
+        if layers.is_empty() {
+            return Ok((Verdicts::new(), Holds::new()));
+        }
+        let call = self.call_reply(layers, (Mode::Reserve, None), &[]);
+        let reply = within(self.checked.deadline, call).await??;
+        let (verdicts, charges) = parse_reserve(&reply, layers.len())?;
+        Ok((verdicts, holds_of(layers, &charges)))
+    }
+
+    /// One call in `refund` mode: a concurrency layer's release is the
+    /// refund of its charge.
+    async fn release(&self, layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
+        if layers.is_empty() {
+            return Ok(());
+        }
+        check_holds(layers, holds)?;
+        let call = self.call_reply(layers, (Mode::Refund, None), holds);
+        within(self.checked.deadline, call).await?.map(drop)
+    }
+
+    async fn renew(
+        &self,
+        layers: &[LayerRequest<'_>],
+        holds: &[Hold],
+    ) -> Result<Holds, StoreError> {
+        if layers.is_empty() {
+            return Ok(Holds::new());
+        }
+        check_holds(layers, holds)?;
+        let call = self.call_reply(layers, (Mode::Renew, None), holds);
+        let reply = within(self.checked.deadline, call).await??;
+        let costs: Vec<u64> = holds.iter().map(|h| h.cost).collect();
+        parse_renewed(&reply, &costs)
+    }
+}
+
+/// The holds a reservation of `layers` made: each concurrency layer's
+/// charge (none when nothing was charged).
+pub(crate) fn holds_of(layers: &[LayerRequest<'_>], charges: &[Charged]) -> Holds {
+    layers
+        .iter()
+        .zip(charges)
+        .map(|(layer, &(at, _))| {
+            let concurrency = matches!(layer.policy.limit(), Limit::Concurrency(_));
+            (concurrency && at != 0).then_some(Hold {
+                cost: layer.cost,
+                at,
+            })
+        })
+        .collect()
+}
+
+/// A release or renewal names one hold per layer, each of the layer's
+/// cost: anything else is the caller's mistake, refused before a call.
+pub(crate) fn check_holds(layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
+    let matching = holds.len() == layers.len()
+        && layers.iter().zip(holds).all(|(l, h)| {
+            matches!(l.policy.limit(), Limit::Concurrency(_)) && l.cost == h.cost && h.at != 0
+        });
+    if !matching {
+        return Err(StoreError::Protocol(
+            "a release or renewal takes one hold of each concurrency layer, at its cost".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// One pooled connection and whether a call found it broken.

@@ -172,6 +172,54 @@ async fn left(store: &Arc<dyn Store>, scope: Scope, policy: &Policy, ctx: &Conte
     }
 }
 
+/// A concurrency layer on one slot beside a rate layer on another: an
+/// admitted acquisition holds its place (reserved across slots, the hold
+/// read from the reservation), a denial by the other slot's layer gives
+/// the place back at once, and a release frees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_hold_across_slots_is_all_or_nothing() {
+    use tollgate_limiter::{LayerRequest, StoreKey};
+    let cluster = RedisCluster::shared();
+    let (store, _) = shared_store(cluster, ManualClock::new(START)).await;
+    let hour = Duration::from_secs(3_600);
+    let in_flight = Policy::new(unique("in-flight"), Limit::concurrency(2, hour).unwrap()).unwrap();
+    let rate = Policy::new(unique("rate"), Limit::fixed_window(2, hour).unwrap()).unwrap();
+    let subject = unique("subject");
+    let tenant = std::iter::repeat_with(|| unique("tenant"))
+        .find(|t| hash_slot(t.as_bytes()) != hash_slot(subject.as_bytes()))
+        .expect("another slot");
+    let layers = [
+        LayerRequest {
+            key: StoreKey::new(&subject, &in_flight, "s", &subject),
+            policy: &in_flight,
+            cost: 1,
+        },
+        LayerRequest {
+            key: StoreKey::new(&tenant, &rate, "t", &tenant),
+            policy: &rate,
+            cost: 1,
+        },
+    ];
+    let (first, holds) = store.acquire(&layers).await.unwrap();
+    assert!(first.iter().all(|v| v.allowed));
+    let hold = holds[0].expect("the concurrency layer holds its place");
+    assert_eq!(holds[1], None, "a rate layer holds nothing");
+    assert!(store
+        .acquire(&layers)
+        .await
+        .unwrap()
+        .0
+        .iter()
+        .all(|v| v.allowed));
+    // The rate layer is spent: denied, and the concurrency layer keeps
+    // only the two places already held (the third was given back).
+    let (denied, held) = store.acquire(&layers).await.unwrap();
+    assert!(!denied[1].allowed && held.iter().all(Option::is_none));
+    store.release(&layers[..1], &[hold]).await.unwrap();
+    let (after, _) = store.acquire(&layers[..1]).await.unwrap();
+    assert!(after[0].allowed && after[0].remaining == 0, "{after:?}");
+}
+
 /// Three subjects, each on its own slot, share a global layer on another
 /// slot: 300 concurrent requests. Denials come from both sides, so
 /// reservations are refunded all the time. No layer admits more than its

@@ -95,6 +95,7 @@ fn scale(limit: &Limit) -> u64 {
         Limit::FixedWindow(p) => p.window_us(),
         Limit::SlidingWindow(p) => p.window_us(),
         Limit::SlidingLog(p) => p.window_us(),
+        Limit::Concurrency(p) => p.lease_us(),
         Limit::Calendar(_) => tollgate_limiter::duration_micros(limit.window().expect("built-in")),
         Limit::Custom(_) => unreachable!("built-in algorithms only"),
     }

@@ -37,6 +37,8 @@ macro_rules! builtin_algorithms {
             SlidingLog(sliding_log, SlidingLogSpec) = 5,
             /// At most `limit` per calendar span (a day, week, month or year in a time zone).
             Calendar(calendar, CalendarSpec) = 6,
+            /// At most `limit` units in flight at once, each held until released.
+            Concurrency(concurrency, ConcurrencySpec) = 7,
         }
     };
 }
@@ -97,7 +99,7 @@ pub enum Layout {
 /// let gcra = Builtin::named("gcra").unwrap();
 /// assert_eq!(gcra.layout, Layout::Cells { cells: 1, time_cell: 0 });
 /// assert_eq!(Builtin::by_code(gcra.code.into()).unwrap().name, "gcra");
-/// assert_eq!(Builtin::all().len(), 6);
+/// assert_eq!(Builtin::all().len(), 7);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -39,6 +39,7 @@ mod window;
 pub(crate) use builtins::Parameters;
 pub use builtins::{Builtin, Layout};
 pub use calendar::{Schedule, CALENDAR_ENDED_RETRY, MAX_CALENDAR_SPAN_US};
+pub use concurrency::{MAX_LEASE, MIN_LEASE};
 #[cfg(feature = "calendar")]
 #[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
 pub use recurrence::{CalendarUnit, Recurrence};

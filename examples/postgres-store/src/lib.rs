@@ -44,8 +44,8 @@ use tokio::sync::Semaphore;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 use tollgate::{
-    async_trait, duration_micros, Adjustment, Clock, LayerRequest, Layout, Limit, State, Store,
-    StoreError, SystemClock, Verdicts, MAX_RECOVERY,
+    async_trait, duration_micros, Adjustment, Clock, Hold, Holds, LayerRequest, Layout, Limit,
+    State, Store, StoreError, SystemClock, Verdicts, MAX_RECOVERY,
 };
 
 /// How often one decision is retried after a deadlock or a row deleted
@@ -254,8 +254,8 @@ impl PgStore {
         &self,
         client: &mut Client,
         layers: &[LayerRequest<'_>],
-        op: Op,
-    ) -> Result<Option<Result<Verdicts, StoreError>>, tokio_postgres::Error> {
+        op: Op<'_>,
+    ) -> Result<Option<Result<(Verdicts, Holds), StoreError>>, tokio_postgres::Error> {
         let keys: Vec<String> = layers.iter().map(|l| l.key.render()).collect();
         let mut sorted = keys.clone();
         sorted.sort();
@@ -350,30 +350,44 @@ impl PgStore {
         }
         // 4. All or nothing, judged by Tollgate's own algorithms.
         let states: Vec<Option<&State>> = states.iter().map(Option::as_ref).collect();
-        let layered = match op {
+        let (layered, holds) = match op {
             Op::Adjust(adjustment) => {
                 match tollgate::algorithms::adjust_layers(layers, &states, now, adjustment) {
-                    Ok(layered) => layered,
+                    Ok(layered) => (layered, Holds::new()),
                     Err(e) => {
                         tx.rollback().await?;
                         return Ok(Some(Err(e)));
                     }
                 }
             }
-            _ => tollgate::algorithms::decide_layers(layers, &states, now),
+            Op::Release(holds) => (
+                tollgate::algorithms::release_layers(layers, &states, now, holds),
+                Holds::new(),
+            ),
+            Op::Renew(holds) => tollgate::algorithms::renew_layers(layers, &states, now, holds),
+            Op::Acquire => {
+                let layered = tollgate::algorithms::decide_layers(layers, &states, now);
+                let holds = tollgate::algorithms::holds_of(layers, &layered);
+                (layered, holds)
+            }
+            _ => (
+                tollgate::algorithms::decide_layers(layers, &states, now),
+                Holds::new(),
+            ),
         };
         match op {
-            Op::Decide | Op::Adjust(_) => {}
+            Op::Decide | Op::Adjust(_) | Op::Acquire | Op::Release(_) | Op::Renew(_) => {}
             // Nothing charged, nothing kept (not even step 1's rows).
             Op::Peek => {
                 tx.rollback().await?;
                 let charged = layered.admitted();
-                return Ok(Some(Ok(layered
+                let verdicts = layered
                     .verdicts
                     .into_iter()
                     .zip(layers)
                     .map(|(v, l)| if charged { v.uncharged(l.cost) } else { v })
-                    .collect())));
+                    .collect();
+                return Ok(Some(Ok((verdicts, holds))));
             }
             // Every row was found to be this store's own (step 3): remove them.
             Op::Reset => {
@@ -383,7 +397,7 @@ impl PgStore {
                 )
                 .await?;
                 tx.commit().await?;
-                return Ok(Some(Ok(layered.verdicts)));
+                return Ok(Some(Ok((layered.verdicts, holds))));
             }
         }
         if !layered.admitted() {
@@ -395,7 +409,7 @@ impl PgStore {
                 .await?;
             }
             tx.commit().await?;
-            return Ok(Some(Ok(layered.verdicts)));
+            return Ok(Some(Ok((layered.verdicts, holds))));
         }
         let update = format!(
             "UPDATE {} SET is_log = $2, state = $3, expires_at = $4 WHERE key = $1",
@@ -426,7 +440,7 @@ impl PgStore {
         }
         // 5.
         tx.commit().await?;
-        Ok(Some(Ok(layered.verdicts)))
+        Ok(Some(Ok((layered.verdicts, holds))))
     }
 }
 
@@ -457,7 +471,7 @@ fn closed(_: tokio::sync::AcquireError) -> StoreError {
 
 /// What a transaction does once the rows are locked and judged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
+enum Op<'h> {
     /// Charge when every layer admits.
     Decide,
     /// Write nothing.
@@ -466,12 +480,22 @@ enum Op {
     Reset,
     /// Write what the adjustment changes.
     Adjust(Adjustment),
+    /// Charge when every layer admits, and answer the holds.
+    Acquire,
+    /// Give these holds back.
+    Release(&'h [Hold]),
+    /// Renew these holds, and answer them as they now are.
+    Renew(&'h [Hold]),
 }
 
 impl PgStore {
     /// Run `op` over `layers` in one transaction, retried after a
     /// deadlock, within the deadline.
-    async fn run(&self, layers: &[LayerRequest<'_>], op: Op) -> Result<Verdicts, StoreError> {
+    async fn run(
+        &self,
+        layers: &[LayerRequest<'_>],
+        op: Op<'_>,
+    ) -> Result<(Verdicts, Holds), StoreError> {
         let work = async {
             let _permit = self.permits.acquire().await.map_err(closed)?;
             let mut client = self.checkout().await?;
@@ -516,11 +540,11 @@ impl Store for PgStore {
     }
 
     async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.run(layers, Op::Decide).await
+        self.run(layers, Op::Decide).await.map(|(v, _)| v)
     }
 
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.run(layers, Op::Peek).await
+        self.run(layers, Op::Peek).await.map(|(v, _)| v)
     }
 
     /// A row this store did not write fails the reset (step 3), which then
@@ -535,6 +559,24 @@ impl Store for PgStore {
         layers: &[LayerRequest<'_>],
         adjustment: Adjustment,
     ) -> Result<Verdicts, StoreError> {
-        self.run(layers, Op::Adjust(adjustment)).await
+        self.run(layers, Op::Adjust(adjustment))
+            .await
+            .map(|(v, _)| v)
+    }
+
+    async fn acquire(&self, layers: &[LayerRequest<'_>]) -> Result<(Verdicts, Holds), StoreError> {
+        self.run(layers, Op::Acquire).await
+    }
+
+    async fn release(&self, layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
+        self.run(layers, Op::Release(holds)).await.map(drop)
+    }
+
+    async fn renew(
+        &self,
+        layers: &[LayerRequest<'_>],
+        holds: &[Hold],
+    ) -> Result<Holds, StoreError> {
+        self.run(layers, Op::Renew(holds)).await.map(|(_, h)| h)
     }
 }

@@ -22,6 +22,10 @@
 //!
 //! [`conformance_tests!`]: crate::conformance_tests
 
+mod concurrency;
+
+pub use concurrency::concurrency_limits_hold_places;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -1317,6 +1321,7 @@ macro_rules! conformance_tests {
             plans_keep_what_was_used,
             long_fixed_windows_are_quotas,
             calendar_quotas_follow_the_calendar,
+            concurrency_limits_hold_places,
             shadow_layers_count_but_never_deny,
             rolling_deploys_are_bounded,
             implausible_times_are_refused,

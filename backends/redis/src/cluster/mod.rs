@@ -61,7 +61,13 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use tokio::time::Instant;
-use tollgate_limiter::{Adjustment, LayerRequest, Store, StoreError, Verdict, Verdicts};
+use tollgate_limiter::{Adjustment, Hold, LayerRequest, Store, StoreError, Verdict, Verdicts};
+// A request's concurrency holds (`Holds` here is this store's
+// reservations in flight).
+use tollgate_limiter::Holds as HeldUnits;
+use tollgate_redis_protocol::{parse_renewed, parse_reserve, Charged};
+
+use crate::store::{check_holds, holds_of};
 
 use crate::client::connect_error;
 use crate::conflicts;
@@ -425,61 +431,139 @@ impl RedisClusterStore {
         mode: Mode,
         block: Option<u64>,
     ) -> Result<Verdicts, StoreError> {
-        let Call {
-            deadline,
-            args,
-            time,
-            keys,
-            groups,
-        } = self.call_of(layers)?;
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; layers.len()];
-        let mut result = Ok(());
-        for group in &groups {
-            let cmd = group_call(
-                &keys,
-                &args,
-                group,
-                &time,
-                (mode, block),
-                self.call_command(),
-            );
-            let answer = self
-                .until(deadline, call(self.conn.clone(), cmd, self.runner()))
-                .await
-                .and_then(|reply| reply.map_err(|e| in_group(e, layers, group)))
-                .and_then(|reply| parse_reply(&reply, group.len()));
-            match answer {
-                Ok(parsed) => {
-                    for (&i, v) in group.iter().zip(parsed) {
-                        verdicts[i] = Some(v);
-                    }
-                }
-                Err(e) => {
-                    result = Err(e);
-                    break;
+        let prepared = self.call_of(layers)?;
+        let replies = self.replies(&prepared, layers, (mode, block), &[]).await;
+        let result = replies.and_then(|replies| {
+            let mut verdicts: Vec<Option<Verdict>> = vec![None; layers.len()];
+            for (group, reply) in replies {
+                for (&i, v) in group.iter().zip(parse_reply(&reply, group.len())?) {
+                    verdicts[i] = Some(v);
                 }
             }
+            Ok(verdicts.into_iter().flatten().collect())
+        });
+        self.locate_conflict(result, layers, prepared.deadline)
+            .await
+    }
+
+    /// One call per slot group of `call` in `mode` (`holds`: each layer's
+    /// hold, for a release or renewal), in slot order, until one fails:
+    /// each group's layers and reply.
+    async fn replies(
+        &self,
+        prepared: &Call,
+        layers: &[LayerRequest<'_>],
+        (mode, block): (Mode, Option<u64>),
+        holds: &[Hold],
+    ) -> Result<Vec<(Vec<usize>, Vec<i64>)>, StoreError> {
+        let mut replies = Vec::with_capacity(prepared.groups.len());
+        for group in &prepared.groups {
+            let cmd = group_call(
+                &prepared.keys,
+                &prepared.args,
+                group,
+                &prepared.time,
+                (mode, block),
+                holds,
+                self.call_command(),
+            );
+            let reply = self
+                .until(
+                    prepared.deadline,
+                    call(self.conn.clone(), cmd, self.runner()),
+                )
+                .await?
+                .map_err(|e| in_group(e, layers, group))?;
+            replies.push((group.clone(), reply));
         }
-        let result = result.map(|()| verdicts.into_iter().flatten().collect());
-        self.locate_conflict(result, layers, deadline).await
+        Ok(replies)
+    }
+}
+
+impl RedisClusterStore {
+    /// Decide `layers` (`mode`: `Decide`, or `Reserve` to learn each
+    /// layer's charge): one call on one slot, exactly as the standalone
+    /// store decides; across slots, reserved group by group. The charges
+    /// are empty unless reserved and admitted.
+    async fn charge(
+        &self,
+        layers: &[LayerRequest<'_>],
+        mode: Mode,
+    ) -> Result<(Verdicts, Vec<Charged>), StoreError> {
+        let prepared = self.call_of(layers)?;
+        let result = if let [group] = &prepared.groups[..] {
+            let cmd = group_call(
+                &prepared.keys,
+                &prepared.args,
+                group,
+                &prepared.time,
+                (mode, None),
+                &[],
+                self.call_command(),
+            );
+            self.until(
+                prepared.deadline,
+                call(self.conn.clone(), cmd, self.runner()),
+            )
+            .await?
+            .map_err(|e| in_group(e, layers, group))
+            .and_then(|reply| match mode {
+                Mode::Reserve => parse_reserve(&reply, layers.len()),
+                _ => parse_reply(&reply, layers.len()).map(|v| (v, Vec::new())),
+            })
+        } else {
+            let Call {
+                deadline,
+                args,
+                time,
+                keys,
+                groups,
+            } = &prepared;
+            self.decide_across_slots(layers, keys, args.clone(), groups, time.clone(), *deadline)
+                .await
+        };
+        let result = match (result, &self.checked.replica_ack) {
+            // Admitted: every group was charged on its master.
+            (Ok((verdicts, charges)), Some(ack)) if verdicts.iter().all(|v| v.allowed) => self
+                .until(
+                    prepared.deadline,
+                    self.acknowledge(ack, &prepared.keys, &prepared.groups),
+                )
+                .await?
+                .map(|()| (verdicts, charges)),
+            (other, _) => other,
+        };
+        let charges = match &result {
+            Ok((_, charges)) => charges.clone(),
+            Err(_) => Vec::new(),
+        };
+        let verdicts = self
+            .locate_conflict(result.map(|(v, _)| v), layers, prepared.deadline)
+            .await?;
+        Ok((verdicts, charges))
     }
 }
 
 /// The call deciding the layers of `group` (all on one slot) in `mode`
-/// (`block`: a block's length in µs), sent as `style`.
+/// (`block`: a block's length in µs; `holds`: each layer's hold, for a
+/// release or renewal), sent as `style`.
 fn group_call(
     keys: &[String],
     args: &[[u64; LAYER_ARGS]],
     group: &[usize],
     time: &crate::script::TimeArgs,
     (mode, block): (Mode, Option<u64>),
+    holds: &[Hold],
     style: CallCommand,
 ) -> redis::Cmd {
-    let mut call = ScriptCall::new(style, group.iter().map(|&i| keys[i].as_str()), time);
+    let mut script = ScriptCall::new(style, group.iter().map(|&i| keys[i].as_str()), time);
     for &i in group {
-        call = call.layer(&with_block(args[i], block));
+        script = script.layer(&with_block(args[i], block));
+        if let Some(hold) = holds.get(i) {
+            script = script.layer(&[hold.at, 0]);
+        }
     }
-    call.mode(mode)
+    script.mode(mode)
 }
 
 #[async_trait]
@@ -492,40 +576,50 @@ impl Store for RedisClusterStore {
         if layers.is_empty() {
             return Ok(Verdicts::new());
         }
-        let Call {
-            deadline,
-            args,
-            time,
-            keys,
-            groups,
-        } = self.call_of(layers)?;
-        let result = if let [group] = &groups[..] {
-            // One slot: one call, exactly as the standalone store decides.
-            let cmd = group_call(
-                &keys,
-                &args,
-                group,
-                &time,
-                (Mode::Decide, None),
-                self.call_command(),
-            );
-            self.until(deadline, call(self.conn.clone(), cmd, self.runner()))
-                .await?
-                .map_err(|e| in_group(e, layers, group))
-                .and_then(|reply| parse_reply(&reply, layers.len()))
-        } else {
-            self.decide_across_slots(layers, &keys, args, &groups, time, deadline)
-                .await
-        };
-        let result = match (result, &self.checked.replica_ack) {
-            // Admitted: every group was charged on its master.
-            (Ok(verdicts), Some(ack)) if verdicts.iter().all(|v| v.allowed) => self
-                .until(deadline, self.acknowledge(ack, &keys, &groups))
-                .await?
-                .map(|()| verdicts),
-            (other, _) => other,
-        };
-        self.locate_conflict(result, layers, deadline).await
+        self.charge(layers, Mode::Decide).await.map(|(v, _)| v)
+    }
+
+    /// As a decision; a concurrency layer's charge is its hold.
+    async fn acquire(
+        &self,
+        layers: &[LayerRequest<'_>],
+    ) -> Result<(Verdicts, HeldUnits), StoreError> {
+        if layers.is_empty() {
+            return Ok((Verdicts::new(), HeldUnits::new()));
+        }
+        let (verdicts, charges) = self.charge(layers, Mode::Reserve).await?;
+        Ok((verdicts, holds_of(layers, &charges)))
+    }
+
+    /// Atomic per slot group (each group's holds are given back in one
+    /// call).
+    async fn release(&self, layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
+        check_holds(layers, holds)?;
+        let prepared = self.call_of(layers)?;
+        self.replies(&prepared, layers, (Mode::Refund, None), holds)
+            .await
+            .map(drop)
+    }
+
+    /// Atomic per slot group.
+    async fn renew(
+        &self,
+        layers: &[LayerRequest<'_>],
+        holds: &[Hold],
+    ) -> Result<HeldUnits, StoreError> {
+        check_holds(layers, holds)?;
+        let prepared = self.call_of(layers)?;
+        let replies = self
+            .replies(&prepared, layers, (Mode::Renew, None), holds)
+            .await?;
+        let mut renewed: HeldUnits = holds.iter().map(|_| None).collect();
+        for (group, reply) in replies {
+            let costs: Vec<u64> = group.iter().map(|&i| holds[i].cost).collect();
+            for (&i, hold) in group.iter().zip(parse_renewed(&reply, &costs)?) {
+                renewed[i] = hold;
+            }
+        }
+        Ok(renewed)
     }
 
     /// One call per slot group, each judged without a charge.

@@ -14,7 +14,7 @@ use super::{group_call, in_group, RedisClusterStore};
 use crate::engine::{CallCommand, Runner};
 use crate::holds::Held;
 use crate::script::{parse_reply, Mode, ScriptCall, TimeArgs, LAYER_ARGS};
-use tollgate_redis_protocol::{REPLY_FIELDS, RESERVE_FIELDS};
+use tollgate_redis_protocol::{parse_reserve, Charged};
 
 /// Passes of a cross-slot decision denied only where other decisions of
 /// this process hold reservations (each after those settle), within the
@@ -36,7 +36,7 @@ impl RedisClusterStore {
         groups: &[Vec<usize>],
         time: TimeArgs,
         deadline: Instant,
-    ) -> Result<Verdicts, StoreError> {
+    ) -> Result<(Verdicts, Vec<Charged>), StoreError> {
         let request = Request {
             layers,
             keys,
@@ -44,7 +44,8 @@ impl RedisClusterStore {
             time: &time,
             deadline,
         };
-        let (mut verdicts, mut contended) = self.reserve_across_slots(&request, groups).await?;
+        let (mut verdicts, mut contended, mut charges) =
+            self.reserve_across_slots(&request, groups).await?;
         let mut passes = 1;
         while let Some(seen) = contended.take() {
             // Decide again only once those holds settled, with time left; a
@@ -57,22 +58,25 @@ impl RedisClusterStore {
             }
             passes += 1;
             match self.reserve_across_slots(&request, groups).await {
-                Ok((again, still)) => (verdicts, contended) = (again, still),
+                Ok((again, still, charged)) => {
+                    (verdicts, contended, charges) = (again, still, charged)
+                }
                 Err(_) => break,
             }
         }
-        Ok(verdicts)
+        Ok((verdicts, charges))
     }
 
     /// One pass of [`decide_across_slots`](Self::decide_across_slots): the
-    /// verdicts, and when the request was denied only on keys where other
-    /// decisions of this process hold units, those keys and their holds.
+    /// verdicts, when the request was denied only on keys where other
+    /// decisions of this process hold units those keys and their holds,
+    /// and when it was admitted each layer's charge (in layer order).
     #[allow(clippy::type_complexity)]
     async fn reserve_across_slots(
         &self,
         request: &Request<'_, '_>,
         groups: &[Vec<usize>],
-    ) -> Result<(Verdicts, Option<Vec<(String, u64)>>), StoreError> {
+    ) -> Result<(Verdicts, Option<Vec<(String, u64)>>, Vec<Charged>), StoreError> {
         let Request { layers, keys, .. } = *request;
         let mut held = Held::new(&self.holds);
         let mut verdicts: Vec<Option<Verdict>> = vec![None; layers.len()];
@@ -115,15 +119,20 @@ impl RedisClusterStore {
             });
         }
         let Some(denied) = denied else {
-            reserved.groups.clear();
+            let mut charges = vec![(0, 0); layers.len()];
+            for group in reserved.groups.drain(..) {
+                for (&i, (_, charged)) in group.indices.iter().zip(group.layers) {
+                    charges[i] = charged;
+                }
+            }
             let verdicts = verdicts.into_iter().map(|v| v.expect("decided")).collect();
-            return Ok((verdicts, None));
+            return Ok((verdicts, None, charges));
         };
         let contended = self.contended(&groups[denied], keys, &verdicts, &held);
         self.deny(request, &groups[denied + 1..], reserved, &mut verdicts)
             .await;
         let verdicts = verdicts.into_iter().map(|v| v.expect("decided")).collect();
-        Ok((verdicts, contended))
+        Ok((verdicts, contended, Vec::new()))
     }
 
     /// Reserve the layers of one slot `group`: their verdicts and charges.
@@ -151,7 +160,8 @@ impl RedisClusterStore {
             time,
             deadline,
         } = *request;
-        let cmd = group_call(keys, args, group, time, (mode, None), self.call_command());
+        let style = self.call_command();
+        let cmd = group_call(keys, args, group, time, (mode, None), &[], style);
         self.until(deadline, call(self.conn.clone(), cmd, self.runner()))
             .await?
             .map_err(|e| in_group(e, layers, group))
@@ -274,34 +284,6 @@ fn unread(layer: &LayerRequest<'_>) -> Verdict {
         reset_after: Duration::ZERO,
         retry_after: None,
     }
-}
-
-/// What a reservation reported for one layer: the effective time it
-/// charged at and its mark (see `lua/layered.lua`, mode `reserve`).
-type Charged = (u64, u64);
-
-/// Turn a `reserve` reply (7 integers per layer) into verdicts and charges.
-fn parse_reserve(reply: &[i64], layers: usize) -> Result<(Verdicts, Vec<Charged>), StoreError> {
-    if reply.len() != layers * RESERVE_FIELDS {
-        return Err(StoreError::Protocol(format!(
-            "the script answered {} integers for {layers} reserved layers",
-            reply.len()
-        )));
-    }
-    let mut verdict_fields = Vec::with_capacity(layers * REPLY_FIELDS);
-    let mut charges = Vec::with_capacity(layers);
-    for chunk in reply.chunks_exact(RESERVE_FIELDS) {
-        verdict_fields.extend_from_slice(&chunk[..REPLY_FIELDS]);
-        let unsigned = |v: i64| {
-            u64::try_from(v)
-                .map_err(|_| StoreError::Protocol(format!("the script answered a charge of {v}")))
-        };
-        charges.push((
-            unsigned(chunk[REPLY_FIELDS])?,
-            unsigned(chunk[REPLY_FIELDS + 1])?,
-        ));
-    }
-    Ok((parse_reply(&verdict_fields, layers)?, charges))
 }
 
 /// A slot group charged by a reservation.

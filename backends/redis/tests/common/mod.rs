@@ -178,6 +178,7 @@ pub fn time_scale(limit: &tollgate_limiter::Limit) -> u64 {
         Limit::FixedWindow(p) => p.window_us(),
         Limit::SlidingWindow(p) => p.window_us(),
         Limit::SlidingLog(p) => p.window_us(),
+        Limit::Concurrency(p) => p.lease_us(),
         Limit::Calendar(_) => tollgate_limiter::duration_micros(limit.window().expect("built-in")),
         Limit::Custom(_) => unreachable!("built-in algorithms only"),
     }

@@ -1,0 +1,13 @@
+-- Tollgate: concurrency limit (Rust reference: algorithms/src/concurrency.rs).
+--
+-- A sliding log whose window is the lease: each unit held is an entry at
+-- its holder's last renewal, counted while younger than the lease, so
+-- the decision is sliding_log.lua's, and so is a release (the refund
+-- mode's LREM of the hold's entries). A renewal is layered.lua's 'renew'
+-- mode.
+--
+--   concurrency(limit, lease_us, _, log, now, cost)
+--
+-- Layer ARGV: algorithm 7, cost, limit, lease_us, 0.
+-- State: a Redis LIST of timestamps (µs, one per unit held), oldest first.
+local concurrency = sliding_log

@@ -1,0 +1,69 @@
+//! Concurrency limits in the configuration file: a route with a rate layer
+//! and a concurrency layer, decided with `acquire`, and the mistakes a
+//! file can make reported with their field path.
+
+use std::sync::Arc;
+
+use tollgate_config::{Config, LiveConfig};
+use tollgate_limiter::{Context, ManualClock, ReloadableRoute as _, Subject, Timestamp};
+
+const FILE: &str = r#"
+[policies.per_minute]
+algorithm = "fixed_window"
+limit = 60
+window = "1m"
+
+[policies.exports]
+algorithm = "concurrency"
+limit = 2
+lease = "30s"
+
+[routes.export]
+layers = [
+    { name = "minute", scope = "subject", policy = "per_minute" },
+    { name = "in-flight", scope = "subject", policy = "exports" },
+]
+"#;
+
+#[tokio::test]
+async fn a_route_holds_two_exports_in_flight_per_customer() {
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let live = LiveConfig::new(Config::from_toml_str(FILE).unwrap(), Arc::new(clock))
+        .await
+        .unwrap();
+    let route = live.route("export").unwrap().current();
+    let limiter = route.limiter();
+    assert!(limiter.has_concurrency());
+    let ctx = Context::for_subject(Subject::new("acme").unwrap());
+    let first = limiter.acquire(&ctx, 1).await.unwrap();
+    let second = limiter.acquire(&ctx, 1).await.unwrap();
+    assert!(first.permit.is_some() && second.permit.is_some());
+    let third = limiter.acquire(&ctx, 1).await.unwrap();
+    assert!(!third.decision.is_allowed());
+    let denied = third.decision.denied_layers().next().unwrap();
+    assert_eq!(denied.layer(), "in-flight");
+    first.permit.unwrap().release().await.unwrap();
+    assert!(limiter
+        .acquire(&ctx, 1)
+        .await
+        .unwrap()
+        .decision
+        .is_allowed());
+}
+
+#[test]
+fn a_bad_concurrency_policy_names_its_field() {
+    for (bad, field) in [
+        ("limit = 0\nlease = \"30s\"", "limit"),
+        ("limit = 2\nlease = \"10ms\"", "lease"),
+        ("limit = 2", "lease"),
+        ("limit = 2\nlease = \"30s\"\nwindow = \"1m\"", "window"),
+    ] {
+        let file = format!(
+            "[policies.exports]\nalgorithm = \"concurrency\"\n{bad}\n\n\
+             [routes.export]\nlayers = [{{ name = \"in-flight\", scope = \"subject\", policy = \"exports\" }}]\n"
+        );
+        let error = Config::from_toml_str(&file).unwrap_err().to_string();
+        assert!(error.contains(field), "{bad}: {error}");
+    }
+}

@@ -1,0 +1,96 @@
+//! Deciding a request that holds places in concurrency layers: one store
+//! call that decides every layer and takes the places, and the permit that
+//! gives them back.
+
+use super::{denied_only_by_shadow, held_each, past_shadow, Limiter, ProbeGuard, Requests};
+use crate::context::Context;
+use crate::decision::Decision;
+use crate::error::{Error, StoreError};
+use crate::failure::Admission;
+use crate::hold::Holds;
+use crate::observe;
+use crate::permit::Permit;
+use crate::verdicts::Verdicts;
+
+/// A decision with the places it holds ([`Limiter::acquire`]).
+#[derive(Debug)]
+#[must_use = "dropping the permit gives its places back at once"]
+pub struct Acquired {
+    /// The decision, as [`Limiter::check`] would give it.
+    pub decision: Decision,
+    /// The places the request holds in its concurrency layers, given back
+    /// when it is dropped: `Some` when the request was admitted by a store
+    /// that holds places (a concurrency layer decided by a failure mode
+    /// holds none).
+    pub permit: Option<Permit>,
+}
+
+impl Limiter {
+    /// Decide a request of `cost` units for `ctx`, as [`check`](Self::check)
+    /// does, and take a place in every concurrency layer
+    /// ([`Limit::concurrency`](crate::Limit::concurrency)) for as long as
+    /// the returned [`Permit`] lives: one store call, all or nothing (a
+    /// denied request holds nothing). Keep the permit until the work ends;
+    /// dropping it gives the places back. A limiter without concurrency
+    /// layers answers as `check` does, with no permit.
+    ///
+    /// A store failure is decided by each layer's failure mode, as for
+    /// `check`; a concurrency layer then holds no place.
+    pub async fn acquire(&self, ctx: &Context, cost: u64) -> Result<Acquired, Error> {
+        let limiter = self.planned(ctx).await;
+        if !limiter.has_concurrency {
+            let decision = limiter.check(ctx, cost).await?;
+            return Ok(Acquired {
+                decision,
+                permit: None,
+            });
+        }
+        limiter.acquire_here(ctx, cost).await
+    }
+
+    /// [`acquire`](Self::acquire) under this limiter's own layers.
+    async fn acquire_here(&self, ctx: &Context, cost: u64) -> Result<Acquired, Error> {
+        let mut requests = Requests::new();
+        self.requests_into(ctx, cost, &mut requests)?;
+        let answer = match self.acquire_call(&requests).await {
+            Ok((verdicts, _)) if denied_only_by_shadow(&requests, &verdicts) => {
+                past_shadow(&*self.store, &requests, verdicts, true).await
+            }
+            other => other,
+        };
+        match answer {
+            Ok((verdicts, holds)) => {
+                let decision = self.finish(&requests, cost, &verdicts);
+                let permit = match decision.is_allowed() {
+                    true => Permit::new(&self.store, &requests, &holds),
+                    false => None,
+                };
+                Ok(Acquired { decision, permit })
+            }
+            Err(error) => {
+                let decision = self.degraded(&requests, &error).await;
+                Ok(Acquired {
+                    decision: self.finished(&requests, cost, decision),
+                    permit: None,
+                })
+            }
+        }
+    }
+
+    /// The store's acquisition of `requests`, through the breaker.
+    async fn acquire_call(&self, requests: &Requests<'_>) -> Result<(Verdicts, Holds), StoreError> {
+        let admission = self.breaker.admit();
+        if let Admission::Skip(wait) = admission {
+            observe::store_skipped(self.store.kind());
+            return Err(StoreError::CircuitOpen(wait));
+        }
+        let probe = ProbeGuard {
+            breaker: (admission == Admission::Probe).then_some(&*self.breaker),
+        };
+        let started = self.metrics.start();
+        let answer = held_each(self.store.acquire(requests).await, requests.len());
+        self.after_call(admission, started, answer.as_ref().err());
+        probe.settled();
+        answer
+    }
+}

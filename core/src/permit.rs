@@ -1,0 +1,241 @@
+//! A permit: the places an admitted request holds in its concurrency
+//! layers, renewed while it lives and released when it is dropped.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use tokio::sync::{Mutex, Notify};
+
+use crate::error::StoreError;
+use crate::hold::{Hold, Holds};
+use crate::policy::Policy;
+use crate::store::{LayerRequest, Store, StoreKey};
+
+/// The places an admitted request holds in its concurrency layers
+/// ([`Limit::concurrency`](crate::Limit::concurrency)), from
+/// [`Limiter::acquire`](crate::Limiter::acquire).
+///
+/// Hold it while the work lasts. While it lives, a task renews its places
+/// every third of the shortest lease, so a long request keeps them; when
+/// it is dropped — the work finished, panicked, was cancelled or timed
+/// out — a task gives them back at once. A process that dies holding one
+/// loses its places one lease after the last renewal. [`release`](Self::release)
+/// gives them back and waits for the store's answer.
+///
+/// Renewing and releasing run on the Tokio runtime that was current when
+/// the permit was made; without one, nothing is renewed and a dropped
+/// permit's places come back when their lease runs out.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use std::time::Duration;
+/// # use tollgate_limiter::{Context, Limit, Limiter, Policy, Scope, Subject};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let exports = Policy::new("exports", Limit::concurrency(2, Duration::from_secs(30))?)?;
+/// let limiter = Limiter::builder(Arc::new(tollgate_memory::MemoryStore::default()))
+///     .layer("in-flight", Scope::Subject, exports)
+///     .build()?;
+/// let ctx = Context::for_subject(Subject::new("acme")?);
+/// let first = limiter.acquire(&ctx, 1).await?;
+/// let second = limiter.acquire(&ctx, 1).await?;
+/// assert!(first.decision.is_allowed() && second.decision.is_allowed());
+/// // Two in flight: a third waits for one of them.
+/// assert!(!limiter.acquire(&ctx, 1).await?.decision.is_allowed());
+/// first.permit.expect("admitted").release().await?;
+/// assert!(limiter.acquire(&ctx, 1).await?.decision.is_allowed());
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "dropping a permit releases its places at once"]
+pub struct Permit {
+    /// `None` once released.
+    held: Option<Arc<Held>>,
+}
+
+/// What a permit holds, shared with its renewing task.
+#[derive(Debug)]
+struct Held {
+    store: Arc<dyn Store>,
+    layers: SmallVec<[HeldLayer; 2]>,
+    /// The current holds, one per layer. Renewals and the release take
+    /// the lock for their whole store call: a release never names a hold
+    /// a renewal is moving.
+    holds: Mutex<SmallVec<[Option<Hold>; 2]>>,
+    /// Woken when the permit is released: the renewing task stops.
+    released: Notify,
+}
+
+/// A layer's key parts, owned (the request's context is gone).
+#[derive(Debug)]
+struct HeldLayer {
+    tag: Box<str>,
+    policy: Policy,
+    scope: Box<str>,
+    subject: Box<str>,
+}
+
+impl Permit {
+    /// A permit over the concurrency layers of `requests` that `holds`
+    /// name (other layers hold nothing); `None` when none holds anything.
+    pub(crate) fn new(
+        store: &Arc<dyn Store>,
+        requests: &[LayerRequest<'_>],
+        holds: &Holds,
+    ) -> Option<Permit> {
+        let mut layers: SmallVec<[HeldLayer; 2]> = SmallVec::new();
+        let mut held_holds = SmallVec::new();
+        for (request, hold) in requests.iter().zip(holds) {
+            let Some(hold) = hold else { continue };
+            let (tag, scope, subject) = request.key.made_of();
+            layers.push(HeldLayer {
+                tag: tag.into(),
+                policy: request.policy.clone(),
+                scope: scope.into(),
+                subject: subject.into(),
+            });
+            held_holds.push(Some(*hold));
+        }
+        if layers.is_empty() {
+            return None;
+        }
+        for layer in &layers {
+            crate::observe::permits_in_flight(layer.policy.name(), 1.0);
+        }
+        let every = renewal_interval(&layers);
+        let held = Arc::new(Held {
+            store: Arc::clone(store),
+            layers,
+            holds: Mutex::new(held_holds),
+            released: Notify::new(),
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(renew_while_held(Arc::downgrade(&held), every));
+        }
+        Some(Permit { held: Some(held) })
+    }
+
+    /// Give the places back now, and wait for the store's answer (a
+    /// failure is returned: the places then come back when their lease
+    /// runs out).
+    pub async fn release(mut self) -> Result<(), StoreError> {
+        match self.held.take() {
+            Some(held) => held.release().await,
+            None => Ok(()),
+        }
+    }
+
+    /// How many concurrency layers this permit holds a place in.
+    pub fn layers(&self) -> usize {
+        self.held.as_ref().map_or(0, |h| h.layers.len())
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else { return };
+        // The renewing task stops at once, whether or not a runtime is
+        // left to release on.
+        held.released.notify_one();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                // Nobody waits for the answer: a failed release leaves the
+                // places to their lease.
+                let _ = held.release().await;
+            });
+        }
+    }
+}
+
+impl Held {
+    /// The request and hold of each layer still held.
+    fn held<'a>(
+        &'a self,
+        holds: &[Option<Hold>],
+    ) -> (SmallVec<[LayerRequest<'a>; 2]>, SmallVec<[Hold; 2]>) {
+        self.layers
+            .iter()
+            .zip(holds)
+            .filter_map(|(l, hold)| {
+                let hold = (*hold)?;
+                let request = LayerRequest {
+                    key: StoreKey::new(&l.tag, &l.policy, &l.scope, &l.subject),
+                    policy: &l.policy,
+                    cost: hold.cost,
+                };
+                Some((request, hold))
+            })
+            .unzip()
+    }
+
+    async fn release(&self) -> Result<(), StoreError> {
+        self.released.notify_one();
+        let mut holds = self.holds.lock().await;
+        let (requests, held) = self.held(&holds);
+        if requests.is_empty() {
+            return Ok(());
+        }
+        let answer = self.store.release(&requests, &held).await;
+        // Given back, or left to its lease: this process holds it no more.
+        for (layer, hold) in self.layers.iter().zip(holds.iter_mut()) {
+            if hold.take().is_some() {
+                crate::observe::permits_in_flight(layer.policy.name(), -1.0);
+            }
+        }
+        answer
+    }
+
+    /// Renew every place still held; `false` once none is (a lost one is
+    /// forgotten: its holder no longer counts there).
+    async fn renew(&self) -> Result<bool, StoreError> {
+        let mut holds = self.holds.lock().await;
+        let (requests, held) = self.held(&holds);
+        if requests.is_empty() {
+            return Ok(false);
+        }
+        let mut renewed = self.store.renew(&requests, &held).await?.into_iter();
+        for (layer, hold) in self.layers.iter().zip(holds.iter_mut()) {
+            if hold.is_none() {
+                continue;
+            }
+            *hold = renewed.next().flatten();
+            if hold.is_none() {
+                crate::observe::permit_lost(layer.policy.name());
+                crate::observe::permits_in_flight(layer.policy.name(), -1.0);
+            }
+        }
+        Ok(holds.iter().any(Option::is_some))
+    }
+}
+
+/// A third of the shortest lease: a renewal that fails (a store blip) is
+/// tried again twice before the lease runs out.
+fn renewal_interval(layers: &[HeldLayer]) -> Duration {
+    let shortest = layers
+        .iter()
+        .filter_map(|l| match l.policy.limit() {
+            crate::Limit::Concurrency(c) => Some(c.lease()),
+            _ => None,
+        })
+        .min()
+        .unwrap_or(crate::MIN_LEASE);
+    shortest / 3
+}
+
+/// Renew `held` every `every` until it is released (or dropped, or holds
+/// nothing more).
+async fn renew_while_held(held: Weak<Held>, every: Duration) {
+    loop {
+        {
+            let Some(held) = held.upgrade() else { return };
+            let released = held.released.notified();
+            if tokio::time::timeout(every, released).await.is_ok() {
+                return;
+            }
+        }
+        let Some(held) = held.upgrade() else { return };
+        if let Ok(false) = held.renew().await {
+            return;
+        }
+    }
+}

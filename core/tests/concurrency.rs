@@ -1,0 +1,215 @@
+//! Concurrency limits through the limiter: a permit holds each admitted
+//! request's place while the work lasts, renews it past its lease, and
+//! gives it back when the work ends, however it ends.
+#![cfg(feature = "concurrency")]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_limiter::{
+    BuildError, Context, Error, Fallback, Limit, Limiter, ManualClock, OnStoreFailure, Permit,
+    Policy, Scope, Subject, Timestamp,
+};
+use tollgate_memory::MemoryStore;
+
+const LEASE: Duration = Duration::from_secs(30);
+const START: Timestamp = Timestamp::from_micros(1_780_000_000_000_000);
+
+fn limiter(limit: u64, clock: &ManualClock) -> Limiter {
+    let store = MemoryStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let policy = Policy::new("exports", Limit::concurrency(limit, LEASE).unwrap()).unwrap();
+    Limiter::builder(Arc::new(store))
+        .layer("in-flight", Scope::Subject, policy)
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap()
+}
+
+fn customer() -> Context {
+    Context::for_subject(Subject::new("acme").unwrap())
+}
+
+/// The permit of the first admitted acquisition within `tries` (a dropped
+/// permit is given back by a task, which may not have run yet).
+async fn eventually_admitted(limiter: &Limiter, ctx: &Context, tries: usize) -> Option<Permit> {
+    for _ in 0..tries {
+        let acquired = limiter.acquire(ctx, 1).await.unwrap();
+        if let Some(permit) = acquired.permit {
+            assert!(acquired.decision.is_allowed());
+            return Some(permit);
+        }
+        assert!(!acquired.decision.is_allowed(), "admitted without a permit");
+        tokio::task::yield_now().await;
+    }
+    None
+}
+
+/// 64 tasks against a limit of 5, the work itself counting how many run at
+/// once: never more than 5, and 5 are reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_tasks_never_run_more_than_the_limit_at_once() {
+    let limiter = limiter(5, &ManualClock::new(START));
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (limiter, running, peak) = (limiter.clone(), running.clone(), peak.clone());
+            tokio::spawn(async move {
+                let permit = eventually_admitted(&limiter, &customer(), 1_000_000)
+                    .await
+                    .expect("every task runs in the end");
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                // The work lasts until the limit is reached (or a while).
+                for _ in 0..10_000 {
+                    if peak.load(Ordering::SeqCst) >= 5 {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                running.fetch_sub(1, Ordering::SeqCst);
+                drop(permit);
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        5,
+        "at most 5 at once, and 5 ran"
+    );
+}
+
+/// A permit's place comes back when its task panics, when its future is
+/// cancelled, and when it times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_place_comes_back_on_panic_cancellation_and_timeout() {
+    let limiter = limiter(1, &ManualClock::new(START));
+    let ctx = customer();
+
+    let held = limiter.clone();
+    let panicked = tokio::spawn(async move {
+        let _permit = held.acquire(&customer(), 1).await.unwrap().permit;
+        panic!("the handler failed");
+    });
+    assert!(panicked.await.is_err());
+    let permit = eventually_admitted(&limiter, &ctx, 10_000).await;
+    assert!(permit.is_some(), "given back after the panic");
+    drop(permit);
+
+    let held = limiter.clone();
+    let cancelled = tokio::spawn(async move {
+        let _permit = held.acquire(&customer(), 1).await.unwrap().permit;
+        std::future::pending::<()>().await;
+    });
+    let permit = loop {
+        // Until the spawned task holds the place.
+        if !limiter
+            .acquire(&ctx, 1)
+            .await
+            .unwrap()
+            .decision
+            .is_allowed()
+        {
+            break None;
+        }
+        tokio::task::yield_now().await;
+    };
+    drop::<Option<Permit>>(permit);
+    cancelled.abort();
+    assert!(cancelled.await.unwrap_err().is_cancelled());
+    let permit = eventually_admitted(&limiter, &ctx, 10_000).await;
+    assert!(permit.is_some(), "given back after the cancellation");
+    drop(permit);
+
+    let slow = async {
+        let _permit = limiter.acquire(&ctx, 1).await.unwrap().permit;
+        std::future::pending::<()>().await;
+    };
+    assert!(tokio::time::timeout(Duration::from_millis(5), slow)
+        .await
+        .is_err());
+    let permit = eventually_admitted(&limiter, &ctx, 10_000).await;
+    assert!(permit.is_some(), "given back after the timeout");
+    // Released explicitly: the store answers.
+    permit.unwrap().release().await.unwrap();
+    assert!(limiter.acquire(&ctx, 1).await.unwrap().permit.is_some());
+}
+
+/// A request that lasts longer than its lease keeps its place: the permit
+/// renews it every third of the lease. Once dropped, the place is free.
+#[tokio::test(start_paused = true)]
+async fn a_long_request_keeps_its_place_by_renewing() {
+    let clock = ManualClock::new(START);
+    let limiter = limiter(1, &clock);
+    let ctx = customer();
+    let permit = limiter.acquire(&ctx, 1).await.unwrap().permit.unwrap();
+    for _ in 0..5 {
+        // The store's clock first: the renewal reads it.
+        clock.advance(LEASE / 3);
+        tokio::time::advance(LEASE / 3).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+    // Fifty seconds on: past the first lease, still held.
+    assert!(!limiter
+        .acquire(&ctx, 1)
+        .await
+        .unwrap()
+        .decision
+        .is_allowed());
+    drop(permit);
+    assert!(eventually_admitted(&limiter, &ctx, 100).await.is_some());
+}
+
+/// A holder that stops renewing (its process died) loses its place one
+/// lease after it last renewed.
+#[tokio::test]
+async fn a_dead_holder_is_forgotten_after_its_lease() {
+    let clock = ManualClock::new(START);
+    let limiter = limiter(1, &clock);
+    let ctx = customer();
+    let permit = limiter.acquire(&ctx, 1).await.unwrap().permit.unwrap();
+    // Its process dies: nothing renews it, nothing gives it back.
+    std::mem::forget(permit);
+    let full = limiter.acquire(&ctx, 1).await.unwrap();
+    assert_eq!(full.decision.retry_after(), Some(LEASE));
+    clock.advance(LEASE - Duration::from_micros(1));
+    assert!(!limiter
+        .acquire(&ctx, 1)
+        .await
+        .unwrap()
+        .decision
+        .is_allowed());
+    clock.advance(Duration::from_micros(1));
+    assert!(limiter.acquire(&ctx, 1).await.unwrap().permit.is_some());
+}
+
+/// `check` would take a place nothing gives back: it refuses, naming the
+/// layer; and a concurrency layer cannot fall back to the emergency store.
+#[tokio::test]
+async fn check_refuses_concurrency_layers_and_fallbacks_are_refused() {
+    let limiter = limiter(1, &ManualClock::new(START));
+    match limiter.check(&customer(), 1).await {
+        Err(Error::NeedsPermit { layer }) => assert_eq!(layer, "in-flight"),
+        other => panic!("expected NeedsPermit, got {other:?}"),
+    }
+    let policy = Policy::new("exports", Limit::concurrency(2, LEASE).unwrap())
+        .unwrap()
+        .with_on_failure(OnStoreFailure::Fallback(Fallback::Share { instances: 2 }))
+        .unwrap();
+    let built = Limiter::builder(Arc::new(MemoryStore::default()))
+        .fallback_store(Arc::new(MemoryStore::default()))
+        .layer("in-flight", Scope::Subject, policy)
+        .build();
+    assert_eq!(
+        built.unwrap_err(),
+        BuildError::ConcurrencyFallback("in-flight".into())
+    );
+}
