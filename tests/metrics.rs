@@ -212,3 +212,39 @@ fn requests_decided_under_the_default_plan_are_counted() {
         "{seen:?}"
     );
 }
+
+/// A permit's places are counted while held, by policy, and no longer
+/// once given back.
+#[cfg(feature = "concurrency")]
+#[test]
+fn places_held_by_permits_are_counted() {
+    let recorder = Registrations::default();
+    let policy = Policy::new(
+        "exports",
+        Limit::concurrency(2, Duration::from_secs(30)).unwrap(),
+    );
+    let limiter = Limiter::builder(Arc::new(MemoryStore::default()))
+        .layer("in-flight", Scope::Subject, policy.unwrap())
+        .build()
+        .unwrap();
+    let subject = Context::for_subject(Subject::new("key-1").unwrap());
+    metrics::with_local_recorder(&recorder, || {
+        let acquired = ready(limiter.acquire(&subject, 1)).unwrap();
+        let permit = acquired.permit.expect("admitted");
+        ready(permit.release()).unwrap();
+    });
+    let seen = recorder.0.lock().unwrap().clone();
+    let in_flight: Vec<&String> = seen
+        .iter()
+        .filter(|s| s.starts_with("tollgate_permits"))
+        .collect();
+    // Taken (+1), then given back (−1): one series, by policy.
+    assert_eq!(
+        in_flight,
+        [
+            "tollgate_permits_in_flight{policy=exports}",
+            "tollgate_permits_in_flight{policy=exports}"
+        ],
+        "{seen:?}"
+    );
+}

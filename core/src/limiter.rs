@@ -454,26 +454,44 @@ impl Limiter {
         cost: u64,
         left_out: &(dyn Fn(&Layer) -> bool + Sync),
     ) -> Result<Decision, Error> {
+        let decided_kept = match self.subset(left_out) {
+            // Fewer shadow layers each time: the recursion ends.
+            Some(subset) => Some(Check::new(&subset, ctx, cost).await?),
+            None => None,
+        };
+        Ok(self.with_left_out(decided_kept, left_out))
+    }
+
+    /// This limiter without the layers `left_out` picks, with its own
+    /// counters (its layers are fewer) and no cached denial of the whole
+    /// request answering for it; `None` when no layer is kept.
+    fn subset(&self, left_out: &(dyn Fn(&Layer) -> bool + Sync)) -> Option<Limiter> {
         let kept: Arc<[Layer]> = self
             .layers
             .iter()
             .filter(|l| !left_out(l))
             .cloned()
             .collect();
-        let decided_kept = if kept.is_empty() {
-            None
-        } else {
-            // Its own counters (its layers are fewer), and no cached
-            // denial of the whole request answers for the subset.
-            let subset = Limiter {
-                metrics: Arc::new(LimiterMetrics::new(&kept)),
-                #[cfg(feature = "blocked-cache")]
-                blocked: None,
-                ..self.with_layers(kept)
-            };
-            // Fewer shadow layers each time: the recursion ends.
-            Some(Check::new(&subset, ctx, cost).await?)
-        };
+        if kept.is_empty() {
+            return None;
+        }
+        Some(Limiter {
+            metrics: Arc::new(LimiterMetrics::new(&kept)),
+            #[cfg(feature = "blocked-cache")]
+            blocked: None,
+            ..self.with_layers(kept)
+        })
+    }
+
+    /// The decision of every layer: the kept layers' from `decided_kept`
+    /// (the [`subset`](Self::subset)'s), the layers `left_out` picks
+    /// reporting a would-be denial that no store made
+    /// (`Source::FailClosed`).
+    fn with_left_out(
+        &self,
+        decided_kept: Option<Decision>,
+        left_out: &(dyn Fn(&Layer) -> bool + Sync),
+    ) -> Decision {
         let (decided_layers, store_error) =
             decided_kept.map(Decision::into_parts).unwrap_or_default();
         let mut kept_layers = decided_layers.into_iter();
@@ -499,10 +517,10 @@ impl Limiter {
                 }
             })
             .collect();
-        Ok(match store_error {
+        match store_error {
             Some(class) => Decision::degraded(layers, class),
             None => Decision::new(layers),
-        })
+        }
     }
 }
 

@@ -67,6 +67,14 @@ pub fn describe() {
                 "tollgate_fallback_failures_total",
                 "Decisions the emergency store could not make either (failed closed)."
             );
+            metrics::describe_gauge!(
+                "tollgate_permits_in_flight",
+                "Places this process's permits hold in concurrency layers, by policy."
+            );
+            metrics::describe_counter!(
+                "tollgate_permits_lost_total",
+                "Permits' places lost before their renewal (the lease ran out), by policy."
+            );
             metrics::describe_counter!(
                 "tollgate_plan_defaults_total",
                 "Requests decided under the default plan because their own could not be found, by reason."

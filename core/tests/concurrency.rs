@@ -213,3 +213,51 @@ async fn check_refuses_concurrency_layers_and_fallbacks_are_refused() {
         BuildError::ConcurrencyFallback("in-flight".into())
     );
 }
+
+/// Shadow layers never fail an acquisition: one the request cannot be
+/// decided by (no tenant for it) is left out, one that denies is counted
+/// and passed; the concurrency layer holds its place either way.
+#[tokio::test]
+async fn shadow_layers_never_fail_an_acquisition() {
+    let store = Arc::new(MemoryStore::default());
+    let in_flight = Policy::new("exports", Limit::concurrency(1, LEASE).unwrap()).unwrap();
+    let trial = Policy::new("trial", Limit::concurrency(1, LEASE).unwrap())
+        .unwrap()
+        .shadow();
+    let per_tenant = Policy::new("tenants", Limit::fixed_window(1, LEASE).unwrap())
+        .unwrap()
+        .shadow();
+    let limiter = Limiter::builder(store)
+        .layer("in-flight", Scope::Subject, in_flight)
+        .layer("trial", Scope::Global, trial)
+        .layer("tenant", Scope::Tenant, per_tenant)
+        .build()
+        .unwrap();
+    let (first, second) = (
+        customer(),
+        Context::for_subject(Subject::new("other").unwrap()),
+    );
+    let held = limiter.acquire(&first, 1).await.unwrap();
+    assert!(held.decision.is_allowed(), "{:?}", held.decision);
+    let permit = held.permit.expect("the enforced layer holds its place");
+    assert_eq!(
+        permit.layers(),
+        2,
+        "the shadow concurrency layer holds one too"
+    );
+    // The global trial layer is full: it denies in shadow, the request passes.
+    let passed = limiter.acquire(&second, 1).await.unwrap();
+    assert!(passed.decision.is_allowed());
+    // The trial layer denied; the tenant layer was left out (reported as a
+    // would-be denial that no store made).
+    let shadow: Vec<&str> = passed.decision.shadow_denied().map(|l| l.layer()).collect();
+    assert_eq!(shadow, ["trial", "tenant"]);
+    assert_eq!(passed.permit.expect("held").layers(), 1);
+    // The customer's own place is taken.
+    assert!(!limiter
+        .acquire(&first, 1)
+        .await
+        .unwrap()
+        .decision
+        .is_allowed());
+}

@@ -2,12 +2,15 @@
 //! call that decides every layer and takes the places, and the permit that
 //! gives them back.
 
-use super::{denied_only_by_shadow, held_each, past_shadow, Limiter, ProbeGuard, Requests};
+use super::{
+    denied_only_by_shadow, held_each, past_shadow, undecidable, Limiter, ProbeGuard, Requests,
+};
 use crate::context::Context;
 use crate::decision::Decision;
 use crate::error::{Error, StoreError};
 use crate::failure::Admission;
 use crate::hold::Holds;
+use crate::layer::Layer;
 use crate::observe;
 use crate::permit::Permit;
 use crate::verdicts::Verdicts;
@@ -50,6 +53,21 @@ impl Limiter {
 
     /// [`acquire`](Self::acquire) under this limiter's own layers.
     async fn acquire_here(&self, ctx: &Context, cost: u64) -> Result<Acquired, Error> {
+        // A shadow layer never fails a request: one that cannot be decided
+        // (a cost above its capacity, no subject for it) is left out.
+        if self.has_shadow && self.layers.iter().any(|l| undecidable(l, ctx, cost)) {
+            let left_out = |l: &Layer| undecidable(l, ctx, cost);
+            let (decided, permit) = match self.subset(&left_out) {
+                // Fewer shadow layers each time: the recursion ends.
+                Some(subset) => {
+                    let acquired = Box::pin(subset.acquire_here(ctx, cost)).await?;
+                    (Some(acquired.decision), acquired.permit)
+                }
+                None => (None, None),
+            };
+            let decision = self.with_left_out(decided, &left_out);
+            return Ok(Acquired { decision, permit });
+        }
         let mut requests = Requests::new();
         self.requests_into(ctx, cost, &mut requests)?;
         let answer = match self.acquire_call(&requests).await {
