@@ -129,6 +129,25 @@ impl Permit {
     pub fn layers(&self) -> usize {
         self.held.as_ref().map_or(0, |h| h.layers.len())
     }
+
+    /// The shortest lease of its layers: a holder that stops renewing
+    /// loses its places this long after its last renewal.
+    pub fn lease(&self) -> Duration {
+        self.held
+            .as_ref()
+            .map_or(crate::MIN_LEASE, |h| lease_of(&h.layers))
+    }
+
+    /// Renew the places now, as the permit's own task does every third of
+    /// the lease (for a holder whose work is driven from elsewhere: a
+    /// remote client renewing through an API). `Ok(false)` once no place
+    /// is held any more (each lost one was forgotten: its lease ran out).
+    pub async fn renew(&self) -> Result<bool, StoreError> {
+        match &self.held {
+            Some(held) => held.renew().await,
+            None => Ok(false),
+        }
+    }
 }
 
 impl Drop for Permit {
@@ -211,15 +230,19 @@ impl Held {
 /// A third of the shortest lease: a renewal that fails (a store blip) is
 /// tried again twice before the lease runs out.
 fn renewal_interval(layers: &[HeldLayer]) -> Duration {
-    let shortest = layers
+    lease_of(layers) / 3
+}
+
+/// The shortest lease of `layers`.
+fn lease_of(layers: &[HeldLayer]) -> Duration {
+    layers
         .iter()
         .filter_map(|l| match l.policy.limit() {
             crate::Limit::Concurrency(c) => Some(c.lease()),
             _ => None,
         })
         .min()
-        .unwrap_or(crate::MIN_LEASE);
-    shortest / 3
+        .unwrap_or(crate::MIN_LEASE)
 }
 
 /// Renew `held` every `every` until it is released (or dropped, or holds

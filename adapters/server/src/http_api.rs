@@ -1,4 +1,5 @@
-//! The HTTP API beside the gRPC service: `POST /v1/check`, `GET /healthz`,
+//! The HTTP API beside the gRPC service: `POST /v1/check`, concurrency
+//! limits (`POST /v1/acquire`, `permit_api.rs`), `GET /healthz`,
 //! `GET /readyz`, `GET /metrics`.
 
 use std::sync::Arc;
@@ -55,6 +56,12 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             "/v1/operations/{operation}",
             post(crate::operations::operate),
         )
+        .route("/v1/acquire", post(crate::permit_api::acquire))
+        .route(
+            "/v1/permits/{id}",
+            axum::routing::delete(crate::permit_api::release),
+        )
+        .route("/v1/permits/{id}/renew", post(crate::permit_api::renew))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
@@ -80,7 +87,7 @@ pub(crate) fn error(status: StatusCode, message: &str) -> Response {
 }
 
 /// Whether the request carries the API's bearer token (when it has one).
-fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
+pub(crate) fn authorized(shared: &Shared, headers: &HeaderMap) -> bool {
     shared
         .token
         .as_ref()

@@ -35,6 +35,8 @@ mod grpc_runtimes;
 mod http_api;
 mod incoming;
 mod operations;
+mod permit_api;
+mod permits;
 mod rule_stats;
 mod rules;
 mod runtime_stores;
@@ -87,6 +89,8 @@ pub struct Shared {
     fallback: std::sync::Mutex<Option<Arc<dyn Store>>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// Concurrency limits' places held for HTTP clients.
+    permits: permits::Permits,
 }
 
 impl std::fmt::Debug for Shared {
@@ -403,6 +407,7 @@ async fn prepare(
         started: settings,
         fallback: std::sync::Mutex::new(fallback),
         reloading: tokio::sync::Mutex::new(()),
+        permits: permits::Permits::default(),
     });
     Ok((shared, certificates))
 }
@@ -553,6 +558,8 @@ impl Server {
             stopped,
         )));
         let certificates = certificates.map(|c| FileWatch(c.watch(CERTIFICATES_EVERY)));
+        // Ends once the server is dropped.
+        tokio::spawn(permit_api::sweep(Arc::downgrade(&shared)));
         Ok(Server {
             shared,
             grpc,

@@ -287,6 +287,14 @@ pub struct Rules {
     combined: RwLock<HashMap<Vec<RuleUse>, Arc<Combined>>>,
 }
 
+impl Rules {
+    /// The key subjects marked `hashed` are hashed with, when the server
+    /// has one (`server.hash_key_env`).
+    pub(crate) fn hash_key(&self) -> Option<&HashKey> {
+        self.hash_key.as_ref()
+    }
+}
+
 impl std::fmt::Debug for Rules {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Rules")

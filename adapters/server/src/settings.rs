@@ -92,7 +92,7 @@ impl RuleSpec {
         }
         if let Some(held) = concurrency_policy(config, &self.route) {
             return Err(format!(
-                "route {:?} has a concurrency limit (policy {held:?}): Envoy's rate limit protocol cannot give a place back, so it would stay taken until its lease ran out; limit requests in flight in the application (the HTTP adapters hold a place until the response is sent)",
+                "route {:?} has a concurrency limit (policy {held:?}): Envoy's rate limit protocol cannot give a place back, so it would stay taken until its lease ran out; hold places through the HTTP API (POST /v1/acquire) or in the application (the HTTP adapters hold a place until the response is sent)",
                 self.route
             ));
         }

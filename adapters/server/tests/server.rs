@@ -48,6 +48,14 @@ layers = [
 
 [routes.login]
 layers = [{ name = "ip", scope = "subject", policy = "login" }]
+
+[policies.exports]
+algorithm = "concurrency"
+limit = 1
+lease = "30s"
+
+[routes.export]
+layers = [{ name = "in-flight", scope = "subject", policy = "exports" }]
 "#;
 
 fn server_section(extra: &str) -> String {
@@ -1151,5 +1159,73 @@ async fn a_second_server_cannot_share_the_grpc_port() {
         .await
         .expect_err("the port is taken");
     assert!(refused.to_string().contains("cannot listen"), "{refused}");
+    server.shutdown().await;
+}
+
+/// The body of an answer of [`send`], as JSON.
+fn json_of(text: &str) -> serde_json::Value {
+    let body = text.split_once("\n\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// Concurrency limits through the HTTP API: a place is held until it is
+/// released, kept by renewing past its lease, and given back a lease after
+/// a client stops renewing; the full route answers 429 with `Retry-After`.
+#[tokio::test]
+async fn the_http_api_holds_places_until_released_or_abandoned() {
+    let clock = ManualClock::new(START);
+    let file = File::new(&format!("{LIMITS}{}", server_section("")));
+    let server = Server::start(&file.0, Arc::new(clock.clone()))
+        .await
+        .expect("starts");
+    let base = format!("http://{}", server.http_addr());
+    let acquire = |route: &str| {
+        let body = format!(r#"{{"route":"{route}","subject":"acme"}}"#);
+        let url = format!("{base}/v1/acquire");
+        async move { send("POST", &url, &[], &body).await }
+    };
+    let (status, text) = acquire("export").await;
+    assert_eq!(status, 200, "{text}");
+    let first = json_of(&text);
+    assert_eq!(first["lease_ms"], 30_000);
+    let id = first["permit"].as_str().expect("a permit id").to_string();
+    let (status, text) = acquire("export").await;
+    assert_eq!(status, 429, "{text}");
+    assert!(text.contains("retry-after: 30"), "{text}");
+
+    // Renewed 20 s on, the place outlives its first lease.
+    clock.advance(Duration::from_secs(20));
+    let renew = format!("{base}/v1/permits/{id}/renew");
+    let (status, text) = send("POST", &renew, &[], "").await;
+    assert_eq!(
+        (status, json_of(&text)["lease_ms"].as_u64()),
+        (200, Some(30_000))
+    );
+    clock.advance(Duration::from_secs(20));
+    assert_eq!(acquire("export").await.0, 429, "still held at 40 s");
+    let permit = format!("{base}/v1/permits/{id}");
+    assert_eq!(send("DELETE", &permit, &[], "").await.0, 204);
+    assert_eq!(
+        send("DELETE", &permit, &[], "").await.0,
+        404,
+        "released once"
+    );
+
+    // A client that stops renewing loses its place one lease later.
+    let (status, text) = acquire("export").await;
+    assert_eq!(status, 200, "{text}");
+    let abandoned = json_of(&text)["permit"].as_str().unwrap().to_string();
+    clock.advance(Duration::from_secs(30));
+    assert_eq!(
+        acquire("export").await.0,
+        200,
+        "the abandoned place came back"
+    );
+    let renew = format!("{base}/v1/permits/{abandoned}/renew");
+    assert_eq!(send("POST", &renew, &[], "").await.0, 404);
+
+    let (status, text) = acquire("api").await;
+    assert_eq!(status, 400, "a route without a concurrency limit: {text}");
+    assert_eq!(acquire("nowhere").await.0, 400);
     server.shutdown().await;
 }
