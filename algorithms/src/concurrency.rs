@@ -14,8 +14,9 @@ use crate::ttl_until;
 /// younger than the lease. A request of `cost` passes when the units held
 /// plus `cost` stay within the limit, and then adds `cost` entries at
 /// `t = max(now, newest)` (the log stays sorted). When full, `retry_after`
-/// is when enough holders' leases run out if none renews or releases: the
-/// latest a place can come free without a holder's help.
+/// is when enough of the current holders' leases run out: when places
+/// come free if those holders neither renew nor release (a release frees
+/// one sooner, a renewal keeps one longer).
 pub fn concurrency(p: &Concurrency, state: Option<&VecDeque<u64>>, now: u64, cost: u64) -> Transition {
     sliding_log(p.as_window(), state, now, cost)
 }

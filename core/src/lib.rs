@@ -32,6 +32,8 @@ mod plan_cache;
 #[cfg(feature = "plan-source")]
 mod plan_source;
 mod policy;
+#[cfg(feature = "concurrency")]
+mod release_queue;
 mod scoped;
 mod spec;
 mod store;

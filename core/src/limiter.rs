@@ -76,6 +76,9 @@ pub struct Limiter {
     has_shadow: bool,
     /// Whether any layer is a concurrency limit (decided by `acquire`).
     has_concurrency: bool,
+    /// Where dropped permits' places go back to the store.
+    #[cfg(feature = "concurrency")]
+    releases: Arc<crate::release_queue::ReleaseQueue>,
     /// Counters of decisions per layer, and the store's latency.
     metrics: Arc<LimiterMetrics>,
     /// Each plan's limiter, when the limiter has plans.
@@ -863,6 +866,8 @@ impl LimiterBuilder {
             .map(|c| Arc::new(crate::blocked::BlockedCache::new(c)));
         let has_shadow = self.layers.iter().any(|l| l.policy.is_shadow());
         let has_concurrency = self.layers.iter().any(Layer::is_concurrency);
+        #[cfg(feature = "concurrency")]
+        let releases = Arc::new(crate::release_queue::ReleaseQueue::new(self.store.clone()));
         let mut limiter = Limiter {
             layers: self.layers.into(),
             store: self.store,
@@ -873,6 +878,8 @@ impl LimiterBuilder {
             blocked,
             has_shadow,
             has_concurrency,
+            #[cfg(feature = "concurrency")]
+            releases,
             metrics,
             plans: None,
         };

@@ -10,7 +10,8 @@ use tokio::sync::{Mutex, Notify};
 use crate::error::StoreError;
 use crate::hold::{Hold, Holds};
 use crate::policy::Policy;
-use crate::store::{LayerRequest, Store, StoreKey};
+use crate::release_queue::ReleaseQueue;
+use crate::store::{LayerRequest, StoreKey};
 
 /// The places an admitted request holds in its concurrency layers
 /// ([`Limit::concurrency`](crate::Limit::concurrency)), from
@@ -25,7 +26,9 @@ use crate::store::{LayerRequest, Store, StoreKey};
 ///
 /// Renewing and releasing run on the Tokio runtime that was current when
 /// the permit was made; without one, nothing is renewed and a dropped
-/// permit's places come back when their lease runs out.
+/// permit's places come back when their lease runs out. The places of
+/// permits dropped while a release call is in flight go back together in
+/// the next call.
 ///
 /// ```
 /// # use std::sync::Arc;
@@ -55,13 +58,14 @@ pub struct Permit {
 
 /// What a permit holds, shared with its renewing task.
 #[derive(Debug)]
-struct Held {
-    store: Arc<dyn Store>,
+pub(crate) struct Held {
+    /// Where its places go back to (its store's).
+    queue: Arc<ReleaseQueue>,
     layers: SmallVec<[HeldLayer; 2]>,
     /// The current holds, one per layer. Renewals and the release take
     /// the lock for their whole store call: a release never names a hold
     /// a renewal is moving.
-    holds: Mutex<SmallVec<[Option<Hold>; 2]>>,
+    pub(crate) holds: Mutex<SmallVec<[Option<Hold>; 2]>>,
     /// Woken when the permit is released: the renewing task stops.
     released: Notify,
 }
@@ -79,7 +83,7 @@ impl Permit {
     /// A permit over the concurrency layers of `requests` that `holds`
     /// name (other layers hold nothing); `None` when none holds anything.
     pub(crate) fn new(
-        store: &Arc<dyn Store>,
+        queue: &Arc<ReleaseQueue>,
         requests: &[LayerRequest<'_>],
         holds: &Holds,
     ) -> Option<Permit> {
@@ -104,7 +108,7 @@ impl Permit {
         }
         let every = renewal_interval(&layers);
         let held = Arc::new(Held {
-            store: Arc::clone(store),
+            queue: Arc::clone(queue),
             layers,
             holds: Mutex::new(held_holds),
             released: Notify::new(),
@@ -156,19 +160,14 @@ impl Drop for Permit {
         // The renewing task stops at once, whether or not a runtime is
         // left to release on.
         held.released.notify_one();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                // Nobody waits for the answer: a failed release leaves the
-                // places to their lease.
-                let _ = held.release().await;
-            });
-        }
+        let queue = Arc::clone(&held.queue);
+        queue.push(held);
     }
 }
 
 impl Held {
     /// The request and hold of each layer still held.
-    fn held<'a>(
+    pub(crate) fn held<'a>(
         &'a self,
         holds: &[Option<Hold>],
     ) -> (SmallVec<[LayerRequest<'a>; 2]>, SmallVec<[Hold; 2]>) {
@@ -194,14 +193,19 @@ impl Held {
         if requests.is_empty() {
             return Ok(());
         }
-        let answer = self.store.release(&requests, &held).await;
-        // Given back, or left to its lease: this process holds it no more.
+        let answer = self.queue.store().release(&requests, &held).await;
+        self.forget(&mut holds);
+        answer
+    }
+
+    /// Given back, or left to their lease: this process holds its places
+    /// no more.
+    pub(crate) fn forget(&self, holds: &mut [Option<Hold>]) {
         for (layer, hold) in self.layers.iter().zip(holds.iter_mut()) {
             if hold.take().is_some() {
                 crate::observe::permits_in_flight(layer.policy.name(), -1.0);
             }
         }
-        answer
     }
 
     /// Renew every place still held; `false` once none is (a lost one is
@@ -212,7 +216,12 @@ impl Held {
         if requests.is_empty() {
             return Ok(false);
         }
-        let mut renewed = self.store.renew(&requests, &held).await?.into_iter();
+        let mut renewed = self
+            .queue
+            .store()
+            .renew(&requests, &held)
+            .await?
+            .into_iter();
         for (layer, hold) in self.layers.iter().zip(holds.iter_mut()) {
             if hold.is_none() {
                 continue;

@@ -261,3 +261,68 @@ async fn shadow_layers_never_fail_an_acquisition() {
         .decision
         .is_allowed());
 }
+
+/// The in-process store, counting release calls and the layers they carry.
+#[derive(Debug, Default)]
+struct CountingReleases {
+    inner: MemoryStore,
+    calls: AtomicUsize,
+    layers: AtomicUsize,
+}
+
+#[tollgate_limiter::async_trait]
+impl tollgate_limiter::Store for CountingReleases {
+    fn kind(&self) -> &'static str {
+        "counting"
+    }
+    async fn decide(
+        &self,
+        layers: &[tollgate_limiter::LayerRequest<'_>],
+    ) -> Result<tollgate_limiter::Verdicts, tollgate_limiter::StoreError> {
+        self.inner.decide(layers).await
+    }
+    async fn acquire(
+        &self,
+        layers: &[tollgate_limiter::LayerRequest<'_>],
+    ) -> Result<(tollgate_limiter::Verdicts, tollgate_limiter::Holds), tollgate_limiter::StoreError>
+    {
+        self.inner.acquire(layers).await
+    }
+    async fn release(
+        &self,
+        layers: &[tollgate_limiter::LayerRequest<'_>],
+        holds: &[tollgate_limiter::Hold],
+    ) -> Result<(), tollgate_limiter::StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.layers.fetch_add(layers.len(), Ordering::SeqCst);
+        self.inner.release(layers, holds).await
+    }
+}
+
+/// Permits dropped together go back in one release call (ten customers'
+/// places, one call), and every place is free afterwards.
+#[tokio::test]
+async fn places_dropped_together_go_back_in_one_call() {
+    let store = Arc::new(CountingReleases::default());
+    let policy = Policy::new("exports", Limit::concurrency(1, LEASE).unwrap()).unwrap();
+    let limiter = Limiter::builder(store.clone())
+        .layer("in-flight", Scope::Subject, policy)
+        .build()
+        .unwrap();
+    let customers: Vec<Context> = (0..10)
+        .map(|i| Context::for_subject(Subject::new(format!("c{i}")).unwrap()))
+        .collect();
+    let mut permits = Vec::new();
+    for ctx in &customers {
+        permits.push(limiter.acquire(ctx, 1).await.unwrap().permit.unwrap());
+    }
+    // Dropped before the release task first runs (one thread).
+    drop(permits);
+    for ctx in &customers {
+        let permit = eventually_admitted(&limiter, ctx, 100).await;
+        assert!(permit.is_some(), "every place came back");
+        std::mem::forget(permit);
+    }
+    assert_eq!(store.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(store.layers.load(Ordering::SeqCst), 10);
+}

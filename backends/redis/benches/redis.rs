@@ -80,8 +80,9 @@ async fn decide(target: &mut Target, i: usize) {
         }
         Target::Permits(limiter, contexts) => {
             let acquired = limiter.acquire(&contexts[i], 1).await.expect("decision");
-            let permit = acquired.permit.expect("admitted, holding its place");
-            permit.release().await.expect("released");
+            // Dropped, as an adapter drops it: given back in the
+            // background, batched with other requests' places.
+            drop(acquired.permit.expect("admitted, holding its place"));
         }
         Target::Classic(con, keys, sha) => {
             let reply: Vec<i64> = redis::cmd("EVALSHA")
@@ -362,7 +363,11 @@ fn latency_report(setup: &Setup) {
 /// Redis CPU of `command` per request over `requests` requests, from
 /// `INFO commandstats` (`usec_per_call` × `calls`): one call per request
 /// for a decision, two for a concurrency layer's acquire and release.
-async fn usec_per_request(con: &mut MultiplexedConnection, command: &str, requests: usize) -> f64 {
+async fn usec_per_request(
+    con: &mut MultiplexedConnection,
+    command: &str,
+    requests: usize,
+) -> (f64, f64) {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(con)
@@ -372,7 +377,8 @@ async fn usec_per_request(con: &mut MultiplexedConnection, command: &str, reques
     let stats = stats
         .get(command)
         .unwrap_or_else(|| panic!("no {command} in INFO commandstats"));
-    stats.usec_per_call * stats.calls as f64 / requests as f64
+    let calls = stats.calls as f64 / requests as f64;
+    (stats.usec_per_call * calls, calls)
 }
 
 /// Redis CPU per call for each algorithm (one layer, functions), one layer
@@ -472,6 +478,7 @@ fn cost_report(setup: &Setup) {
             cases.push((label.to_string(), command, target));
         }
         let mut seen: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+        let mut calls_seen: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
         for _ in 0..COST_ROUNDS {
             for (i, (_, command, target)) in cases.iter().enumerate() {
                 let _: () = redis::cmd("CONFIG")
@@ -480,7 +487,11 @@ fn cost_report(setup: &Setup) {
                     .await
                     .expect("RESETSTAT");
                 run(target, 16, COST_RUN as u64, false).await;
-                seen[i].push(usec_per_request(&mut admin, command, COST_RUN).await);
+                // Releases of dropped permits finish in the background.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let (usec, calls) = usec_per_request(&mut admin, command, COST_RUN).await;
+                seen[i].push(usec);
+                calls_seen[i].push(calls);
             }
         }
         let classic = median(seen.last().expect("the classic case").clone());
@@ -497,14 +508,21 @@ fn cost_report(setup: &Setup) {
             medians.push((label.as_str(), us));
         }
         let of = |label: &str| medians.iter().find(|(l, _)| *l == label).map(|(_, us)| *us);
+        let calls_of = |label: &str| {
+            let i = cases.iter().position(|(l, _, _)| l == label).expect("a case");
+            median(calls_seen[i].clone())
+        };
         println!();
         println!("concurrency goal: a request's acquire + release / a token bucket's decision, Redis CPU per request (goal <= 1.30)");
         for way in ["module", "fcall"] {
-            let held = of(&format!("concurrency, acquire + release, {way}")).expect("measured");
+            let label = format!("concurrency, acquire + release, {way}");
+            let held = of(&label).expect("measured");
             let bucket = of(&format!("token bucket, 1 layer, {way}")).expect("measured");
             let ratio = held / bucket;
             let met = if ratio <= 1.30 { "met" } else { "not met" };
-            println!("  {way:<7} {held:.2} / {bucket:.2} µs = {ratio:.2}  {met}");
+            let calls = calls_of(&label);
+            let calls_met = if calls <= 1.0 { "met" } else { "not met" };
+            println!("  {way:<7} {held:.2} / {bucket:.2} µs = {ratio:.2}  {met}; store calls per request {calls:.2} (goal <= 1)  {calls_met}");
         }
         println!("calendar quota goal: a calendar month / a 30-day fixed window, Redis CPU per call (goal <= 1.10)");
         for way in ["module", "fcall"] {

@@ -80,7 +80,7 @@ impl Limiter {
             Ok((verdicts, holds)) => {
                 let decision = self.finish(&requests, cost, &verdicts);
                 let permit = match decision.is_allowed() {
-                    true => Permit::new(&self.store, &requests, &holds),
+                    true => Permit::new(&self.releases, &requests, &holds),
                     false => None,
                 };
                 Ok(Acquired { decision, permit })
