@@ -25,8 +25,9 @@ use crate::store::{LayerRequest, StoreKey};
 /// gives them back and waits for the store's answer.
 ///
 /// Renewing and releasing run on the Tokio runtime that was current when
-/// the permit was made; without one, nothing is renewed and a dropped
-/// permit's places come back when their lease runs out. The places of
+/// the permit was made, wherever it is dropped; without one, nothing is
+/// renewed and a dropped permit's places come back when their lease runs
+/// out. The places of
 /// permits dropped while a release call is in flight go back together in
 /// the next call.
 ///
@@ -61,6 +62,9 @@ pub struct Permit {
 pub(crate) struct Held {
     /// Where its places go back to (its store's).
     queue: Arc<ReleaseQueue>,
+    /// The runtime current when it was made: renewals and the release run
+    /// there, wherever the permit is dropped.
+    runtime: Option<tokio::runtime::Handle>,
     layers: SmallVec<[HeldLayer; 2]>,
     /// The current holds, one per layer. Renewals and the release take
     /// the lock for their whole store call: a release never names a hold
@@ -109,11 +113,12 @@ impl Permit {
         let every = renewal_interval(&layers);
         let held = Arc::new(Held {
             queue: Arc::clone(queue),
+            runtime: tokio::runtime::Handle::try_current().ok(),
             layers,
             holds: Mutex::new(held_holds),
             released: Notify::new(),
         });
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        if let Some(runtime) = &held.runtime {
             runtime.spawn(renew_while_held(Arc::downgrade(&held), every));
         }
         Some(Permit { held: Some(held) })
@@ -160,8 +165,10 @@ impl Drop for Permit {
         // The renewing task stops at once, whether or not a runtime is
         // left to release on.
         held.released.notify_one();
-        let queue = Arc::clone(&held.queue);
-        queue.push(held);
+        if let Some(runtime) = held.runtime.clone() {
+            let queue = Arc::clone(&held.queue);
+            queue.push(held, &runtime);
+        }
     }
 }
 

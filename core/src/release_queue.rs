@@ -45,13 +45,9 @@ impl ReleaseQueue {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Give `held`'s places back soon, with whatever else is pending. With
-    /// no runtime to do it on, the places come back when their lease runs
-    /// out.
-    pub(crate) fn push(self: &Arc<Self>, held: Arc<Held>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
+    /// Give `held`'s places back soon, with whatever else is pending, on
+    /// `runtime`.
+    pub(crate) fn push(self: &Arc<Self>, held: Arc<Held>, runtime: &tokio::runtime::Handle) {
         self.pending().push(held);
         if !self.flushing.swap(true, Ordering::AcqRel) {
             runtime.spawn(Arc::clone(self).flush());

@@ -417,10 +417,11 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Give back each layer's hold (`holds[i]` for `layers[i]`, each a
     /// concurrency layer), atomically over the layers. A hold that was lost
-    /// (it aged out, the key was reset) gives nothing back, and nothing
-    /// else is touched: releasing twice frees one place once, never a
-    /// place someone else holds. A key holding data Tollgate did not write
-    /// is left alone.
+    /// (it aged out, the key was reset) gives nothing back. Holds are named
+    /// by the time their entries were written, and holds of one time are
+    /// interchangeable: release each exactly once under its latest name,
+    /// or another holder of that time loses its place. A key holding data
+    /// Tollgate did not write is left alone.
     ///
     /// The default says the store cannot ([`StoreError::UnsupportedOperation`]).
     async fn release(&self, layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {

@@ -103,6 +103,9 @@ struct Entry {
     expires_at: AtomicU64,
     /// The policy's own budget, when it has one (the store's always counts).
     budget: Option<Arc<Budget>>,
+    /// It holds places of a concurrency limit: never evicted (its holders
+    /// are running, and would lose their places while they work).
+    pinned: bool,
 }
 
 impl Entry {
@@ -150,9 +153,10 @@ impl Entry {
     /// Whether the entry may be evicted to make room in `budget`: an entry
     /// of that budget; for the store's, any entry except those of a policy
     /// budget that refuses (its keys are never evicted, or its exactness
-    /// would be lost).
+    /// would be lost), and never one holding a concurrency limit's places.
     fn evictable_for(&self, budget: Option<&Arc<Budget>>) -> bool {
-        self.counts_for(budget)
+        !self.pinned
+            && self.counts_for(budget)
             && (budget.is_some()
                 || !self
                     .budget
@@ -201,7 +205,7 @@ impl Shard {
     fn insert(
         &mut self,
         hash: u64,
-        key: &StoreKey<'_>,
+        (key, key_limit): (&StoreKey<'_>, &Limit),
         next: Stored,
         now_us: u64,
         budget: Option<&Arc<Budget>>,
@@ -214,6 +218,7 @@ impl Shard {
             state: Slot::new(next.state),
             expires_at: AtomicU64::new(expires_at),
             budget: budget.cloned(),
+            pinned: matches!(key_limit, Limit::Concurrency(_)),
         };
         self.entries.insert_unique(hash, entry, |e| e.hash);
     }
@@ -712,7 +717,8 @@ impl MemoryStore {
             let t = tollgate_algorithms::decide(layer.policy.limit(), None, now, layer.cost);
             if let Some(next) = t.next {
                 let budget = self.take_units(shard, layer.policy, now_us, &[hash])?;
-                shard.insert(hash, &layer.key, next, now_us, budget.as_ref());
+                let key = (&layer.key, layer.policy.limit());
+                shard.insert(hash, key, next, now_us, budget.as_ref());
             }
             out.push(t.verdict);
             return Ok(Ok(()));
@@ -845,9 +851,13 @@ impl MemoryStore {
                 .iter()
                 .find(|(j, _)| *j == i)
                 .and_then(|(_, b)| b.as_ref());
-            shards
-                .get_mut(id)
-                .insert(hash, &at.layers[i].key, next, now_us, budget);
+            shards.get_mut(id).insert(
+                hash,
+                (&at.layers[i].key, at.layers[i].policy.limit()),
+                next,
+                now_us,
+                budget,
+            );
         }
     }
 }

@@ -466,3 +466,36 @@ fn implausible_times_are_refused() {
         assert!(store.is_empty(), "nothing written at {at}");
     }
 }
+
+/// A store that evicts when full never evicts a concurrency limit's key:
+/// its holders are running. The new key is refused instead.
+#[test]
+fn a_concurrency_key_is_never_evicted() {
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::builder()
+        .max_keys(1)
+        .when_full(WhenFull::EvictNearestExpiry)
+        .clock(Arc::new(clock))
+        .build();
+    let policy = Policy::new(
+        "exports",
+        Limit::concurrency(1, Duration::from_secs(30)).unwrap(),
+    )
+    .unwrap();
+    let request = |subject: &'static str| {
+        [LayerRequest {
+            key: StoreKey::new(subject, &policy, "s", subject),
+            policy: &policy,
+            cost: 1,
+        }]
+    };
+    let (held, _) = ready(store.acquire(&request("a"))).unwrap();
+    assert!(held[0].allowed);
+    let refused = ready(store.acquire(&request("b")));
+    assert!(
+        matches!(refused, Err(StoreError::Full { .. })),
+        "{refused:?}"
+    );
+    let (again, _) = ready(store.acquire(&request("a"))).unwrap();
+    assert!(!again[0].allowed, "a's place is still held");
+}

@@ -458,25 +458,38 @@ impl RedisClusterStore {
     ) -> Result<Vec<(Vec<usize>, Vec<i64>)>, StoreError> {
         let mut replies = Vec::with_capacity(prepared.groups.len());
         for group in &prepared.groups {
-            let cmd = group_call(
-                &prepared.keys,
-                &prepared.args,
-                group,
-                &prepared.time,
-                (mode, block),
-                holds,
-                self.call_command(),
-            );
             let reply = self
-                .until(
-                    prepared.deadline,
-                    call(self.conn.clone(), cmd, self.runner()),
-                )
-                .await?
-                .map_err(|e| in_group(e, layers, group))?;
+                .slot_group_reply(prepared, layers, group, (mode, block), holds)
+                .await?;
             replies.push((group.clone(), reply));
         }
         Ok(replies)
+    }
+
+    /// The reply of one slot `group` of `prepared` in `mode`.
+    async fn slot_group_reply(
+        &self,
+        prepared: &Call,
+        layers: &[LayerRequest<'_>],
+        group: &[usize],
+        (mode, block): (Mode, Option<u64>),
+        holds: &[Hold],
+    ) -> Result<Vec<i64>, StoreError> {
+        let cmd = group_call(
+            &prepared.keys,
+            &prepared.args,
+            group,
+            &prepared.time,
+            (mode, block),
+            holds,
+            self.call_command(),
+        );
+        self.until(
+            prepared.deadline,
+            call(self.conn.clone(), cmd, self.runner()),
+        )
+        .await?
+        .map_err(|e| in_group(e, layers, group))
     }
 }
 
@@ -596,12 +609,21 @@ impl Store for RedisClusterStore {
     async fn release(&self, layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
         check_holds(layers, holds)?;
         let prepared = self.call_of(layers)?;
-        self.replies(&prepared, layers, (Mode::Refund, None), holds)
-            .await
-            .map(drop)
+        // Every group is given back, whatever another answered.
+        let mut failed = Ok(());
+        for group in &prepared.groups {
+            let reply =
+                self.slot_group_reply(&prepared, layers, group, (Mode::Refund, None), holds);
+            if let Err(e) = reply.await {
+                failed = Err(e);
+            }
+        }
+        failed
     }
 
-    /// Atomic per slot group.
+    /// Atomic per slot group. A group whose call failed keeps the holds it
+    /// had (its entries did not move, unless the call ran after its
+    /// deadline); the call fails only when every group did.
     async fn renew(
         &self,
         layers: &[LayerRequest<'_>],
@@ -609,17 +631,28 @@ impl Store for RedisClusterStore {
     ) -> Result<HeldUnits, StoreError> {
         check_holds(layers, holds)?;
         let prepared = self.call_of(layers)?;
-        let replies = self
-            .replies(&prepared, layers, (Mode::Renew, None), holds)
-            .await?;
-        let mut renewed: HeldUnits = holds.iter().map(|_| None).collect();
-        for (group, reply) in replies {
+        let mut renewed: HeldUnits = holds.iter().copied().map(Some).collect();
+        let mut failure = None;
+        let mut answered = false;
+        for group in &prepared.groups {
+            let reply = self.slot_group_reply(&prepared, layers, group, (Mode::Renew, None), holds);
+            let reply = match reply.await {
+                Ok(reply) => reply,
+                Err(e) => {
+                    failure = Some(e);
+                    continue;
+                }
+            };
+            answered = true;
             let costs: Vec<u64> = group.iter().map(|&i| holds[i].cost).collect();
             for (&i, hold) in group.iter().zip(parse_renewed(&reply, &costs)?) {
                 renewed[i] = hold;
             }
         }
-        Ok(renewed)
+        match failure {
+            Some(e) if !answered => Err(e),
+            _ => Ok(renewed),
+        }
     }
 
     /// One call per slot group, each judged without a charge.
