@@ -9,12 +9,15 @@
 //! default features, GCRA unless said otherwise):
 //! - `tollgate_keyed` / `governor_keyed_string` / `governor_keyed_u64`:
 //!   10,000 subjects round robin under a quota no decision exceeds, so every
-//!   decision is an admission and a write;
+//!   decision is an admission and a write; `…_random`: the same subjects in
+//!   a pseudo-random order (what a service sees: in-order walks keep the
+//!   next entry in cache and hide what a decision touches);
 //! - `tollgate_keyed_denied` / `governor_keyed_string_denied`: the same keys,
 //!   every one already spent: every decision is a denial;
 //! - `tollgate_hot_global` / `governor_direct`: one key, a `Scope::Global`
 //!   layer (its key fixed when the limiter is built) against governor's
-//!   direct limiter;
+//!   direct limiter; `tollgate_hot_subject`: one subject's key in a
+//!   `Scope::Subject` layer (found per decision);
 //! - `tollgate_three_layers`: per subject (GCRA), per tenant (token bucket)
 //!   and global (fixed window), decided together, all admitting;
 //! - `tollgate_keyed_plan_cached` / `tollgate_keyed_plan_table`: as
@@ -43,6 +46,21 @@ use tollgate_testkit::ready;
 const KEYS: usize = 10_000;
 const TENANTS: usize = 100;
 const OPS: u64 = 10_000;
+
+/// A fixed pseudo-random permutation of `0..KEYS` (Fisher–Yates driven by
+/// xorshift): walked in turn, every key is visited as often as in order, in
+/// an order no prefetcher follows.
+fn scattered() -> Vec<usize> {
+    let mut order: Vec<usize> = (0..KEYS).collect();
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    for i in (1..KEYS).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    order
+}
 
 /// Run `iters` calls of `op(i)` split over `threads` threads; the wall time.
 fn timed(threads: usize, iters: u64, op: &(dyn Fn(u64) + Sync)) -> Duration {
@@ -187,6 +205,7 @@ fn bench(c: &mut Criterion) {
     tollgate_testkit::AtomicRecorder::install();
     let names: Vec<String> = (0..KEYS).map(|i| format!("client-{i}")).collect();
     let ids: Vec<u64> = (0..KEYS as u64).collect();
+    let order = scattered();
     let contexts: Vec<Context> = names
         .iter()
         .map(|n| Context::for_subject(Subject::new(n).expect("valid")))
@@ -220,9 +239,18 @@ fn bench(c: &mut Criterion) {
         case("governor_keyed_string", &|i| {
             black_box(governor.check_key(&names[i as usize % KEYS]).is_ok());
         });
+        case(&name("tollgate_keyed_random"), &|i| {
+            check(&keyed, &contexts[order[i as usize % KEYS]]);
+        });
+        case("governor_keyed_string_random", &|i| {
+            black_box(governor.check_key(&names[order[i as usize % KEYS]]).is_ok());
+        });
         let governor = RateLimiter::<u64, _, _>::keyed(quota(true));
         case("governor_keyed_u64", &|i| {
             black_box(governor.check_key(&ids[i as usize % KEYS]).is_ok());
+        });
+        case("governor_keyed_u64_random", &|i| {
+            black_box(governor.check_key(&ids[order[i as usize % KEYS]]).is_ok());
         });
 
         let denied = limiter(Scope::Subject, spent());
@@ -244,6 +272,10 @@ fn bench(c: &mut Criterion) {
         let anyone = &contexts[0];
         case(&name("tollgate_hot_global"), &|_| {
             check(&hot, anyone);
+        });
+        let one = limiter(Scope::Subject, roomy_hot());
+        case(&name("tollgate_hot_subject"), &|_| {
+            check(&one, anyone);
         });
         let governor = RateLimiter::direct(quota(true));
         case("governor_direct", &|_| {
@@ -283,6 +315,9 @@ fn bench(c: &mut Criterion) {
         let layered = three_layers();
         case(&name("tollgate_three_layers"), &|i| {
             check(&layered, &with_tenants[i as usize % KEYS]);
+        });
+        case(&name("tollgate_three_layers_random"), &|i| {
+            check(&layered, &with_tenants[order[i as usize % KEYS]]);
         });
     }
     group.finish();
