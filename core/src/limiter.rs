@@ -347,14 +347,27 @@ impl Limiter {
         requests: Requests<'_>,
         admission: Admission,
     ) -> Result<Decision, Error> {
+        let call = async { counted(self.store.decide(&requests).await, requests.len()) };
+        let answer = self.store_call(admission, call).await;
+        self.settle(ctx, cost, requests, answer).await
+    }
+
+    /// One call of a store that waits, admitted by the breaker: timed and
+    /// counted, the breaker told how it went, and a probe's place given
+    /// back even when the caller stops waiting.
+    pub(crate) async fn store_call<T>(
+        &self,
+        admission: Admission,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let probe = ProbeGuard {
             breaker: (admission == Admission::Probe).then_some(&*self.breaker),
         };
         let started = self.metrics.start();
-        let answer = counted(self.store.decide(&requests).await, requests.len());
+        let answer = call.await;
         self.after_call(admission, started, answer.as_ref().err());
         probe.settled();
-        self.settle(ctx, cost, requests, answer).await
+        answer
     }
 
     /// Tell the metrics and the breaker how a store call went (`error`:

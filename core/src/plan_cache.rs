@@ -19,9 +19,46 @@ const SHARDS: usize = 64;
 
 /// One kept answer.
 struct Kept<V> {
-    customer: Subject,
+    customer: Customer,
     answer: V,
     expires: Instant,
+}
+
+/// Customer names up to this many bytes are kept inside the entry.
+const INLINE: usize = 38;
+
+/// Whom an answer is for. A short name is kept in the entry itself: a
+/// read compares it where the table's probe already brought the entry into
+/// cache, instead of following a pointer to the subject's text (one more
+/// cache miss per decision, a third of the cache's cost on many keys).
+enum Customer {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Shared(Subject),
+}
+
+impl Customer {
+    fn new(subject: Subject) -> Self {
+        let text = subject.as_str().as_bytes();
+        match u8::try_from(text.len()) {
+            Ok(len) if text.len() <= INLINE => {
+                let mut bytes = [0; INLINE];
+                bytes[..text.len()].copy_from_slice(text);
+                Customer::Inline { len, bytes }
+            }
+            _ => Customer::Shared(subject),
+        }
+    }
+
+    fn text(&self) -> &[u8] {
+        match self {
+            Customer::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Customer::Shared(subject) => subject.as_str().as_bytes(),
+        }
+    }
+
+    fn is(&self, subject: &Subject) -> bool {
+        self.text() == subject.as_str().as_bytes()
+    }
 }
 
 /// Answers per customer, each until its own expiry, at most about
@@ -50,7 +87,7 @@ impl<V: Copy> AnswerCache<V> {
     pub(crate) fn get(&self, customer: &Subject) -> Option<V> {
         let hash = self.hash(customer);
         let shard = read(self.shard(hash));
-        let kept = shard.find(hash, |k| k.customer == *customer)?;
+        let kept = shard.find(hash, |k| k.customer.is(customer))?;
         (Instant::now() < kept.expires).then_some(kept.answer)
     }
 
@@ -59,15 +96,15 @@ impl<V: Copy> AnswerCache<V> {
         let now = Instant::now();
         let hash = self.hash(&customer);
         let mut shard = write(self.shard(hash));
-        let rehash = |k: &Kept<V>| self.hash(&k.customer);
-        if let Ok(found) = shard.find_entry(hash, |k| k.customer == customer) {
+        let rehash = |k: &Kept<V>| self.hash_text(k.customer.text());
+        if let Ok(found) = shard.find_entry(hash, |k| k.customer.is(&customer)) {
             found.remove();
         } else if shard.len() >= self.per_shard {
             shard.retain(|k| k.expires > now);
             if shard.len() >= self.per_shard {
-                if let Some(some) = shard.iter().next().map(|k| k.customer.clone()) {
-                    let some_hash = self.hash(&some);
-                    if let Ok(found) = shard.find_entry(some_hash, |k| k.customer == some) {
+                if let Some(some) = shard.iter().next().map(|k| k.customer.text().to_vec()) {
+                    let some_hash = self.hash_text(&some);
+                    if let Ok(found) = shard.find_entry(some_hash, |k| k.customer.text() == some) {
                         found.remove();
                     }
                 }
@@ -77,7 +114,7 @@ impl<V: Copy> AnswerCache<V> {
         shard.insert_unique(
             hash,
             Kept {
-                customer,
+                customer: Customer::new(customer),
                 answer,
                 expires,
             },
@@ -92,7 +129,12 @@ impl<V: Copy> AnswerCache<V> {
 
     #[inline]
     fn hash(&self, customer: &Subject) -> u64 {
-        self.hasher.hash_one(customer.as_str())
+        self.hash_text(customer.as_str().as_bytes())
+    }
+
+    #[inline]
+    fn hash_text(&self, text: &[u8]) -> u64 {
+        self.hasher.hash_one(text)
     }
 
     /// The shard of `hash`, by its top bits (the table uses the low ones).
@@ -137,5 +179,23 @@ mod tests {
         assert!(cache.len() <= 128, "{}", cache.len());
         cache.insert(subject(3), 9, Duration::from_secs(60));
         assert_eq!(cache.get(&subject(3)), Some(9), "the newest is kept");
+    }
+
+    #[test]
+    fn long_and_short_names_are_told_apart() {
+        let cache = AnswerCache::new(128);
+        let short = Subject::new("a".repeat(INLINE)).unwrap();
+        let long = Subject::new("a".repeat(INLINE + 1)).unwrap();
+        let longer = Subject::new("a".repeat(Subject::MAX_LEN)).unwrap();
+        cache.insert(short.clone(), 1u32, Duration::from_secs(60));
+        cache.insert(long.clone(), 2u32, Duration::from_secs(60));
+        cache.insert(longer.clone(), 3u32, Duration::from_secs(60));
+        assert_eq!(cache.get(&short), Some(1));
+        assert_eq!(cache.get(&long), Some(2));
+        assert_eq!(cache.get(&longer), Some(3));
+        assert_eq!(cache.get(&Subject::new("a").unwrap()), None, "a prefix");
+        cache.insert(long.clone(), 4u32, Duration::from_secs(60));
+        assert_eq!(cache.get(&long), Some(4), "replaced, not added");
+        assert_eq!(cache.len(), 3);
     }
 }

@@ -170,9 +170,7 @@ fn refund_layers(
     call: &Call,
     now: u64,
 ) -> Result<Vec<i64>, RedisError> {
-    let mut reply = Vec::with_capacity(keys.len());
-    for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {
-        let (state, charge) = named_charge(ctx, key, layer, i)?;
+    each_named_charge(ctx, keys, call, |key, layer, state, charge| {
         let given = match state {
             Some(State::Log(_)) => keyspace::remove_newest(ctx, key, layer.cost, layer.at)?,
             Some(state @ State::Cells(_)) => {
@@ -190,9 +188,8 @@ fn refund_layers(
             }
             _ => 0,
         };
-        reply.push(given as i64);
-    }
-    Ok(reply)
+        Ok(given as i64)
+    })
 }
 
 /// Renew concurrency holds: per layer the time its hold moved to, or 0
@@ -203,14 +200,32 @@ fn renew_layers(
     call: &Call,
     now: u64,
 ) -> Result<Vec<i64>, RedisError> {
-    let mut reply = Vec::with_capacity(keys.len());
-    for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {
-        let (state, hold) = named_charge(ctx, key, layer, i)?;
+    each_named_charge(ctx, keys, call, |key, layer, state, hold| {
         let renewal = renew(&layer.limit, state.as_ref(), now, hold);
         if let Some(stored) = &renewal.next {
             keyspace::write(ctx, key, layer.layout, state.as_ref(), stored)?;
         }
-        reply.push(renewal.at as i64);
+        Ok(renewal.at as i64)
+    })
+}
+
+/// `each` layer's answer (its key, its arguments, its state and the
+/// charge or hold they name), one per layer in order.
+fn each_named_charge(
+    ctx: &Context,
+    keys: &[RedisString],
+    call: &Call,
+    mut each: impl FnMut(
+        &RedisString,
+        &protocol::Layer,
+        Option<State>,
+        Charge,
+    ) -> Result<i64, RedisError>,
+) -> Result<Vec<i64>, RedisError> {
+    let mut reply = Vec::with_capacity(keys.len());
+    for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {
+        let (state, charge) = named_charge(ctx, key, layer, i)?;
+        reply.push(each(key, layer, state, charge)?);
     }
     Ok(reply)
 }

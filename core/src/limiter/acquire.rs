@@ -2,9 +2,7 @@
 //! call that decides every layer and takes the places, and the permit that
 //! gives them back.
 
-use super::{
-    denied_only_by_shadow, held_each, past_shadow, undecidable, Limiter, ProbeGuard, Requests,
-};
+use super::{denied_only_by_shadow, held_each, past_shadow, undecidable, Limiter, Requests};
 use crate::context::Context;
 use crate::decision::Decision;
 use crate::error::{Error, StoreError};
@@ -102,13 +100,7 @@ impl Limiter {
             observe::store_skipped(self.store.kind());
             return Err(StoreError::CircuitOpen(wait));
         }
-        let probe = ProbeGuard {
-            breaker: (admission == Admission::Probe).then_some(&*self.breaker),
-        };
-        let started = self.metrics.start();
-        let answer = held_each(self.store.acquire(requests).await, requests.len());
-        self.after_call(admission, started, answer.as_ref().err());
-        probe.settled();
-        answer
+        let call = async { held_each(self.store.acquire(requests).await, requests.len()) };
+        self.store_call(admission, call).await
     }
 }

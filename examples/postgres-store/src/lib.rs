@@ -260,7 +260,64 @@ impl PgStore {
         let mut sorted = keys.clone();
         sorted.sort();
         let tx = client.transaction().await?;
-        // 1. A row for every key, so that every key can be locked.
+        // 1 and 2: a row for every key, locked in key order.
+        let Some(rows) = self.lock_rows(&tx, &sorted).await? else {
+            // Another decision's cleanup deleted a row between our insert
+            // and our lock: start again.
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        // 3. Time is read under the locks; expired rows count as absent.
+        let now = self.clock.now();
+        if !now.is_plausible() {
+            tx.rollback().await?;
+            return Ok(Some(Err(StoreError::ImplausibleTime(now))));
+        }
+        let now_us = now.as_micros();
+        let (states, expired) = match read_states(&rows, &keys, layers, now_us) {
+            Ok(read) => read,
+            Err(conflict) => {
+                tx.rollback().await?;
+                return Ok(Some(Err(conflict)));
+            }
+        };
+        // 4. All or nothing, judged by Tollgate's own algorithms.
+        let states: Vec<Option<&State>> = states.iter().map(Option::as_ref).collect();
+        let (layered, holds) = match judge(layers, &states, now, op) {
+            Ok(judged) => judged,
+            Err(e) => {
+                tx.rollback().await?;
+                return Ok(Some(Err(e)));
+            }
+        };
+        match op {
+            // Nothing charged, nothing kept (not even step 1's rows).
+            Op::Peek => {
+                tx.rollback().await?;
+                return Ok(Some(Ok((peeked(layered, layers), holds))));
+            }
+            // Every row was found to be this store's own (step 3): remove them.
+            Op::Reset => self.delete(&tx, &sorted).await?,
+            _ if layered.admitted() => {
+                self.write_states(&tx, &keys, layers, layered.writes, now_us)
+                    .await?
+            }
+            _ if !expired.is_empty() => self.delete(&tx, &expired).await?,
+            _ => {}
+        }
+        // 5.
+        tx.commit().await?;
+        Ok(Some(Ok((layered.verdicts, holds))))
+    }
+
+    /// Steps 1 and 2: insert a row for every key that has none, then lock
+    /// them all, in key order (`sorted`). `None` when a row was deleted
+    /// in between.
+    async fn lock_rows(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        sorted: &[String],
+    ) -> Result<Option<Vec<tokio_postgres::Row>>, tokio_postgres::Error> {
         tx.execute(
             &format!(
                 "INSERT INTO {} (key, is_log, state, expires_at)
@@ -271,7 +328,6 @@ impl PgStore {
             &[&sorted],
         )
         .await?;
-        // 2. Lock them, in key order.
         let rows = tx
             .query(
                 &format!(
@@ -282,141 +338,34 @@ impl PgStore {
                 &[&sorted],
             )
             .await?;
-        if rows.len() != sorted.len() {
-            // Another decision's cleanup deleted a row between our insert
-            // and our lock: start again.
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        // 3. Time is read under the locks; expired rows count as absent.
-        let now = self.clock.now();
-        if !now.is_plausible() {
-            tx.rollback().await?;
-            return Ok(Some(Err(StoreError::ImplausibleTime(now))));
-        }
-        let now_us = now.as_micros();
-        let mut states: Vec<Option<State>> = vec![None; layers.len()];
-        let mut expired = Vec::new();
-        for row in &rows {
-            let key: String = row.get(0);
-            let is_log: bool = row.get(1);
-            let cells: Vec<i64> = row.get(2);
-            let expires_at = u64::try_from(row.get::<_, i64>(3)).unwrap_or(0);
-            // The row step 1 inserts: no state yet.
-            if !is_log && cells.is_empty() && expires_at == 0 {
-                continue;
-            }
-            for (i, k) in keys.iter().enumerate() {
-                if *k != key {
-                    continue;
-                }
-                // A row this store did not write is never read, overwritten
-                // or deleted: the whole decision is a conflict.
-                // A block ends within 14 days (and a little clock skew).
-                let far_block = cells.is_empty()
-                    && expires_at > now_us.saturating_add(duration_micros(MAX_RECOVERY) * 2);
-                let found = foreign(layers[i].policy.limit(), is_log, &cells)
-                    .or(far_block.then_some("not a block"));
-                if let Some(found) = found {
-                    tx.rollback().await?;
-                    return Ok(Some(Err(StoreError::Conflict {
-                        policy: layers[i].policy.name().to_string(),
-                        found: found.to_string(),
-                    })));
-                }
-            }
-            if expires_at <= now_us {
-                expired.push(key);
-                continue;
-            }
-            let values = cells.iter().map(|&v| v as u64);
-            let state = if cells.is_empty() {
-                // A block: no cells, ending when the row expires.
-                State::Blocked(expires_at)
-            } else if is_log {
-                State::Log(values.collect::<VecDeque<u64>>())
-            } else {
-                let mut c = [0u64; 3];
-                for (slot, v) in c.iter_mut().zip(values) {
-                    *slot = v;
-                }
-                State::Cells(c)
-            };
-            for (i, k) in keys.iter().enumerate() {
-                if *k == key {
-                    states[i] = Some(state.clone());
-                }
-            }
-        }
-        // 4. All or nothing, judged by Tollgate's own algorithms.
-        let states: Vec<Option<&State>> = states.iter().map(Option::as_ref).collect();
-        let (layered, holds) = match op {
-            Op::Adjust(adjustment) => {
-                match tollgate::algorithms::adjust_layers(layers, &states, now, adjustment) {
-                    Ok(layered) => (layered, Holds::new()),
-                    Err(e) => {
-                        tx.rollback().await?;
-                        return Ok(Some(Err(e)));
-                    }
-                }
-            }
-            Op::Release(holds) => (
-                tollgate::algorithms::release_layers(layers, &states, now, holds),
-                Holds::new(),
-            ),
-            Op::Renew(holds) => tollgate::algorithms::renew_layers(layers, &states, now, holds),
-            Op::Acquire => {
-                let layered = tollgate::algorithms::decide_layers(layers, &states, now);
-                let holds = tollgate::algorithms::holds_of(layers, &layered);
-                (layered, holds)
-            }
-            _ => (
-                tollgate::algorithms::decide_layers(layers, &states, now),
-                Holds::new(),
-            ),
-        };
-        match op {
-            Op::Decide | Op::Adjust(_) | Op::Acquire | Op::Release(_) | Op::Renew(_) => {}
-            // Nothing charged, nothing kept (not even step 1's rows).
-            Op::Peek => {
-                tx.rollback().await?;
-                let charged = layered.admitted();
-                let verdicts = layered
-                    .verdicts
-                    .into_iter()
-                    .zip(layers)
-                    .map(|(v, l)| if charged { v.uncharged(l.cost) } else { v })
-                    .collect();
-                return Ok(Some(Ok((verdicts, holds))));
-            }
-            // Every row was found to be this store's own (step 3): remove them.
-            Op::Reset => {
-                tx.execute(
-                    &format!("DELETE FROM {} WHERE key = ANY($1)", self.table),
-                    &[&sorted],
-                )
-                .await?;
-                tx.commit().await?;
-                return Ok(Some(Ok((layered.verdicts, holds))));
-            }
-        }
-        if !layered.admitted() {
-            if !expired.is_empty() {
-                tx.execute(
-                    &format!("DELETE FROM {} WHERE key = ANY($1)", self.table),
-                    &[&expired],
-                )
-                .await?;
-            }
-            tx.commit().await?;
-            return Ok(Some(Ok((layered.verdicts, holds))));
-        }
+        Ok((rows.len() == sorted.len()).then_some(rows))
+    }
+
+    /// Delete the rows of `keys`.
+    async fn delete(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        keys: &[String],
+    ) -> Result<(), tokio_postgres::Error> {
+        let delete = format!("DELETE FROM {} WHERE key = ANY($1)", self.table);
+        tx.execute(&delete, &[&keys]).await.map(drop)
+    }
+
+    /// Write each layer's next state (`writes`, in the layers' order).
+    async fn write_states(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        keys: &[String],
+        layers: &[LayerRequest<'_>],
+        writes: tollgate::algorithms::Writes,
+        now_us: u64,
+    ) -> Result<(), tokio_postgres::Error> {
         let update = format!(
             "UPDATE {} SET is_log = $2, state = $3, expires_at = $4 WHERE key = $1",
             self.table
         );
         let delete = format!("DELETE FROM {} WHERE key = $1", self.table);
-        for ((key, layer), write) in keys.iter().zip(layers).zip(layered.writes) {
+        for ((key, layer), write) in keys.iter().zip(layers).zip(writes) {
             let Some(next) = write else { continue };
             let mut expires_at = now_us.saturating_add(duration_micros(next.ttl)) as i64;
             let (is_log, values): (bool, Vec<i64>) = match &next.state {
@@ -438,10 +387,110 @@ impl PgStore {
             tx.execute(&update, &[key, &is_log, &values, &expires_at])
                 .await?;
         }
-        // 5.
-        tx.commit().await?;
-        Ok(Some(Ok((layered.verdicts, holds))))
+        Ok(())
     }
+}
+
+/// Each layer's state from the locked `rows` (`keys`: the layers' keys, in
+/// order), and the keys of rows that have expired. A row this store did
+/// not write is never read, overwritten or deleted: the whole decision is
+/// a conflict.
+fn read_states(
+    rows: &[tokio_postgres::Row],
+    keys: &[String],
+    layers: &[LayerRequest<'_>],
+    now_us: u64,
+) -> Result<(Vec<Option<State>>, Vec<String>), StoreError> {
+    let mut states: Vec<Option<State>> = vec![None; layers.len()];
+    let mut expired = Vec::new();
+    for row in rows {
+        let key: String = row.get(0);
+        let is_log: bool = row.get(1);
+        let cells: Vec<i64> = row.get(2);
+        let expires_at = u64::try_from(row.get::<_, i64>(3)).unwrap_or(0);
+        // The row step 1 inserts: no state yet.
+        if !is_log && cells.is_empty() && expires_at == 0 {
+            continue;
+        }
+        let of_key = || keys.iter().enumerate().filter(|(_, k)| **k == key);
+        for (i, _) in of_key() {
+            // A block ends within 14 days (and a little clock skew).
+            let far_block = cells.is_empty()
+                && expires_at > now_us.saturating_add(duration_micros(MAX_RECOVERY) * 2);
+            let found = foreign(layers[i].policy.limit(), is_log, &cells)
+                .or(far_block.then_some("not a block"));
+            if let Some(found) = found {
+                return Err(StoreError::Conflict {
+                    policy: layers[i].policy.name().to_string(),
+                    found: found.to_string(),
+                });
+            }
+        }
+        if expires_at <= now_us {
+            expired.push(key);
+            continue;
+        }
+        let state = row_state(is_log, &cells, expires_at);
+        for (i, _) in of_key() {
+            states[i] = Some(state.clone());
+        }
+    }
+    Ok((states, expired))
+}
+
+/// The state a row of this store's holds.
+fn row_state(is_log: bool, cells: &[i64], expires_at: u64) -> State {
+    let values = cells.iter().map(|&v| v as u64);
+    if cells.is_empty() {
+        // A block: no cells, ending when the row expires.
+        State::Blocked(expires_at)
+    } else if is_log {
+        State::Log(values.collect::<VecDeque<u64>>())
+    } else {
+        let mut c = [0u64; 3];
+        for (slot, v) in c.iter_mut().zip(values) {
+            *slot = v;
+        }
+        State::Cells(c)
+    }
+}
+
+/// A peek's verdicts: what each layer would answer, nothing charged.
+fn peeked(layered: tollgate::algorithms::Layered, layers: &[LayerRequest<'_>]) -> Verdicts {
+    let charged = layered.admitted();
+    layered
+        .verdicts
+        .into_iter()
+        .zip(layers)
+        .map(|(v, l)| if charged { v.uncharged(l.cost) } else { v })
+        .collect()
+}
+
+/// Step 4: the layers' verdicts and writes for `op`, and the holds an
+/// acquisition takes.
+fn judge(
+    layers: &[LayerRequest<'_>],
+    states: &[Option<&State>],
+    now: tollgate::Timestamp,
+    op: Op<'_>,
+) -> Result<(tollgate::algorithms::Layered, Holds), StoreError> {
+    use tollgate::algorithms::{
+        adjust_layers, decide_layers, holds_of, release_layers, renew_layers,
+    };
+    Ok(match op {
+        Op::Adjust(adjustment) => (
+            adjust_layers(layers, states, now, adjustment)?,
+            Holds::new(),
+        ),
+        Op::Release(holds) => (release_layers(layers, states, now, holds), Holds::new()),
+        Op::Renew(holds) => renew_layers(layers, states, now, holds),
+        Op::Acquire => {
+            let layered = decide_layers(layers, states, now);
+            let holds = holds_of(layers, &layered);
+            (layered, holds)
+        }
+        Op::Decide | Op::Peek | Op::Reset => (decide_layers(layers, states, now), Holds::new()),
+    })
 }
 
 /// What a row holds when this store did not write it for `limit`: a log

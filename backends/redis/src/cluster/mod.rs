@@ -505,25 +505,12 @@ impl RedisClusterStore {
     ) -> Result<(Verdicts, Vec<Charged>), StoreError> {
         let prepared = self.call_of(layers)?;
         let result = if let [group] = &prepared.groups[..] {
-            let cmd = group_call(
-                &prepared.keys,
-                &prepared.args,
-                group,
-                &prepared.time,
-                (mode, None),
-                &[],
-                self.call_command(),
-            );
-            self.until(
-                prepared.deadline,
-                call(self.conn.clone(), cmd, self.runner()),
-            )
-            .await?
-            .map_err(|e| in_group(e, layers, group))
-            .and_then(|reply| match mode {
-                Mode::Reserve => parse_reserve(&reply, layers.len()),
-                _ => parse_reply(&reply, layers.len()).map(|v| (v, Vec::new())),
-            })
+            self.slot_group_reply(&prepared, layers, group, (mode, None), &[])
+                .await
+                .and_then(|reply| match mode {
+                    Mode::Reserve => parse_reserve(&reply, layers.len()),
+                    _ => parse_reply(&reply, layers.len()).map(|v| (v, Vec::new())),
+                })
         } else {
             let Call {
                 deadline,
