@@ -108,18 +108,23 @@ pub(crate) fn write_counter(
     write_string(ctx, key, &write_cells(layout, cells), ttl_ms)
 }
 
-/// `SET key text PX ttl_ms`, run through Redis so that the primary and
-/// what it propagates (`SET … PXAT`, the expiry it stored) agree to the
-/// millisecond, and keyspace notifications fire as for the Lua path's
-/// `SET`. (Redis keeps the value as a string, not in the compact integer
-/// form a client's `SET` of a number gets: the module's arguments are
-/// shared objects, which Redis does not re-encode.)
+/// `text` at `key` for `ttl_ms` from now, written through the key API
+/// and replicated as `SET … PXAT` ([`string_key`](crate::string_key)); on
+/// a server without that API, `SET key text PX ttl_ms` run through Redis
+/// (which propagates the `PXAT` it stored). Either way the primary, its
+/// replicas and the AOF agree to the millisecond, and the keyspace events
+/// are a client `SET`'s. (Redis keeps the value as a string, not in the
+/// compact integer form a client's `SET` of a number gets.)
 fn write_string(
     ctx: &Context,
     key: &RedisString,
     text: &str,
     ttl_ms: u64,
 ) -> Result<(), RedisError> {
+    let at_ms = server_micros() / 1_000 + ttl_ms;
+    if crate::string_key::set_until(ctx, key, text, at_ms)? {
+        return Ok(());
+    }
     let ttl = ttl_ms.to_string();
     effect(
         ctx,

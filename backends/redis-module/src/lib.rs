@@ -21,6 +21,7 @@
 
 mod decide;
 mod keyspace;
+mod string_key;
 
 use std::panic::AssertUnwindSafe;
 
@@ -57,8 +58,9 @@ fn decide_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 
 // The module's entry point. `redis_module!` expands to the `unsafe`
 // `RedisModule_OnLoad` and command trampolines the module API requires
-// (C functions Redis calls with its own pointers); this crate writes no
-// other `unsafe` code.
+// (C functions Redis calls with its own pointers). The only other
+// `unsafe` is `string_key.rs`'s call of `RedisModule_SetAbsExpire`, which
+// the module's safe API lacks (each block says why it is sound).
 #[allow(unsafe_code)]
 mod entry {
     use super::{decide_command, protocol};

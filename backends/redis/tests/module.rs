@@ -658,3 +658,43 @@ async fn a_span_ended_at_the_servers_clock_admits_nothing() {
         );
     }
 }
+
+/// The keyspace events one decision's write fires, on `engine`: what a
+/// subscriber to `__keyspace@0__:*` receives for the key of `prefix`.
+async fn events_of_a_decision(server: &RedisServer, engine: Engine) -> Vec<String> {
+    let prefix = unique("events");
+    // Connected first: connecting checks the server (its own writes).
+    let store = server_clock_store(server.url(), &prefix, engine).await;
+    assert_eq!(store.uses_module(), engine == Engine::Module);
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut con = client.get_connection().expect("connect");
+    let mut pubsub = con.as_pubsub();
+    pubsub.psubscribe("__keyspace@0__:*").expect("psubscribe");
+    pubsub
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let policies = policies();
+    store
+        .decide(&layers(&policies[..1], "s", 1))
+        .await
+        .expect("decide");
+    let mut events = Vec::new();
+    // Events arrive in order; the read times out once they are all in.
+    while let Ok(message) = pubsub.get_message() {
+        if message.get_channel_name().contains(&prefix) {
+            events.push(message.get_payload::<String>().expect("an event name"));
+        }
+    }
+    events
+}
+
+/// The module writes through the key API, not through `SET`: it fires
+/// the events a script's `SET … PX` fires, in the same order.
+#[tokio::test]
+async fn a_decision_fires_the_keyspace_events_of_a_set() {
+    let server = RedisServer::start_with_module(&["--notify-keyspace-events", "KEA"]);
+    let module = events_of_a_decision(&server, Engine::Module).await;
+    let functions = events_of_a_decision(&server, Engine::Functions).await;
+    assert_eq!(functions, ["set", "expire"], "the Lua path's SET … PX");
+    assert_eq!(module, functions);
+}
