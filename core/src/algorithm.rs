@@ -80,8 +80,9 @@ pub struct Stored {
 /// A rate-limiting algorithm: `(state, now, cost) -> (verdict, next state, ttl)`.
 ///
 /// Implementations are pure: no I/O, no clock reads; the store supplies `now`
-/// and keeps the state. Built-ins live in `tollgate-algorithms`; a user
-/// algorithm is wrapped with [`Limit::custom`](crate::Limit::custom) and runs
+/// and keeps the state. The built-ins do not implement it: they are
+/// [`Limit`](crate::Limit) variants whose reference code is in
+/// `tollgate-algorithms`. A user algorithm is wrapped with [`Limit::custom`](crate::Limit::custom) and runs
 /// on every store with a generic path (the in-process store, custom stores).
 pub trait Algorithm: Send + Sync + Debug {
     /// A short, stable name for logs and metrics.

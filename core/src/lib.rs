@@ -1,7 +1,7 @@
 //! Core model of Tollgate (`tollgate-limiter`, re-exported by the `tollgate`
-//! facade): policies, subjects,
-//! decisions, clocks, and the [`Algorithm`] and [`Store`] traits that every
-//! algorithm and store implements.
+//! facade): policies, subjects, decisions, clocks, the [`Store`] trait every
+//! store implements, and the [`Algorithm`] trait for algorithms of one's
+//! own (the built-ins are [`Limit`] variants, dispatched by one `match`).
 //!
 //! This crate does no I/O. Algorithms live in `tollgate-algorithms`, stores
 //! in `tollgate-memory` and `tollgate-redis`; the `tollgate` facade crate

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::Result;
 
 /// The markdown files checked: the README and everything under docs/.
-fn markdown_files(root: &Path) -> Vec<PathBuf> {
+pub(crate) fn markdown_files(root: &Path) -> Vec<PathBuf> {
     let mut files = vec![root.join("README.md")];
     let mut dirs = vec![root.join("docs")];
     while let Some(dir) = dirs.pop() {

@@ -26,6 +26,12 @@
 //!   checks that the packaged facade builds.
 //! - `cargo xtask doc-links`: every link between the repository's
 //!   markdown files (README and docs/) resolves, anchors included.
+//! - `cargo xtask doc-sentences`: every guide (README and docs/) averages
+//!   at most 22 words per sentence of running prose.
+//! - `cargo xtask doc-code`: every `rust` block of the guides is compiled
+//!   as a doc-test, or its `ignore` says why.
+//! - `cargo xtask doc-facts`: figures stated in one guide only (bytes per
+//!   key, Redis CPU ratios, supported versions); the others link to it.
 //! - `cargo xtask dep-counts [--check]`: the dependency counts of
 //!   docs/features.md, written (or with `--check`, as CI runs it, compared).
 //! - `cargo xtask plots [--check]`: the figures in `docs/img/`, drawn from
@@ -42,7 +48,10 @@
 //!   `DATABASE_URL` for them.
 
 mod dep_counts;
+mod doc_code;
+mod doc_facts;
 mod doc_links;
+mod doc_sentences;
 mod envoy;
 mod generated;
 mod plots;
@@ -89,6 +98,9 @@ fn main() {
         "custom-store" => custom_store(),
         "dep-counts" => dep_counts::dep_counts(&args[1..]),
         "doc-links" => doc_links::doc_links(&root()),
+        "doc-sentences" => doc_sentences::doc_sentences(&root()),
+        "doc-code" => doc_code::doc_code(&root()),
+        "doc-facts" => doc_facts::doc_facts(&root()),
         "plots" => plots::plots(&args[1..]),
         "server-throughput" => server_throughput::server_throughput(&args[1..]),
         "accuracy" => run(
@@ -103,7 +115,7 @@ fn main() {
             ]),
         ),
         _ => {
-            eprintln!("usage: cargo xtask <test|setup|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|doc-links|plots [--check]|accuracy|server-throughput [rounds]>");
+            eprintln!("usage: cargo xtask <test|setup|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|doc-links|doc-sentences|doc-code|doc-facts|plots [--check]|accuracy|server-throughput [rounds]>");
             exit(2);
         }
     };

@@ -95,7 +95,8 @@
 //! Redis 5.0 or later (the code reads `TIME` before writing, which needs
 //! effects replication, the default since 5.0). Only Redis 7.0 is tested
 //! here: the script form is tested by forcing it
-//! ([`Engine::Eval`]) on 7.0; Redis 6.2 itself is declared, not tested.
+//! ([`Engine::Eval`]) on 7.0; versions before 7.0 are declared, not
+//! tested (TLS and ACL users need 6.0).
 //! Keep `maxmemory-policy noeviction` (Redis's default): under an evicting
 //! policy every Tollgate key is a candidate (they all have TTLs), and an
 //! evicted counter hands out its capacity again; under `noeviction` a full

@@ -428,7 +428,7 @@ async fn run() -> Result<(), Error> {
         ("token bucket per API key: 5, then 1 per second", format!("curl -i -H 'x-api-key: demo-key-alice' {base}/search")),
         ("a burst of 8: five 200s, then 429s", format!("for i in $(seq 8); do curl -s -o /dev/null -w '%{{http_code}} ' -H 'x-api-key: demo-key-alice' {base}/search; done; echo")),
         ("login: 3 per minute per client IP; dave's right password is 'correct horse'", format!("curl -i -d 'user=dave&password=correct+horse' {base}/login")),
-        ("a minute later (the client IP's 3 logins a minute are spent), 3 wrong passwords block dave for 1 min (then 10 min, 1 h)", format!("for i in 1 2 3; do curl -s -o /dev/null -w '%{{http_code}} ' -d 'user=dave&password=guess' {base}/login; done; echo")),
+        ("a minute later (so that the client IP's limit of 3 logins a minute is not what answers), 3 wrong passwords block dave for 1 min (then 10 min, 1 h)", format!("for i in 1 2 3; do curl -s -o /dev/null -w '%{{http_code}} ' -d 'user=dave&password=guess' {base}/login; done; echo")),
         ("per key, per tenant and global together (alice and bob share tenant acme)", format!("curl -i -H 'x-api-key: demo-key-bob' {base}/export")),
         ("no key: 401", format!("curl -i {base}/search")),
     ];
