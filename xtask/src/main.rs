@@ -30,6 +30,8 @@
 //!   at most 22 words per sentence of running prose.
 //! - `cargo xtask doc-code`: every `rust` block of the guides is compiled
 //!   as a doc-test, or its `ignore` says why.
+//! - `cargo xtask valkey`: the conformance suite, the differential and the
+//!   module's tests against Valkey (built once from its source release).
 //! - `cargo xtask doc-facts`: figures stated in one guide only (bytes per
 //!   key, Redis CPU ratios, supported versions); the others link to it.
 //! - `cargo xtask dep-counts [--check]`: the dependency counts of
@@ -56,6 +58,7 @@ mod envoy;
 mod generated;
 mod plots;
 mod server_throughput;
+mod valkey;
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -101,6 +104,7 @@ fn main() {
         "doc-sentences" => doc_sentences::doc_sentences(&root()),
         "doc-code" => doc_code::doc_code(&root()),
         "doc-facts" => doc_facts::doc_facts(&root()),
+        "valkey" => valkey::valkey(),
         "plots" => plots::plots(&args[1..]),
         "server-throughput" => server_throughput::server_throughput(&args[1..]),
         "accuracy" => run(
@@ -115,7 +119,7 @@ fn main() {
             ]),
         ),
         _ => {
-            eprintln!("usage: cargo xtask <test|setup|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|doc-links|doc-sentences|doc-code|doc-facts|plots [--check]|accuracy|server-throughput [rounds]>");
+            eprintln!("usage: cargo xtask <test|setup|features|bench|bench-report|soak|package|redis-check|custom-store|dep-counts [--check]|doc-links|doc-sentences|doc-code|doc-facts|valkey|plots [--check]|accuracy|server-throughput [rounds]>");
             exit(2);
         }
     };

@@ -1,9 +1,9 @@
 //! A string value written through the module key API, with an absolute
 //! expiry: what `SET key value PXAT at` does, without running `SET`
 //! through `RedisModule_Call` (which builds a client call — argument
-//! objects, a command lookup, a reply — for every write; a decision's
-//! Redis CPU fell from about 2.6 to 2.2 µs without it, see
-//! docs/benchmarks.md).
+//! objects, a command lookup, a reply — for every write; without it a
+//! token-bucket decision costs Redis about 0.86× as much, see
+//! docs/benchmarks.md, "The native module").
 //!
 //! The write is replicated explicitly as that same `SET … PXAT at`, so
 //! replicas and the AOF hold the primary's value and expiry to the

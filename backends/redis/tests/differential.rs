@@ -348,7 +348,11 @@ impl Harness {
                 pipe.cmd("GET").arg(key);
             }
         }
-        pipe.cmd("TIME").cmd("EXEC");
+        // TIME after EXEC, outside the transaction: an upper bound of the
+        // write's clock on every server (Valkey answers TIME inside a
+        // transaction from the time the transaction started, and the
+        // module reads the clock when it writes).
+        pipe.cmd("TIME").cmd("EXEC").cmd("TIME");
         let replies: Vec<Value> = match pipe.query_async(&mut self.con).await {
             Ok(r) => r,
             Err(e) => panic!(
@@ -357,8 +361,10 @@ impl Harness {
             ),
         };
         let before = server_time(&replies[0]);
-        let Some(Value::Array(results)) = replies.last() else {
-            panic!("EXEC answered {:?}", replies.last());
+        let after = server_time(replies.last().expect("the last TIME"));
+        let exec = &replies[replies.len() - 2];
+        let Value::Array(results) = exec else {
+            panic!("EXEC answered {exec:?}");
         };
         let mut results = results.iter();
         let reply: Vec<i64> = redis::from_redis_value_ref(results.next().expect("script reply"))
@@ -390,7 +396,7 @@ impl Harness {
             };
             observed.push(Observed { expire_ms, state });
         }
-        let after = server_time(results.next().expect("TIME"));
+        results.next().expect("TIME"); // inside the transaction
         (verdicts.to_vec(), observed, before, after)
     }
 }

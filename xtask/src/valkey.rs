@@ -1,0 +1,117 @@
+//! `cargo xtask valkey`: the Redis suites that matter most for another
+//! server — the conformance suite, the differential (script, functions,
+//! module) and the module's tests, failover and AOF included — run
+//! against Valkey instead of Redis (`TOLLGATE_REDIS_SERVER` names the
+//! binary the testkit starts).
+//!
+//! Valkey is built once from its source release, with `make`, in the
+//! user's cache (`$XDG_CACHE_HOME` or `~/.cache`, `tollgate/valkey-<version>`),
+//! and reused. The source is the release tarball named by
+//! `TOLLGATE_VALKEY_SOURCE`, or a `shared/vendor/valkey-<version>.tar.gz`
+//! beside a directory above the repository (where the development machine
+//! keeps its vendored sources). `TOLLGATE_VALKEY_SERVER` names a built
+//! `valkey-server` instead.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{cargo, root, run, Result};
+
+/// The Valkey release the suites run against.
+pub const VERSION: &str = "8.0.1";
+
+/// The test targets of `tollgate-redis` run against Valkey.
+const SUITES: &[&str] = &["conformance", "differential", "module"];
+
+/// Where the source is unpacked and built (in `valkey-<version>/`, the
+/// release's own directory).
+fn cache_dir() -> Option<PathBuf> {
+    let cache = env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(cache.join("tollgate"))
+}
+
+/// The source tarball: `TOLLGATE_VALKEY_SOURCE`, or the vendored one in a
+/// `shared/vendor/` beside the repository or a directory above it.
+fn source() -> Option<PathBuf> {
+    if let Some(path) = env::var_os("TOLLGATE_VALKEY_SOURCE") {
+        return Some(PathBuf::from(path));
+    }
+    let name = format!("shared/vendor/valkey-{VERSION}.tar.gz");
+    // Above this checkout, or above the one it was cloned from (a fresh
+    // clone elsewhere, as CI makes).
+    let mut tops = vec![root()];
+    tops.extend(origin());
+    tops.iter()
+        .flat_map(|top| top.ancestors())
+        .map(|dir| dir.join(&name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// The local repository this checkout was cloned from, if it was.
+fn origin() -> Option<PathBuf> {
+    let out = Command::new("git")
+        .args(["remote", "get-url", "origin"])
+        .current_dir(root())
+        .output()
+        .ok()?;
+    let url = String::from_utf8(out.stdout).ok()?;
+    let path = PathBuf::from(url.trim().trim_start_matches("file://"));
+    path.is_dir().then_some(path)
+}
+
+/// A `valkey-server` binary: `TOLLGATE_VALKEY_SERVER`, the cached build,
+/// or one built now from the source release.
+fn server() -> std::result::Result<PathBuf, String> {
+    if let Some(path) = env::var_os("TOLLGATE_VALKEY_SERVER") {
+        return Ok(PathBuf::from(path));
+    }
+    let dir = cache_dir().ok_or("neither XDG_CACHE_HOME nor HOME is set")?;
+    let binary = dir.join(format!("valkey-{VERSION}/src/valkey-server"));
+    if binary.is_file() {
+        return Ok(binary);
+    }
+    let tarball = source().ok_or_else(|| {
+        format!(
+            "no Valkey {VERSION}: set TOLLGATE_VALKEY_SOURCE to its source release \
+             (valkey-{VERSION}.tar.gz), or TOLLGATE_VALKEY_SERVER to a built valkey-server"
+        )
+    })?;
+    build(&tarball, &dir)?;
+    Ok(binary)
+}
+
+/// Unpack `tarball` into `dir` and build the server there (about three
+/// minutes on two cores; without TLS, which needs libssl-dev).
+fn build(tarball: &Path, dir: &Path) -> Result {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    run(
+        &format!("unpack {}", tarball.display()),
+        Command::new("tar").arg("xzf").arg(tarball).current_dir(dir),
+    )?;
+    run(
+        &format!("build Valkey {VERSION} (make, once)"),
+        Command::new("make")
+            .args(["-j2", "BUILD_TLS=no"])
+            .current_dir(dir.join(format!("valkey-{VERSION}"))),
+    )
+}
+
+pub fn valkey() -> Result {
+    let server = server()?;
+    let mut cmd = cargo();
+    cmd.args(["test", "-p", "tollgate-redis"]);
+    for suite in SUITES {
+        cmd.args(["--test", suite]);
+    }
+    cmd.env("TOLLGATE_REDIS_SERVER", &server);
+    run(
+        &format!(
+            "the Redis suites against Valkey {VERSION} ({})",
+            SUITES.join(", ")
+        ),
+        &mut cmd,
+    )
+}
