@@ -30,7 +30,7 @@ const INLINE: usize = 38;
 /// Whom an answer is for. A short name is kept in the entry itself: a
 /// read compares it where the table's probe already brought the entry into
 /// cache, instead of following a pointer to the subject's text (one more
-/// cache miss per decision, a third of the cache's cost on many keys).
+/// cache miss per decision when the keys are many).
 enum Customer {
     Inline { len: u8, bytes: [u8; INLINE] },
     Shared(Subject),

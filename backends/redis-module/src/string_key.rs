@@ -32,6 +32,11 @@ pub(crate) fn set_until(
     };
     let value = RedisString::create(std::ptr::NonNull::new(ctx.ctx), value);
     let handle = OpenKey(raw::open_key(ctx.ctx, key.inner, raw::KeyMode::WRITE));
+    if handle.0.is_null() {
+        // Opened for writing, a key always has a handle; should that ever
+        // change, nothing is written.
+        return Err(RedisError::Str("TOLLGATE_FAILED the key API opened no key"));
+    }
     if raw::string_set(handle.0, value.inner) == raw::Status::Err {
         return Err(RedisError::Str(
             "TOLLGATE_FAILED the key API refused a write",
@@ -65,6 +70,8 @@ struct OpenKey(*mut raw::RedisModuleKey);
 
 impl Drop for OpenKey {
     fn drop(&mut self) {
-        raw::close_key(self.0);
+        if !self.0.is_null() {
+            raw::close_key(self.0);
+        }
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! [store]
-//! kind = "memory"          # or "redis" (tollgate's `redis` feature)
+//! kind = "memory"          # or "redis", "redis-sentinel", "redis-cluster"
 //! max_keys = 100_000
 //!
 //! [policies.search]
