@@ -1,8 +1,9 @@
 //! `cargo xtask doc-facts`: a fact the guides state in figures has one
 //! home, and every other guide links to it — two copies drift apart (a
-//! guide once gave 136 bytes per key where another gave 88). Each fact
-//! is recognised by the shape of its statement, and found anywhere but
-//! its home is an error.
+//! guide once gave 136 bytes per key where another gave 88). Each fact is
+//! recognised by the shape of its statement, and found anywhere but its
+//! home is an error. The feature lists must agree too: the facade's
+//! manifest, the features CI builds alone, and docs/features.md.
 
 use std::path::Path;
 
@@ -41,7 +42,7 @@ const FACTS: &[Fact] = &[
 ];
 
 pub fn doc_facts(root: &Path) -> Result {
-    let mut problems = Vec::new();
+    let mut problems = feature_lists(root)?;
     for file in markdown_files(root) {
         let text =
             std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
@@ -64,13 +65,70 @@ pub fn doc_facts(root: &Path) -> Result {
         }
     }
     if problems.is_empty() {
-        println!("doc-facts: every fact checked is stated in its home only");
+        println!(
+            "doc-facts: every fact checked is stated in its home only, and the feature lists agree"
+        );
         return Ok(());
     }
     Err(format!(
-        "facts stated outside their home:\n{}",
+        "facts in the docs out of their home, or lists out of step:\n{}",
         problems.join("\n")
     ))
+}
+
+/// The facade's features (`Cargo.toml`), the ones `cargo xtask features`
+/// builds alone ([`FEATURES`](crate::FEATURES)) and the ones
+/// docs/features.md lists (a table row each, and the list of those built
+/// alone) are one list: what is missing where, one line each.
+fn feature_lists(root: &Path) -> std::result::Result<Vec<String>, String> {
+    let read =
+        |path: &str| std::fs::read_to_string(root.join(path)).map_err(|e| format!("{path}: {e}"));
+    let manifest = read("Cargo.toml")?;
+    let guide = read("docs/features.md")?;
+    let declared = manifest_features(&manifest);
+    let alone = guide
+        .split("## Every feature builds on its own")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .unwrap_or("");
+    let mut problems = Vec::new();
+    for feature in &declared {
+        let quoted = format!("`{feature}`");
+        if !crate::FEATURES.contains(&feature.as_str()) {
+            problems.push(format!(
+                "feature {quoted} is not in xtask's FEATURES (built alone in CI)"
+            ));
+        }
+        if !guide.lines().any(|l| l.starts_with(&format!("| {quoted}"))) {
+            problems.push(format!("docs/features.md has no table row for {quoted}"));
+        }
+        if !alone.contains(&quoted) {
+            problems.push(format!(
+                "docs/features.md's features built alone omit {quoted}"
+            ));
+        }
+    }
+    for feature in crate::FEATURES {
+        if !declared.iter().any(|d| d == feature) {
+            problems.push(format!(
+                "xtask's FEATURES names `{feature}`, which the facade does not have"
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+/// The features a manifest declares, `default` aside.
+fn manifest_features(manifest: &str) -> Vec<String> {
+    manifest
+        .lines()
+        .skip_while(|l| l.trim() != "[features]")
+        .skip(1)
+        .take_while(|l| !l.starts_with('['))
+        .filter_map(|l| l.split_once('=').map(|(name, _)| name.trim()))
+        .filter(|name| !name.is_empty() && !name.starts_with('#') && *name != "default")
+        .map(str::to_string)
+        .collect()
 }
 
 /// Whether `text` at `at` starts with a decimal number (`12`, `1,192`,
@@ -136,6 +194,12 @@ mod tests {
     fn cpu_ratios_are_recognised() {
         assert!(states_cpu_ratio("| 8.3 µs (0.95× the classic script) |"));
         assert!(!states_cpu_ratio("retry after 12 µs (rounded up)"));
+    }
+
+    #[test]
+    fn a_manifests_features_are_read() {
+        let manifest = "[package]\nname = \"x\"\n\n[features]\ndefault = [\"a\"]\n## docs\na = []\nb-c = [\"a\"]\n\n[dependencies]\nd = \"1\"\n";
+        assert_eq!(manifest_features(manifest), ["a", "b-c"]);
     }
 
     #[test]

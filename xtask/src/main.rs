@@ -66,7 +66,7 @@ use std::process::{exit, Command};
 use std::time::Instant;
 
 /// Features of the `tollgate` facade crate, each built on its own.
-const FEATURES: &[&str] = &[
+pub(crate) const FEATURES: &[&str] = &[
     "memory",
     "redis",
     "redis-tls",
