@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use crate::doc_links::markdown_files;
+use crate::doc_links::guides;
 use crate::Result;
 
 /// What a justified `ignore` looks like, on the line before the fence.
@@ -18,14 +18,7 @@ pub fn doc_code(root: &Path) -> Result {
         std::fs::read_to_string(root.join("src/lib.rs")).map_err(|e| format!("src/lib.rs: {e}"))?;
     let mut problems = Vec::new();
     let mut blocks = 0;
-    for file in markdown_files(root) {
-        let text =
-            std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let shown = file
-            .strip_prefix(root)
-            .unwrap_or(&file)
-            .display()
-            .to_string();
+    for (shown, text) in guides(root)? {
         let tested = is_doctested(&facade, &shown);
         for problem in problems_in(&text, tested) {
             problems.push(format!("{shown}:{problem}"));

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use crate::doc_links::markdown_files;
+use crate::doc_links::guides;
 use crate::Result;
 
 /// A fact and where it is stated.
@@ -43,14 +43,7 @@ const FACTS: &[Fact] = &[
 
 pub fn doc_facts(root: &Path) -> Result {
     let mut problems = feature_lists(root)?;
-    for file in markdown_files(root) {
-        let text =
-            std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let shown = file
-            .strip_prefix(root)
-            .unwrap_or(&file)
-            .display()
-            .to_string();
+    for (shown, text) in guides(root)? {
         for (n, line) in text.lines().enumerate() {
             for fact in FACTS {
                 if !fact.homes.contains(&shown.as_str()) && (fact.stated_in)(line) {

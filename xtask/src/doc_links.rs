@@ -28,6 +28,24 @@ pub(crate) fn markdown_files(root: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// Each markdown file ([`markdown_files`]) named from the root, with its
+/// text: what the docs checks read.
+pub(crate) fn guides(root: &Path) -> std::result::Result<Vec<(String, String)>, String> {
+    markdown_files(root)
+        .into_iter()
+        .map(|file| {
+            let text =
+                std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let shown = file
+                .strip_prefix(root)
+                .unwrap_or(&file)
+                .display()
+                .to_string();
+            Ok((shown, text))
+        })
+        .collect()
+}
+
 /// The text outside code: fenced blocks and inline code are blanked, so
 /// a link shown as code is not a link.
 fn prose(text: &str) -> String {

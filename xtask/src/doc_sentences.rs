@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use crate::doc_links::markdown_files;
+use crate::doc_links::guides;
 use crate::Result;
 
 /// The longest average sentence a guide may have, in words.
@@ -31,15 +31,8 @@ impl Measure {
 pub fn doc_sentences(root: &Path) -> Result {
     let mut problems = Vec::new();
     let mut report = Vec::new();
-    for file in markdown_files(root) {
-        let text =
-            std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    for (shown, text) in guides(root)? {
         let measure = measure(&text);
-        let shown = file
-            .strip_prefix(root)
-            .unwrap_or(&file)
-            .display()
-            .to_string();
         let line = format!(
             "{shown}: {:.1} words per sentence ({} sentences)",
             measure.average(),

@@ -15,10 +15,7 @@ pub const VERSION: &str = "1.40.0";
 /// Where the binary is kept: `$XDG_CACHE_HOME` (or `~/.cache`)
 /// `/tollgate/envoy-<version>/envoy`. The test looks there too.
 pub fn cached() -> Option<PathBuf> {
-    let cache = env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(cache.join(format!("tollgate/envoy-{VERSION}/envoy")))
+    Some(crate::tool_cache()?.join(format!("envoy-{VERSION}/envoy")))
 }
 
 /// The Envoy binary: `TOLLGATE_ENVOY`, `envoy` on the PATH, or the

@@ -138,6 +138,15 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Tollgate's directory in the user's cache (`$XDG_CACHE_HOME`, or
+/// `~/.cache`, then `tollgate/`): where fetched and built tools are kept.
+fn tool_cache() -> Option<PathBuf> {
+    let cache = env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(cache.join("tollgate"))
+}
+
 fn cargo() -> Command {
     let mut cmd = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root());

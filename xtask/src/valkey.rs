@@ -24,15 +24,6 @@ pub const VERSION: &str = "8.0.1";
 /// The test targets of `tollgate-redis` run against Valkey.
 const SUITES: &[&str] = &["conformance", "differential", "module"];
 
-/// Where the source is unpacked and built (in `valkey-<version>/`, the
-/// release's own directory).
-fn cache_dir() -> Option<PathBuf> {
-    let cache = env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(cache.join("tollgate"))
-}
-
 /// The source tarball: `TOLLGATE_VALKEY_SOURCE`, or the vendored one in a
 /// `shared/vendor/` beside the repository or a directory above it.
 fn source() -> Option<PathBuf> {
@@ -68,7 +59,8 @@ fn server() -> std::result::Result<PathBuf, String> {
     if let Some(path) = env::var_os("TOLLGATE_VALKEY_SERVER") {
         return Ok(PathBuf::from(path));
     }
-    let dir = cache_dir().ok_or("neither XDG_CACHE_HOME nor HOME is set")?;
+    // Unpacked and built there, in the release's own `valkey-<version>/`.
+    let dir = crate::tool_cache().ok_or("neither XDG_CACHE_HOME nor HOME is set")?;
     let binary = dir.join(format!("valkey-{VERSION}/src/valkey-server"));
     if binary.is_file() {
         return Ok(binary);
