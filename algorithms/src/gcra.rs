@@ -6,8 +6,10 @@ use crate::builtin::{cells, Reference};
 use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
-/// GCRA over the state `[TAT µs, 0, 0]`: one integer (stored in Redis as
-/// one, which Redis keeps without a separate allocation).
+/// GCRA over the state `[TAT µs, interval, 0]`: one integer (stored in
+/// Redis as one, which Redis keeps without a separate allocation), and the
+/// interval it was written at when the layer keeps units across a change
+/// of plan (else 0: see [`rebased_tat`]).
 ///
 /// The theoretical arrival time (TAT) is when the key is back to full. A
 /// request of `cost` moves it `cost × interval` later; it is admitted when the
@@ -25,7 +27,7 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
     let interval = p.interval_us();
     let tolerance = p.burst() * interval;
     let tat = match state {
-        Some([tat, _, _]) => tat,
+        Some([tat, rate, _]) => rebased_tat(p, tat, rate, now),
         None => now,
     };
     let t = now;
@@ -41,7 +43,7 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
                 retry_after: None,
             },
             next: Some(Stored {
-                state: State::Cells([new_tat, 0, 0]),
+                state: State::Cells([new_tat, p.recorded_rate(), 0]),
                 ttl: ttl_until(new_tat, now),
             }),
         }
@@ -62,6 +64,22 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
     }
 }
 
+/// The TAT of a state written at the interval `rate` records, read by a
+/// layer that keeps units ([`Limit::keeping_units`]) at another interval
+/// (its plan changed): the units the TAT stands for at the old interval
+/// (whole units, a partly recovered one counted as used; at most the
+/// burst), at the new one. Otherwise the TAT as it is: a state that
+/// records no rate (written before the policy had plans) is read as time.
+///
+/// [`Limit::keeping_units`]: tollgate_limiter::Limit::keeping_units
+pub fn rebased_tat(p: &Gcra, tat: u64, rate: u64, now: u64) -> u64 {
+    if !p.keeps_units() || rate == 0 || rate == p.interval_us() || tat <= now {
+        return tat;
+    }
+    let used = (tat - now).div_ceil(rate).min(p.burst());
+    now + used * p.interval_us()
+}
+
 /// The charge moved the TAT `cost × interval` later, to `mark`. Without it,
 /// the TAT could have been raised to now since; only what is still ahead of
 /// now is owed, and the TAT never goes below now.
@@ -70,7 +88,8 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
 /// check of its own: a GCRA state expires only once its TAT has passed, so
 /// by then `mark` is not ahead of now and nothing is owed. (That holds on
 /// the clock that expires keys; with a caller's clock, within its skew.)
-pub fn gcra_refund(p: &Gcra, [tat, _, _]: [u64; 3], now: u64, c: Charge) -> Refund {
+pub fn gcra_refund(p: &Gcra, [tat, rate, _]: [u64; 3], now: u64, c: Charge) -> Refund {
+    let tat = rebased_tat(p, tat, rate, now);
     let t = now;
     let give = (c.cost * p.interval_us()).min(c.mark.saturating_sub(t));
     if give == 0 {
@@ -80,7 +99,7 @@ pub fn gcra_refund(p: &Gcra, [tat, _, _]: [u64; 3], now: u64, c: Charge) -> Refu
     if lowered >= tat {
         return Refund::NOTHING;
     }
-    Refund::cells(tat - lowered, [lowered, 0, 0])
+    Refund::cells(tat - lowered, [lowered, p.recorded_rate(), 0])
 }
 
 impl Reference for Gcra {

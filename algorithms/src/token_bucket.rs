@@ -6,7 +6,9 @@ use crate::builtin::{cells, Reference};
 use crate::refund::{Charge, Refund};
 use crate::{after, ttl_until};
 
-/// Token bucket over the state `[full at µs, remainder, 0]`.
+/// Token bucket over the state `[full at µs, remainder, rate]` (the rate
+/// it was written at when the layer keeps units across a change of plan,
+/// else 0: see [`rebased`]).
 ///
 /// A new key starts full. Tokens are scaled by the period `P` (in µs), so a
 /// refill of `R` per period adds exactly `R` scaled tokens per microsecond
@@ -25,7 +27,7 @@ pub fn token_bucket(p: &TokenBucket, state: Option<[u64; 3]>, now: u64, cost: u6
     let now = crate::bounded(now);
     let (period, refill) = (p.period_us(), p.refill());
     let full = p.capacity() * period;
-    let level = level_at(full, refill, state, now);
+    let level = level_at(full, refill, state.and_then(|s| rebased(p, s, now)), now);
     let need = cost * period;
     if level >= need {
         let left = level - need;
@@ -42,7 +44,7 @@ pub fn token_bucket(p: &TokenBucket, state: Option<[u64; 3]>, now: u64, cost: u6
                 retry_after: None,
             },
             next: Some(Stored {
-                state: State::Cells([full_at, remainder, 0]),
+                state: State::Cells([full_at, remainder, p.recorded_rate()]),
                 ttl: ttl_until(full_at, now),
             }),
         }
@@ -59,6 +61,47 @@ pub fn token_bucket(p: &TokenBucket, state: Option<[u64; 3]>, now: u64, cost: u6
             },
             next: None,
         }
+    }
+}
+
+/// A state as a layer with parameters `p` reads it at `now` (`None`:
+/// full). A layer that keeps units ([`Limit::keeping_units`]) reads a
+/// state written at another rate (its plan changed) as the units it had
+/// used (whole units, a partly refilled one counted as used; at most the
+/// capacity), and a state that records no rate (written before the policy
+/// had plans) at its own rate without the remainder, whose scale it does
+/// not know (at most a microsecond's refill less). Any other state is read
+/// as it is.
+///
+/// [`Limit::keeping_units`]: tollgate_limiter::Limit::keeping_units
+pub fn rebased(p: &TokenBucket, state: [u64; 3], now: u64) -> Option<[u64; 3]> {
+    let [full_at, remainder, rate] = state;
+    if !p.keeps_units() || rate == p.recorded_rate() {
+        return Some(state);
+    }
+    if rate == 0 {
+        return Some([full_at, 0, 0]);
+    }
+    if full_at <= now {
+        return None;
+    }
+    let used = units_used(full_at - now, remainder, rate).min(p.capacity());
+    let (until_full, remainder) = refill_time(used * p.period_us(), p.refill());
+    Some([now + until_full, remainder, p.recorded_rate()])
+}
+
+/// The units a bucket full again in `until_full` µs (with `remainder`)
+/// has used at the rate `rate` records, rounded up: `⌈(until_full × refill
+/// − remainder) ÷ period⌉`, computed by whole periods first so that every
+/// product stays below 2^53 (the Lua code's exact integers).
+fn units_used(until_full: u64, remainder: u64, rate: u64) -> u64 {
+    let (refill, period) = TokenBucket::rate_of_record(rate);
+    let (whole, part) = (until_full / period, until_full % period * refill);
+    let base = whole.saturating_mul(refill);
+    if part >= remainder {
+        base.saturating_add((part - remainder).div_ceil(period))
+    } else {
+        base.saturating_sub((remainder - part) / period)
     }
 }
 
@@ -99,6 +142,7 @@ fn refill_time(deficit: u64, refill: u64) -> (u64, u64) {
 /// longer ahead.
 pub fn token_bucket_refund(p: &TokenBucket, state: [u64; 3], now: u64, c: Charge) -> Refund {
     let (period, refill) = (p.period_us(), p.refill());
+    let state = rebased(p, state, now);
     let full = p.capacity() * period;
     let (mark_at, mark_remainder) = (c.mark, c.at);
     if mark_at <= now {
@@ -113,17 +157,17 @@ pub fn token_bucket_refund(p: &TokenBucket, state: [u64; 3], now: u64, c: Charge
     } else {
         (ahead_us * refill).saturating_sub(mark_remainder)
     };
-    let level = level_at(full, refill, Some(state), now);
+    let level = level_at(full, refill, state, now);
     let give = owed_cap.min(ahead).min(full - level);
     if give == 0 {
         return Refund::NOTHING;
     }
     let left = level + give;
     let next = if left == full {
-        [now, 0, 0]
+        [now, 0, p.recorded_rate()]
     } else {
         let (until_full, remainder) = refill_time(full - left, refill);
-        [now + until_full, remainder, 0]
+        [now + until_full, remainder, p.recorded_rate()]
     };
     Refund::cells(give, next)
 }

@@ -191,3 +191,97 @@ proptest! {
         }
     }
 }
+
+/// The verdicts of `run` on every step (admitted or not, remaining).
+fn verdicts(limit: &Limit, steps: &[Step]) -> Vec<(bool, u64)> {
+    let mut now = T0;
+    let mut state: Option<State> = None;
+    steps
+        .iter()
+        .map(|step| {
+            now = now.saturating_add_signed(step.dt);
+            let at = Timestamp::from_micros(now);
+            let t = tollgate_algorithms::decide(limit, state.as_ref(), at, step.cost);
+            if let Some(next) = t.next {
+                state = Some(next.state);
+            }
+            (t.verdict.allowed, t.verdict.remaining)
+        })
+        .collect()
+}
+
+proptest! {
+    /// A bucket that keeps units (a plan's layer) decides exactly as one
+    /// that does not while its rate does not change: the token bucket's
+    /// rate in lowest terms and the record change nothing.
+    #[test]
+    fn keeping_units_changes_nothing_at_one_rate(
+        capacity in 1u64..20, refill in 1u64..200, period_ms in 1u64..2_000, gcra in any::<bool>(),
+        s in steps(5, 300_000),
+    ) {
+        let period = Duration::from_millis(period_ms);
+        let limit = if gcra {
+            Limit::gcra(refill.min(period_ms * 1_000), period, capacity)
+        } else {
+            Limit::token_bucket(capacity, refill, period)
+        };
+        let Ok(limit) = limit else { return Ok(()) };
+        let s: Vec<Step> = s.into_iter().map(|st| Step { cost: st.cost.min(capacity), ..st }).collect();
+        prop_assert!(limit.keeping_units().keeps_units());
+        prop_assert_eq!(verdicts(&limit, &s), verdicts(&limit.keeping_units(), &s));
+    }
+
+    /// Read at another rate, a token bucket's state holds the units it had
+    /// used, rounded up: `⌈(until full × refill − remainder) ÷ period⌉` at
+    /// the rate it was written at, checked against 128-bit arithmetic
+    /// through what a one-unit peek at the new rate reports.
+    #[test]
+    fn a_rate_change_keeps_the_units_used(
+        used in 0u64..=40, capacity in 40u64..=60, refill in 1u64..=300, period_ms in 1u64..=5_000, dt in 0u64..10_000_000,
+    ) {
+        let old = Limit::token_bucket(capacity, refill, Duration::from_millis(period_ms)).unwrap().keeping_units();
+        let new = Limit::token_bucket(100, 7, Duration::from_secs(1)).unwrap().keeping_units();
+        let Limit::TokenBucket(b) = &old else { unreachable!() };
+        let (r, p) = (u128::from(b.refill()), u128::from(b.period_us()));
+        let mut state = None;
+        if used > 0 {
+            let t = tollgate_algorithms::decide(&old, None, Timestamp::from_micros(T0), used);
+            state = t.next.map(|n| n.state);
+        }
+        let now = T0 + dt;
+        let Some(State::Cells([full_at, remainder, _])) = state.clone() else {
+            let peek = tollgate_algorithms::decide(&new, None, Timestamp::from_micros(now), 1);
+            prop_assert_eq!(peek.verdict.remaining, 99);
+            return Ok(());
+        };
+        let until_full = u128::from(full_at.saturating_sub(now));
+        let expected = (until_full * r).saturating_sub(u128::from(remainder)).div_ceil(p);
+        let peek = tollgate_algorithms::decide(&new, state.as_ref(), Timestamp::from_micros(now), 1);
+        prop_assert!(peek.verdict.allowed);
+        prop_assert_eq!(u128::from(peek.verdict.remaining), 100 - 1 - expected);
+    }
+}
+
+/// The units read at another rate when the time until full is a whole
+/// number of the old periods and the remainder is not 0 (the one case
+/// where the remainder takes a unit off): 4 used of 3 per 10 ms are
+/// full again in 13,334 µs with 2 over; 3,334 µs later, 10,000 µs (one
+/// period) and the remainder stand for 2.9998 units: 3 used.
+#[test]
+fn a_whole_period_less_the_remainder_rounds_up() {
+    let old = Limit::token_bucket(10, 3, Duration::from_millis(10))
+        .unwrap()
+        .keeping_units();
+    let new = Limit::token_bucket(10, 1, Duration::from_secs(1))
+        .unwrap()
+        .keeping_units();
+    let t = tollgate_algorithms::decide(&old, None, Timestamp::from_micros(T0), 4);
+    let state = t.next.map(|n| n.state);
+    assert_eq!(
+        state,
+        Some(State::Cells([T0 + 13_334, 2, (3 << 40) + 10_000]))
+    );
+    let later = Timestamp::from_micros(T0 + 3_334);
+    let peek = tollgate_algorithms::decide(&new, state.as_ref(), later, 1);
+    assert_eq!(peek.verdict.remaining, 10 - 3 - 1);
+}

@@ -109,7 +109,8 @@ impl Layer {
     /// The same layer under `plan`: the plan's limit for its policy, if
     /// the plan gives one (the policy's own otherwise), and the plan's name
     /// in its decisions. The keys stay the layer's: a subject's usage
-    /// carries over from plan to plan.
+    /// carries over from plan to plan, in units
+    /// ([`Limit::keeping_units`]).
     pub(crate) fn under_plan(&self, plan: &Plan) -> Result<Layer, PolicyError> {
         let mut layer = match plan.limit_of(self.policy.name()) {
             Some(limit) if matches!(limit, Limit::Concurrency(_)) != self.is_concurrency() => {
@@ -131,12 +132,15 @@ impl Layer {
                     ),
                 ));
             }
-            Some(limit) => Layer::new(
-                self.name.clone(),
-                self.scope.clone(),
-                self.policy.with_limit(limit.clone())?,
-            ),
-            None => self.clone(),
+            // A plan's layer keeps the units used when the plan changes.
+            limit => match limit.unwrap_or(self.policy.limit()).keeping_units() {
+                same if same == *self.policy.limit() => self.clone(),
+                limit => Layer::new(
+                    self.name.clone(),
+                    self.scope.clone(),
+                    self.policy.with_limit(limit)?,
+                ),
+            },
         };
         layer.info = LayerInfo::interned(LayerInfo {
             plan: Some(plan.name().as_str().into()),

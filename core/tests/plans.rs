@@ -197,9 +197,25 @@ fn plans_that_cannot_work_are_refused_when_built() {
 /// was decided under, and the store's count is what was admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_changes_under_load_admit_what_the_rule_allows() {
+    plan_changes_under_load(|n| Limit::fixed_window(n, HOUR).unwrap()).await;
+}
+
+/// The same with GCRA (the clock still: its units are counts), which keeps
+/// the units used across the changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcra_plan_changes_under_load_keep_the_units_used() {
+    plan_changes_under_load(|n| Limit::gcra(n, HOUR, n).unwrap()).await;
+}
+
+/// The same with a token bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_bucket_plan_changes_under_load_keep_the_units_used() {
+    plan_changes_under_load(|n| Limit::token_bucket(n, n, HOUR).unwrap()).await;
+}
+
+async fn plan_changes_under_load(window: fn(u64) -> Limit) {
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     let clock = clock();
-    let window = |n| Limit::fixed_window(n, HOUR).unwrap();
     let limiter = Arc::new(limiter(window(1_000), window_plans(window), &clock));
     let phase = Arc::new(AtomicUsize::new(0));
     let admitted_in = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);

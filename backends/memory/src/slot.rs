@@ -76,12 +76,19 @@ impl Slot {
     /// state decides exactly as no state would (its TAT is in the past), so
     /// expiry needs no check here.
     pub(crate) fn gcra(&self, p: &Gcra, now: u64, cost: u64) -> Option<Transition> {
-        let Slot::Cells([tat, _, _]) = self else {
+        let Slot::Cells([tat, rate, _]) = self else {
             return None;
         };
+        // A rate other than the one this layer records is rewritten only
+        // under the exclusive lock (a plan changed: see
+        // `tollgate_algorithms::rebased_tat`).
+        let rate = rate.load(Ordering::Relaxed);
+        if rate != p.recorded_rate() {
+            return None;
+        }
         loop {
             let seen = tat.load(Ordering::Acquire);
-            let t = tollgate_algorithms::gcra(p, Some([seen, 0, 0]), now, cost);
+            let t = tollgate_algorithms::gcra(p, Some([seen, rate, 0]), now, cost);
             let Some(next) = &t.next else {
                 return Some(t);
             };

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use tollgate_limiter::{Adjustment, Builtin, Layout, Limit, StoreError, Timestamp};
+use tollgate_limiter::{Adjustment, Builtin, Layout, Limit, StoreError, Timestamp, KEEPS_UNITS};
 
 use crate::state::digits;
 
@@ -278,12 +278,16 @@ pub fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, ArgsError> {
 /// refund's charge).
 fn parse_layer(mode: Mode, n: usize, args: &[&[u8]]) -> Result<Layer, ArgsError> {
     let num = |j: usize| digits(args[j]);
-    let builtin = num(0).and_then(Builtin::by_code).ok_or_else(|| {
-        ArgsError::new(format!(
-            "unknown algorithm {}",
-            String::from_utf8_lossy(args[0])
-        ))
-    })?;
+    let code = num(0);
+    let builtin = code
+        .map(|c| c & !u64::from(KEEPS_UNITS))
+        .and_then(Builtin::by_code)
+        .ok_or_else(|| {
+            ArgsError::new(format!(
+                "unknown algorithm {}",
+                String::from_utf8_lossy(args[0])
+            ))
+        })?;
     let [cost, p1, p2, p3] = [1, 2, 3, 4].map(num);
     let (Some(cost), Some(p1), Some(p2), Some(p3)) = (cost, p1, p2, p3) else {
         return Err(ArgsError::new(format!(
@@ -301,7 +305,7 @@ fn parse_layer(mode: Mode, n: usize, args: &[&[u8]]) -> Result<Layer, ArgsError>
         },
         _ => (0, 0),
     };
-    let limit = Limit::from_args(builtin.code.into(), [p1, p2, p3])
+    let limit = Limit::from_args(code.unwrap_or_default(), [p1, p2, p3])
         .map_err(|e| ArgsError::new(format!("layer {n}: {e}")))?;
     let cost = checked_cost(mode, builtin.layout, &limit, cost)
         .map_err(|e| ArgsError::new(format!("layer {n}: {e}")))?;

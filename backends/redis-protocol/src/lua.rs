@@ -11,7 +11,8 @@ use crate::{
 /// Lua `local` definitions of the shared constants: `EARLIEST` and
 /// `LATEST` (the [`STORED_TIMES`] bounds, the end excluded),
 /// `TTL_MARGIN_MS`, `PUSH_CHUNK`, and the strides of calls and replies
-/// (`LAYER_ARGS`, `REFUND_LAYER_ARGS`, `REPLY_FIELDS`, `RESERVE_FIELDS`).
+/// (`LAYER_ARGS`, `REFUND_LAYER_ARGS`, `REPLY_FIELDS`, `RESERVE_FIELDS`),
+/// and `KEEPS_UNITS`, the flag added to an algorithm's code.
 /// The Redis store puts them before its Lua files.
 ///
 /// ```
@@ -29,6 +30,7 @@ pub fn lua_constants() -> String {
         ("REFUND_LAYER_ARGS", REFUND_LAYER_ARGS as u64),
         ("REPLY_FIELDS", REPLY_FIELDS as u64),
         ("RESERVE_FIELDS", RESERVE_FIELDS as u64),
+        ("KEEPS_UNITS", u64::from(tollgate_limiter::KEEPS_UNITS)),
         (
             "ENDED_RETRY_US",
             tollgate_limiter::duration_micros(tollgate_limiter::CALENDAR_ENDED_RETRY),

@@ -5,9 +5,10 @@
 //! without the module read each other's states.
 //!
 //! - Counter algorithms keep a string of decimal cells separated by one
-//!   space: token bucket `full_at` or `full_at remainder` (the remainder
-//!   left out when 0), GCRA `tat`, fixed window `count last`, sliding
-//!   window `current previous last`.
+//!   space, trailing cells after the time cell left out when 0: token
+//!   bucket `full_at remainder rate`, GCRA `tat interval` (the rate and
+//!   the interval only under a plan: `Limit::keeping_units`), fixed
+//!   window `count last`, sliding window `current previous last`.
 //! - The sliding log keeps a list of decimal timestamps, oldest first.
 //! - A block is the string `b<µs>` (or a list of that one item for the log).
 //!
@@ -232,13 +233,13 @@ mod tests {
         for (code, v) in [
             (of("gcra"), "hello".to_string()),
             (of("gcra"), "12".to_string()),
-            (of("gcra"), format!("{t} 1")),
+            (of("gcra"), format!("{t} 1 2")),
             (of("gcra"), format!("+{t}")),
             (of("gcra"), format!("{t} ")),
             (of("fixed_window"), format!("1  {t}")),
             (of("fixed_window"), "12 34".to_string()),
             (of("sliding_window"), format!("1 2 {t} 4")),
-            (of("token_bucket"), format!("{t} 1 2")),
+            (of("token_bucket"), format!("{t} 1 2 3")),
             (of("gcra"), "99999999999999999999999".to_string()),
             (of("gcra"), "b12".to_string()),
             (of("gcra"), String::new()),

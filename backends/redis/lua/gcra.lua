@@ -7,17 +7,33 @@
 -- `gcra`) and finds them by the algorithm's code (src/script.rs
 -- generates its tables from the Rust list of built-ins).
 --
---   gcra(burst, interval_us, _, tat, _, _, now, cost)
+--   gcra(burst, interval_us, _, tat, rate, _, now, cost, keep)
 --
--- Layer ARGV: algorithm 2, cost, burst, interval_us, 0.
--- State: one cell, the TAT in µs, stored as one integer (Redis keeps an
---   integer value inside the key's object: the smallest state); nil: none.
---   No other time is kept: every write leaves the TAT after its own time,
---   so a clock that steps back never refills twice (see the Rust reference).
+-- Layer ARGV: algorithm 2 (+ KEEPS_UNITS: `keep`), cost, burst,
+--   interval_us, 0.
+-- State: the TAT in µs, stored as one integer (Redis keeps an integer
+--   value inside the key's object: the smallest state), and when the layer
+--   keeps units across a change of plan (`keep`) the interval it was
+--   written at ("tat interval"); nil: none. No other time is kept: every
+--   write leaves the TAT after its own time, so a clock that steps back
+--   never refills twice (see the Rust reference).
 -- Returns: allowed (boolean), limit, remaining, reset_after µs,
 --   retry_after µs (-1 when admitted), and when admitted the TTL in
 --   milliseconds and the next cells (a, b, c). No table is built.
-local function gcra(burst, interval, _, tat, _, _, now, cost)
+
+-- A TAT written at the interval `rate`, read by a layer that keeps units
+-- at another one (Rust: rebased_tat): the whole units it stands for (a
+-- partly recovered one counted as used; at most the burst), at the new
+-- interval.
+local function rebased_tat(burst, interval, tat, rate, now, keep)
+  if not keep or not tat or rate == 0 or rate == interval or tat <= now then
+    return tat
+  end
+  return now + min(cdiv(tat - now, rate), burst) * interval
+end
+
+local function gcra(burst, interval, _, tat, rate, _, now, cost, keep)
+  tat = rebased_tat(burst, interval, tat, rate, now, keep)
   local tolerance = burst * interval
   local t = now
   local base = t
@@ -30,7 +46,7 @@ local function gcra(burst, interval, _, tat, _, _, now, cost)
   local ahead = new_tat - t
   if ahead <= tolerance then
     return true, burst, fdiv(tolerance - ahead, interval), ahead, -1,
-      cdiv(ahead, 1000), new_tat, 0, 0
+      cdiv(ahead, 1000), new_tat, keep and interval or 0, 0
   end
   -- Admitted once the effective time reaches new_tat - tolerance (base does
   -- not move before then). The max() guards states written under other
@@ -45,10 +61,11 @@ end
 -- still ahead of now goes back, and the TAT never goes below now. A state
 -- recreated since (the charged one expired) owes nothing without a check:
 -- a GCRA state expires only after its TAT, so `tat_after` is not ahead.
-local function refund_gcra(burst, interval, _, tat, _, _, now, cost, at, tat_after)
+local function refund_gcra(burst, interval, _, tat, rate, _, now, cost, at, tat_after, keep)
   if not tat then
     return 0
   end
+  tat = rebased_tat(burst, interval, tat, rate, now, keep)
   local t = now
   local give = min(cost * interval, tat_after - t)
   if give <= 0 then
@@ -58,12 +75,12 @@ local function refund_gcra(burst, interval, _, tat, _, _, now, cost, at, tat_aft
   if lowered >= tat then
     return 0
   end
-  return tat - lowered, lowered, 0, 0
+  return tat - lowered, lowered, keep and interval or 0, 0
 end
 
 -- A reward: the refund of a charge that never ages.
-local function reward_gcra(burst, interval, p3, a, b, c, now, units)
-  return refund_gcra(burst, interval, p3, a, b, c, now, units, 0, FAR)
+local function reward_gcra(burst, interval, p3, a, b, c, now, units, keep)
+  return refund_gcra(burst, interval, p3, a, b, c, now, units, 0, FAR, keep)
 end
 
 -- The charge an admitted state marks: the TAT it wrote.

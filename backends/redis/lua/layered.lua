@@ -56,8 +56,8 @@
 -- string.format per state).
 local PATTERNS = { '^(%d+)$', '^(%d+) (%d+)$', '^(%d+) (%d+) (%d+)$' }
 local FORMATS = { '%d', '%d %d', '%d %d %d' }
--- The token bucket leaves its second cell (the remainder) out when it is
--- 0: one integer, which Redis keeps inside the key's object.
+-- A token bucket or GCRA outside a plan is one integer (the other cells
+-- 0), which Redis keeps inside the key's object.
 
 -- The time cell (µs since the Unix epoch), which a state Tollgate wrote
 -- always has within EARLIEST..LATEST (generated before this file from
@@ -89,6 +89,17 @@ local READ_WHOLE = 64
 -- library these tables are made once and reused by every call (Redis runs
 -- one call at a time); as a script they are made once per call.
 local codes, ttls, cell_a, cell_b, cell_c = {}, {}, {}, {}, {}
+
+-- A layer's algorithm code (its first argument) and whether its state
+-- keeps units across a change of rate: the code plus KEEPS_UNITS (Rust:
+-- Limit::keeping_units; each algorithm's file says what it records).
+local function layer_code(raw)
+  local code = tonumber(raw)
+  if code and code >= KEEPS_UNITS then
+    return code - KEEPS_UNITS, true
+  end
+  return code, false
+end
 
 local function server_time()
   local t = redis.call('TIME')
@@ -240,17 +251,18 @@ end
 local function charge_args(ARGV, i)
   local base = 2 + REFUND_LAYER_ARGS * (i - 1)
   local n = {}
-  for j = 1, REFUND_LAYER_ARGS do
+  for j = 2, REFUND_LAYER_ARGS do
     n[j] = tonumber(ARGV[base + j])
   end
-  return n[1], n[2], n[3], n[4], n[5], n[6], n[7]
+  local code, keep = layer_code(ARGV[base + 1])
+  return code, n[2], n[3], n[4], n[5], n[6], n[7], keep
 end
 
 local function refund(KEYS, ARGV, now)
   local reply = {}
   for i = 1, #KEYS do
     local key = KEYS[i]
-    local code, cost, p1, p2, p3, at, mark = charge_args(ARGV, i)
+    local code, cost, p1, p2, p3, at, mark, keep = charge_args(ARGV, i)
     reply[i] = 0
     local target = refund_target(key, code)
     if LOGS[code] then
@@ -271,7 +283,7 @@ local function refund(KEYS, ARGV, now)
         -- a TTL).
         local ttl = redis.call('PTTL', key)
         if a and a ~= BLOCKED and ttl > 0 then
-          local given, na, nb, nc = run(p1, p2, p3, a, b, c, now, cost, at, mark)
+          local given, na, nb, nc = run(p1, p2, p3, a, b, c, now, cost, at, mark, keep)
           if na then
             write_cells(key, code, ttl, na, nb, nc)
             reply[i] = given
@@ -323,12 +335,13 @@ local function renew(KEYS, ARGV, now)
   return reply
 end
 
--- Judge layer i (its key, algorithm code and cost; its three parameters
--- are ARGV[p], ARGV[p + 1], ARGV[p + 2]) at `now`: admitted (1/0), limit,
+-- Judge layer i (its key, algorithm code, whether it keeps units, and its
+-- cost; its three parameters are ARGV[p], ARGV[p + 1], ARGV[p + 2]) at
+-- `now`: admitted (1/0), limit,
 -- remaining, reset_after, retry_after, and when admitted the TTL and the
 -- next state (cells a, b, c; for the log, its write in a). On a bad
 -- argument or a foreign value: nil and the error reply.
-local function judge(i, key, code, cost, ARGV, p, now)
+local function judge(i, key, code, keep, cost, ARGV, p, now)
   local run = ALGORITHMS[code]
   if not run then
     return nil, redis.error_reply('TOLLGATE_ARGS unknown algorithm ' .. tostring(ARGV[p - 2]))
@@ -361,7 +374,7 @@ local function judge(i, key, code, cost, ARGV, p, now)
       a, b, c = nil, nil, nil
     end
     ok, limit, remaining, reset_after, retry_after, ttl, a, b, c =
-      run(p1, p2, p3, a, b, c, now, cost)
+      run(p1, p2, p3, a, b, c, now, cost, keep)
   end
   return ok and 1 or 0, limit, remaining, reset_after, retry_after, ttl, a, b, c
 end
@@ -413,7 +426,7 @@ end
 -- refund of a charge that never ages; the log drops its newest entries).
 -- Answers true when a log was trimmed (its TTL is set by the caller, once
 -- the trimmed log's reset_after is known).
-local function reward_layer(key, code, p1, p2, p3, now, units)
+local function reward_layer(key, code, keep, p1, p2, p3, now, units)
   if LOGS[code] then
     -- The newest `units` entries go (a list left empty is removed; a
     -- missing key stays missing; a live block was kept by the caller, and
@@ -429,7 +442,7 @@ local function reward_layer(key, code, p1, p2, p3, now, units)
   if not a or a == BLOCKED then
     return false
   end
-  local given, na, nb, nc = REWARDS[code](p1, p2, p3, a, b, c, now, units)
+  local given, na, nb, nc = REWARDS[code](p1, p2, p3, a, b, c, now, units, keep)
   if na and given > 0 then
     write_adjusted(key, code, p1, p2, p3, now, 0, na, nb, nc)
   end
@@ -439,8 +452,8 @@ end
 -- Charge what layer i has left, up to `units`, as an admitted decision
 -- (saturating at empty). Answers the charge's TTL (ms) when a log was
 -- written (its TTL is set by the caller, as for a reward).
-local function penalize_layer(i, key, code, ARGV, p, now, units)
-  local ok, _, remaining = judge(i, key, code, 1, ARGV, p, now)
+local function penalize_layer(i, key, code, keep, ARGV, p, now, units)
+  local ok, _, remaining = judge(i, key, code, keep, 1, ARGV, p, now)
   local take = 0
   if ok == 1 then
     take = min(units, remaining + 1)
@@ -448,7 +461,7 @@ local function penalize_layer(i, key, code, ARGV, p, now, units)
   if take == 0 then
     return nil
   end
-  local taken, _, _, _, _, ttl, a, b, c = judge(i, key, code, take, ARGV, p, now)
+  local taken, _, _, _, _, ttl, a, b, c = judge(i, key, code, keep, take, ARGV, p, now)
   if taken ~= 1 then
     return nil
   end
@@ -474,7 +487,8 @@ local function adjust(KEYS, ARGV, now, mode)
   -- Every key judged first: a foreign one fails the call unchanged.
   for i = 1, layers do
     local base = 2 + LAYER_ARGS * (i - 1)
-    local ok, err = judge(i, KEYS[i], tonumber(ARGV[base + 1]), 1, ARGV, base + 3, now)
+    local code, keep = layer_code(ARGV[base + 1])
+    local ok, err = judge(i, KEYS[i], code, keep, 1, ARGV, base + 3, now)
     if not ok then
       return err
     end
@@ -483,7 +497,7 @@ local function adjust(KEYS, ARGV, now, mode)
   for i = 1, layers do
     local key = KEYS[i]
     local base = 2 + LAYER_ARGS * (i - 1)
-    local code = tonumber(ARGV[base + 1])
+    local code, keep = layer_code(ARGV[base + 1])
     local units = tonumber(ARGV[base + 2])
     local p = base + 3
     local blocked = live_block(key, code, now)
@@ -498,12 +512,12 @@ local function adjust(KEYS, ARGV, now, mode)
     elseif blocked then
       -- A block is kept through penalties and rewards.
     elseif mode == 'penalize' then
-      log_charged = penalize_layer(i, key, code, ARGV, p, now, units)
-    elseif reward_layer(key, code, tonumber(ARGV[p]), tonumber(ARGV[p + 1]),
+      log_charged = penalize_layer(i, key, code, keep, ARGV, p, now, units)
+    elseif reward_layer(key, code, keep, tonumber(ARGV[p]), tonumber(ARGV[p + 1]),
         tonumber(ARGV[p + 2]), now, units) then
       log_charged = 0
     end
-    local ok, limit, remaining, reset_after, retry_after = judge(i, key, code, 1, ARGV, p, now)
+    local ok, limit, remaining, reset_after, retry_after = judge(i, key, code, keep, 1, ARGV, p, now)
     if log_charged then
       -- (A list the reward emptied is gone: PEXPIRE does nothing.)
       redis.call('PEXPIRE', key, adjusted_ttl(reset_after, now, log_charged))
@@ -567,9 +581,9 @@ local function decide(KEYS, ARGV)
 
   if layers == 1 and mode == 'decide' then
     -- One layer (most decisions): no per-layer bookkeeping.
-    local code = tonumber(ARGV[3])
+    local code, keep = layer_code(ARGV[3])
     local ok, limit, remaining, reset_after, retry_after, ttl, a, b, c =
-      judge(1, KEYS[1], code, tonumber(ARGV[4]), ARGV, 5, now)
+      judge(1, KEYS[1], code, keep, tonumber(ARGV[4]), ARGV, 5, now)
     if not ok then
       return limit
     end
@@ -587,9 +601,9 @@ local function decide(KEYS, ARGV)
   local all_allowed = true
   for i = 1, layers do
     local base = 2 + LAYER_ARGS * (i - 1)
-    local code = tonumber(ARGV[base + 1])
+    local code, keep = layer_code(ARGV[base + 1])
     local ok, limit, remaining, reset_after, retry_after, ttl, a, b, c =
-      judge(i, KEYS[i], code, tonumber(ARGV[base + 2]), ARGV, base + 3, now)
+      judge(i, KEYS[i], code, keep, tonumber(ARGV[base + 2]), ARGV, base + 3, now)
     if not ok then
       return limit
     end

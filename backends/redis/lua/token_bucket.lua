@@ -7,19 +7,67 @@
 -- `token_bucket`) and finds them by the algorithm's code (src/script.rs
 -- generates its tables from the Rust list of built-ins).
 --
---   token_bucket(capacity, refill, period_us, full_at, remainder, _, now, cost)
+--   token_bucket(capacity, refill, period_us, full_at, remainder, rate, now, cost, keep)
 --
--- Layer ARGV: algorithm 1, cost, capacity, refill, period_us.
--- State: cells {full at µs, remainder}: tokens are scaled by period_us, so
---   refill scaled tokens accrue per µs; before `full_at` the bucket holds
---   full + remainder − (full_at − t) × refill, from it on it is full
---   (0 ≤ remainder < refill). Stored as one integer when the remainder is
---   0 (always, when refill divides period_us), else as "a b". nil: the key
---   holds no state (a new key starts full). No time besides is kept (see
---   the Rust reference on a clock that steps back).
+-- Layer ARGV: algorithm 1 (+ KEEPS_UNITS: `keep`), cost, capacity, refill,
+--   period_us.
+-- State: cells {full at µs, remainder, rate}: tokens are scaled by
+--   period_us, so refill scaled tokens accrue per µs; before `full_at` the
+--   bucket holds full + remainder − (full_at − t) × refill, from it on it
+--   is full (0 ≤ remainder < refill). When the layer keeps units across a
+--   change of plan (`keep`), `rate` records the rate it was written at
+--   (refill × 2^40 + period_us), else 0. Stored as one integer when the
+--   other cells are 0 (always, when refill divides period_us and the rate
+--   is not recorded), else as "a b" or "a b c". nil: the key holds no
+--   state (a new key starts full). No time besides is kept (see the Rust
+--   reference on a clock that steps back).
 -- Returns: allowed (boolean), limit, remaining, reset_after µs,
 --   retry_after µs (-1 when admitted), and when admitted the TTL in
 --   milliseconds and the next cells (a, b, c). No table is built.
+
+local RATE_PERIOD = 2 ^ 40
+
+-- What a layer that keeps units records: its rate (Rust: recorded_rate).
+local function token_bucket_rate(refill, period, keep)
+  if keep then
+    return refill * RATE_PERIOD + period
+  end
+  return 0
+end
+
+-- The units a bucket full again in `until_full` µs (with `remainder`) has
+-- used at the rate `rate` records, rounded up; by whole periods first, so
+-- every product stays below 2^53 (Rust: units_used).
+local function token_bucket_used(until_full, remainder, rate)
+  local refill = fdiv(rate, RATE_PERIOD)
+  local period = rate - refill * RATE_PERIOD
+  local whole = fdiv(until_full, period)
+  local part = (until_full - whole * period) * refill
+  if part >= remainder then
+    return whole * refill + cdiv(part - remainder, period)
+  end
+  return max(whole * refill - fdiv(remainder - part, period), 0)
+end
+
+-- The state as a layer reads it at `now` (Rust: rebased): one that keeps
+-- units reads a state written at another rate as the whole units it had
+-- used (at most the capacity), and one that records no rate without its
+-- remainder. nil: full.
+local function token_bucket_rebased(capacity, refill, period, full_at, remainder, rate, now, keep)
+  local own = token_bucket_rate(refill, period, keep)
+  if not keep or not full_at or rate == own then
+    return full_at, remainder, rate
+  end
+  if rate == 0 then
+    return full_at, 0, 0
+  end
+  if full_at <= now then
+    return nil, 0, 0
+  end
+  local deficit = min(token_bucket_used(full_at - now, remainder, rate), capacity) * period
+  local until_full = cdiv(deficit, refill)
+  return now + until_full, until_full * refill - deficit, own
+end
 
 -- The scaled level at `now` (Rust: level_at).
 local function token_bucket_level(full, refill, full_at, remainder, now)
@@ -36,7 +84,8 @@ local function token_bucket_level(full, refill, full_at, remainder, now)
   return full - min(deficit, full)
 end
 
-local function token_bucket(capacity, refill, period, full_at, remainder, _, now, cost)
+local function token_bucket(capacity, refill, period, full_at, remainder, rate, now, cost, keep)
+  full_at, remainder = token_bucket_rebased(capacity, refill, period, full_at, remainder, rate, now, keep)
   local full = capacity * period
   local level = token_bucket_level(full, refill, full_at, remainder, now)
   local need = cost * period
@@ -47,7 +96,8 @@ local function token_bucket(capacity, refill, period, full_at, remainder, _, now
     local deficit = full - left
     local until_full = cdiv(deficit, refill)
     return true, capacity, fdiv(left, period), until_full, -1,
-      cdiv(until_full, 1000), now + until_full, until_full * refill - deficit, 0
+      cdiv(until_full, 1000), now + until_full, until_full * refill - deficit,
+      token_bucket_rate(refill, period, keep)
   end
   return false, capacity, fdiv(level, period), cdiv(full - level, refill),
     cdiv(need - level, refill)
@@ -58,10 +108,12 @@ end
 -- scaled tokens later, to the mark it wrote (`mark_at`, with
 -- `mark_remainder`); only what is still ahead of now is owed, and the
 -- bucket never goes above full.
-local function refund_token_bucket(capacity, refill, period, full_at, remainder, _, now, cost, mark_remainder, mark_at)
+local function refund_token_bucket(capacity, refill, period, full_at, remainder, rate, now, cost, mark_remainder, mark_at, keep)
   if not full_at or mark_at <= now then
     return 0
   end
+  full_at, remainder = token_bucket_rebased(capacity, refill, period, full_at, remainder, rate, now, keep)
+  local own = token_bucket_rate(refill, period, keep)
   local full = capacity * period
   local owed = cost * period
   local ahead_us = mark_at - now
@@ -77,15 +129,15 @@ local function refund_token_bucket(capacity, refill, period, full_at, remainder,
   end
   local left = level + give
   if left == full then
-    return give, now, 0, 0
+    return give, now, 0, own
   end
   local until_full = cdiv(full - left, refill)
-  return give, now + until_full, until_full * refill - (full - left), 0
+  return give, now + until_full, until_full * refill - (full - left), own
 end
 
 -- A reward: the refund of a charge that never ages.
-local function reward_token_bucket(capacity, refill, period, a, b, c, now, units)
-  return refund_token_bucket(capacity, refill, period, a, b, c, now, units, 0, FAR)
+local function reward_token_bucket(capacity, refill, period, a, b, c, now, units, keep)
+  return refund_token_bucket(capacity, refill, period, a, b, c, now, units, 0, FAR, keep)
 end
 
 -- The charge an admitted state marks (refund's `at` and `mark`): the

@@ -30,8 +30,8 @@ use proptest::prelude::*;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use tollgate_limiter::{
-    duration_micros, Calendar, CalendarUnit, LayerRequest, Limit, Policy, Recurrence, State,
-    StoreKey, Timestamp, Verdict, MAX_EXACT, MAX_RECOVERY,
+    duration_micros, Calendar, CalendarUnit, LayerRequest, Layout, Limit, Policy, Recurrence,
+    State, StoreKey, Timestamp, Verdict, MAX_EXACT, MAX_RECOVERY,
 };
 use tollgate_redis::script::{layer_args, parse_reply};
 use tollgate_testkit::conformance::{unique, START};
@@ -67,6 +67,9 @@ enum Cost {
 struct Op {
     step: Step,
     cost: Cost,
+    /// A change of plan before the step (runs with plans: the plan this
+    /// modulo their number).
+    plan: Option<u8>,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -83,7 +86,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Cost::Full),
         3 => any::<u64>().prop_map(Cost::Any),
     ];
-    (step, cost).prop_map(|(step, cost)| Op { step, cost })
+    let plan = prop_oneof![49 => Just(None), 1 => any::<u8>().prop_map(Some)];
+    (step, cost, plan).prop_map(|(step, cost, plan)| Op { step, cost, plan })
 }
 
 fn ops(n: usize) -> impl Strategy<Value = Vec<Op>> {
@@ -302,6 +306,16 @@ impl Harness {
         }
     }
 
+    /// Decide with `limits` from now on (a change of plan): the same
+    /// policies, so the same keys.
+    fn set_limits(&mut self, limits: &[Limit]) {
+        self.policies = limits
+            .iter()
+            .enumerate()
+            .map(|(i, l)| Policy::new(format!("p{i}"), l.clone()).expect("valid"))
+            .collect();
+    }
+
     /// Run the script for `costs` at `now`; return its verdicts, what each
     /// key looks like afterwards, and the server's time before and after (µs).
     async fn step(&mut self, now: u64, costs: &[u64]) -> (Vec<Verdict>, Vec<Observed>, u64, u64) {
@@ -421,16 +435,27 @@ struct Model {
     states: Vec<Option<State>>,
 }
 
-/// Run `ops` through the script and the reference; panic at the first
-/// difference, naming the step.
-async fn differential(limits: Vec<Limit>, ops: &[Op], path: Path) {
+/// Run `ops` through the script and the reference under the first of
+/// `plans` (each a limit per layer, the same algorithms), changing plan
+/// where an op says so; panic at the first difference, naming the step.
+async fn differential(plans: Vec<Vec<Limit>>, ops: &[Op], path: Path) {
+    let mut limits = plans[0].clone();
     let mut harness = Harness::new(limits.clone(), path).await;
     let mut model = Model {
         states: vec![None; limits.len()],
     };
-    let scale = limits.iter().map(scale).max().expect("one layer at least");
+    let scale = plans
+        .iter()
+        .flatten()
+        .map(scale)
+        .max()
+        .expect("one layer at least");
     let mut now = START.as_micros();
     for (i, op) in ops.iter().enumerate() {
+        if let (Some(p), true) = (op.plan, plans.len() > 1) {
+            limits = plans[usize::from(p) % plans.len()].clone();
+            harness.set_limits(&limits);
+        }
         now = match op.step {
             Step::Same => now,
             Step::Micros(us) => now + us,
@@ -534,16 +559,23 @@ async fn differential(limits: Vec<Limit>, ops: &[Op], path: Path) {
 }
 
 /// A counter state as the script stores it: the cells the algorithm uses
-/// (GCRA one; the token bucket one, or two when its remainder is not 0;
-/// the fixed window two; the sliding window three), in decimal, separated
-/// by spaces.
-fn stored_text(limit: &Limit, [a, b, c]: [u64; 3]) -> String {
-    match limit {
-        Limit::Gcra(_) => format!("{a}"),
-        Limit::TokenBucket(_) if b == 0 => format!("{a}"),
-        Limit::TokenBucket(_) | Limit::FixedWindow(_) => format!("{a} {b}"),
-        _ => format!("{a} {b} {c}"),
+/// (GCRA two, the token bucket three, the fixed window two, the sliding
+/// window and the calendar three), in decimal, separated by spaces,
+/// trailing zeros after the time cell left out.
+fn stored_text(limit: &Limit, cells: [u64; 3]) -> String {
+    let Some(Layout::Cells {
+        cells: n,
+        time_cell,
+    }) = limit.layout()
+    else {
+        panic!("{limit:?} keeps no cells");
+    };
+    let mut used = n;
+    while used > time_cell + 1 && cells[used - 1] == 0 {
+        used -= 1;
     }
+    let text: Vec<String> = cells[..used].iter().map(u64::to_string).collect();
+    text.join(" ")
 }
 
 fn compare_state(
@@ -609,11 +641,15 @@ fn run(limits: Vec<Limit>, ops: &[Op]) {
 }
 
 fn run_on(limits: Vec<Limit>, ops: &[Op], path: Path) {
+    run_plans(vec![limits], ops, path);
+}
+
+fn run_plans(plans: Vec<Vec<Limit>>, ops: &[Op], path: Path) {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime")
-        .block_on(differential(limits, ops, path));
+        .block_on(differential(plans, ops, path));
 }
 
 /// Operations per sequence: 10,000, or `TOLLGATE_SOAK_OPS` (`cargo xtask
@@ -681,6 +717,68 @@ proptest! {
     #[test]
     fn calendar_span_matches_rust(limit in calendar_span(), ops in ops(steps())) {
         run(vec![limit], &ops);
+    }
+}
+
+/// Two to four plans of one bucket algorithm, each keeping units across a
+/// change of plan (as a plan's layers do).
+fn bucket_plans(bucket: impl Strategy<Value = Limit>) -> impl Strategy<Value = Vec<Vec<Limit>>> {
+    proptest::collection::vec(bucket.prop_map(|l| vec![l.keeping_units()]), 2..=4)
+}
+
+proptest! {
+    #![proptest_config(long_runs())]
+
+    /// Plan changes (2% of the steps) between token buckets or GCRAs of
+    /// other rates: the state read as the units it holds, bit for bit.
+    #[test]
+    fn token_bucket_plans_match_rust(plans in bucket_plans(token_bucket()), ops in ops(steps())) {
+        run_plans(plans, &ops, Path::Functions);
+    }
+
+    #[test]
+    fn gcra_plans_match_rust(plans in bucket_plans(gcra()), ops in ops(steps())) {
+        run_plans(plans, &ops, Path::Functions);
+    }
+}
+
+proptest! {
+    #![proptest_config(module_runs())]
+
+    #[test]
+    fn module_token_bucket_plans_match_rust(plans in bucket_plans(token_bucket()), ops in ops(steps())) {
+        run_plans(plans, &ops, Path::Module);
+    }
+
+    #[test]
+    fn module_gcra_plans_match_rust(plans in bucket_plans(gcra()), ops in ops(steps())) {
+        run_plans(plans, &ops, Path::Module);
+    }
+}
+
+/// The units a token bucket's state holds at another rate when the time
+/// until full is a whole number of the old periods and the remainder is
+/// not 0 (the one case where the remainder takes a unit off, which random
+/// runs rarely reach): every path reads it as the reference does.
+#[test]
+fn a_whole_period_less_the_remainder_reads_alike() {
+    let bucket = |refill, period| {
+        Limit::token_bucket(10, refill, period)
+            .expect("valid")
+            .keeping_units()
+    };
+    let plans = vec![
+        vec![bucket(3, Duration::from_millis(10))],
+        vec![bucket(1, Duration::from_secs(1))],
+    ];
+    let ops = [
+        (Step::Same, Cost::Any(3), None),
+        (Step::Micros(3_334), Cost::One, Some(1)),
+        (Step::Same, Cost::Full, None),
+    ]
+    .map(|(step, cost, plan)| Op { step, cost, plan });
+    for path in [Path::Functions, Path::Script, Path::Module] {
+        run_plans(plans.clone(), &ops, path);
     }
 }
 

@@ -72,7 +72,27 @@ pub(crate) trait Parameters: Sized {
     fn args(&self, now: u64) -> [u64; 3];
     /// These parameters back from [`args`](Self::args).
     fn from_args(args: [u64; 3]) -> Result<Self, PolicyError>;
+    /// These parameters back from [`args`](Self::args) of a limit that
+    /// [`keeps_units`](Self::keeps_units).
+    fn from_kept_args(args: [u64; 3]) -> Result<Self, PolicyError> {
+        Self::from_args(args).map(Self::keeping_units)
+    }
+    /// Whether the state records the rate it was written at (see
+    /// [`Limit::keeping_units`](crate::Limit::keeping_units)).
+    fn keeps_units(&self) -> bool {
+        false
+    }
+    /// These parameters with a state that keeps its units across a change
+    /// of rate. A window counts units already: it is unchanged.
+    fn keeping_units(self) -> Self {
+        self
+    }
 }
+
+/// Added to an algorithm's code in a layer's arguments when the layer's
+/// state records the rate it was written at
+/// ([`Limit::keeping_units`](crate::Limit::keeping_units)).
+pub const KEEPS_UNITS: u8 = 0x80;
 
 /// How a store keeps a built-in algorithm's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +117,7 @@ pub enum Layout {
 /// ```
 /// use tollgate_limiter::{Builtin, Layout};
 /// let gcra = Builtin::named("gcra").unwrap();
-/// assert_eq!(gcra.layout, Layout::Cells { cells: 1, time_cell: 0 });
+/// assert_eq!(gcra.layout, Layout::Cells { cells: 2, time_cell: 0 });
 /// assert_eq!(Builtin::by_code(gcra.code.into()).unwrap().name, "gcra");
 /// assert_eq!(Builtin::all().len(), 7);
 /// ```

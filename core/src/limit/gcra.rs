@@ -25,6 +25,8 @@ impl Limit {
 pub struct Gcra {
     burst: u64,
     interval_us: u64,
+    /// The state records the interval (see [`Limit::keeping_units`]).
+    keeps_units: bool,
 }
 
 impl Gcra {
@@ -41,7 +43,11 @@ impl Gcra {
         }
         let interval_us = period_us.div_ceil(rate);
         check_recovery(burst.saturating_mul(interval_us))?;
-        Ok(Gcra { burst, interval_us })
+        Ok(Gcra {
+            burst,
+            interval_us,
+            keeps_units: false,
+        })
     }
     /// The parameters from their emission interval directly, as stores
     /// carry them ([`interval_us`](Self::interval_us)): what
@@ -66,7 +72,11 @@ impl Gcra {
             ));
         }
         check_recovery(burst.saturating_mul(interval_us))?;
-        Ok(Gcra { burst, interval_us })
+        Ok(Gcra {
+            burst,
+            interval_us,
+            keeps_units: false,
+        })
     }
     /// Requests admitted at once from a full state.
     pub fn burst(&self) -> u64 {
@@ -75,6 +85,19 @@ impl Gcra {
     /// Microseconds between two requests at the sustained rate.
     pub fn interval_us(&self) -> u64 {
         self.interval_us
+    }
+    /// Whether the state records the interval it was written at, so that
+    /// a change of plan keeps the units used ([`Limit::keeping_units`]).
+    pub fn keeps_units(&self) -> bool {
+        self.keeps_units
+    }
+    /// What a state that keeps units records: the interval, or 0.
+    pub fn recorded_rate(&self) -> u64 {
+        if self.keeps_units {
+            self.interval_us
+        } else {
+            0
+        }
     }
 }
 
@@ -92,9 +115,10 @@ pub struct GcraSpec {
 
 impl Parameters for Gcra {
     const KEY_CODE: &'static str = "gcra";
-    // [the theoretical arrival time (µs)]
+    // [the theoretical arrival time (µs), the interval it was written at
+    // (0: not recorded)]
     const LAYOUT: Layout = Layout::Cells {
-        cells: 1,
+        cells: 2,
         time_cell: 0,
     };
     const FIELDS: &'static [(&'static str, FieldKind)] = &[
@@ -125,12 +149,25 @@ impl Parameters for Gcra {
             .ok_or_else(|| too_many(instances))?;
         let burst = share(self.burst, instances);
         check_recovery(burst.saturating_mul(interval_us))?;
-        Ok(Gcra { burst, interval_us })
+        Ok(Gcra {
+            burst,
+            interval_us,
+            keeps_units: false,
+        })
     }
     fn args(&self, _now: u64) -> [u64; 3] {
         [self.burst, self.interval_us, 0]
     }
     fn from_args([burst, interval_us, _]: [u64; 3]) -> Result<Self, PolicyError> {
         Self::from_interval(burst, Duration::from_micros(interval_us))
+    }
+    fn keeps_units(&self) -> bool {
+        self.keeps_units
+    }
+    fn keeping_units(self) -> Self {
+        Gcra {
+            keeps_units: true,
+            ..self
+        }
     }
 }

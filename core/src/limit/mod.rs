@@ -37,7 +37,7 @@ mod recurrence;
 mod window;
 
 pub(crate) use builtins::Parameters;
-pub use builtins::{Builtin, Layout};
+pub use builtins::{Builtin, Layout, KEEPS_UNITS};
 pub use calendar::{Schedule, CALENDAR_ENDED_RETRY, MAX_CALENDAR_SPAN_US};
 pub use concurrency::{MAX_LEASE, MIN_LEASE};
 #[cfg(feature = "calendar")]
@@ -202,8 +202,44 @@ macro_rules! define_limit {
             #[inline]
             pub fn args(&self, now: crate::Timestamp) -> Option<(u8, [u64; 3])> {
                 match self {
-                    $( Limit::$variant(p) => Some(($code, p.args(now.as_micros()))), )*
+                    $( Limit::$variant(p) => {
+                        let flag = if p.keeps_units() { KEEPS_UNITS } else { 0 };
+                        Some(($code | flag, p.args(now.as_micros())))
+                    } )*
                     Limit::Custom(_) => None,
+                }
+            }
+
+            /// This limit as a plan's layer uses it: its state keeps the
+            /// units used when the plan, and with it the rate, changes. A
+            /// token bucket or GCRA then records its rate in its state, and
+            /// a state written at another rate is read as the units it
+            /// holds (whole units, a partly refilled one counted as used;
+            /// at most the new capacity). A window counts units already and
+            /// is unchanged. A token bucket whose refill per period, in
+            /// lowest terms, is 8,192 or more cannot record its rate and
+            /// is unchanged too.
+            ///
+            /// ```
+            /// # use std::time::Duration;
+            /// # use tollgate_limiter::Limit;
+            /// let hourly = Limit::gcra(10, Duration::from_secs(3600), 10)?;
+            /// assert!(!hourly.keeps_units() && hourly.keeping_units().keeps_units());
+            /// # Ok::<(), tollgate_limiter::PolicyError>(())
+            /// ```
+            pub fn keeping_units(&self) -> Limit {
+                match self {
+                    $( Limit::$variant(p) => Limit::$variant(p.clone().keeping_units()), )*
+                    Limit::Custom(c) => Limit::Custom(c.clone()),
+                }
+            }
+
+            /// Whether this limit's state records its rate
+            /// ([`keeping_units`](Self::keeping_units)).
+            pub fn keeps_units(&self) -> bool {
+                match self {
+                    $( Limit::$variant(p) => p.keeps_units(), )*
+                    Limit::Custom(_) => false,
                 }
             }
 
@@ -211,7 +247,9 @@ macro_rules! define_limit {
             /// validated (an error names the parameter, or `algorithm` when
             /// no built-in algorithm has `code`).
             pub fn from_args(code: u64, args: [u64; 3]) -> Result<Limit, PolicyError> {
-                match code {
+                let keeps = code & u64::from(KEEPS_UNITS) != 0;
+                match code & !u64::from(KEEPS_UNITS) {
+                    $( $code if keeps => <$variant as Parameters>::from_kept_args(args).map(Limit::$variant), )*
                     $( $code => <$variant as Parameters>::from_args(args).map(Limit::$variant), )*
                     _ => Err(PolicyError::new(
                         "algorithm",

@@ -8,9 +8,11 @@ use serde::Deserialize;
 use super::builtins::{Layout, Parameters};
 use super::{
     check_count, check_recovery, check_window, share, slower, Limit, MAX_COUNT, MAX_EXACT,
+    MAX_WINDOW,
 };
 use crate::error::PolicyError;
 use crate::spec::{DurationSpec, FieldKind};
+use crate::time::duration_micros;
 
 impl Limit {
     /// Token bucket: holds `capacity`, refills `refill` tokens every `period`
@@ -27,14 +29,37 @@ pub struct TokenBucket {
     capacity: u64,
     refill: u64,
     period_us: u64,
+    /// The state records the rate (see [`Limit::keeping_units`]).
+    keeps_units: bool,
 }
+
+/// The largest refill, in lowest terms with its period, whose rate a token
+/// bucket's state can record ([`TokenBucket::recorded_rate`]): the record
+/// is `refill × 2^40 + period_us`, below 2^53 as the Lua code needs.
+pub const MAX_RECORDED_REFILL: u64 = (1 << 13) - 1;
+
+/// The bit above a recorded rate's period.
+const RECORDED_PERIOD_BITS: u32 = 40;
 
 impl TokenBucket {
     /// Validated token bucket parameters; see [`Limit::token_bucket`].
     pub fn new(capacity: u64, refill: u64, period: Duration) -> Result<Self, PolicyError> {
+        Self::checked(capacity, refill, check_window("period", period)?)
+    }
+    /// Validated parameters, the period any length up to
+    /// [`MAX_WINDOW`](crate::MAX_WINDOW): a rate in lowest terms
+    /// ([`Limit::keeping_units`]) or shared by processes may have a period
+    /// shorter than a policy may state.
+    fn checked(capacity: u64, refill: u64, period_us: u64) -> Result<Self, PolicyError> {
         check_count("capacity", capacity, MAX_COUNT)?;
         check_count("refill", refill, MAX_COUNT)?;
-        let period_us = check_window("period", period)?;
+        let period = Duration::from_micros(period_us);
+        if period_us == 0 || period > MAX_WINDOW {
+            return Err(PolicyError::new(
+                "period",
+                format!("{period:?} must be between 1µs and {MAX_WINDOW:?} (7 days)"),
+            ));
+        }
         if capacity.saturating_mul(period_us) > MAX_EXACT {
             return Err(PolicyError::new(
                 "capacity",
@@ -46,6 +71,7 @@ impl TokenBucket {
             capacity,
             refill,
             period_us,
+            keeps_units: false,
         })
     }
     /// Tokens the bucket holds when full.
@@ -59,6 +85,36 @@ impl TokenBucket {
     /// The refill period in microseconds.
     pub fn period_us(&self) -> u64 {
         self.period_us
+    }
+    /// Whether the state records the rate it was written at, so that a
+    /// change of plan keeps the units used ([`Limit::keeping_units`]).
+    pub fn keeps_units(&self) -> bool {
+        self.keeps_units
+    }
+    /// What a state that keeps units records: `refill × 2^40 + period_us`
+    /// (in lowest terms once it keeps units), or 0.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tollgate_limiter::{Limit, TokenBucket};
+    /// let Limit::TokenBucket(b) = Limit::token_bucket(10, 10, Duration::from_secs(3600))?.keeping_units() else { unreachable!() };
+    /// assert_eq!((b.refill(), b.period_us()), (1, 360_000_000));
+    /// assert_eq!(TokenBucket::rate_of_record(b.recorded_rate()), (1, 360_000_000));
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
+    /// ```
+    pub fn recorded_rate(&self) -> u64 {
+        if self.keeps_units {
+            (self.refill << RECORDED_PERIOD_BITS) | self.period_us
+        } else {
+            0
+        }
+    }
+    /// The refill and period a [`recorded_rate`](Self::recorded_rate) holds.
+    pub fn rate_of_record(record: u64) -> (u64, u64) {
+        (
+            record >> RECORDED_PERIOD_BITS,
+            record & ((1 << RECORDED_PERIOD_BITS) - 1),
+        )
     }
 }
 
@@ -77,9 +133,10 @@ pub struct TokenBucketSpec {
 
 impl Parameters for TokenBucket {
     const KEY_CODE: &'static str = "tb";
-    // [when full again (µs), the remainder rounding up added]
+    // [when full again (µs), the remainder rounding up added, the rate it
+    // was written at (0: not recorded)]
     const LAYOUT: Layout = Layout::Cells {
-        cells: 2,
+        cells: 3,
         time_cell: 0,
     };
     const FIELDS: &'static [(&'static str, FieldKind)] = &[
@@ -105,10 +162,10 @@ impl Parameters for TokenBucket {
     }
     /// The rate divides exactly by stretching the period.
     fn shared(&self, instances: u64) -> Result<Self, PolicyError> {
-        Self::new(
+        Self::checked(
             share(self.capacity, instances),
             self.refill,
-            slower(self.period_us, instances)?,
+            duration_micros(slower(self.period_us, instances)?),
         )
     }
     fn args(&self, _now: u64) -> [u64; 3] {
@@ -116,5 +173,45 @@ impl Parameters for TokenBucket {
     }
     fn from_args([capacity, refill, period_us]: [u64; 3]) -> Result<Self, PolicyError> {
         Self::new(capacity, refill, Duration::from_micros(period_us))
+    }
+    /// Arguments [`args`](Self::args) gave for a bucket that keeps units:
+    /// its rate in lowest terms already, recorded as it is.
+    fn from_kept_args([capacity, refill, period_us]: [u64; 3]) -> Result<Self, PolicyError> {
+        if refill > MAX_RECORDED_REFILL {
+            return Err(PolicyError::new(
+                "refill",
+                format!("{refill} is more than a recorded rate holds ({MAX_RECORDED_REFILL})"),
+            ));
+        }
+        Ok(TokenBucket {
+            keeps_units: true,
+            ..Self::checked(capacity, refill, period_us)?
+        })
+    }
+    fn keeps_units(&self) -> bool {
+        self.keeps_units
+    }
+    /// The same rate in lowest terms (the bucket decides exactly the same),
+    /// so that the record fits; unchanged when it cannot.
+    fn keeping_units(self) -> Self {
+        let g = gcd(self.refill, self.period_us);
+        let (refill, period_us) = (self.refill / g, self.period_us / g);
+        if refill > MAX_RECORDED_REFILL {
+            return self;
+        }
+        TokenBucket {
+            refill,
+            period_us,
+            keeps_units: true,
+            ..self
+        }
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }

@@ -893,6 +893,103 @@ pub async fn plans_keep_what_was_used(factory: impl StoreFactory) {
     }
 }
 
+/// A token bucket or GCRA under a plan keeps the units used, not the time
+/// they stand for: 10 used of a 10-an-hour bucket, upgraded to 20 an
+/// hour, admits 10 more at once; a unit partly refilled counts as used;
+/// downgraded below what was used, a bucket denies until what was used (at
+/// the rate it was used at) is below the new capacity; and
+/// [`Limiter::usage`] reads the units under any plan.
+pub async fn bucket_plans_keep_the_units_used(factory: impl StoreFactory) {
+    use tollgate_limiter::{Plan, PlanName, Plans};
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    let hour = Duration::from_secs(3600);
+    let minute = Duration::from_secs(60);
+    type Bucket = fn(u64, Duration) -> Limit;
+    let buckets: [(Bucket, Duration); 3] = [
+        (|n, per| Limit::gcra(n, per, n).expect("valid"), hour),
+        (
+            |n, per| Limit::token_bucket(n, n, per).expect("valid"),
+            hour,
+        ),
+        // 7 a minute: a remainder in every state.
+        (
+            |n, per| Limit::token_bucket(n * 7 / 10, n * 7 / 10, per).expect("valid"),
+            minute,
+        ),
+    ];
+    for (bucket, per) in buckets {
+        let name = unique("bucket-plans");
+        let plan =
+            |plan: &str, n: u64| Plan::new(plan).expect("valid").limit(&name, bucket(n, per));
+        let plans = Plans::new(plan("free", 10))
+            .plan(plan("pro", 20))
+            .plan(plan("small", 5));
+        let limiter = Limiter::builder(store.clone())
+            .layer(
+                "l",
+                Scope::Subject,
+                Policy::new(&name, bucket(10, per)).expect("valid"),
+            )
+            .plans(plans)
+            .build()
+            .expect("valid");
+        let free = fresh_subject();
+        let on =
+            |ctx: &Context, plan: &str| ctx.clone().with_plan(PlanName::new(plan).expect("valid"));
+        let full = bucket(10, per).capacity();
+        assert_eq!(admitted(&limiter, &free, 30, 1).await, full as usize);
+        let usage = limiter
+            .usage(&on(&free, "pro"))
+            .await
+            .expect("store answers")
+            .layers[0];
+        assert_eq!(
+            (usage.used, usage.remaining),
+            (full, 2 * full - full),
+            "{usage:?}"
+        );
+        assert_eq!(
+            admitted(&limiter, &on(&free, "pro"), 30, 1).await,
+            full as usize,
+            "upgraded: as many more at once"
+        );
+
+        // Half an hour and a bit on the free plan: half its units back,
+        // and the unit partly refilled counts as used.
+        let other = fresh_subject();
+        assert_eq!(admitted(&limiter, &other, 30, 1).await, full as usize);
+        let interval = per / u32::try_from(full).expect("small");
+        clock.advance(interval * u32::try_from(full / 2).expect("small") + Duration::from_secs(1));
+        let used = full - full / 2;
+        assert_eq!(
+            admitted(&limiter, &on(&other, "pro"), 30, 1).await,
+            (2 * full - used) as usize,
+            "upgraded after a partial refill"
+        );
+
+        // Downgraded below what was used: denied until what was used, at
+        // the rate it was used at, is below the new capacity.
+        let third = fresh_subject();
+        let used = full - 2;
+        assert_eq!(
+            admitted(&limiter, &third, used as usize, 1).await,
+            used as usize
+        );
+        let small = on(&third, "small");
+        assert_eq!(admitted(&limiter, &small, 3, 1).await, 0, "downgraded");
+        let below = bucket(5, per).capacity() - 1;
+        clock.advance(
+            interval * u32::try_from(used - below).expect("small") + Duration::from_millis(1),
+        );
+        assert_eq!(
+            admitted(&limiter, &small, 3, 1).await,
+            1,
+            "one unit under the new capacity"
+        );
+    }
+}
+
 /// A layer whose policy is in shadow mode is decided and counted exactly as
 /// if enforced (its state evolves the same), but its denial never denies
 /// the request; the enforced layers are charged as if it had admitted. A
@@ -1319,6 +1416,7 @@ macro_rules! conformance_tests {
             state_resets_after_reset_after,
             algorithm_swaps_start_from_no_state,
             plans_keep_what_was_used,
+            bucket_plans_keep_the_units_used,
             long_fixed_windows_are_quotas,
             calendar_quotas_follow_the_calendar,
             concurrency_limits_hold_places,
