@@ -31,7 +31,8 @@
 //! interleaved rounds; and `MEMORY USAGE` per key.
 //!
 //! Run: `cargo bench -p tollgate-redis --bench redis`
-//! (only the reports, without criterion: `REPORTS_ONLY=1 cargo bench -p tollgate-redis --bench redis`)
+//! (only the reports, without criterion: `REPORTS_ONLY=1 cargo bench -p tollgate-redis --bench redis`;
+//! `TARGETS=limiter/module,classic-script` keeps those targets only)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -280,6 +281,14 @@ fn setup() -> Setup {
             ("classic-script", Target::Classic(con, Arc::new(keys), sha)),
         ]
     });
+    // `TARGETS=limiter/module,classic`: only the targets named (to profile one).
+    let targets = match std::env::var("TARGETS") {
+        Ok(only) => targets
+            .into_iter()
+            .filter(|(name, _)| only.split(',').any(|o| o == *name))
+            .collect(),
+        Err(_) => targets,
+    };
     Setup {
         rt,
         _server: server,
@@ -320,41 +329,60 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// CPU time this process's threads have used so far (the client's: the
+/// server is a process of its own), summed from each thread's
+/// `/proc/self/task/<tid>/schedstat` (nanoseconds on a CPU).
+fn client_cpu() -> Duration {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("Linux's /proc");
+    let nanos: u64 = tasks
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            stat.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum();
+    Duration::from_nanos(nanos)
+}
+
 fn latency_report(setup: &Setup) {
     println!();
     println!(
         "end to end ({LATENCY_RUN} decisions per case, {KEYS} keys, all admitted; \
-         ratio: decisions/s over the classic script's at the same concurrency)"
+         ratio: decisions/s over the classic script's at the same concurrency; \
+         client µs: the bench process's CPU per decision, and its ratio to the classic's)"
     );
     println!(
-        "{:<24} {:>5} {:>12} {:>8} {:>8} {:>7}",
-        "target", "conc", "decisions/s", "p50 µs", "p99 µs", "ratio"
+        "{:<24} {:>5} {:>12} {:>8} {:>8} {:>7} {:>9} {:>7}",
+        "target", "conc", "decisions/s", "p50 µs", "p99 µs", "ratio", "client µs", "ratio"
     );
     for &concurrency in &CONCURRENCY {
         let mut rows = Vec::new();
         for (name, target) in &setup.targets {
+            let cpu = client_cpu();
             let (elapsed, mut latencies) =
                 setup
                     .rt
                     .block_on(run(target, concurrency, LATENCY_RUN as u64, true));
+            let cpu_us = (client_cpu() - cpu).as_secs_f64() * 1e6 / LATENCY_RUN as f64;
             latencies.sort_unstable();
             rows.push((
                 *name,
                 LATENCY_RUN as f64 / elapsed.as_secs_f64(),
                 percentile(&latencies, 0.50),
                 percentile(&latencies, 0.99),
+                cpu_us,
             ));
         }
         let classic = rows
             .iter()
             .find(|r| r.0 == "classic-script")
-            .map_or(1.0, |r| r.1);
-        for (name, rate, p50, p99) in rows {
+            .map_or((1.0, 1.0), |r| (r.1, r.4));
+        for (name, rate, p50, p99, cpu_us) in rows {
             println!(
-                "{name:<24} {concurrency:>5} {rate:>12.0} {:>8} {:>8} {:>7.2}",
+                "{name:<24} {concurrency:>5} {rate:>12.0} {:>8} {:>8} {:>7.2} {cpu_us:>9.2} {:>7.2}",
                 p50.as_micros(),
                 p99.as_micros(),
-                rate / classic
+                rate / classic.0,
+                cpu_us / classic.1
             );
         }
     }
