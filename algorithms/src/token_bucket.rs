@@ -142,7 +142,6 @@ fn refill_time(deficit: u64, refill: u64) -> (u64, u64) {
 /// longer ahead.
 pub fn token_bucket_refund(p: &TokenBucket, state: [u64; 3], now: u64, c: Charge) -> Refund {
     let (period, refill) = (p.period_us(), p.refill());
-    let state = rebased(p, state, now);
     let full = p.capacity() * period;
     let (mark_at, mark_remainder) = (c.mark, c.at);
     if mark_at <= now {
@@ -157,7 +156,7 @@ pub fn token_bucket_refund(p: &TokenBucket, state: [u64; 3], now: u64, c: Charge
     } else {
         (ahead_us * refill).saturating_sub(mark_remainder)
     };
-    let level = level_at(full, refill, state, now);
+    let level = level_at(full, refill, rebased(p, state, now), now);
     let give = owed_cap.min(ahead).min(full - level);
     if give == 0 {
         return Refund::NOTHING;

@@ -6,11 +6,10 @@ use serde::Deserialize;
 
 use super::builtins::{Layout, Parameters};
 use super::{
-    check_count, check_recovery, check_window, share, too_many, Limit, MAX_COUNT, MAX_WINDOW,
+    check_carried, check_count, check_recovery, check_window, share, too_many, Limit, MAX_COUNT,
 };
 use crate::error::PolicyError;
 use crate::spec::{DurationSpec, FieldKind};
-use crate::time::duration_micros;
 
 impl Limit {
     /// GCRA: `rate` per `period` on average, bursts of up to `burst`.
@@ -64,13 +63,7 @@ impl Gcra {
     /// ```
     pub fn from_interval(burst: u64, interval: Duration) -> Result<Self, PolicyError> {
         check_count("burst", burst, MAX_COUNT)?;
-        let interval_us = duration_micros(interval);
-        if interval_us == 0 || interval > MAX_WINDOW {
-            return Err(PolicyError::new(
-                "interval",
-                format!("{interval:?} must be between 1µs and {MAX_WINDOW:?} (7 days)"),
-            ));
-        }
+        let interval_us = check_carried("interval", interval)?;
         check_recovery(burst.saturating_mul(interval_us))?;
         Ok(Gcra {
             burst,

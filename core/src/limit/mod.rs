@@ -283,6 +283,21 @@ fn check_window(field: &'static str, value: Duration) -> Result<u64, PolicyError
     check_window_up_to(field, value, MAX_WINDOW)
 }
 
+/// `value` in µs, when between 1 µs and [`MAX_WINDOW`]: an interval or
+/// period as stores carry it, which may be shorter than a policy may
+/// state ([`MIN_WINDOW`]): a GCRA's interval, a token bucket's period in
+/// lowest terms or shared by processes.
+fn check_carried(field: &'static str, value: Duration) -> Result<u64, PolicyError> {
+    let micros = duration_micros(value);
+    if micros == 0 || value > MAX_WINDOW {
+        return Err(PolicyError::new(
+            field,
+            format!("{value:?} must be between 1µs and {MAX_WINDOW:?} (7 days)"),
+        ));
+    }
+    Ok(micros)
+}
+
 /// `value` in µs, when between [`MIN_WINDOW`] and `max` (a whole number of
 /// days).
 fn check_window_up_to(

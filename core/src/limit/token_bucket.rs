@@ -7,8 +7,8 @@ use serde::Deserialize;
 
 use super::builtins::{Layout, Parameters};
 use super::{
-    check_count, check_recovery, check_window, share, slower, Limit, MAX_COUNT, MAX_EXACT,
-    MAX_WINDOW,
+    check_carried, check_count, check_recovery, check_window, share, slower, Limit, MAX_COUNT,
+    MAX_EXACT,
 };
 use crate::error::PolicyError;
 use crate::spec::{DurationSpec, FieldKind};
@@ -54,12 +54,7 @@ impl TokenBucket {
         check_count("capacity", capacity, MAX_COUNT)?;
         check_count("refill", refill, MAX_COUNT)?;
         let period = Duration::from_micros(period_us);
-        if period_us == 0 || period > MAX_WINDOW {
-            return Err(PolicyError::new(
-                "period",
-                format!("{period:?} must be between 1µs and {MAX_WINDOW:?} (7 days)"),
-            ));
-        }
+        check_carried("period", period)?;
         if capacity.saturating_mul(period_us) > MAX_EXACT {
             return Err(PolicyError::new(
                 "capacity",
