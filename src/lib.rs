@@ -50,6 +50,7 @@
 //! | `plan-source` | plans from your own async source ([`PlanSource`]: a database, an account service), cached in-process with a deadline |
 //! | `calendar` | calendar quotas ([`Recurrence`]): a limit per day, week, month or year in an IANA time zone, or from a billing date (guide: `docs/plans.md`) |
 //! | `concurrency` | `Limiter::acquire` and `Permit`: concurrency limits, requests in flight each holding its place until its permit is dropped (tokio's runtime; guide: `docs/concurrency.md`) |
+//! | `lease` | leased layers ([`Lease`], `Policy::leased`): a hot key admitted from batches charged in the store, one store call per batch, never over-admitting (tokio's runtime; guide: `docs/leases.md`) |
 //! | `wait` | `Limiter::wait` and `Limiter::throttle`: outbound clients wait for capacity (tokio's timer; guide: `docs/operations.md`, "Waiting for capacity") |
 //! | `tower` | [`tower::RateLimitLayer`], for axum, tonic and hyper (guide: `docs/http.md`) |
 //! | `tonic` | `tower`, plus the client address from tonic's `TcpConnectInfo` |
@@ -104,6 +105,10 @@ pub use tollgate_limiter::{PlanCacheConfig, PlanSource, PlanSourceError};
 #[cfg(feature = "concurrency")]
 #[cfg_attr(docsrs, doc(cfg(feature = "concurrency")))]
 pub use tollgate_limiter::{Acquired, Permit};
+// With `lease`: hot keys admitted from batches charged in the store.
+#[cfg(feature = "lease")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+pub use tollgate_limiter::Lease;
 // With `calendar`: quotas per calendar day, week, month or year.
 #[cfg(feature = "calendar")]
 #[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
@@ -170,6 +175,11 @@ pub struct PlansGuideDoctests;
 #[cfg(all(doctest, feature = "memory", feature = "concurrency"))]
 #[doc = include_str!("../docs/concurrency.md")]
 pub struct ConcurrencyGuideDoctests;
+
+/// The leases guide's examples, compiled and run as doc-tests.
+#[cfg(all(doctest, feature = "memory", feature = "lease"))]
+#[doc = include_str!("../docs/leases.md")]
+pub struct LeasesGuideDoctests;
 
 /// The API consumers' guide's examples, compiled and run as doc-tests.
 #[cfg(doctest)]

@@ -19,6 +19,12 @@ mod error;
 mod failure;
 mod hold;
 mod layer;
+#[cfg(feature = "lease")]
+mod lease;
+#[cfg(feature = "lease")]
+mod lease_table;
+#[cfg(feature = "lease")]
+mod leased_store;
 mod limit;
 mod limiter;
 mod live;
@@ -56,6 +62,9 @@ pub use error::{BuildError, Error, HashKeyError, PolicyError, StoreError, Subjec
 pub use failure::{BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure};
 pub use hold::{Hold, Holds};
 pub use layer::{Layer, Scope};
+#[cfg(feature = "lease")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+pub use lease::Lease;
 // For Tollgate's sibling crates (the configuration reports each rule
 // where it was written): not part of the model an application uses.
 #[doc(hidden)]

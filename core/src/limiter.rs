@@ -83,6 +83,10 @@ pub struct Limiter {
     metrics: Arc<LimiterMetrics>,
     /// Each plan's limiter, when the limiter has plans.
     plans: Option<Arc<planned::PlanBook>>,
+    /// The store as leased layers see it, when any is leased (`store` is
+    /// then this one).
+    #[cfg(feature = "lease")]
+    leases: Option<Arc<crate::leased_store::LeasedStore>>,
 }
 
 impl fmt::Debug for Limiter {
@@ -164,6 +168,31 @@ impl Limiter {
     /// The circuit breaker guarding the store.
     pub fn breaker(&self) -> &CircuitBreaker {
         &self.breaker
+    }
+
+    /// Give back to the store what this process's leases hold and have
+    /// not admitted (a token bucket's or GCRA's units; a window's end with
+    /// their window), and wait for it: call it on shutdown. A dropped
+    /// limiter gives them back in the background, on the Tokio runtime
+    /// current where it is dropped. Nothing to do without leased layers.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::{sync::Arc, time::Duration};
+    /// use tollgate_limiter::{Lease, Limit, Limiter, Policy, Scope};
+    /// # let store = Arc::new(tollgate_memory::MemoryStore::default());
+    /// let all = Policy::new("all", Limit::gcra(1_000, Duration::from_secs(1), 1_000)?)?
+    ///     .leased(Lease::default())?;
+    /// let limiter = Limiter::builder(store).layer("all", Scope::Global, all).build()?;
+    /// limiter.return_leases().await;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "lease")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+    pub async fn return_leases(&self) {
+        if let Some(leases) = &self.leases {
+            leases.return_all().await;
+        }
     }
 
     /// Decide a request of `cost` units for `ctx`.
@@ -791,6 +820,26 @@ fn one_each(verdicts: &[Verdict], layers: usize) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// `store` wrapped for the leased layers among `layers`, when there are
+/// any and the store is not in-process; leases read `clock`.
+#[cfg(feature = "lease")]
+fn leased(
+    layers: &[Layer],
+    store: &Arc<dyn Store>,
+    clock: &Arc<dyn Clock>,
+) -> Option<Arc<crate::leased_store::LeasedStore>> {
+    let shortest = layers
+        .iter()
+        .filter_map(|l| l.policy.lease())
+        .map(|lease| lease.duration())
+        .min()?;
+    if store.is_in_process() {
+        return None;
+    }
+    let leased = crate::leased_store::LeasedStore::new(store.clone(), clock.clone(), shortest);
+    Some(leased)
+}
+
 /// Builds a [`Limiter`]; see [`Limiter::builder`].
 #[derive(Debug)]
 pub struct LimiterBuilder {
@@ -879,11 +928,20 @@ impl LimiterBuilder {
             .map(|c| Arc::new(crate::blocked::BlockedCache::new(c)));
         let has_shadow = self.layers.iter().any(|l| l.policy.is_shadow());
         let has_concurrency = self.layers.iter().any(Layer::is_concurrency);
+        #[cfg(feature = "lease")]
+        let leases = leased(&self.layers, &self.store, &self.clock);
+        #[cfg(feature = "lease")]
+        let store = match &leases {
+            Some(leases) => Arc::clone(leases) as Arc<dyn Store>,
+            None => self.store,
+        };
+        #[cfg(not(feature = "lease"))]
+        let store = self.store;
         #[cfg(feature = "concurrency")]
-        let releases = Arc::new(crate::release_queue::ReleaseQueue::new(self.store.clone()));
+        let releases = Arc::new(crate::release_queue::ReleaseQueue::new(store.clone()));
         let mut limiter = Limiter {
             layers: self.layers.into(),
-            store: self.store,
+            store,
             fallback: self.fallback,
             breaker,
             clock: self.clock,
@@ -895,6 +953,8 @@ impl LimiterBuilder {
             releases,
             metrics,
             plans: None,
+            #[cfg(feature = "lease")]
+            leases,
         };
         if let Some(plans) = self.plans {
             limiter.plans = Some(Arc::new(planned::PlanBook::build(&limiter, plans)?));

@@ -9,9 +9,8 @@ use tokio::sync::{Mutex, Notify};
 
 use crate::error::StoreError;
 use crate::hold::{Hold, Holds};
-use crate::policy::Policy;
 use crate::release_queue::ReleaseQueue;
-use crate::store::{LayerRequest, StoreKey};
+use crate::store::{LayerRequest, OwnedLayer};
 
 /// The places an admitted request holds in its concurrency layers
 /// ([`Limit::concurrency`](crate::Limit::concurrency)), from
@@ -65,22 +64,13 @@ pub(crate) struct Held {
     /// The runtime current when it was made: renewals and the release run
     /// there, wherever the permit is dropped.
     runtime: Option<tokio::runtime::Handle>,
-    layers: SmallVec<[HeldLayer; 2]>,
+    layers: SmallVec<[OwnedLayer; 2]>,
     /// The current holds, one per layer. Renewals and the release take
     /// the lock for their whole store call: a release never names a hold
     /// a renewal is moving.
     pub(crate) holds: Mutex<SmallVec<[Option<Hold>; 2]>>,
     /// Woken when the permit is released: the renewing task stops.
     released: Notify,
-}
-
-/// A layer's key parts, owned (the request's context is gone).
-#[derive(Debug)]
-struct HeldLayer {
-    tag: Box<str>,
-    policy: Policy,
-    scope: Box<str>,
-    subject: Box<str>,
 }
 
 impl Permit {
@@ -91,24 +81,18 @@ impl Permit {
         requests: &[LayerRequest<'_>],
         holds: &Holds,
     ) -> Option<Permit> {
-        let mut layers: SmallVec<[HeldLayer; 2]> = SmallVec::new();
+        let mut layers: SmallVec<[OwnedLayer; 2]> = SmallVec::new();
         let mut held_holds = SmallVec::new();
         for (request, hold) in requests.iter().zip(holds) {
             let Some(hold) = hold else { continue };
-            let (tag, scope, subject) = request.key.made_of();
-            layers.push(HeldLayer {
-                tag: tag.into(),
-                policy: request.policy.clone(),
-                scope: scope.into(),
-                subject: subject.into(),
-            });
+            layers.push(OwnedLayer::of(request));
             held_holds.push(Some(*hold));
         }
         if layers.is_empty() {
             return None;
         }
         for layer in &layers {
-            crate::observe::permits_in_flight(layer.policy.name(), 1.0);
+            crate::observe::permits_in_flight(layer.policy().name(), 1.0);
         }
         let every = renewal_interval(&layers);
         let held = Arc::new(Held {
@@ -183,12 +167,7 @@ impl Held {
             .zip(holds)
             .filter_map(|(l, hold)| {
                 let hold = (*hold)?;
-                let request = LayerRequest {
-                    key: StoreKey::new(&l.tag, &l.policy, &l.scope, &l.subject),
-                    policy: &l.policy,
-                    cost: hold.cost,
-                };
-                Some((request, hold))
+                Some((l.request(hold.cost), hold))
             })
             .unzip()
     }
@@ -210,7 +189,7 @@ impl Held {
     pub(crate) fn forget(&self, holds: &mut [Option<Hold>]) {
         for (layer, hold) in self.layers.iter().zip(holds.iter_mut()) {
             if hold.take().is_some() {
-                crate::observe::permits_in_flight(layer.policy.name(), -1.0);
+                crate::observe::permits_in_flight(layer.policy().name(), -1.0);
             }
         }
     }
@@ -235,8 +214,8 @@ impl Held {
             }
             *hold = renewed.next().flatten();
             if hold.is_none() {
-                crate::observe::permit_lost(layer.policy.name());
-                crate::observe::permits_in_flight(layer.policy.name(), -1.0);
+                crate::observe::permit_lost(layer.policy().name());
+                crate::observe::permits_in_flight(layer.policy().name(), -1.0);
             }
         }
         Ok(holds.iter().any(Option::is_some))
@@ -245,15 +224,15 @@ impl Held {
 
 /// A third of the shortest lease: a renewal that fails (a store blip) is
 /// tried again twice before the lease runs out.
-fn renewal_interval(layers: &[HeldLayer]) -> Duration {
+fn renewal_interval(layers: &[OwnedLayer]) -> Duration {
     lease_of(layers) / 3
 }
 
 /// The shortest lease of `layers`.
-fn lease_of(layers: &[HeldLayer]) -> Duration {
+fn lease_of(layers: &[OwnedLayer]) -> Duration {
     layers
         .iter()
-        .filter_map(|l| match l.policy.limit() {
+        .filter_map(|l| match l.policy().limit() {
             crate::Limit::Concurrency(c) => Some(c.lease()),
             _ => None,
         })

@@ -56,6 +56,9 @@ pub struct Policy {
     key_budget: Option<KeyBudget>,
     /// Decided and counted, but never denying (see [`Policy::shadow`]).
     shadow: bool,
+    /// How its hot keys are leased, if they are (see [`Policy::leased`]).
+    #[cfg(feature = "lease")]
+    lease: Option<crate::lease::Lease>,
 }
 
 impl Policy {
@@ -71,6 +74,8 @@ impl Policy {
             fallback: None,
             key_budget: None,
             shadow: false,
+            #[cfg(feature = "lease")]
+            lease: None,
         })
     }
 
@@ -173,6 +178,9 @@ impl Policy {
             fallback: None,
             key_budget: None,
             shadow: self.shadow,
+            // The emergency store is in-process: nothing to lease.
+            #[cfg(feature = "lease")]
+            lease: None,
             ..self.clone()
         })
     }
@@ -180,13 +188,48 @@ impl Policy {
     /// The same policy with `limit` instead of its own (a plan's limit):
     /// the same name, version, failure mode (its emergency limit
     /// recomputed from `limit`), key budget and mode.
+    /// A plan's limit that cannot be leased (a sliding log) is not.
     pub(crate) fn with_limit(&self, limit: Limit) -> Result<Policy, PolicyError> {
+        #[cfg(feature = "lease")]
+        let lease = self.lease.filter(|l| l.check(&limit).is_ok());
         Policy {
             limit,
             fallback: None,
+            #[cfg(feature = "lease")]
+            lease,
             ..self.clone()
         }
         .with_on_failure(self.on_failure.clone())
+    }
+
+    /// The same policy with its hot keys leased (see [`Lease`](crate::Lease)): a
+    /// process admits them from batches it charged in the store, a call
+    /// per batch rather than per request, never over-admitting. Refused
+    /// for a limit that cannot be leased (a sliding log, a concurrency
+    /// limit, a custom algorithm) and for a batch above the capacity. On
+    /// an in-process store it changes nothing.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tollgate_limiter::{Lease, Limit, Policy};
+    /// let global = Policy::new("all", Limit::gcra(1_000, Duration::from_secs(1), 1_000)?)?
+    ///     .leased(Lease::default())?;
+    /// assert_eq!(global.lease(), Some(&Lease::default()));
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
+    /// ```
+    #[cfg(feature = "lease")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+    pub fn leased(mut self, lease: crate::lease::Lease) -> Result<Self, PolicyError> {
+        lease.check(&self.limit)?;
+        self.lease = Some(lease);
+        Ok(self)
+    }
+
+    /// How the policy's hot keys are leased, when they are.
+    #[cfg(feature = "lease")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "lease")))]
+    pub fn lease(&self) -> Option<&crate::lease::Lease> {
+        self.lease.as_ref()
     }
 
     /// The same policy under another version; stored state of other versions

@@ -188,7 +188,7 @@ impl<'a> StoreKey<'a> {
 
     /// The tag, scope and subject the key was made of (its policy is the
     /// layer's).
-    #[cfg(feature = "concurrency")]
+    #[cfg(any(feature = "concurrency", feature = "lease"))]
     pub(crate) fn made_of(&self) -> (&'a str, &'a str, &'a str) {
         (self.tag, self.scope, self.subject)
     }
@@ -320,6 +320,45 @@ pub struct LayerRequest<'a> {
     pub cost: u64,
 }
 
+/// A layer's key parts and policy, owned: what outlives the request that
+/// named them (a permit's places, a lease's batch) and is given back later.
+#[cfg(any(feature = "concurrency", feature = "lease"))]
+#[derive(Debug)]
+pub(crate) struct OwnedLayer {
+    tag: Box<str>,
+    policy: Policy,
+    scope: Box<str>,
+    subject: Box<str>,
+}
+
+#[cfg(any(feature = "concurrency", feature = "lease"))]
+impl OwnedLayer {
+    /// `request`'s layer, owned.
+    pub(crate) fn of(request: &LayerRequest<'_>) -> Self {
+        let (tag, scope, subject) = request.key.made_of();
+        OwnedLayer {
+            tag: tag.into(),
+            policy: request.policy.clone(),
+            scope: scope.into(),
+            subject: subject.into(),
+        }
+    }
+
+    /// The layer's policy.
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// A request of `cost` units on the layer.
+    pub(crate) fn request(&self, cost: u64) -> LayerRequest<'_> {
+        LayerRequest {
+            key: StoreKey::new(&self.tag, &self.policy, &self.scope, &self.subject),
+            policy: &self.policy,
+            cost,
+        }
+    }
+}
+
 /// Keeps limiter state and decides requests atomically.
 ///
 /// # Contract
@@ -341,6 +380,13 @@ pub struct LayerRequest<'a> {
 pub trait Store: Send + Sync + fmt::Debug {
     /// A short, stable name for logs and metrics (`memory`, `redis`, …).
     fn kind(&self) -> &'static str;
+
+    /// Whether the store keeps its state in this process (then leased
+    /// layers are decided as any other: a batch would save nothing). The
+    /// default: `false`.
+    fn is_in_process(&self) -> bool {
+        false
+    }
 
     /// Decide all `layers` of one request at once.
     async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError>;

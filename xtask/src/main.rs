@@ -78,6 +78,7 @@ pub(crate) const FEATURES: &[&str] = &[
     "plan-source",
     "calendar",
     "concurrency",
+    "lease",
     "tower",
     "tonic",
     "axum",

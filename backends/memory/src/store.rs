@@ -979,6 +979,10 @@ impl Store for MemoryStore {
         "memory"
     }
 
+    fn is_in_process(&self) -> bool {
+        true
+    }
+
     async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         self.decide_all(layers)
     }

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tollgate_http::{check_method, check_path, AccessRules, Cidr};
 use tollgate_limiter::{
-    check_name, duplicate_names, shared_counters, BreakerConfig, DurationSpec, FieldKind,
+    check_name, duplicate_names, shared_counters, BreakerConfig, DurationSpec, FieldKind, Lease,
     KeyBudget, Layer, Limit, LimitSpec, ModeSpec, OnFailureSpec, Policy, PolicyError, Scope,
     Subject, WhenFullSpec,
 };
@@ -780,6 +780,30 @@ struct PolicyExtras {
     max_keys: Option<usize>,
     when_full: Option<WhenFullSpec>,
     shadow: bool,
+    leased: Option<LeaseSpec>,
+}
+
+/// A policy's `leased = { duration = "1s", max_batch = 200 }`: its hot keys
+/// admitted from batches charged in the store (see `Lease`); both fields
+/// optional (1 s, a sixteenth of the capacity).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseSpec {
+    duration: Option<DurationSpec>,
+    max_batch: Option<u64>,
+}
+
+impl LeaseSpec {
+    fn build(self) -> Result<Lease, PolicyError> {
+        let lease = match self.duration {
+            Some(d) => Lease::new(d.0)?,
+            None => Lease::default(),
+        };
+        match self.max_batch {
+            Some(units) => lease.with_max_batch(units),
+            None => Ok(lease),
+        }
+    }
 }
 
 /// Take a policy's fields other than its limit's out of `table` (errors
@@ -818,6 +842,7 @@ fn policy_extras(
     };
     let when_full = field("when_full").and_then(|(at, v)| de::<WhenFullSpec>(errors, &at, v));
     let mode = field("mode").and_then(|(at, v)| de::<ModeSpec>(errors, &at, v));
+    let leased = field("leased").and_then(|(at, v)| de::<LeaseSpec>(errors, &at, v));
     if max_keys.is_none()
         && when_full.is_some()
         && !table_had_error(errors, before, path, "max_keys")
@@ -833,6 +858,7 @@ fn policy_extras(
         max_keys,
         when_full,
         shadow: matches!(mode, Some(ModeSpec::Shadow)),
+        leased,
     })
 }
 
@@ -856,6 +882,10 @@ impl PolicyExtras {
         if self.shadow {
             policy = policy.shadow();
         }
+        if let Some(spec) = self.leased {
+            let lease = spec.build().map_err(|e| e.within(path))?;
+            policy = policy.leased(lease).map_err(|e| e.within(path))?;
+        }
         let Some(spec) = self.on_failure else {
             return Ok(policy);
         };
@@ -868,7 +898,7 @@ impl PolicyExtras {
 }
 
 /// What a policy's table holds besides its limit's fields.
-const POLICY_FIELDS: &str = "version, mode, on_failure, max_keys and when_full";
+const POLICY_FIELDS: &str = "version, mode, on_failure, max_keys, when_full and leased";
 
 /// The limit `table` describes (an algorithm and its parameters; `also`
 /// names the other fields the table's owner takes, already removed), every

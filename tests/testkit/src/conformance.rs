@@ -23,8 +23,10 @@
 //! [`conformance_tests!`]: crate::conformance_tests
 
 mod concurrency;
+mod lease;
 
 pub use concurrency::concurrency_limits_hold_places;
+pub use lease::{leased_layers_never_over_admit, leases_come_back};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1420,6 +1422,8 @@ macro_rules! conformance_tests {
             long_fixed_windows_are_quotas,
             calendar_quotas_follow_the_calendar,
             concurrency_limits_hold_places,
+            leased_layers_never_over_admit,
+            leases_come_back,
             shadow_layers_count_but_never_deny,
             rolling_deploys_are_bounded,
             implausible_times_are_refused,

@@ -1,0 +1,246 @@
+//! Leased layers through the limiter, over the in-process store behind a
+//! wrapper that makes it look remote (it counts calls and can be switched
+//! off), with a manual clock and tokio's paused timer driving the task
+//! that ends leases. The same cases against real Redis are the conformance
+//! suite's (`leased_layers_never_over_admit`, `leases_come_back`) and the
+//! Redis store's `tests/lease.rs`.
+#![cfg(feature = "lease")]
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_limiter::{
+    async_trait, Adjustment, Context, LayerRequest, Lease, Limit, Limiter, ManualClock,
+    OnStoreFailure, Policy, Scope, Store, StoreError, Subject, Timestamp, Verdicts,
+};
+use tollgate_memory::MemoryStore;
+
+/// The in-process store as a remote one: counted, and switchable off.
+#[derive(Debug)]
+struct Remote {
+    inner: MemoryStore,
+    down: AtomicBool,
+    decides: AtomicUsize,
+    rewards: AtomicUsize,
+}
+
+#[async_trait]
+impl Store for Remote {
+    fn kind(&self) -> &'static str {
+        "remote"
+    }
+    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        self.decides.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("switched off".into()));
+        }
+        self.inner.decide(layers).await
+    }
+    async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        self.inner.peek(layers).await
+    }
+    async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
+        self.inner.reset(layers).await
+    }
+    async fn adjust(
+        &self,
+        layers: &[LayerRequest<'_>],
+        adjustment: Adjustment,
+    ) -> Result<Verdicts, StoreError> {
+        if adjustment == Adjustment::Reward {
+            self.rewards.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.adjust(layers, adjustment).await
+    }
+}
+
+const START: Timestamp = Timestamp::from_micros(1_780_000_000_000_000);
+
+fn remote(clock: &ManualClock) -> Arc<Remote> {
+    Arc::new(Remote {
+        inner: MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+        down: AtomicBool::new(false),
+        decides: AtomicUsize::new(0),
+        rewards: AtomicUsize::new(0),
+    })
+}
+
+fn leased_bucket(max_batch: u64) -> Policy {
+    // 100 a second: a one-second lease refills 100, more than any batch here.
+    let bucket = Limit::token_bucket(1_000, 100, Duration::from_secs(1)).unwrap();
+    let lease = Lease::new(Duration::from_secs(1))
+        .unwrap()
+        .with_max_batch(max_batch)
+        .unwrap();
+    Policy::new("hot", bucket).unwrap().leased(lease).unwrap()
+}
+
+fn limiter(store: Arc<dyn Store>, clock: &ManualClock, policy: Policy) -> Limiter {
+    Limiter::builder(store)
+        .clock(Arc::new(clock.clone()))
+        .layer("all", Scope::Global, policy)
+        .build()
+        .unwrap()
+}
+
+async fn admitted(limiter: &Limiter, ctx: &Context, n: usize) -> usize {
+    let mut admitted = 0;
+    for _ in 0..n {
+        admitted += usize::from(limiter.check(ctx, 1).await.unwrap().is_allowed());
+    }
+    admitted
+}
+
+async fn remaining(limiter: &Limiter) -> u64 {
+    limiter.peek(&Context::new(), 1).await.unwrap().layers()[0]
+        .verdict
+        .remaining
+}
+
+/// A cold key is decided by one store call per request; a hot one by
+/// batches, the largest the lease allows, each admission reporting the
+/// store's remaining plus what its batch still holds.
+#[tokio::test]
+async fn hot_keys_are_decided_from_batches() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let limiter = limiter(store.clone(), &clock, leased_bucket(50));
+    let ctx = Context::new();
+    assert_eq!(admitted(&limiter, &ctx, 7).await, 7);
+    assert_eq!(store.decides.load(Ordering::SeqCst), 7, "cold: a call each");
+    assert_eq!(admitted(&limiter, &ctx, 993).await, 993);
+    let calls = store.decides.load(Ordering::SeqCst);
+    assert!(calls < 7 + 993 / 10, "{calls} calls for 1,000 decisions");
+    let decision = limiter.check(&ctx, 1).await.unwrap();
+    assert!(
+        !decision.is_allowed(),
+        "1,000 admitted: the bucket is empty"
+    );
+    assert_eq!(remaining(&limiter).await, 0);
+    // The store's answer: admitted again at its refill, at most the
+    // lease's batch held.
+    clock.advance(Duration::from_millis(100));
+    let d = limiter.check(&ctx, 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert!(
+        d.layers()[0].verdict.remaining <= 9,
+        "{:?}",
+        d.layers()[0].verdict
+    );
+}
+
+/// What a token bucket's lease did not use goes back to the store when
+/// the lease ends (the background task, on tokio's paused timer), and
+/// nothing is held after.
+#[tokio::test(start_paused = true)]
+async fn ended_leases_give_back_their_units() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let limiter = limiter(store.clone(), &clock, leased_bucket(50));
+    let ctx = Context::new();
+    assert_eq!(admitted(&limiter, &ctx, 300).await, 300);
+    let held = 700 - remaining(&limiter).await;
+    assert!(held > 0, "a batch is held");
+    clock.advance(Duration::from_millis(1_001));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(store.rewards.load(Ordering::SeqCst), 1, "one give-back");
+    // 100.1 refilled, up to the capacity; the held units given back.
+    assert_eq!(remaining(&limiter).await, 800);
+}
+
+/// A block stops this process's batches of a hot client at once (they no
+/// longer stand); a reset forgets them.
+#[tokio::test]
+async fn blocks_stop_the_batches() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let limiter = Limiter::builder(store.clone())
+        .clock(Arc::new(clock.clone()))
+        .layer("client", Scope::Subject, leased_bucket(50))
+        .build()
+        .unwrap();
+    let ctx = Context::for_subject(Subject::new("hot-client").unwrap());
+    assert_eq!(admitted(&limiter, &ctx, 100).await, 100);
+    limiter.block(&ctx, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        admitted(&limiter, &ctx, 10).await,
+        0,
+        "blocked: no batch admits"
+    );
+    limiter.reset(&ctx).await.unwrap();
+    assert_eq!(admitted(&limiter, &ctx, 10).await, 10);
+}
+
+/// The store failing mid-lease: what the batch holds is admitted (it was
+/// charged), then the failure mode answers (here: closed).
+#[tokio::test]
+async fn a_failing_store_admits_only_what_was_charged() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let policy = leased_bucket(50)
+        .with_on_failure(OnStoreFailure::FailClosed)
+        .unwrap();
+    let limiter = limiter(store.clone(), &clock, policy);
+    let ctx = Context::new();
+    assert_eq!(admitted(&limiter, &ctx, 200).await, 200);
+    let held = 800 - remaining(&limiter).await;
+    assert!(held > 0, "a batch is held");
+    store.down.store(true, Ordering::SeqCst);
+    let mut admitted_after = 0;
+    for _ in 0..100 {
+        let d = limiter.check(&ctx, 1).await.unwrap();
+        if d.is_allowed() {
+            admitted_after += 1;
+        } else {
+            assert!(d.failed_closed(), "{d:?}");
+        }
+    }
+    assert_eq!(admitted_after, held, "exactly the batch held");
+}
+
+/// On an in-process store a lease changes nothing: no batches, the same
+/// answers as without it.
+#[tokio::test]
+async fn leases_on_an_in_process_store_change_nothing() {
+    let clock = ManualClock::new(START);
+    let memory = Arc::new(
+        MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+    );
+    let leased = limiter(memory.clone(), &clock, leased_bucket(50));
+    let ctx = Context::for_subject(Subject::new("k").unwrap());
+    for i in 0..1_100 {
+        let d = leased.check(&ctx, 1).await.unwrap();
+        assert_eq!(d.is_allowed(), i < 1_000, "request {i}");
+        assert_eq!(d.layers()[0].verdict.remaining, 999u64.saturating_sub(i));
+    }
+}
+
+/// Leases are for algorithms that can keep their promise.
+#[test]
+fn only_leasable_limits_are_leased() {
+    let lease = Lease::default();
+    let log = Limit::sliding_log(10, Duration::from_secs(1)).unwrap();
+    let err = Policy::new("log", log).unwrap().leased(lease).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("sliding_log limit cannot be leased"),
+        "{err}"
+    );
+    let small = Limit::fixed_window(10, Duration::from_secs(1)).unwrap();
+    let too_big = lease.with_max_batch(11).unwrap();
+    let err = Policy::new("w", small)
+        .unwrap()
+        .leased(too_big)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "leased.max_batch: 11 must be at most the capacity 10"
+    );
+    assert!(Lease::new(Duration::from_millis(5)).is_err());
+    assert!(Lease::default().with_max_batch(0).is_err());
+}
