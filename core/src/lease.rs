@@ -16,13 +16,14 @@ use crate::limit::Limit;
 /// under-admission: units other processes hold and do not use, at most
 /// their batches.
 ///
-/// - **The batch** is what this process used of the key in a quarter of
-///   the lease's duration, at most [`max_batch`](Self::max_batch) (default:
-///   a sixteenth of the capacity) and never more than the capacity. A key
-///   used fewer than four times its cost in a lease's duration is not
-///   leased: it is decided by one store call per request, as without a
-///   lease. After a batch is denied the next one is half as large; the
-///   request that asked for it is decided again at its own cost.
+/// - **The batch** is a quarter of what this process asked of the key in
+///   the last period (the shortest lease among the limiter's leased
+///   layers), at most [`max_batch`](Self::max_batch) (default: a sixteenth
+///   of the capacity) and never more than the capacity. A key asked less
+///   than eight times its cost in a period is not leased: it is decided by
+///   one store call per request, as without a lease. When a batch is
+///   denied, the request that asked for it is decided again at its own
+///   cost, and the key asks for no batch until the store said it would fit.
 /// - **A lease ends** after [`duration`](Self::duration) (default 1 s), or
 ///   earlier: a window's lease ends when the window it was charged in
 ///   ends (counted from when the call was sent, so never after the store's

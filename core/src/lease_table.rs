@@ -26,12 +26,13 @@ const HEAT_SLOTS: usize = 4_096;
 pub(crate) enum Step {
     /// Not leased (or not now): the store decides it at its cost.
     Forward,
-    /// Admitted from the batch this process holds (its cost taken), with
-    /// this verdict.
-    Local(Verdict),
+    /// Admitted from the batch this process holds (its cost taken from
+    /// the lease numbered `lease`), with this verdict.
+    Local { verdict: Verdict, lease: u64 },
     /// The store charges a batch of this many units (≥ the cost); what the
-    /// request does not use is held.
-    Batch(u64),
+    /// request does not use is held, if the key is still at lease number
+    /// `lease` when the answer comes (not reset, blocked or ended since).
+    Batch { units: u64, lease: u64 },
 }
 
 /// A key's batch: units charged in the store and not yet admitted.
@@ -40,6 +41,10 @@ struct Held {
     /// The key, to give units back and to tell keys of one hash apart.
     layer: OwnedLayer,
     rendered: Box<str>,
+    /// Which lease the units belong to: a number never used before in this
+    /// table, changed whenever a lease ends or starts, so a late take given
+    /// back or a batch charged before a reset never lands in another lease.
+    lease: u64,
     units: u64,
     /// When the lease ends (the limiter's clock, µs).
     ends: u64,
@@ -69,6 +74,8 @@ pub(crate) struct LeaseTable {
     held: HashMap<u64, Held>,
     heat: Heat,
     hasher: FixedState,
+    /// The next lease number.
+    next_lease: u64,
 }
 
 impl LeaseTable {
@@ -78,6 +85,7 @@ impl LeaseTable {
             held: HashMap::new(),
             heat: Heat::new(duration_micros(period)),
             hasher: FixedState::default(),
+            next_lease: 1,
         }
     }
 
@@ -85,12 +93,24 @@ impl LeaseTable {
         self.hasher.hash_one(request.key)
     }
 
-    /// The batch `request` can be admitted from at `now`, if any: its
-    /// entry holds the cost and its lease has not ended.
-    fn covering(&mut self, hash: u64, request: &LayerRequest<'_>, now: u64) -> Option<&mut Held> {
+    fn new_lease(&mut self) -> u64 {
+        self.next_lease += 1;
+        self.next_lease
+    }
+
+    /// `request`'s entry (of its key, not another of the same hash).
+    fn entry(&mut self, hash: u64, request: &LayerRequest<'_>) -> Option<&mut Held> {
         let held = self.held.get_mut(&hash)?;
-        let usable = held.units >= request.cost && now < held.ends;
-        (usable && request.key.matches(&held.rendered)).then_some(held)
+        request.key.matches(&held.rendered).then_some(held)
+    }
+
+    /// The batch `request` can be admitted from at `now`, if any: its
+    /// entry holds the cost, its lease has not ended, and it was charged
+    /// under the same limit (a plan change ends it).
+    fn covering(&mut self, hash: u64, request: &LayerRequest<'_>, now: u64) -> Option<&mut Held> {
+        let held = self.entry(hash, request)?;
+        let same_limit = held.layer.policy().limit() == request.policy.limit();
+        (held.units >= request.cost && now < held.ends && same_limit).then_some(held)
     }
 
     /// Admit every request from its batch at `now`, writing one verdict
@@ -148,74 +168,91 @@ impl LeaseTable {
         let heat = self.heat.add(hash, request.cost, now);
         if let Some(held) = self.covering(hash, request, now) {
             held.units -= request.cost;
-            return Step::Local(held.verdict(now));
+            let verdict = held.verdict(now);
+            return Step::Local {
+                verdict,
+                lease: held.lease,
+            };
         }
         // What the batch holds cannot cover this request: it ends.
-        if self
-            .held
-            .get(&hash)
-            .is_some_and(|h| request.key.matches(&h.rendered))
-        {
-            self.end(hash, unused);
-        }
-        // Units a quarter of a lease uses, at the rate of the heat's period.
-        let per_lease = heat.saturating_mul(duration_micros(lease.duration())) / self.heat.period;
-        let wanted = per_lease / 4;
+        self.end(hash, request, unused);
+        // A quarter of the units asked in the heat's period (the shortest
+        // lease): hot when that is at least twice the cost.
+        let wanted = heat / 4;
         if wanted < request.cost.saturating_mul(2) {
             return Step::Forward;
         }
-        let ceiling = lease.batch_ceiling(request.policy.limit());
+        if self.held.len() >= MAX_LEASED_KEYS && !self.held.contains_key(&hash) {
+            unused.extend(self.sweep(now, false));
+        }
         let full = self.held.len() >= MAX_LEASED_KEYS;
+        let lease_number = self.new_lease();
         let held = match self.held.get_mut(&hash) {
             Some(held) if !request.key.matches(&held.rendered) => return Step::Forward,
             Some(held) => held,
             None if full => return Step::Forward,
-            None => self.held.entry(hash).or_insert(Held::new(request)),
+            None => self
+                .held
+                .entry(hash)
+                .or_insert(Held::new(request, lease_number)),
         };
-        let batch = wanted.min(ceiling);
+        let batch = wanted.min(lease.batch_ceiling(request.policy.limit()));
         if held.refilling || now < held.no_batch_until || batch <= request.cost {
             return Step::Forward;
         }
+        if held.layer.policy() != request.policy {
+            // A plan changed the limit: the next lease is under the new one.
+            held.layer = OwnedLayer::of(request);
+        }
         held.refilling = true;
-        Step::Batch(batch)
+        Step::Batch {
+            units: batch,
+            lease: held.lease,
+        }
     }
 
     /// End the lease of `hash`: its units, when a token bucket's or
     /// GCRA's, to `unused` (a window's end with their window: a batch is
     /// never carried into another lease, which might be another window's).
-    fn end(&mut self, hash: u64, unused: &mut Vec<Unused>) {
-        let Some(held) = self.held.get_mut(&hash) else {
+    fn end(&mut self, hash: u64, request: &LayerRequest<'_>, unused: &mut Vec<Unused>) {
+        let lease_number = self.new_lease();
+        // A batch being charged is the next lease: nothing to end.
+        let Some(held) = self.entry(hash, request).filter(|h| !h.refilling) else {
             return;
         };
-        let units = std::mem::take(&mut held.units);
-        if units > 0 && LeaseKind::of(held.layer.policy().limit()) == Some(LeaseKind::Refills) {
-            unused.push(Unused {
-                layer: OwnedLayer::of(&held.layer.request(units)),
-                units,
-            });
-        }
+        held.lease = lease_number;
+        held.end(unused);
     }
 
-    /// The store admitted `request` with `batch` units charged (`sent`:
-    /// when the call left, the limiter's clock): hold what the request does
-    /// not use, and answer the verdict the request reports.
+    /// The store admitted `request` with `batch` units charged for lease
+    /// number `lease` (`sent`: when the call left, the limiter's clock):
+    /// hold what the request does not use — unless the key was reset,
+    /// blocked or ended since, when the batch is not held (units charged
+    /// and never admitted: fewer admissions, never more) — and answer the
+    /// verdict the request reports.
     pub(crate) fn charged(
         &mut self,
         request: &LayerRequest<'_>,
-        batch: u64,
+        (batch, lease): (u64, u64),
         sent: u64,
         verdict: &Verdict,
     ) -> Verdict {
         let hash = self.hash(request);
-        let lease = request.policy.lease().copied().unwrap_or_default();
-        let Some(held) = self.held.get_mut(&hash) else {
+        let next = self.new_lease();
+        let Some(held) = self.entry(hash, request).filter(|h| h.lease == lease) else {
             return *verdict;
         };
         held.refilling = false;
+        held.lease = next;
         let reset = duration_micros(verdict.reset_after);
-        let mut ends = sent.saturating_add(duration_micros(lease.duration()));
+        let duration = request
+            .policy
+            .lease()
+            .map_or(0, |l| duration_micros(l.duration()));
+        let mut ends = sent.saturating_add(duration);
         if let Some(LeaseKind::Window { before_reset }) = LeaseKind::of(request.policy.limit()) {
-            let window_end = sent + reset.saturating_sub(duration_micros(before_reset));
+            let window_end =
+                sent.saturating_add(reset.saturating_sub(duration_micros(before_reset)));
             ends = ends.min(window_end);
         }
         held.units = batch - request.cost;
@@ -223,19 +260,25 @@ impl LeaseTable {
         held.limit = verdict.limit;
         held.remaining = verdict.remaining;
         held.reset_at = sent.saturating_add(reset);
+        crate::observe::lease_batch(request.policy.name(), batch);
         Verdict {
             remaining: verdict.remaining.saturating_add(held.units),
             ..*verdict
         }
     }
 
-    /// A batch for `request` was not charged: denied (`fits_after`: when
-    /// the store says it would fit; no batch is asked for until then, the
-    /// key's requests going to the store at their cost), failed, or given
-    /// up (`None`).
-    pub(crate) fn not_charged(&mut self, request: &LayerRequest<'_>, fits_after: Option<u64>) {
+    /// A batch for `request`'s lease number `lease` was not charged:
+    /// denied (`fits_after`: when the store says it would fit; no batch is
+    /// asked for until then, the key's requests going to the store at
+    /// their cost), failed, or given up (`None`).
+    pub(crate) fn not_charged(
+        &mut self,
+        request: &LayerRequest<'_>,
+        lease: u64,
+        fits_after: Option<u64>,
+    ) {
         let hash = self.hash(request);
-        if let Some(held) = self.held.get_mut(&hash) {
+        if let Some(held) = self.entry(hash, request).filter(|h| h.lease == lease) {
             held.refilling = false;
             if let Some(at) = fits_after {
                 held.no_batch_until = at;
@@ -243,53 +286,52 @@ impl LeaseTable {
         }
     }
 
-    /// Give `request`'s cost back to its batch (the request was not
-    /// admitted after all).
-    pub(crate) fn untake(&mut self, request: &LayerRequest<'_>) {
+    /// Give `request`'s cost back to lease number `lease` (the request was
+    /// not admitted after all), if the key still holds that lease.
+    pub(crate) fn untake(&mut self, request: &LayerRequest<'_>, lease: u64) {
         let hash = self.hash(request);
-        if let Some(held) = self.held.get_mut(&hash) {
-            held.units += request.cost;
+        if let Some(held) = self.entry(hash, request).filter(|h| h.lease == lease) {
+            held.units = held.units.saturating_add(request.cost);
         }
     }
 
     /// Forget the batches of `requests` (their keys were reset or
-    /// adjusted in the store: what this process held no longer stands).
+    /// blocked in the store: what this process held no longer stands). A
+    /// batch being charged meanwhile is not held when it is.
     pub(crate) fn forget(&mut self, requests: &[LayerRequest<'_>]) {
         for request in requests {
             let hash = self.hash(request);
-            if self
-                .held
-                .get(&hash)
-                .is_some_and(|h| request.key.matches(&h.rendered))
-            {
+            if self.entry(hash, request).is_some() {
                 self.held.remove(&hash);
             }
         }
     }
 
     /// End every lease that is over at `now` — or every lease, with
-    /// `all` — and drop entries with nothing held and nothing pending:
-    /// the units to give back.
+    /// `all` — and drop entries with nothing held, nothing pending and no
+    /// wait for a batch: the units to give back.
     pub(crate) fn sweep(&mut self, now: u64, all: bool) -> Vec<Unused> {
         let mut unused = Vec::new();
-        let over: Vec<u64> = (self.held.iter())
-            .filter(|(_, h)| all || now >= h.ends)
-            .map(|(&hash, _)| hash)
-            .collect();
-        for hash in over {
-            self.end(hash, &mut unused);
+        for held in self.held.values_mut() {
+            // A batch being charged is the next lease: nothing to end.
+            if !held.refilling && (all || now >= held.ends) {
+                self.next_lease += 1;
+                held.lease = self.next_lease;
+                held.end(&mut unused);
+            }
         }
         self.held
-            .retain(|_, h| h.refilling || (h.units > 0 && now < h.ends));
+            .retain(|_, h| h.refilling || now < h.no_batch_until || (h.units > 0 && now < h.ends));
         unused
     }
 }
 
 impl Held {
-    fn new(request: &LayerRequest<'_>) -> Self {
+    fn new(request: &LayerRequest<'_>, lease: u64) -> Self {
         Held {
             layer: OwnedLayer::of(request),
             rendered: request.key.render().into(),
+            lease,
             units: 0,
             ends: 0,
             no_batch_until: 0,
@@ -297,6 +339,18 @@ impl Held {
             limit: request.policy.capacity(),
             remaining: 0,
             reset_at: 0,
+        }
+    }
+
+    /// End this lease: its units, when a token bucket's or GCRA's, to
+    /// `unused` (a window's end with their window).
+    fn end(&mut self, unused: &mut Vec<Unused>) {
+        let units = std::mem::take(&mut self.units);
+        if units > 0 && LeaseKind::of(self.layer.policy().limit()) == Some(LeaseKind::Refills) {
+            unused.push(Unused {
+                layer: OwnedLayer::of(&self.layer.request(units)),
+                units,
+            });
         }
     }
 

@@ -77,10 +77,14 @@ impl LeasedStore {
     /// current runtime.
     fn start_sweeping(&self) {
         use std::sync::atomic::Ordering;
-        if self.sweeping.load(Ordering::Relaxed) || self.sweeping.swap(true, Ordering::AcqRel) {
+        if self.sweeping.load(Ordering::Relaxed) {
             return;
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        // Without a runtime, the next decision tries again.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !self.sweeping.swap(true, Ordering::AcqRel) {
             runtime.spawn(sweep_while_alive(self.this.clone(), self.sweep_every));
         }
     }
@@ -96,9 +100,9 @@ impl LeasedStore {
             .iter()
             .zip(steps)
             .filter_map(|(r, step)| match step {
-                Step::Local(_) => None,
+                Step::Local { .. } => None,
                 Step::Forward => Some(*r),
-                Step::Batch(batch) => Some(LayerRequest { cost: *batch, ..*r }),
+                Step::Batch { units, .. } => Some(LayerRequest { cost: *units, ..*r }),
             })
             .collect();
         if sent.is_empty() {
@@ -161,8 +165,12 @@ impl Store for LeasedStore {
     }
 
     async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
+        // Before (no batch admits meanwhile) and after (none charged
+        // meanwhile is held).
         self.table().forget(layers);
-        self.inner.reset(layers).await
+        let answer = self.inner.reset(layers).await;
+        self.table().forget(layers);
+        answer
     }
 
     async fn adjust(
@@ -172,10 +180,15 @@ impl Store for LeasedStore {
     ) -> Result<Verdicts, StoreError> {
         // A block must stop this process's batches too; a penalty or a
         // reward changes what the store holds, not what was charged.
-        if matches!(adjustment, Adjustment::Block(_)) {
+        let block = matches!(adjustment, Adjustment::Block(_));
+        if block {
             self.table().forget(layers);
         }
-        self.inner.adjust(layers, adjustment).await
+        let answer = self.inner.adjust(layers, adjustment).await;
+        if block {
+            self.table().forget(layers);
+        }
+        answer
     }
 
     async fn acquire(&self, layers: &[LayerRequest<'_>]) -> Result<(Verdicts, Holds), StoreError> {
@@ -216,7 +229,7 @@ struct Pending<'s, 'r> {
 impl Pending<'_, '_> {
     /// The layers the store was asked about, each with its verdict.
     fn sent(&self, verdicts: &Verdicts) -> SmallVec<[(usize, crate::Verdict); 4]> {
-        let sent = (0..self.layers.len()).filter(|&i| !matches!(self.steps[i], Step::Local(_)));
+        let sent = (0..self.layers.len()).filter(|&i| !matches!(self.steps[i], Step::Local { .. }));
         sent.zip(verdicts.iter().copied()).collect()
     }
 
@@ -227,16 +240,17 @@ impl Pending<'_, '_> {
         let Ok(verdicts) = answer else { return false };
         let asked = self.sent(verdicts);
         let denied_batch = |&(i, v): &(usize, crate::Verdict)| {
-            !v.allowed && matches!(self.steps[i], Step::Batch(b) if b > self.layers[i].cost)
+            !v.allowed
+                && matches!(self.steps[i], Step::Batch { units, .. } if units > self.layers[i].cost)
         };
         if !asked.iter().any(denied_batch) {
             return false;
         }
         let mut table = self.store.table();
         for (i, verdict) in asked {
-            if let Step::Batch(_) = self.steps[i] {
+            if let Step::Batch { lease, .. } = self.steps[i] {
                 let wait = duration_micros(verdict.retry_after.unwrap_or_default());
-                table.not_charged(&self.layers[i], Some(sent.saturating_add(wait)));
+                table.not_charged(&self.layers[i], lease, Some(sent.saturating_add(wait)));
                 self.steps[i] = Step::Forward;
             }
         }
@@ -271,12 +285,14 @@ impl Pending<'_, '_> {
         let mut merged = Verdicts::new();
         for (request, step) in self.layers.iter().zip(&self.steps) {
             let verdict = match step {
-                Step::Local(verdict) => *verdict,
+                // Denied by another layer: its take is given back.
+                Step::Local { verdict, .. } if !admitted => verdict.uncharged(request.cost),
+                Step::Local { verdict, .. } => *verdict,
                 Step::Forward => *answers.next().expect("one verdict per layer sent"),
-                Step::Batch(batch) => {
+                Step::Batch { units, lease } => {
                     let verdict = answers.next().expect("one verdict per layer sent");
                     match admitted {
-                        true => table.charged(request, *batch, sent, verdict),
+                        true => table.charged(request, (*units, *lease), sent, verdict),
                         false => *verdict,
                     }
                 }
@@ -295,8 +311,8 @@ impl Drop for Pending<'_, '_> {
         let mut table = self.store.table();
         for (request, step) in self.layers.iter().zip(&self.steps) {
             match step {
-                Step::Local(_) => table.untake(request),
-                Step::Batch(_) => table.not_charged(request, None),
+                Step::Local { lease, .. } => table.untake(request, *lease),
+                Step::Batch { lease, .. } => table.not_charged(request, *lease, None),
                 Step::Forward => {}
             }
         }
@@ -307,9 +323,10 @@ impl Drop for Pending<'_, '_> {
 /// failed give-back loses the units (under-admission, never more).
 async fn give_back(store: &dyn Store, unused: Vec<Unused>) {
     for u in unused {
-        let _ = store
-            .adjust(&[u.layer.request(u.units)], Adjustment::Reward)
-            .await;
+        let layers = [u.layer.request(u.units)];
+        if store.adjust(&layers, Adjustment::Reward).await.is_ok() {
+            crate::observe::lease_returned(u.layer.policy().name(), u.units);
+        }
     }
 }
 

@@ -284,10 +284,14 @@ impl Limiter {
         }
         let admission = self.breaker.admit();
         let answer = match admission {
-            Admission::Skip(wait) => {
-                observe::store_skipped(self.store.kind());
-                Err(StoreError::CircuitOpen(wait))
-            }
+            // Batches already charged still admit while the breaker is open.
+            Admission::Skip(wait) => match self.leases_answer(requests, verdicts) {
+                Some(answer) => answer,
+                None => {
+                    observe::store_skipped(self.store.kind());
+                    Err(StoreError::CircuitOpen(wait))
+                }
+            },
             Admission::Call | Admission::Probe => {
                 match self.decide_now(admission, requests, verdicts) {
                     Some(answer) => answer,
@@ -340,6 +344,31 @@ impl Limiter {
         Ok(())
     }
 
+    /// Whether the store's answers at once come from leased batches (the
+    /// store itself is remote), not from a store call.
+    #[inline(always)]
+    fn answers_from_leases(&self) -> bool {
+        #[cfg(feature = "lease")]
+        return self.leases.is_some();
+        #[cfg(not(feature = "lease"))]
+        false
+    }
+
+    /// The answer of leased batches alone, when they cover every layer
+    /// (no store call is made); `None` otherwise, or without leases.
+    #[cold]
+    fn leases_answer(
+        &self,
+        requests: &Requests<'_>,
+        verdicts: &mut Verdicts,
+    ) -> Option<Result<(), StoreError>> {
+        if !self.answers_from_leases() {
+            return None;
+        }
+        let answer = self.store.decide_now(requests, verdicts)?;
+        Some(answer.and_then(|()| one_each(verdicts, requests.len())))
+    }
+
     /// The answer of a store that decides at once (in-process), written
     /// into `verdicts` in place (the answer is not moved); `None` when the
     /// store must be waited for (nothing decided).
@@ -363,6 +392,11 @@ impl Limiter {
         // An in-process answer is not timed: it takes less time than
         // reading a clock twice.
         let answer = answer.and_then(|()| one_each(verdicts, requests.len()));
+        if self.answers_from_leases() {
+            // Admitted from batches: no store call was made, so the
+            // breaker learns nothing (a probe goes to the next request).
+            return Some(answer);
+        }
         self.after_call(admission, None, answer.as_ref().err());
         probe.settled();
         Some(answer)

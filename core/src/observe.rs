@@ -13,6 +13,8 @@
 //! | `tollgate_breaker_open` | gauge (1 open, 0 closed) | `store` |
 //! | `tollgate_fallback_failures_total` | counter | `store` |
 //! | `tollgate_plan_defaults_total` | counter | `reason` (`unknown_plan`, `source_failed`, `source_timeout`) |
+//! | `tollgate_lease_batches_total` | counter | `policy`: batches leased layers charged in the store |
+//! | `tollgate_lease_units_returned_total` | counter | `policy`: units leases did not use and gave back |
 //!
 //! The HTTP adapters record `tollgate_unidentified_requests_total`
 //! (`tollgate-http`'s `observe`) and the configuration crate
@@ -74,6 +76,14 @@ pub fn describe() {
             metrics::describe_counter!(
                 "tollgate_permits_lost_total",
                 "Permits' places lost before their renewal (the lease ran out), by policy."
+            );
+            metrics::describe_counter!(
+                "tollgate_lease_batches_total",
+                "Batches of units a leased layer charged in the store, by policy."
+            );
+            metrics::describe_counter!(
+                "tollgate_lease_units_returned_total",
+                "Units leases did not use and gave back to the store, by policy."
             );
             metrics::describe_counter!(
                 "tollgate_plan_defaults_total",
@@ -151,6 +161,25 @@ pub(crate) fn permits_in_flight(policy: &str, delta: f64) {
     #[cfg(feature = "metrics")]
     metrics::gauge!("tollgate_permits_in_flight", "policy" => policy.to_string()).increment(delta);
     let _ = (policy, delta);
+}
+
+/// A leased layer of `policy` charged a batch of `units` in the store.
+#[cfg_attr(not(feature = "lease"), allow(dead_code))]
+pub(crate) fn lease_batch(policy: &str, units: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_lease_batches_total", "policy" => policy.to_string()).increment(1);
+    #[cfg(feature = "tracing")]
+    tracing::trace!(policy, units, "a lease charged a batch");
+    let _ = (policy, units);
+}
+
+/// A lease of `policy` gave `units` it did not use back to the store.
+#[cfg_attr(not(feature = "lease"), allow(dead_code))]
+pub(crate) fn lease_returned(policy: &str, units: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_lease_units_returned_total", "policy" => policy.to_string())
+        .increment(units);
+    let _ = (policy, units);
 }
 
 /// A store call failed with `error`.

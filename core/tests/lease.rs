@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_limiter::{
-    async_trait, Adjustment, Context, LayerRequest, Lease, Limit, Limiter, ManualClock,
-    OnStoreFailure, Policy, Scope, Store, StoreError, Subject, Timestamp, Verdicts,
+    async_trait, Adjustment, BreakerConfig, BreakerState, Context, LayerRequest, Lease, Limit,
+    Limiter, ManualClock, OnStoreFailure, Plan, PlanName, Plans, Policy, Scope, Store, StoreError,
+    Subject, Timestamp, Verdicts,
 };
 use tollgate_memory::MemoryStore;
 
@@ -199,6 +200,125 @@ async fn a_failing_store_admits_only_what_was_charged() {
         }
     }
     assert_eq!(admitted_after, held, "exactly the batch held");
+}
+
+/// Admissions from a batch are no store calls: they neither close the
+/// circuit breaker nor reset its count of failures, so a failing store is
+/// cut off after its threshold however many requests batches admit
+/// meanwhile.
+#[tokio::test]
+async fn batches_do_not_hide_a_failing_store_from_the_breaker() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let limiter = Limiter::builder(store.clone())
+        .clock(Arc::new(clock.clone()))
+        .layer("client", Scope::Subject, leased_bucket(50))
+        .breaker(BreakerConfig {
+            failure_threshold: 3,
+            open_for: Duration::from_secs(1),
+        })
+        .build()
+        .unwrap();
+    let hot = Context::for_subject(Subject::new("hot").unwrap());
+    let cold = Context::for_subject(Subject::new("cold").unwrap());
+    assert_eq!(admitted(&limiter, &hot, 200).await, 200);
+    let peeked = limiter.peek(&hot, 1).await.unwrap();
+    let held = 800 - peeked.layers()[0].verdict.remaining;
+    store.down.store(true, Ordering::SeqCst);
+    let calls = store.decides.load(Ordering::SeqCst);
+    let mut hot_admitted = 0;
+    for _ in 0..6 {
+        assert!(limiter.check(&cold, 1).await.unwrap().failed_closed());
+        // The hot client's batch still admits (it was charged), the
+        // breaker open or not.
+        hot_admitted += u64::from(limiter.check(&hot, 1).await.unwrap().is_allowed());
+    }
+    assert_eq!(hot_admitted, held.min(6), "{held} held");
+    assert_eq!(
+        store.decides.load(Ordering::SeqCst) - calls,
+        3,
+        "the breaker opened after three failures"
+    );
+    assert_eq!(limiter.breaker().state(), BreakerState::Open);
+}
+
+/// A request another layer denies takes nothing from the batch: its take
+/// is given back (and reported uncharged), so every unit charged is
+/// admitted or returned.
+#[tokio::test]
+async fn a_take_another_layer_denies_is_given_back() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let once = Limit::fixed_window(1, Duration::from_secs(3600)).unwrap();
+    let limiter = Limiter::builder(store.clone())
+        .clock(Arc::new(clock.clone()))
+        .layer("all", Scope::Global, leased_bucket(50))
+        .layer("client", Scope::Subject, Policy::new("once", once).unwrap())
+        .build()
+        .unwrap();
+    let client = |i: usize| Context::for_subject(Subject::new(format!("c-{i}")).unwrap());
+    for i in 0..300 {
+        assert!(
+            limiter.check(&client(i), 1).await.unwrap().is_allowed(),
+            "client {i}"
+        );
+    }
+    for i in 0..100 {
+        let again = limiter.check(&client(i), 1).await.unwrap();
+        assert!(!again.is_allowed(), "client {i} twice");
+        let all = again.layers()[0].verdict;
+        assert!(all.allowed, "the global layer admits: {all:?}");
+    }
+    limiter.return_leases().await;
+    let peeked = limiter.peek(&client(1_000), 1).await.unwrap();
+    assert_eq!(
+        peeked.layers()[0].verdict.remaining,
+        700,
+        "300 admitted, nothing lost"
+    );
+}
+
+/// The last units of a leased bucket: a batch the limit has no room for
+/// is denied, and the request is decided again at its own cost, so
+/// exactly the capacity is admitted.
+#[tokio::test]
+async fn the_last_units_go_one_request_at_a_time() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let limiter = limiter(store.clone(), &clock, leased_bucket(50));
+    let ctx = Context::new();
+    assert_eq!(admitted(&limiter, &ctx, 1_500).await, 1_000);
+    assert_eq!(remaining(&limiter).await, 0);
+}
+
+/// A customer moved to a smaller plan is not admitted from the batch its
+/// bigger plan charged: the batch ends, and the next is charged (and
+/// reported) under the new plan's limit.
+#[tokio::test]
+async fn a_plan_change_ends_the_batch() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let small = Limit::token_bucket(500, 50, Duration::from_secs(1)).unwrap();
+    let plans =
+        Plans::new(Plan::new("pro").unwrap()).plan(Plan::new("small").unwrap().limit("hot", small));
+    let limiter = Limiter::builder(store.clone())
+        .clock(Arc::new(clock.clone()))
+        .layer("client", Scope::Subject, leased_bucket(50))
+        .plans(plans)
+        .build()
+        .unwrap();
+    let customer = Context::for_subject(Subject::new("acme").unwrap());
+    assert_eq!(admitted(&limiter, &customer, 200).await, 200);
+    let pro_calls = store.decides.load(Ordering::SeqCst);
+    assert!(
+        pro_calls < 100,
+        "batches under the pro plan: {pro_calls} calls"
+    );
+    let small_plan = customer.clone().with_plan(PlanName::new("small").unwrap());
+    for i in 0..100 {
+        let d = limiter.check(&small_plan, 1).await.unwrap();
+        assert_eq!(d.layers()[0].verdict.limit, 500, "request {i}: {d:?}");
+    }
 }
 
 /// On an in-process store a lease changes nothing: no batches, the same

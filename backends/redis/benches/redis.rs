@@ -32,7 +32,8 @@
 //!
 //! Run: `cargo bench -p tollgate-redis --bench redis`
 //! (only the reports, without criterion: `REPORTS_ONLY=1 cargo bench -p tollgate-redis --bench redis`;
-//! `TARGETS=limiter/module,classic-script` keeps those targets only)
+//! `TARGETS=limiter/module,classic-script` keeps those targets only,
+//! `REPORTS=latency` that report only: `latency`, `cost`, `memory`)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,8 +51,10 @@ use tollgate_testkit::redis_server::RedisServer;
 
 const KEYS: usize = 10_000;
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
-/// Decisions per case in the latency run.
+/// Decisions per case and round in the latency run.
 const LATENCY_RUN: usize = 40_000;
+/// Rounds of the latency run (interleaved; medians are printed).
+const LATENCY_ROUNDS: usize = 3;
 /// Decisions per case and round in the Redis CPU report.
 const COST_RUN: usize = 40_000;
 /// Rounds of the Redis CPU report (interleaved; the median is printed).
@@ -343,46 +346,74 @@ fn client_cpu() -> Duration {
     Duration::from_nanos(nanos)
 }
 
+/// One end-to-end run of `target` at `concurrency`: decisions/s, p50,
+/// p99, and the bench process's CPU per decision (µs).
+fn end_to_end(
+    setup: &Setup,
+    target: &Target,
+    concurrency: usize,
+) -> (f64, Duration, Duration, f64) {
+    let cpu = client_cpu();
+    let (elapsed, mut latencies) =
+        setup
+            .rt
+            .block_on(run(target, concurrency, LATENCY_RUN as u64, true));
+    let cpu_us = (client_cpu() - cpu).as_secs_f64() * 1e6 / LATENCY_RUN as f64;
+    latencies.sort_unstable();
+    (
+        LATENCY_RUN as f64 / elapsed.as_secs_f64(),
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        cpu_us,
+    )
+}
+
 fn latency_report(setup: &Setup) {
     println!();
     println!(
-        "end to end ({LATENCY_RUN} decisions per case, {KEYS} keys, all admitted; \
-         ratio: decisions/s over the classic script's at the same concurrency; \
-         client µs: the bench process's CPU per decision, and its ratio to the classic's)"
+        "end to end ({LATENCY_RUN} decisions per case and round, {LATENCY_ROUNDS} interleaved rounds, \
+         medians; {KEYS} keys, all admitted; ratio: decisions/s over the classic script's at the \
+         same concurrency; client µs: the bench process's CPU per decision, and its ratio to the \
+         classic's, per round in brackets)"
     );
     println!(
         "{:<24} {:>5} {:>12} {:>8} {:>8} {:>7} {:>9} {:>7}",
         "target", "conc", "decisions/s", "p50 µs", "p99 µs", "ratio", "client µs", "ratio"
     );
     for &concurrency in &CONCURRENCY {
-        let mut rows = Vec::new();
-        for (name, target) in &setup.targets {
-            let cpu = client_cpu();
-            let (elapsed, mut latencies) =
-                setup
-                    .rt
-                    .block_on(run(target, concurrency, LATENCY_RUN as u64, true));
-            let cpu_us = (client_cpu() - cpu).as_secs_f64() * 1e6 / LATENCY_RUN as f64;
-            latencies.sort_unstable();
-            rows.push((
-                *name,
-                LATENCY_RUN as f64 / elapsed.as_secs_f64(),
-                percentile(&latencies, 0.50),
-                percentile(&latencies, 0.99),
-                cpu_us,
-            ));
+        // rounds[t][r]: target t's run in round r.
+        let mut rounds: Vec<Vec<(f64, Duration, Duration, f64)>> =
+            vec![Vec::new(); setup.targets.len()];
+        for _ in 0..LATENCY_ROUNDS {
+            for (t, (_, target)) in setup.targets.iter().enumerate() {
+                rounds[t].push(end_to_end(setup, target, concurrency));
+            }
         }
-        let classic = rows
+        let classic = setup
+            .targets
             .iter()
-            .find(|r| r.0 == "classic-script")
-            .map_or((1.0, 1.0), |r| (r.1, r.4));
-        for (name, rate, p50, p99, cpu_us) in rows {
+            .position(|(n, _)| *n == "classic-script");
+        let per_round = |t: usize, r: usize| {
+            let (rate, _, _, cpu) = rounds[t][r];
+            classic.map_or((1.0, 1.0), |c| {
+                (rate / rounds[c][r].0, cpu / rounds[c][r].3)
+            })
+        };
+        for (t, (name, _)) in setup.targets.iter().enumerate() {
+            let of = |f: fn(&(f64, Duration, Duration, f64)) -> f64| {
+                median(rounds[t].iter().map(f).collect())
+            };
+            let cpu_ratios: Vec<f64> = (0..LATENCY_ROUNDS).map(|r| per_round(t, r).1).collect();
+            let shown: Vec<String> = cpu_ratios.iter().map(|x| format!("{x:.2}")).collect();
             println!(
-                "{name:<24} {concurrency:>5} {rate:>12.0} {:>8} {:>8} {:>7.2} {cpu_us:>9.2} {:>7.2}",
-                p50.as_micros(),
-                p99.as_micros(),
-                rate / classic.0,
-                cpu_us / classic.1
+                "{name:<24} {concurrency:>5} {:>12.0} {:>8.0} {:>8.0} {:>7.2} {:>9.2} {:>7.2} [{}]",
+                of(|r| r.0),
+                of(|r| r.1.as_micros() as f64),
+                of(|r| r.2.as_micros() as f64),
+                median((0..LATENCY_ROUNDS).map(|r| per_round(t, r).0).collect()),
+                of(|r| r.3),
+                median(cpu_ratios),
+                shown.join(" ")
             );
         }
     }
@@ -672,9 +703,21 @@ fn main() {
     if !reports_only {
         throughput(&mut c, &setup);
     }
-    latency_report(&setup);
-    cost_report(&setup);
-    memory_report(&setup);
+    // `REPORTS=latency,cost`: only the reports named (default: all three).
+    let only = std::env::var("REPORTS").ok();
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|r| r == name))
+    };
+    if wanted("latency") {
+        latency_report(&setup);
+    }
+    if wanted("cost") {
+        cost_report(&setup);
+    }
+    if wanted("memory") {
+        memory_report(&setup);
+    }
     if !reports_only {
         c.final_summary();
     }

@@ -10,8 +10,8 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use tollgate_http::{check_method, check_path, AccessRules, Cidr};
 use tollgate_limiter::{
-    check_name, duplicate_names, shared_counters, BreakerConfig, DurationSpec, FieldKind, Lease,
-    KeyBudget, Layer, Limit, LimitSpec, ModeSpec, OnFailureSpec, Policy, PolicyError, Scope,
+    check_name, duplicate_names, shared_counters, BreakerConfig, DurationSpec, FieldKind,
+    KeyBudget, Layer, Lease, Limit, LimitSpec, ModeSpec, OnFailureSpec, Policy, PolicyError, Scope,
     Subject, WhenFullSpec,
 };
 use toml::{Table, Value};
