@@ -21,7 +21,10 @@
 //! from the server's clock, or empty for no check. A layer is its
 //! algorithm's code ([`Builtin::code`](tollgate_limiter::Builtin)), its
 //! cost and the algorithm's three parameters ([`layer_args`]; the first is
-//! its capacity, which a blocked layer reports as its limit).
+//! its capacity, which a blocked layer reports as its limit). A code with
+//! [`KEEPS_UNITS`](tollgate_limiter::KEEPS_UNITS) (0x80) added is a plan's token bucket or GCRA: its state
+//! records the rate it was written at, and a state of another rate is read
+//! as the units it used ([`Limit::keeping_units`](tollgate_limiter::Limit::keeping_units)).
 //!
 //! The last argument selects a [`Mode`]; without it the call decides:
 //! every layer is judged against its state, and only if every layer admits
