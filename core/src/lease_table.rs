@@ -348,7 +348,7 @@ impl Held {
         let units = std::mem::take(&mut self.units);
         if units > 0 && LeaseKind::of(self.layer.policy().limit()) == Some(LeaseKind::Refills) {
             unused.push(Unused {
-                layer: OwnedLayer::of(&self.layer.request(units)),
+                layer: self.layer.clone(),
                 units,
             });
         }

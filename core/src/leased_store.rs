@@ -108,15 +108,7 @@ impl LeasedStore {
         if sent.is_empty() {
             return Ok(Verdicts::new());
         }
-        let verdicts = self.inner.decide(&sent).await?;
-        if verdicts.len() != sent.len() {
-            return Err(StoreError::Protocol(format!(
-                "{} verdicts for {} layers",
-                verdicts.len(),
-                sent.len()
-            )));
-        }
-        Ok(verdicts)
+        crate::limiter::counted(self.inner.decide(&sent).await, sent.len())
     }
 }
 
@@ -266,13 +258,10 @@ impl Pending<'_, '_> {
     ) -> Result<Verdicts, StoreError> {
         let verdicts = answer?;
         let admitted = verdicts.iter().all(|v| v.allowed);
-        if !admitted {
-            // Dropped unsettled: the batches given up, the units taken
-            // given back (nothing was charged).
-            return Ok(self.merged(&verdicts, false, sent));
-        }
-        let merged = self.merged(&verdicts, true, sent);
-        self.settled = true;
+        let merged = self.merged(&verdicts, admitted, sent);
+        // A denied request is dropped unsettled: its batches given up, the
+        // units it took given back (nothing was charged).
+        self.settled = admitted;
         Ok(merged)
     }
 

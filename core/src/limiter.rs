@@ -835,7 +835,10 @@ async fn ask(store: &dyn Store, layers: &[LayerRequest<'_>]) -> Result<Verdicts,
 }
 
 /// `answer`, unless it does not have one verdict per layer.
-fn counted(answer: Result<Verdicts, StoreError>, layers: usize) -> Result<Verdicts, StoreError> {
+pub(crate) fn counted(
+    answer: Result<Verdicts, StoreError>,
+    layers: usize,
+) -> Result<Verdicts, StoreError> {
     let verdicts = answer?;
     one_each(&verdicts, layers)?;
     Ok(verdicts)

@@ -323,7 +323,7 @@ pub struct LayerRequest<'a> {
 /// A layer's key parts and policy, owned: what outlives the request that
 /// named them (a permit's places, a lease's batch) and is given back later.
 #[cfg(any(feature = "concurrency", feature = "lease"))]
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct OwnedLayer {
     tag: Box<str>,
     policy: Policy,
