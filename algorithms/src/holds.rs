@@ -36,44 +36,63 @@ pub fn hold_of(limit: &Limit, written: &Stored, cost: u64) -> Option<Hold> {
 }
 
 /// The writes that release each layer's hold (`holds[i]` for `layers[i]`,
-/// `states[i]` its live state): the hold's entries removed, the state
-/// living until its newest entry's lease ends. A lost hold writes nothing.
-/// The verdicts are empty (a release answers none).
+/// `states[i]` its live state; see [`release`]). The verdicts are empty
+/// (a release answers none).
 pub fn release_layers<L: LayerLimit>(
     layers: &[L],
     states: &[Option<&State>],
     now: Timestamp,
     holds: &[Hold],
 ) -> Layered {
-    let now = now.as_micros();
     let writes = layers
         .iter()
         .zip(states)
         .zip(holds)
-        .map(|((l, state), hold)| {
-            let Limit::Concurrency(p) = l.limit() else {
-                return None;
-            };
-            let charge = Charge {
-                cost: hold.cost,
-                at: hold.at,
-                mark: 0,
-            };
-            let next = refund(l.limit(), *state, now, charge).next?;
-            let newest = match &next {
-                State::Log(entries) => entries.back().copied().unwrap_or(0),
-                _ => 0,
-            };
-            Some(Stored {
-                state: next,
-                ttl: ttl_until(newest.saturating_add(p.lease_us()), now),
-            })
-        })
+        .map(|((l, state), hold)| release(l.limit(), *state, now.as_micros(), *hold))
         .collect();
     Layered {
         verdicts: Verdicts::new(),
         writes: Writes(writes),
     }
+}
+
+/// What releasing `hold` from a concurrency layer's `state` writes at
+/// `now` (µs): the hold's entries removed, the state living until its
+/// newest entry's lease ends (an empty log: the key removed). `None` when
+/// nothing is to be written: the hold was lost, or `limit` is no
+/// concurrency limit.
+///
+/// ```
+/// use std::collections::VecDeque;
+/// use std::time::Duration;
+/// use tollgate_algorithms::release;
+/// use tollgate_limiter::{Hold, Limit, State};
+/// let limit = Limit::concurrency(5, Duration::from_secs(30)).unwrap();
+/// let t = 1_800_000_000_000_000;
+/// let state = State::Log(VecDeque::from([t, t + 1]));
+/// let released = release(&limit, Some(&state), t + 2, Hold { cost: 1, at: t }).unwrap();
+/// assert_eq!(released.state, State::Log(VecDeque::from([t + 1])));
+/// assert_eq!(released.ttl, Duration::from_secs(30)); // ms, rounded up
+/// assert_eq!(release(&limit, Some(&state), t + 2, Hold { cost: 1, at: t + 9 }), None);
+/// ```
+pub fn release(limit: &Limit, state: Option<&State>, now: u64, hold: Hold) -> Option<Stored> {
+    let Limit::Concurrency(p) = limit else {
+        return None;
+    };
+    let charge = Charge {
+        cost: hold.cost,
+        at: hold.at,
+        mark: 0,
+    };
+    let next = refund(limit, state, now, charge).next?;
+    let newest = match &next {
+        State::Log(entries) => entries.back().copied().unwrap_or(0),
+        _ => 0,
+    };
+    Some(Stored {
+        state: next,
+        ttl: ttl_until(newest.saturating_add(p.lease_us()), now),
+    })
 }
 
 /// The writes that renew each layer's hold (see [`renew`]), and each hold

@@ -40,7 +40,7 @@ use std::time::Duration;
 use tollgate_limiter::{Limit, State, Timestamp, Transition};
 
 pub use adjust::{adjust, adjust_layers, blocked, Adjusted};
-pub use holds::{hold_of, holds_of, release_layers, renew_layers};
+pub use holds::{hold_of, holds_of, release, release_layers, renew_layers};
 pub use layered::{decide_layers, LayerLimit, Layered, Writes, WritesIntoIter};
 
 /// Decide one request under `limit`: dispatch to the built-in algorithm, or

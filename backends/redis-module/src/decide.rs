@@ -6,8 +6,8 @@
 use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use smallvec::SmallVec;
 use tollgate_algorithms::refund::{refund, Charge};
-use tollgate_algorithms::{adjust_layers, decide_layers, renew, Layered};
-use tollgate_limiter::{Limit, State, Timestamp};
+use tollgate_algorithms::{adjust_layers, decide_layers, release, renew, Layered};
+use tollgate_limiter::{Hold, Layout, Limit, State, Timestamp};
 use tollgate_redis_protocol::{self as protocol, verdict_fields, Call, Mode, Time};
 
 use crate::keyspace;
@@ -172,7 +172,25 @@ fn refund_layers(
 ) -> Result<Vec<i64>, RedisError> {
     each_named_charge(ctx, keys, call, |key, layer, state, charge| {
         let given = match state {
-            Some(State::Log(_)) => keyspace::remove_newest(ctx, key, layer.cost, layer.at)?,
+            Some(State::Log(_)) if layer.layout == Layout::Log => {
+                keyspace::remove_newest(ctx, key, layer.cost, layer.at)?
+            }
+            Some(State::Log(held)) => {
+                // A concurrency limit's release: the reference's write,
+                // TTL included (until the newest entry left ages out).
+                let hold = Hold {
+                    cost: charge.cost,
+                    at: charge.at,
+                };
+                let before = State::Log(held);
+                match release(&layer.limit, Some(&before), now, hold) {
+                    Some(stored) => {
+                        keyspace::write(ctx, key, layer.layout, Some(&before), &stored)?;
+                        log_len(&before) - log_len(&stored.state)
+                    }
+                    None => 0,
+                }
+            }
             Some(state @ State::Cells(_)) => {
                 // The state keeps its expiry; a key without one is left
                 // alone (nothing is stored without a TTL).
@@ -190,6 +208,14 @@ fn refund_layers(
         };
         Ok(given as i64)
     })
+}
+
+/// The entries of a log (0 for any other state).
+fn log_len(state: &State) -> u64 {
+    match state {
+        State::Log(entries) => entries.len() as u64,
+        _ => 0,
+    }
 }
 
 /// Renew concurrency holds: per layer the time its hold moved to, or 0

@@ -7,12 +7,13 @@ use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis_module::{
-    CallOptions, CallOptionsBuilder, CallReply, CallResult, Context, KeyType, RedisError,
-    RedisString, RedisValue,
+    CallOptions, CallOptionsBuilder, CallReply, CallResult, Context, KeyType, NotifyEvent,
+    RedisError, RedisString, RedisValue,
 };
 use tollgate_limiter::{Layout, State, Stored};
 use tollgate_redis_protocol::{
-    block_text, px, read_cells, write_cells, Layer, LogEdit, LogReader, PUSH_CHUNK,
+    block_text, px, read_cells, read_log_text, write_cells, write_log_text, Layer, LogEdit,
+    LogReader, PUSH_CHUNK, TEXT_LOG_MAX,
 };
 
 /// The server's clock in µs since the Unix epoch: the clock of `TIME`.
@@ -48,7 +49,13 @@ pub(crate) fn read(
                 .map(Some)
                 .ok_or_else(|| conflict(i, "not_a_state"))
         }
-        (KeyType::List, Layout::Log) => {
+        (KeyType::String, Layout::LogText) => {
+            let v = k.read()?.unwrap_or_default();
+            read_log_text(v)
+                .ok_or_else(|| conflict(i, "not_a_state"))
+                .map(Some)
+        }
+        (KeyType::List, Layout::Log | Layout::LogText) => {
             drop(k);
             read_log(ctx, key, i).map(Some)
         }
@@ -134,8 +141,9 @@ fn write_string(
 }
 
 /// Store what the reference decided for a layer kept as `layout`, whose
-/// state was `before`: counter cells or a block as a string, a log as a
-/// list edited into the next one, each living the state's TTL ([`px`]).
+/// state was `before`: counter cells, a block or a log kept as text as a
+/// string, a sliding log as a list edited into the next one, each living
+/// the state's TTL ([`px`]).
 pub(crate) fn write(
     ctx: &Context,
     key: &RedisString,
@@ -146,6 +154,7 @@ pub(crate) fn write(
     let ttl = px(stored.ttl);
     match &stored.state {
         State::Cells(cells) => write_counter(ctx, key, layout, *cells, ttl),
+        State::Log(next) if layout == Layout::LogText => write_holders(ctx, key, before, next, ttl),
         State::Blocked(until) if layout == Layout::Log => {
             let k = key.as_slice();
             effect(ctx, "DEL", &[k])?;
@@ -159,6 +168,31 @@ pub(crate) fn write(
             "TOLLGATE_ARGS the algorithms made a state this module cannot store",
         )),
     }
+}
+
+/// A concurrency limit's holders `next` at `key`, which held `before`: as
+/// text while they are [`TEXT_LOG_MAX`] or fewer, else as a list (the
+/// list edited, or made from them when the key held text); an empty log
+/// removes the key.
+fn write_holders(
+    ctx: &Context,
+    key: &RedisString,
+    before: Option<&State>,
+    next: &VecDeque<u64>,
+    ttl: u64,
+) -> Result<(), RedisError> {
+    if next.is_empty() {
+        return delete_one(ctx, key);
+    }
+    if next.len() <= TEXT_LOG_MAX {
+        // (A string set through the key API replaces a list.)
+        return write_string(ctx, key, &write_log_text(next), ttl);
+    }
+    if ctx.open_key(key).key_type() == KeyType::String {
+        delete_one(ctx, key)?;
+        return write_log(ctx, key, None, next, ttl);
+    }
+    write_log(ctx, key, before, next, ttl)
 }
 
 /// Turn the list at `key`, which held `before`, into the log `next`.
@@ -213,6 +247,16 @@ fn push_entries<T: AsRef<[u8]>>(ctx: &Context, k: &[u8], texts: &[T]) -> Result<
         args.extend(chunk.iter().map(AsRef::as_ref));
         effect(ctx, "RPUSH", &args)?;
     }
+    Ok(())
+}
+
+/// Delete `key` through the key API, replicated as `DEL` and with the
+/// event a client's `DEL` fires (a release's last holder: no client call
+/// built for it).
+fn delete_one(ctx: &Context, key: &RedisString) -> Result<(), RedisError> {
+    ctx.open_key_writable(key).delete()?;
+    ctx.replicate("DEL", &[key][..]);
+    ctx.notify_keyspace_event(NotifyEvent::GENERIC, "del", key);
     Ok(())
 }
 

@@ -336,7 +336,7 @@ fn checked_cost(mode: Mode, layout: Layout, limit: &Limit, cost: u64) -> Result<
         // Units beyond what a layer holds change nothing more for a
         // counter; a log's reward drops at most every entry, however many.
         Mode::Penalize => Ok(cost.min(capacity)),
-        Mode::Reward if layout == Layout::Log => Ok(cost),
+        Mode::Reward if layout.is_log() => Ok(cost),
         Mode::Reward => Ok(cost.min(capacity)),
         Mode::Block => {
             Adjustment::Block(Duration::from_micros(cost))

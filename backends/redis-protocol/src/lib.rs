@@ -46,8 +46,10 @@
 //!   each layer's verdict for one unit afterwards, as a peek gives it.
 //! - `refund` gives reservations back; each layer's arguments end with the
 //!   charge's `at` and `mark`, and the reply is what each layer got back.
-//!   Not idempotent: the store sends a refund at most once. A concurrency
-//!   limit's release is its refund.
+//!   Not idempotent: the store sends a refund at most once. A counter
+//!   keeps its expiry. A concurrency limit's release is its refund
+//!   (`tollgate_algorithms::release`): the hold's entries go, and the
+//!   log lives until its newest entry's lease ends.
 //! - `renew` renews concurrency holds (`tollgate_algorithms::renew`):
 //!   each layer's arguments end with the hold's `at` and 0, and the reply
 //!   is each hold's new `at`, or 0 when it was lost.
@@ -72,8 +74,12 @@
 //!
 //! Counter algorithms keep a string of decimal cells ([`read_cells`],
 //! [`write_cells`]); the sliding log keeps a list of timestamps, oldest
-//! first ([`LogReader`], [`LogEdit`]); a block is the string `b<µs>`, or a
-//! list of that one item for the log ([`block_text`]). Only values whose
+//! first ([`LogReader`], [`LogEdit`]); the concurrency limit keeps its
+//! log in one string, fixed-width timestamps separated by a space
+//! ([`read_log_text`], [`write_log_text`]), or as a list once it holds
+//! more than [`TEXT_LOG_MAX`] entries; a block is the string
+//! `b<µs>`, or a list of that one item for the sliding log
+//! ([`block_text`]). Only values whose
 //! times lie in [`STORED_TIMES`] are states: anything else is someone
 //! else's data, never overwritten.
 
@@ -94,7 +100,10 @@ pub use reply::{
     parse_renewed, parse_reply, parse_reserve, verdict_fields, Charged, REPLY_FIELDS,
     RESERVE_FIELDS,
 };
-pub use state::{block_end, block_text, read_cells, write_cells, LogReader, STORED_TIMES};
+pub use state::{
+    block_end, block_text, read_cells, read_log_text, write_cells, write_log_text, LogReader,
+    LOG_ENTRY_DIGITS, STORED_TIMES, TEXT_LOG_MAX,
+};
 
 /// The calling convention's version (arguments, modes, replies and
 /// encodings). The Redis store sends `TOLLGATE.DECIDE` only to a module

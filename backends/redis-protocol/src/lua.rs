@@ -4,13 +4,14 @@
 use std::fmt::Write as _;
 
 use crate::{
-    LAYER_ARGS, PUSH_CHUNK, REFUND_LAYER_ARGS, REPLY_FIELDS, RESERVE_FIELDS, STORED_TIMES,
-    TTL_MARGIN_MS,
+    LAYER_ARGS, LOG_ENTRY_DIGITS, PUSH_CHUNK, REFUND_LAYER_ARGS, REPLY_FIELDS, RESERVE_FIELDS,
+    STORED_TIMES, TEXT_LOG_MAX, TTL_MARGIN_MS,
 };
 
 /// Lua `local` definitions of the shared constants: `EARLIEST` and
 /// `LATEST` (the [`STORED_TIMES`] bounds, the end excluded),
-/// `TTL_MARGIN_MS`, `PUSH_CHUNK`, and the strides of calls and replies
+/// `TTL_MARGIN_MS`, `PUSH_CHUNK`, `LOG_ENTRY_DIGITS`, `TEXT_LOG_MAX`, and the
+/// strides of calls and replies
 /// (`LAYER_ARGS`, `REFUND_LAYER_ARGS`, `REPLY_FIELDS`, `RESERVE_FIELDS`),
 /// and `KEEPS_UNITS`, the flag added to an algorithm's code.
 /// The Redis store puts them before its Lua files.
@@ -26,6 +27,8 @@ pub fn lua_constants() -> String {
         ("LATEST", STORED_TIMES.end),
         ("TTL_MARGIN_MS", TTL_MARGIN_MS),
         ("PUSH_CHUNK", PUSH_CHUNK),
+        ("LOG_ENTRY_DIGITS", LOG_ENTRY_DIGITS as u64),
+        ("TEXT_LOG_MAX", TEXT_LOG_MAX as u64),
         ("LAYER_ARGS", LAYER_ARGS as u64),
         ("REFUND_LAYER_ARGS", REFUND_LAYER_ARGS as u64),
         ("REPLY_FIELDS", REPLY_FIELDS as u64),

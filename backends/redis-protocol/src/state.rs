@@ -10,6 +10,10 @@
 //!   the interval only under a plan: `Limit::keeping_units`), fixed
 //!   window `count last`, sliding window `current previous last`.
 //! - The sliding log keeps a list of decimal timestamps, oldest first.
+//! - The concurrency limit keeps its log in one string
+//!   ([`Layout::LogText`]): the timestamps, oldest first, each
+//!   [`LOG_ENTRY_DIGITS`] digits, separated by one space; a log longer
+//!   than [`TEXT_LOG_MAX`] entries is kept as a list, as the sliding log.
 //! - A block is the string `b<µs>` (or a list of that one item for the log).
 //!
 //! A value is a state only when its time cell (for the log: every entry)
@@ -17,6 +21,7 @@
 //! anything else is someone else's data, never overwritten.
 
 use std::collections::VecDeque;
+use std::fmt::Write as _;
 use std::ops::Range;
 
 use tollgate_limiter::{Layout, State, Timestamp};
@@ -30,6 +35,25 @@ pub const STORED_TIMES: Range<u64> = Timestamp::EARLIEST.as_micros()..4_133_980_
 
 const EARLIEST: u64 = STORED_TIMES.start;
 const LATEST: u64 = STORED_TIMES.end;
+
+/// The digits of every stored time (every time in [`STORED_TIMES`] has
+/// as many), so that entry *i* of a log kept as text
+/// ([`Layout::LogText`]) starts at byte `(i − 1) × (LOG_ENTRY_DIGITS + 1)`:
+/// the Lua reads any entry without splitting the string, and edits the
+/// log by cutting it at entry boundaries.
+pub const LOG_ENTRY_DIGITS: usize = 16;
+
+const _: () = assert!(EARLIEST >= 1_000_000_000_000_000 && LATEST <= 10_000_000_000_000_000);
+
+/// The most entries a log kept as [`Layout::LogText`] holds as text;
+/// a longer one is kept as a list, as the sliding log is. Every write
+/// applies the rule, so a log moves to a list when it grows past this and
+/// back to text when it shrinks to it. A short log is cheapest as one
+/// string (one `GET`, one `SET`); a long one as a list, whose edits do not
+/// copy every entry (in Lua, a long string costs the garbage collector in
+/// proportion to its bytes: three times a list's commands at a thousand
+/// entries).
+pub const TEXT_LOG_MAX: usize = 32;
 
 /// A decimal number as the Lua pattern `%d+` reads it (digits only), or
 /// `None`. Numbers beyond `u64` are not states.
@@ -92,9 +116,9 @@ pub fn read_cells(layout: Layout, v: &[u8]) -> Option<State> {
 pub fn write_cells(layout: Layout, cells: [u64; 3]) -> String {
     let (mut n, time_cell) = match layout {
         Layout::Cells { cells, time_cell } => (cells, time_cell),
-        // Never asked (a log is written as a list): every cell, as before,
+        // Never asked (a log is written as a log): every cell, as before,
         // rather than a panic inside Redis.
-        Layout::Log => (3, 2),
+        Layout::Log | Layout::LogText => (3, 2),
     };
     while n > time_cell + 1 && cells[n - 1] == 0 {
         n -= 1;
@@ -110,6 +134,74 @@ pub fn write_cells(layout: Layout, cells: [u64; 3]) -> String {
 /// whole value or a log's one item.
 pub fn block_text(until: u64) -> String {
     format!("b{until}")
+}
+
+/// The log or block kept as text ([`Layout::LogText`]) in the string `v`,
+/// or `None` when `v` is not one Tollgate wrote (a conflict). An empty log
+/// is never stored (its key is deleted), so an empty string is no state.
+///
+/// ```
+/// use std::collections::VecDeque;
+/// use tollgate_limiter::State;
+/// use tollgate_redis_protocol::{read_log_text, write_log_text};
+/// let log = VecDeque::from([1_800_000_000_000_000, 1_800_000_000_000_007]);
+/// let text = write_log_text(&log);
+/// assert_eq!(text, "1800000000000000 1800000000000007");
+/// assert_eq!(read_log_text(text.as_bytes()), Some(State::Log(log)));
+/// assert_eq!(read_log_text(b"someone else's"), None);
+/// ```
+pub fn read_log_text(v: &[u8]) -> Option<State> {
+    if let Some(until) = block_end(v) {
+        return Some(State::Blocked(until));
+    }
+    if v.is_empty() {
+        return None;
+    }
+    let mut entries = VecDeque::with_capacity(v.len() / (LOG_ENTRY_DIGITS + 1) + 1);
+    for entry in v.split(|&b| b == b' ') {
+        let at = Some(entry)
+            .filter(|e| e.len() == LOG_ENTRY_DIGITS)
+            .and_then(digits)
+            .filter(|at| (EARLIEST..LATEST).contains(at))?;
+        // Oldest first: a log out of order is no log Tollgate wrote.
+        if entries.back().is_some_and(|&last| last > at) {
+            return None;
+        }
+        entries.push_back(at);
+    }
+    Some(State::Log(entries))
+}
+
+/// The text a log kept as [`Layout::LogText`] is stored as (see
+/// [`read_log_text`]); the caller deletes the key rather than store an
+/// empty log.
+pub fn write_log_text(entries: &VecDeque<u64>) -> String {
+    let mut text = String::with_capacity(entries.len() * (LOG_ENTRY_DIGITS + 1));
+    for (i, &at) in entries.iter().enumerate() {
+        if i > 0 {
+            text.push(' ');
+        }
+        push_entry(&mut text, at);
+    }
+    text
+}
+
+/// `at` as [`LOG_ENTRY_DIGITS`] decimal digits, digit by digit (the
+/// formatter's padding cost the module more than the rest of a write). A
+/// time too large for them — no stored time is — is written whole, and
+/// reads back as no state.
+fn push_entry(text: &mut String, at: u64) {
+    if at >= 10u64.pow(LOG_ENTRY_DIGITS as u32) {
+        let _ = write!(text, "{at}");
+        return;
+    }
+    let mut digits = [b'0'; LOG_ENTRY_DIGITS];
+    let mut rest = at;
+    for digit in digits.iter_mut().rev() {
+        *digit = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
+    text.extend(digits.iter().map(|&d| char::from(d)));
 }
 
 /// Reads a list item by item (oldest first) into the state it holds: a
@@ -253,6 +345,45 @@ mod tests {
             None
         );
         assert_eq!(read_log(&[t.clone().into_bytes(), b"-1".to_vec()]), None);
+    }
+
+    #[test]
+    fn logs_kept_as_text_read_back_what_they_write() {
+        let t = T.to_string();
+        for log in [vec![T], vec![T, T, T + 1], vec![EARLIEST, LATEST - 1]] {
+            let formatted: Vec<String> = log.iter().map(|at| format!("{at:016}")).collect();
+            assert_eq!(
+                write_log_text(&VecDeque::from(log.clone())),
+                formatted.join(" ")
+            );
+            let log = VecDeque::from(log);
+            let text = write_log_text(&log);
+            assert_eq!(
+                read_log_text(text.as_bytes()),
+                Some(State::Log(log)),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            read_log_text(format!("b{T}").as_bytes()),
+            Some(State::Blocked(T))
+        );
+        for v in [
+            String::new(),
+            " ".to_string(),
+            format!("{t} "),
+            format!(" {t}"),
+            format!("{t}  {t}"),
+            format!("{} {t}", T + 1),
+            format!("0{t}"),
+            format!("{t} 12"),
+            format!("{t},{t}"),
+            format!("{t} b{t}"),
+            (EARLIEST - 1).to_string(),
+            LATEST.to_string(),
+        ] {
+            assert_eq!(read_log_text(v.as_bytes()), None, "{v:?}");
+        }
     }
 
     #[test]

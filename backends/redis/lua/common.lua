@@ -14,11 +14,12 @@
 -- They are set by the first call (`bind`): Redis loads a function library
 -- in an environment without `math` and `string`. (`redis.call` stays a
 -- global: it is not there at load time either, and it is Redis's to set.)
-local floor, max, min, format, match, tonumber
+local floor, max, min, format, match, sub, rep, concat, tonumber
 
 local function bind()
   floor, max, min = math.floor, math.max, math.min
   format, match = string.format, string.match
+  sub, rep, concat = string.sub, string.rep, table.concat
   tonumber = _G.tonumber
 end
 

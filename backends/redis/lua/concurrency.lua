@@ -2,12 +2,13 @@
 --
 -- A sliding log whose window is the lease: each unit held is an entry at
 -- its holder's last renewal, counted while younger than the lease, so
--- the decision is sliding_log.lua's, and so is a release (the refund
--- mode's LREM of the hold's entries). A renewal is layered.lua's 'renew'
--- mode.
+-- the decision is sliding_log.lua's. A release is the refund mode's cut of
+-- the hold's entries, a renewal layered.lua's 'renew' mode.
 --
 --   concurrency(limit, lease_us, _, log, now, cost)
 --
 -- Layer ARGV: algorithm 7, cost, limit, lease_us, 0.
--- State: a Redis LIST of timestamps (µs, one per unit held), oldest first.
+-- State: one string of timestamps (µs, one per unit held), oldest first,
+--   fixed-width and separated by a space (layered.lua's logs kept as text:
+--   holders leave in any order, which a list would pay a command for).
 local concurrency = sliding_log

@@ -48,8 +48,9 @@
 -- counter cells REFUNDS, REWARDS, CHARGES (each algorithm's file:
 -- refund_*, reward_*, charge_*), CELLS (how many cells its state keeps)
 -- and TIME_CELL (the cell holding a time, from 1). The algorithms kept
--- as a list (the sliding log, the concurrency limit: LOGS) have branches
--- of their own (`LOGS[code]`).
+-- as a log (the sliding log, the concurrency limit: LOGS) have branches
+-- of their own (`LOGS[code]`); TEXT_LOGS names those kept as one string
+-- rather than a list (the concurrency limit).
 -- Counter states are stored as their cells (trailing cells an algorithm
 -- does not use are not written; nor are trailing cells after the time
 -- cell that are 0), read back by a pattern and written by a format (one
@@ -153,11 +154,96 @@ local function write_cells(key, code, ttl, a, b, c)
   redis.call('SET', key, format(FORMATS[n], a, b, c), 'PX', ttl)
 end
 
--- A sliding log as { n, at(i) } (n = 0 when the key is missing; for a
--- block n = 0 and `blocked` its end), or false when the key holds a list
--- whose ends are not timestamps. Another type
--- fails the LLEN with WRONGTYPE, as for counter states.
-local function read_log(key)
+-- Logs kept as text (TEXT_LOGS: a concurrency limit's holders, released
+-- in any order): one string of timestamps, oldest first, each
+-- LOG_ENTRY_DIGITS digits (as every stored time has), separated by one
+-- space. Entry i starts at byte (i − 1) × STRIDE + 1, so a decision reads
+-- only the entries it looks at, and every edit cuts the string at entry
+-- boundaries: one GET and one SET, where a list takes a command per edit.
+-- A log of more than TEXT_LOG_MAX entries is kept as a list instead (a
+-- long string costs Lua's garbage collector in proportion to its bytes):
+-- every write of such a log applies that rule (settle_holders).
+local STRIDE = LOG_ENTRY_DIGITS + 1
+
+-- Entries i..j of the log text v ('' when i > j).
+local function text_entries(v, i, j)
+  if i > j then
+    return ''
+  end
+  return sub(v, (i - 1) * STRIDE + 1, j * STRIDE - 1)
+end
+
+-- Two runs of entries as one.
+local function text_join(a, b)
+  if a == '' then
+    return b
+  end
+  if b == '' then
+    return a
+  end
+  return a .. ' ' .. b
+end
+
+-- `count` entries of the time t.
+local function text_stamps(t, count)
+  if count == 1 then
+    return int(t)
+  end
+  return sub(rep(' ' .. int(t), count), 2)
+end
+
+local function no_entry()
+  return nil
+end
+
+-- The log kept as text in the string v (nil: the key is missing), as
+-- read_log answers it, with its `text`; false when v is no such log. Only
+-- its length and its ends are checked, as a list's ends are (a check of
+-- every character cost more than the rest of a decision).
+local function text_log(v)
+  if not v then
+    return { n = 0, text = '', at = no_entry }
+  end
+  local u = block_end(v)
+  if u then
+    return { n = 0, text = '', blocked = u, at = no_entry }
+  end
+  local len = #v
+  if (len + 1) % STRIDE ~= 0 then
+    return false
+  end
+  local n = (len + 1) / STRIDE
+  local log = {
+    n = n,
+    text = v,
+    at = function(i)
+      local from = (i - 1) * STRIDE + 1
+      return tonumber(sub(v, from, from + LOG_ENTRY_DIGITS - 1))
+    end,
+  }
+  -- (tonumber alone would take ' 12', '1e5' or '0x1f'.)
+  local first, last = match(sub(v, 1, LOG_ENTRY_DIGITS), '^%d+$'), match(sub(v, -LOG_ENTRY_DIGITS), '^%d+$')
+  first, last = tonumber(first), tonumber(last)
+  if not (first and last) or first < EARLIEST or last >= LATEST or first > last then
+    return false
+  end
+  log.first, log.last = first, last
+  return log
+end
+
+-- A log as { n, at(i) } (n = 0 when the key is missing; for a block n = 0
+-- and `blocked` its end), or false when the key holds a log whose ends
+-- are not timestamps. Another type fails the LLEN (or GET) with
+-- WRONGTYPE, as for counter states.
+local function read_log(key, code)
+  if TEXT_LOGS[code] then
+    local v = redis.pcall('GET', key)
+    if type(v) ~= 'table' then
+      return text_log(v or nil)
+    end
+    -- WRONGTYPE: a long log, kept as a list (another type fails the LLEN
+    -- below the same way).
+  end
   local n = redis.call('LLEN', key)
   local log
   if n <= READ_WHOLE then
@@ -192,15 +278,11 @@ local function read_log(key)
   return log
 end
 
-local function write_log(key, next, cost, ttl)
-  if next.clear then
-    -- The list held a block that has ended.
-    redis.call('DEL', key)
-  elseif next.drop > 0 then
-    redis.call('LTRIM', key, next.drop, -1)
-  end
-  local stamp = int(next.t)
-  local left = cost
+-- Append `count` entries of the time t to the list at `key`,
+-- PUSH_CHUNK at a time.
+local function push_stamps(key, t, count)
+  local stamp = int(t)
+  local left = count
   while left > 0 do
     local chunk = min(left, PUSH_CHUNK)
     local args = {}
@@ -210,7 +292,83 @@ local function write_log(key, next, cost, ttl)
     redis.call('RPUSH', key, unpack(args))
     left = left - chunk
   end
-  redis.call('PEXPIRE', key, ttl)
+end
+
+-- A concurrency limit's list after an edit: back to text once it holds
+-- TEXT_LOG_MAX entries or fewer, and living `ttl` ms (nil: the caller
+-- sets it in this same call).
+local function settle_holders(key, ttl)
+  local n = redis.call('LLEN', key)
+  if n > 0 and n <= TEXT_LOG_MAX then
+    local v = concat(redis.call('LRANGE', key, 0, -1), ' ')
+    if ttl then
+      redis.call('SET', key, v, 'PX', ttl)
+    else
+      redis.call('SET', key, v)
+    end
+  elseif n > 0 and ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+
+-- A log kept as text that grows past TEXT_LOG_MAX: its entries i..n
+-- moved into a list at `key`.
+local function text_to_list(key, log, i)
+  redis.call('DEL', key)
+  local args = {}
+  for k = i, log.n do
+    args[#args + 1] = text_entries(log.text, k, k)
+    if #args == PUSH_CHUNK or k == log.n then
+      redis.call('RPUSH', key, unpack(args))
+      args = {}
+    end
+  end
+end
+
+local function write_log(key, next, cost, ttl)
+  local log = next.log
+  if log and log.text then
+    if log.n - next.drop + cost <= TEXT_LOG_MAX then
+      local v = text_join(text_entries(log.text, next.drop + 1, log.n), text_stamps(next.t, cost))
+      redis.call('SET', key, v, 'PX', ttl)
+      return
+    end
+    text_to_list(key, log, next.drop + 1)
+    push_stamps(key, next.t, cost)
+    redis.call('PEXPIRE', key, ttl)
+    return
+  end
+  if next.clear then
+    -- The list held a block that has ended.
+    redis.call('DEL', key)
+  elseif next.drop > 0 then
+    redis.call('LTRIM', key, next.drop, -1)
+  end
+  push_stamps(key, next.t, cost)
+  if next.textual then
+    settle_holders(key, ttl)
+  else
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+
+-- A concurrency limit's log at `key` for a release or renewal, which must
+-- not fail: nil when the key is missing, holds no entry, or holds anything
+-- but such a log (another type's WRONGTYPE is caught).
+local function held_log(key, code, v)
+  if v == nil then
+    v = redis.pcall('GET', key)
+  end
+  local log
+  if type(v) == 'string' then
+    log = text_log(v)
+  elseif type(v) == 'table' and redis.call('TYPE', key)['ok'] == 'list' then
+    log = read_log(key, code)
+  end
+  if not log or log.blocked or log.n == 0 then
+    return nil
+  end
+  return log
 end
 
 -- What a refund finds at a key: 'none', 'state' or 'foreign' (another
@@ -220,7 +378,8 @@ local function refund_target(key, code)
   if kind == 'none' then
     return 'none'
   end
-  if (LOGS[code] and kind == 'list') or (not LOGS[code] and kind == 'string') then
+  local list = LOGS[code] and not TEXT_LOGS[code]
+  if (list and kind == 'list') or (not list and kind == 'string') then
     return 'state'
   end
   return 'foreign'
@@ -258,16 +417,107 @@ local function charge_args(ARGV, i)
   return code, n[2], n[3], n[4], n[5], n[6], n[7], keep
 end
 
+-- The entries of `log` equal to `at` (a run, the log being sorted): the
+-- counts of entries before it and up to its end (Rust: partition_point).
+local function run_of(log, at)
+  local function first(pred)
+    local lo, hi = 0, log.n
+    while lo < hi do
+      local mid = fdiv(lo + hi, 2)
+      if pred(log.at(mid + 1)) then
+        lo = mid + 1
+      else
+        hi = mid
+      end
+    end
+    return lo
+  end
+  return first(function(e) return e < at end), first(function(e) return e <= at end)
+end
+
+-- `log` (kept as text at `key`) without up to `cost` of its entries
+-- equal to `at`, newest first (a list's LREM key -cost at), or nil when
+-- none is there.
+local function text_without(log, cost, at)
+  local before, through = run_of(log, at)
+  local k = min(cost, through - before)
+  if k < 1 then
+    return nil, 0
+  end
+  return text_join(text_entries(log.text, 1, through - k), text_entries(log.text, through + 1, log.n)), k
+end
+
+-- Store the log kept as text `v` at `key` until its newest entry's lease
+-- ends (an empty log: the key goes).
+local function write_held(key, v, lease, now)
+  if v == '' then
+    redis.call('DEL', key)
+    return
+  end
+  local newest = tonumber(sub(v, -LOG_ENTRY_DIGITS))
+  redis.call('SET', key, v, 'PX', ttl_ms(newest + lease, now) + TTL_MARGIN_MS)
+end
+
+-- A concurrency limit's release (Rust: tollgate_algorithms::release): the
+-- hold's entries go (refund_sliding_log's rule), and the log lives until
+-- its newest entry's lease ends. Answers the entries removed. Layer i's
+-- arguments are read here, each only when needed: a release is mostly a
+-- GET and a DEL, and each tonumber costs about as much as either.
+local function release_holders(key, code, ARGV, i, now)
+  local base = 2 + REFUND_LAYER_ARGS * (i - 1)
+  local cost, at_text = tonumber(ARGV[base + 2]), ARGV[base + 6]
+  local v = redis.pcall('GET', key)
+  if type(v) == 'string' and v == at_text and #v == LOG_ENTRY_DIGITS and cost >= 1 then
+    -- The log is this hold's one entry alone (the usual case: one
+    -- holder at a time), compared as text, once it is known to be one.
+    local at = tonumber(match(v, '^%d+$'))
+    if at and at >= EARLIEST and at < LATEST then
+      redis.call('DEL', key)
+      return 1
+    end
+  end
+  local log = held_log(key, code, v)
+  if not log then
+    return 0
+  end
+  local lease, at = tonumber(ARGV[base + 4]), tonumber(at_text)
+  if not log.text then
+    local given = redis.call('LREM', key, -cost, int(at))
+    local newest = tonumber(redis.call('LINDEX', key, -1))
+    if given > 0 and newest then
+      settle_holders(key, ttl_ms(newest + lease, now) + TTL_MARGIN_MS)
+    end
+    return given
+  end
+  if log.first == at and log.last == at and log.n <= cost then
+    -- The log is this hold's entries alone (the usual case: one holder
+    -- at a time).
+    redis.call('DEL', key)
+    return log.n
+  end
+  local v, given = text_without(log, cost, at)
+  if not v then
+    return 0
+  end
+  write_held(key, v, lease, now)
+  return given
+end
+
 local function refund(KEYS, ARGV, now)
   local reply = {}
   for i = 1, #KEYS do
     local key = KEYS[i]
-    local code, cost, p1, p2, p3, at, mark, keep = charge_args(ARGV, i)
+    local code = layer_code(ARGV[2 + REFUND_LAYER_ARGS * (i - 1) + 1])
+    local cost, p1, p2, p3, at, mark, keep
+    if not TEXT_LOGS[code] then
+      code, cost, p1, p2, p3, at, mark, keep = charge_args(ARGV, i)
+    end
     reply[i] = 0
-    local target = refund_target(key, code)
-    if LOGS[code] then
+    if TEXT_LOGS[code] then
+      reply[i] = release_holders(key, code, ARGV, i, now)
+    elseif LOGS[code] then
       -- A list Tollgate did not write is left alone.
-      if target == 'state' and read_log(key) then
+      if refund_target(key, code) == 'state' and read_log(key, code) then
         reply[i] = refund_sliding_log(key, cost, at)
       end
     else
@@ -276,7 +526,7 @@ local function refund(KEYS, ARGV, now)
         local raw = ARGV[2 + REFUND_LAYER_ARGS * (i - 1) + 1]
         return redis.error_reply('TOLLGATE_ARGS unknown algorithm ' .. tostring(raw))
       end
-      if target == 'state' then
+      if refund_target(key, code) == 'state' then
         local a, b, c = read_cells(key, code)
         -- The state keeps its expiry: a refund only brings it closer to
         -- new. A key without one is left alone (nothing is stored without
@@ -300,7 +550,7 @@ end
 -- per layer, the time they were moved to, or 0 when the hold is lost
 -- (Rust: tollgate_algorithms::renew). A hold still live — its entries
 -- younger than the lease at t = max(now, newest), all `cost` of them
--- there — moves to t, and the list's TTL to one lease after t; a lost
+-- there — moves to t, and the log's TTL to one lease after t; a lost
 -- one writes nothing (what is left of it ages out).
 local function renew(KEYS, ARGV, now)
   local reply = {}
@@ -308,26 +558,18 @@ local function renew(KEYS, ARGV, now)
     local key = KEYS[i]
     local code, cost, _, lease, _, at = charge_args(ARGV, i)
     reply[i] = 0
-    local log = code == CONCURRENCY and refund_target(key, code) == 'state' and read_log(key)
-    if log and log.n > 0 and cost > 0 then
+    local log = TEXT_LOGS[code] and held_log(key, code)
+    if log and cost > 0 then
       local t = max(now, log.at(log.n))
-      -- The entries equal to `at` are a run of the sorted list: [lo, hi).
-      local function first(pred)
-        local lo, hi = 0, log.n
-        while lo < hi do
-          local mid = fdiv(lo + hi, 2)
-          if pred(log.at(mid + 1)) then
-            lo = mid + 1
-          else
-            hi = mid
-          end
+      local before, through = run_of(log, at)
+      if at + lease > t and through - before >= cost then
+        if log.text then
+          write_held(key, text_join(text_without(log, cost, at), text_stamps(t, cost)), lease, now)
+        else
+          redis.call('LREM', key, -cost, int(at))
+          push_stamps(key, t, cost)
+          settle_holders(key, ttl_ms(t + lease, now) + TTL_MARGIN_MS)
         end
-        return lo
-      end
-      local held = first(function(e) return e <= at end) - first(function(e) return e < at end)
-      if at + lease > t and held >= cost then
-        redis.call('LREM', key, -cost, int(at))
-        write_log(key, { drop = 0, t = t }, cost, ttl_ms(t + lease, now) + TTL_MARGIN_MS)
         reply[i] = t
       end
     end
@@ -349,7 +591,7 @@ local function judge(i, key, code, keep, cost, ARGV, p, now)
   local p1, p2, p3 = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
   local ok, limit, remaining, reset_after, retry_after, ttl, a, b, c
   if LOGS[code] then
-    local log = read_log(key)
+    local log = read_log(key, code)
     if log == false then
       -- Nothing has been written yet: the whole call changes nothing.
       return nil, redis.error_reply('TOLLGATE_CONFLICT ' .. i .. ' not_a_state')
@@ -358,8 +600,10 @@ local function judge(i, key, code, keep, cost, ARGV, p, now)
       return 0, p1, 0, log.blocked - now, log.blocked - now
     end
     ok, limit, remaining, reset_after, retry_after, a, ttl = run(p1, p2, p3, log, now, cost)
-    if ok and log.blocked then
-      a.clear = true
+    if ok then
+      a.log = log
+      a.clear = log.blocked ~= nil
+      a.textual = TEXT_LOGS[code]
     end
   else
     a, b, c = read_cells(key, code)
@@ -383,7 +627,7 @@ end
 local function live_block(key, code, now)
   local u
   if LOGS[code] then
-    local log = read_log(key)
+    local log = read_log(key, code)
     u = log and log.blocked
   else
     local a, b = read_cells(key, code)
@@ -398,7 +642,7 @@ end
 local function write_block(key, code, until_us, now)
   local ttl = ttl_ms(until_us, now) + TTL_MARGIN_MS
   local v = 'b' .. int(until_us)
-  if LOGS[code] then
+  if LOGS[code] and not TEXT_LOGS[code] then
     redis.call('DEL', key)
     redis.call('RPUSH', key, v)
     redis.call('PEXPIRE', key, ttl)
@@ -431,11 +675,24 @@ local function reward_layer(key, code, keep, p1, p2, p3, now, units)
     -- The newest `units` entries go (a list left empty is removed; a
     -- missing key stays missing; a live block was kept by the caller, and
     -- an ended one is no state: nothing to give back).
-    local log = read_log(key)
+    local log = read_log(key, code)
     if not log or log.blocked or log.n == 0 or units < 1 then
       return false
     end
+    if log.text then
+      local v = text_entries(log.text, 1, log.n - units)
+      if v == '' then
+        redis.call('DEL', key)
+      else
+        -- Its TTL is set by the caller, in this same call.
+        redis.call('SET', key, v)
+      end
+      return true
+    end
     redis.call('LTRIM', key, 0, -(units + 1))
+    if TEXT_LOGS[code] then
+      settle_holders(key, nil)
+    end
     return true
   end
   local a, b, c = read_cells(key, code)
@@ -579,20 +836,29 @@ local function decide(KEYS, ARGV)
     return adjust(KEYS, ARGV, now, mode)
   end
 
-  if layers == 1 and mode == 'decide' then
-    -- One layer (most decisions): no per-layer bookkeeping.
+  if layers == 1 and (mode == 'decide' or mode == 'reserve') then
+    -- One layer (most decisions, a concurrency limit's acquire): no
+    -- per-layer bookkeeping.
     local code, keep = layer_code(ARGV[3])
     local ok, limit, remaining, reset_after, retry_after, ttl, a, b, c =
       judge(1, KEYS[1], code, keep, tonumber(ARGV[4]), ARGV, 5, now)
     if not ok then
       return limit
     end
+    local at, mark = 0, 0
     if ok == 1 then
       if LOGS[code] then
         write_log(KEYS[1], a, tonumber(ARGV[4]), ttl + TTL_MARGIN_MS)
+        at = a.t
       else
         write_cells(KEYS[1], code, ttl + TTL_MARGIN_MS, a, b, c)
+        if mode == 'reserve' then
+          at, mark = CHARGES[code](a, b, c)
+        end
       end
+    end
+    if mode == 'reserve' then
+      return { ok, limit, remaining, reset_after, retry_after, at, mark }
     end
     return { ok, limit, remaining, reset_after, retry_after }
   end

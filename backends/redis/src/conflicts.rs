@@ -26,12 +26,14 @@ pub(crate) fn is_unlocated(e: &StoreError) -> bool {
     matches!(e, StoreError::Conflict { policy, .. } if policy.is_empty())
 }
 
-/// The Redis type a layer's state has: a list for a log, a string
-/// otherwise.
-fn expected_type(layer: &LayerRequest<'_>) -> &'static str {
+/// The Redis types a layer's state may have: a list for the sliding log,
+/// a string or a list for a concurrency limit's holders (text while they
+/// are few), a string otherwise.
+fn expected_types(layer: &LayerRequest<'_>) -> &'static [&'static str] {
     match layer.policy.limit().layout() {
-        Some(Layout::Log) => "list",
-        _ => "string",
+        Some(Layout::Log) => &["list"],
+        Some(Layout::LogText) => &["string", "list"],
+        _ => &["string"],
     }
 }
 
@@ -53,7 +55,7 @@ pub(crate) async fn locate<C: ConnectionLike + Send>(
             Ok(kind) => kind,
             Err(e) => return from_redis(e),
         };
-        if kind != "none" && kind != expected_type(layer) {
+        if kind != "none" && !expected_types(layer).contains(&kind.as_str()) {
             return StoreError::Conflict {
                 policy: layer.policy.name().to_string(),
                 found: "wrong type".to_string(),

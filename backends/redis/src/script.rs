@@ -58,7 +58,7 @@ fn body() -> &'static str {
             .iter()
             .filter_map(|b| match b.layout {
                 Layout::Cells { cells, time_cell } => Some((b, cells, time_cell)),
-                Layout::Log => None,
+                Layout::Log | Layout::LogText => None,
             })
             .collect();
         lua_table(
@@ -85,8 +85,14 @@ fn body() -> &'static str {
             .iter()
             .map(|(b, _, time)| (b.code, (time + 1).to_string()));
         lua_table(&mut body, "TIME_CELL", time_cells);
-        let logs = all.iter().filter(|b| b.layout == Layout::Log);
+        let logs = all.iter().filter(|b| b.layout.is_log());
         lua_table(&mut body, "LOGS", logs.map(|b| (b.code, "true".into())));
+        let texts = all.iter().filter(|b| b.layout == Layout::LogText);
+        lua_table(
+            &mut body,
+            "TEXT_LOGS",
+            texts.map(|b| (b.code, "true".into())),
+        );
         body.push('\n');
         body.push_str(include_str!("../lua/layered.lua"));
         body
@@ -320,9 +326,12 @@ mod tests {
             assert!(body().contains(&code), "{code}");
             assert!(table("ALGORITHMS").contains(&format!(" [{}] = {},", b.code, b.name)));
             let mut functions = vec![b.name.to_string()];
-            if b.layout == Layout::Log {
-                // A list's refund is the log's LREM (`refund_sliding_log`).
+            if b.layout.is_log() {
+                // A list's refund is the log's LREM (`refund_sliding_log`),
+                // a text's layered.lua's own cut.
                 assert!(table("LOGS").contains(&format!(" [{}] = true,", b.code)));
+                let text = table("TEXT_LOGS").contains(&format!(" [{}] = true,", b.code));
+                assert_eq!(text, b.layout == Layout::LogText, "{}", b.name);
             }
             if let Layout::Cells { cells, time_cell } = b.layout {
                 functions.push(format!("refund_{}", b.name));

@@ -1,19 +1,24 @@
 //! Concurrency holds on real Redis — the script, the function library and
 //! the native module — against the reference (the in-process store runs
 //! `tollgate_algorithms` itself): random acquisitions, releases, renewals
-//! and clock steps on one key, every verdict and hold compared.
+//! and clock steps on one key, every verdict and hold compared, and the
+//! bytes the three Redis paths keep compared with each other (as text
+//! while the holders are few, as a list past `TEXT_LOG_MAX`).
 
 mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::keyspace::{self, Raw};
 use proptest::prelude::*;
 use tollgate_limiter::{
-    Hold, LayerRequest, Limit, ManualClock, Policy, Store, StoreKey, Timestamp, Verdict,
+    Clock, Hold, LayerRequest, Layout, Limit, ManualClock, Policy, State, Store, StoreKey,
+    Timestamp, Verdict,
 };
 use tollgate_memory::MemoryStore;
-use tollgate_redis::{ConnectionMode, Engine};
+use tollgate_redis::{ConnectionMode, Engine, RedisStore};
+use tollgate_redis_protocol::{LOG_ENTRY_DIGITS, TEXT_LOG_MAX};
 use tollgate_testkit::conformance::unique;
 use tollgate_testkit::redis_server::RedisServer;
 
@@ -29,6 +34,17 @@ enum Op {
     Renew(usize),
     /// Move the clock on by this many µs.
     Advance(u64),
+}
+
+/// Mostly acquisitions, few releases, short steps: a log that grows past
+/// TEXT_LOG_MAX (moving from text to a list) and shrinks back.
+fn growing_op(lease_us: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (1u64..=3).prop_map(Op::Acquire),
+        2 => any::<usize>().prop_map(Op::Release),
+        1 => any::<usize>().prop_map(Op::Renew),
+        1 => (0..lease_us / 4).prop_map(Op::Advance),
+    ]
 }
 
 fn op(lease_us: u64) -> impl Strategy<Value = Op> {
@@ -51,11 +67,13 @@ enum Answer {
     Moved,
 }
 
-/// One store with its clock and its holds.
+/// One store with its clock and its holds; on Redis, its server and the
+/// prefix of its keys.
 struct Side {
     store: Arc<dyn Store>,
     clock: ManualClock,
     holds: Vec<Hold>,
+    redis: Option<(String, String)>,
 }
 
 impl Side {
@@ -112,11 +130,37 @@ impl Side {
 
 async fn redis_side(url: &str, engine: Engine) -> Side {
     let clock = ManualClock::new(Timestamp::from_micros(START));
-    let store = common::store_with(url, clock.clone(), ConnectionMode::Multiplexed, engine).await;
+    let prefix = unique("t");
+    let store = RedisStore::builder(url)
+        .prefix(prefix.clone())
+        .clock(Arc::new(clock.clone()) as Arc<dyn Clock>)
+        .connection_mode(ConnectionMode::Multiplexed)
+        .engine(engine)
+        .connect()
+        .await
+        .expect("connect to the test redis-server");
     Side {
         store: Arc::new(store),
         clock,
         holds: Vec::new(),
+        redis: Some((url.to_string(), prefix)),
+    }
+}
+
+/// What the side's one key holds (its bytes; the key's expiry counts
+/// from the wall clock, which differs between sides).
+async fn stored(side: &Side) -> Raw {
+    let (url, prefix) = side.redis.as_ref().expect("a Redis side");
+    let mut con = common::raw(url).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(keys.len() <= 1, "one key per side: {keys:?}");
+    match keys.first() {
+        Some(key) => keyspace::held(&mut con, key).await.raw,
+        None => Raw::Missing,
     }
 }
 
@@ -129,6 +173,23 @@ fn reference_side() -> Side {
         store: Arc::new(store),
         clock,
         holds: Vec::new(),
+        redis: None,
+    }
+}
+
+/// `raw`, or missing when every entry it holds has aged out at `now`:
+/// its key then lives a millisecond or two of wall-clock time, so one
+/// side may read it and another find it gone.
+fn live(raw: Raw, lease: Duration, now: u64) -> Raw {
+    match keyspace::state_of(Layout::LogText, &raw) {
+        Some(State::Log(entries))
+            if entries
+                .back()
+                .is_some_and(|&t| t + lease.as_micros() as u64 <= now) =>
+        {
+            Raw::Missing
+        }
+        _ => raw,
     }
 }
 
@@ -165,6 +226,19 @@ async fn differential(limit: u64, lease_s: u64, ops: Vec<Op>) {
             let got = side.apply(&policy, op).await;
             assert_eq!(got, expected, "{name}, step {step} ({op:?}) of {ops:?}");
         }
+        // The script's bytes are the functions' and the module's, and
+        // read back as a log kept as text (state_of panics otherwise).
+        let now = reference.clock.now().as_micros();
+        let script = live(stored(&others[0].1).await, lease, now);
+        match &script {
+            Raw::List(items) => assert!(items.len() > TEXT_LOG_MAX, "a short list: {items:?}"),
+            Raw::Text(v) => assert!(v.len() <= TEXT_LOG_MAX * (LOG_ENTRY_DIGITS + 1), "{v:?}"),
+            Raw::Missing => {}
+        }
+        for (name, side) in &others[1..] {
+            let bytes = live(stored(side).await, lease, now);
+            assert_eq!(bytes, script, "{name}, step {step} ({op:?}) of {ops:?}");
+        }
     }
 }
 
@@ -182,5 +256,17 @@ proptest! {
             .build()
             .unwrap()
             .block_on(differential(limit, lease_s, ops));
+    }
+
+    #[test]
+    fn long_logs_move_between_text_and_a_list(
+        limit in 20u64..=90,
+        ops in proptest::collection::vec(growing_op(60_000_000), 40..160),
+    ) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(differential(limit, 60, ops));
     }
 }

@@ -108,8 +108,28 @@ pub enum Layout {
         time_cell: usize,
     },
     /// A list of timestamps ([`State::Log`](crate::State::Log)), stored as
-    /// a list.
+    /// a list: a log that grows and ages at its ends (the sliding log).
     Log,
+    /// A list of timestamps ([`State::Log`](crate::State::Log)), stored as
+    /// one string: the times in decimal, oldest first, separated by one
+    /// space. It is read and written whole, one `GET` and one `SET`, where
+    /// a list takes a command per edit: for a short log edited anywhere
+    /// (a concurrency limit's holders, released in any order).
+    LogText,
+}
+
+impl Layout {
+    /// Whether the state is a log ([`State::Log`](crate::State::Log)),
+    /// however it is stored.
+    ///
+    /// ```
+    /// use tollgate_limiter::{Builtin, Layout};
+    /// assert!(Layout::LogText.is_log());
+    /// assert!(!Builtin::named("gcra").unwrap().layout.is_log());
+    /// ```
+    pub fn is_log(self) -> bool {
+        matches!(self, Layout::Log | Layout::LogText)
+    }
 }
 
 /// A built-in algorithm as stores and configuration readers see it.

@@ -93,8 +93,10 @@ pub struct ConcurrencySpec {
 
 impl Parameters for Concurrency {
     const KEY_CODE: &'static str = "cc";
-    // one entry per unit held: the time its holder last renewed (µs)
-    const LAYOUT: Layout = Layout::Log;
+    // one entry per unit held: the time its holder last renewed (µs);
+    // one string, as holders leave in any order (a list would take a
+    // command per release)
+    const LAYOUT: Layout = Layout::LogText;
     const FIELDS: &'static [(&'static str, FieldKind)] = &[
         ("limit", FieldKind::Count),
         ("lease", FieldKind::Duration),

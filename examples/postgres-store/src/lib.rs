@@ -44,8 +44,8 @@ use tokio::sync::Semaphore;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 use tollgate::{
-    async_trait, duration_micros, Adjustment, Clock, Hold, Holds, LayerRequest, Layout, Limit,
-    State, Store, StoreError, SystemClock, Verdicts, MAX_RECOVERY,
+    async_trait, duration_micros, Adjustment, Clock, Hold, Holds, LayerRequest, Limit, State,
+    Store, StoreError, SystemClock, Verdicts, MAX_RECOVERY,
 };
 
 /// How often one decision is retried after a deadlock or a row deleted
@@ -509,7 +509,7 @@ fn foreign(limit: &Limit, is_log: bool, cells: &[i64]) -> Option<&'static str> {
 /// Whether `limit` keeps a log (a custom algorithm keeps what it `has`).
 fn wants_log(limit: &Limit, has: bool) -> bool {
     match limit.layout() {
-        Some(layout) => layout == Layout::Log,
+        Some(layout) => layout.is_log(),
         None => has,
     }
 }

@@ -6,7 +6,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use redis::aio::MultiplexedConnection;
 use tollgate_limiter::{Layout, State, Stored};
-use tollgate_redis_protocol::{block_text, px, read_cells, write_cells, LogReader};
+use tollgate_redis_protocol::{
+    block_text, px, read_cells, read_log_text, write_cells, write_log_text, LogReader, TEXT_LOG_MAX,
+};
 
 /// A key's contents as Redis keeps them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +64,9 @@ pub async fn held(con: &mut MultiplexedConnection, key: &str) -> Held {
 pub fn state_of(layout: Layout, raw: &Raw) -> Option<State> {
     match raw {
         Raw::Missing => None,
+        Raw::Text(v) if layout == Layout::LogText => Some(read_log_text(v).unwrap_or_else(|| {
+            panic!("{:?} is no log Tollgate writes", String::from_utf8_lossy(v))
+        })),
         Raw::Text(v) => Some(read_cells(layout, v).unwrap_or_else(|| {
             panic!(
                 "{:?} is no state Tollgate writes as {layout:?}",
@@ -86,6 +91,9 @@ pub fn raw_of(layout: Layout, state: &State) -> Raw {
         }
         State::Blocked(until) => Raw::Text(block_text(*until).into_bytes()),
         State::Log(entries) if entries.is_empty() => Raw::Missing,
+        State::Log(entries) if layout == Layout::LogText && entries.len() <= TEXT_LOG_MAX => {
+            Raw::Text(write_log_text(entries).into_bytes())
+        }
         State::Log(entries) => {
             Raw::List(entries.iter().map(|e| e.to_string().into_bytes()).collect())
         }
