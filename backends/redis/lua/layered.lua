@@ -222,28 +222,17 @@ local function text_log(v)
     end,
   }
   -- (tonumber alone would take ' 12', '1e5' or '0x1f'.)
-  local first, last = match(sub(v, 1, LOG_ENTRY_DIGITS), '^%d+$'), match(sub(v, -LOG_ENTRY_DIGITS), '^%d+$')
-  first, last = tonumber(first), tonumber(last)
+  local first = tonumber(match(sub(v, 1, LOG_ENTRY_DIGITS), '^%d+$'))
+  local last = tonumber(match(sub(v, -LOG_ENTRY_DIGITS), '^%d+$'))
   if not (first and last) or first < EARLIEST or last >= LATEST or first > last then
     return false
   end
-  log.first, log.last = first, last
   return log
 end
 
--- A log as { n, at(i) } (n = 0 when the key is missing; for a block n = 0
--- and `blocked` its end), or false when the key holds a log whose ends
--- are not timestamps. Another type fails the LLEN (or GET) with
--- WRONGTYPE, as for counter states.
-local function read_log(key, code)
-  if TEXT_LOGS[code] then
-    local v = redis.pcall('GET', key)
-    if type(v) ~= 'table' then
-      return text_log(v or nil)
-    end
-    -- WRONGTYPE: a long log, kept as a list (another type fails the LLEN
-    -- below the same way).
-  end
+-- The log in the list at `key`, as read_log answers it. Another type
+-- fails the LLEN with WRONGTYPE.
+local function read_list_log(key)
   local n = redis.call('LLEN', key)
   local log
   if n <= READ_WHOLE then
@@ -276,6 +265,22 @@ local function read_log(key, code)
     return false
   end
   return log
+end
+
+-- A log as { n, at(i) } (n = 0 when the key is missing; for a block n = 0
+-- and `blocked` its end), or false when the key holds a log whose ends
+-- are not timestamps. Another type fails the LLEN (or GET) with
+-- WRONGTYPE, as for counter states.
+local function read_log(key, code)
+  if TEXT_LOGS[code] then
+    local v = redis.pcall('GET', key)
+    if type(v) ~= 'table' then
+      return text_log(v or nil)
+    end
+    -- WRONGTYPE: a long log, kept as a list (another type fails the LLEN
+    -- the same way).
+  end
+  return read_list_log(key)
 end
 
 -- Append `count` entries of the time t to the list at `key`,
@@ -354,8 +359,9 @@ end
 
 -- A concurrency limit's log at `key` for a release or renewal, which must
 -- not fail: nil when the key is missing, holds no entry, or holds anything
--- but such a log (another type's WRONGTYPE is caught).
-local function held_log(key, code, v)
+-- but such a log (another type's WRONGTYPE is caught). `v` is what a GET
+-- of the key answered, when the caller asked already.
+local function held_log(key, v)
   if v == nil then
     v = redis.pcall('GET', key)
   end
@@ -363,7 +369,7 @@ local function held_log(key, code, v)
   if type(v) == 'string' then
     log = text_log(v)
   elseif type(v) == 'table' and redis.call('TYPE', key)['ok'] == 'list' then
-    log = read_log(key, code)
+    log = read_list_log(key)
   end
   if not log or log.blocked or log.n == 0 then
     return nil
@@ -378,8 +384,7 @@ local function refund_target(key, code)
   if kind == 'none' then
     return 'none'
   end
-  local list = LOGS[code] and not TEXT_LOGS[code]
-  if (list and kind == 'list') or (not list and kind == 'string') then
+  if (LOGS[code] and kind == 'list') or (not LOGS[code] and kind == 'string') then
     return 'state'
   end
   return 'foreign'
@@ -406,14 +411,19 @@ end
 -- a brief under-admission, never an over-admission. A state whose time is
 -- before the charge's was recreated since (it expired): nothing to refund.
 -- Layer i's arguments in a refund or renewal: its code, cost, three
--- parameters, and the charge's (or hold's) at and mark.
-local function charge_args(ARGV, i)
+-- parameters, and the charge's (or hold's) at and mark; the code alone
+-- when it is in `own` (a caller that reads the rest itself, each only
+-- when needed).
+local function charge_args(ARGV, i, own)
   local base = 2 + REFUND_LAYER_ARGS * (i - 1)
+  local code, keep = layer_code(ARGV[base + 1])
+  if own and own[code] then
+    return code
+  end
   local n = {}
   for j = 2, REFUND_LAYER_ARGS do
     n[j] = tonumber(ARGV[base + j])
   end
-  local code, keep = layer_code(ARGV[base + 1])
   return code, n[2], n[3], n[4], n[5], n[6], n[7], keep
 end
 
@@ -463,7 +473,7 @@ end
 -- its newest entry's lease ends. Answers the entries removed. Layer i's
 -- arguments are read here, each only when needed: a release is mostly a
 -- GET and a DEL, and each tonumber costs about as much as either.
-local function release_holders(key, code, ARGV, i, now)
+local function release_holders(key, ARGV, i, now)
   local base = 2 + REFUND_LAYER_ARGS * (i - 1)
   local cost, at_text = tonumber(ARGV[base + 2]), ARGV[base + 6]
   local v = redis.pcall('GET', key)
@@ -476,7 +486,7 @@ local function release_holders(key, code, ARGV, i, now)
       return 1
     end
   end
-  local log = held_log(key, code, v)
+  local log = held_log(key, v)
   if not log then
     return 0
   end
@@ -489,17 +499,11 @@ local function release_holders(key, code, ARGV, i, now)
     end
     return given
   end
-  if log.first == at and log.last == at and log.n <= cost then
-    -- The log is this hold's entries alone (the usual case: one holder
-    -- at a time).
-    redis.call('DEL', key)
-    return log.n
-  end
-  local v, given = text_without(log, cost, at)
-  if not v then
+  local rest, given = text_without(log, cost, at)
+  if not rest then
     return 0
   end
-  write_held(key, v, lease, now)
+  write_held(key, rest, lease, now)
   return given
 end
 
@@ -507,14 +511,10 @@ local function refund(KEYS, ARGV, now)
   local reply = {}
   for i = 1, #KEYS do
     local key = KEYS[i]
-    local code = layer_code(ARGV[2 + REFUND_LAYER_ARGS * (i - 1) + 1])
-    local cost, p1, p2, p3, at, mark, keep
-    if not TEXT_LOGS[code] then
-      code, cost, p1, p2, p3, at, mark, keep = charge_args(ARGV, i)
-    end
+    local code, cost, p1, p2, p3, at, mark, keep = charge_args(ARGV, i, TEXT_LOGS)
     reply[i] = 0
     if TEXT_LOGS[code] then
-      reply[i] = release_holders(key, code, ARGV, i, now)
+      reply[i] = release_holders(key, ARGV, i, now)
     elseif LOGS[code] then
       -- A list Tollgate did not write is left alone.
       if refund_target(key, code) == 'state' and read_log(key, code) then
@@ -558,7 +558,7 @@ local function renew(KEYS, ARGV, now)
     local key = KEYS[i]
     local code, cost, _, lease, _, at = charge_args(ARGV, i)
     reply[i] = 0
-    local log = TEXT_LOGS[code] and held_log(key, code)
+    local log = TEXT_LOGS[code] and held_log(key)
     if log and cost > 0 then
       local t = max(now, log.at(log.n))
       local before, through = run_of(log, at)
