@@ -152,8 +152,10 @@ async fn redis_side(url: &str, engine: Engine) -> Side {
 async fn stored(side: &Side) -> Raw {
     let (url, prefix) = side.redis.as_ref().expect("a Redis side");
     let mut con = common::raw(url).await;
+    // The prefix and its separator: one side's prefix ("t-…-2") may begin
+    // another's ("t-…-21").
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
+        .arg(format!("{prefix}:*"))
         .query_async(&mut con)
         .await
         .unwrap();
