@@ -85,8 +85,6 @@ pub struct Shared {
     runtime_stores: RuntimeStoreSlot,
     /// The settings the server started with (what a reload cannot change).
     started: Settings,
-    /// The emergency store, kept across reloads.
-    fallback: std::sync::Mutex<Option<Arc<dyn Store>>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
     /// Concurrency limits' places held for HTTP clients.
@@ -105,14 +103,13 @@ impl Shared {
         self.rules.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The emergency store for `config`: the one already made, or a new
-    /// one when a policy falls back for the first time.
-    fn fallback(&self, config: &Config) -> Option<Arc<dyn Store>> {
-        let mut fallback = self.fallback.lock().unwrap_or_else(|p| p.into_inner());
-        if fallback.is_none() {
-            *fallback = config.fallback_store(self.clock.clone());
-        }
-        fallback.clone()
+    /// The emergency store to check `config`'s rules with before it is
+    /// applied: the running one (the library's, so there is one), or, when
+    /// nothing falls back yet, one made for the check.
+    fn fallback_to_check(&self, config: &Config) -> Option<Arc<dyn Store>> {
+        self.live
+            .fallback_store()
+            .or_else(|| config.fallback_store(self.clock.clone()))
     }
 
     /// Read the file again and apply it — only once it is valid whole:
@@ -133,7 +130,7 @@ impl Shared {
             config.clone(),
             domains,
             self.runtime_stores.over(self.live.store(), &config),
-            self.fallback(&config),
+            self.live.fallback_store(),
             self.clock.clone(),
         )?;
         *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
@@ -205,7 +202,7 @@ impl Shared {
             config.clone(),
             domains.clone(),
             self.live.store(),
-            self.fallback(&config),
+            self.fallback_to_check(&config),
             self.clock.clone(),
         )?;
         Ok((config, domains))
@@ -364,11 +361,11 @@ async fn prepare(
     let metrics = metrics();
     let live = LiveConfig::load(&path, clock.clone()).await?;
     let config = live.config();
-    let fallback = config.fallback_store(clock.clone());
+    let fallback = live.fallback_store();
     let base = base_of(path.as_ref());
     let runtime_stores = RuntimeStoreSlot::new();
     let store = runtime_stores.over(live.store(), &config);
-    let rules = Rules::new(config, &base, store, fallback.clone(), clock.clone())?;
+    let rules = Rules::new(config, &base, store, fallback, clock.clone())?;
     let settings = rules.settings().clone();
     let token = settings
         .api_token_env
@@ -405,7 +402,6 @@ async fn prepare(
         tracer,
         runtime_stores,
         started: settings,
-        fallback: std::sync::Mutex::new(fallback),
         reloading: tokio::sync::Mutex::new(()),
         permits: permits::Permits::default(),
     });

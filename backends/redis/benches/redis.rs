@@ -241,10 +241,13 @@ fn setup() -> Setup {
     let contexts = Arc::new(contexts());
     let targets = rt.block_on(async {
         let module = store(&url, "bench-module", Engine::Auto).await;
-        assert!(module.uses_module(), "the server loaded the module");
+        assert!(
+            module.settings().uses_module(),
+            "the server loaded the module"
+        );
         let module_three = store(&url, "bench-module-3", Engine::Module).await;
         let fcall = store(&url, "tollgate", Engine::Functions).await;
-        assert!(fcall.uses_functions(), "Redis 7 runs functions");
+        assert!(fcall.settings().uses_functions(), "Redis 7 runs functions");
         let evalsha = store(&url, "bench-eval", Engine::Eval).await;
         let three = store(&url, "bench-3", Engine::Functions).await;
         let (con, sha) = classic(&url).await;
@@ -654,7 +657,7 @@ fn memory_report(setup: &Setup) {
                     }])
                     .await
                     .expect("decision");
-                let redis_key = store.redis_key(&key);
+                let redis_key = store.settings().redis_key(&key);
                 let bytes: i64 = redis::cmd("MEMORY")
                     .arg("USAGE")
                     .arg(&redis_key)

@@ -32,7 +32,7 @@
 //!   algorithms compiled into Redis, same arguments, answers and states)
 //!   is decided by it at a fraction of the Lua's Redis CPU: an `Auto`
 //!   store finds it at connect and after the server lost what it used
-//!   ([`Engine`], [`RedisStore::uses_module`], docs/redis-module.md).
+//!   ([`Engine`], [`CheckedSettings::uses_module`], docs/redis-module.md).
 //! - **Same answers as Rust.** Each algorithm is a Lua function in
 //!   `lua/<algorithm>.lua`, a line-by-line port of the reference in
 //!   `tollgate-algorithms` in exact integer arithmetic; a differential test
@@ -136,12 +136,15 @@ mod tls;
 pub use acl::AclRule;
 #[cfg(feature = "cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
-pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
+pub use cluster::{ClusterNodes, RedisClusterStore, RedisClusterStoreBuilder};
 pub use engine::{Engine, MODULE_PROTOCOL};
 pub use error::RedisStoreError;
 pub use script::{eval_script, function_library, function_name, library_name};
-pub use settings::{check_prefix, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE, DEFAULT_PREFIX};
-pub use store::{ConnectionMode, RedisStore, RedisStoreBuilder};
+pub use settings::{
+    check_prefix, CheckedSettings, RedisBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE,
+    DEFAULT_PREFIX,
+};
+pub use store::{ConnectionMode, RedisStore, RedisStoreBuilder, Standalone};
 #[cfg(feature = "tls")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
 pub use tls::Tls;

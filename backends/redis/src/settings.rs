@@ -1,7 +1,7 @@
 //! What the standalone and Cluster stores share: their settings (key
-//! prefix, deadline, connect timeout, clock and allowed skew), the setters
-//! of their builders, key rendering, the time arguments of a script call,
-//! and the deadline.
+//! prefix, deadline, connect timeout, clock and allowed skew), one builder
+//! type with their setters, key rendering, the time arguments of a script
+//! call, and the deadline.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,145 +69,130 @@ impl Settings {
     }
 }
 
-/// The setters every Redis store builder has (on a `settings` field).
-macro_rules! settings_setters {
-    () => {
-        /// The text before every key (default `tollgate`): keys are
-        /// `<prefix>:{tag}:<policy>:v<version>:<algorithm>:<scope>:<subject>`
-        /// (see [`StoreKey`](tollgate_limiter::StoreKey)).
-        /// 1–64 characters of `A-Z a-z 0-9 _ - . :` (no braces, so the
-        /// `{tag}` alone decides a key's Cluster slot). Tests use a unique
-        /// prefix to share one server.
-        pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-            self.settings.prefix = prefix.into();
-            self
-        }
-
-        /// The longest a decision may take, end to end (default 50 ms):
-        /// waiting for a connection, every round trip, a script reload,
-        /// redirections and retries included. Past it the decision fails
-        /// with [`StoreError::Timeout`](tollgate_limiter::StoreError::Timeout);
-        /// nothing is queued for later.
-        pub fn deadline(mut self, deadline: std::time::Duration) -> Self {
-            self.settings.deadline = deadline;
-            self
-        }
-
-        /// The longest establishing a connection may take (default 1 s).
-        pub fn connect_timeout(mut self, timeout: std::time::Duration) -> Self {
-            self.settings.connect_timeout = timeout;
-            self
-        }
-
-        /// Decide with this clock's time instead of the Redis server's
-        /// `TIME` (the default, which gives every key one clock whatever
-        /// the app servers' clocks say). Tests pass a
-        /// [`ManualClock`](tollgate_limiter::ManualClock).
-        ///
-        /// A time before 2020 or after 2100 fails the decision with
-        /// [`StoreError::ImplausibleTime`](tollgate_limiter::StoreError::ImplausibleTime);
-        /// see also `max_skew`.
-        pub fn clock(mut self, clock: std::sync::Arc<dyn tollgate_limiter::Clock>) -> Self {
-            self.settings.clock = Some(clock);
-            self
-        }
-
-        /// With a `clock`: fail a decision whose time is further than
-        /// `max_skew` from the server's `TIME` (checked inside the script)
-        /// with [`RedisStoreError::ClockSkew`](crate::RedisStoreError::ClockSkew).
-        /// Unchecked by default.
-        pub fn max_skew(mut self, max_skew: std::time::Duration) -> Self {
-            self.settings.max_skew = Some(max_skew);
-            self
-        }
-
-        /// How the server decides (default
-        /// [`Engine::Auto`](crate::Engine::Auto): Tollgate's native
-        /// module where the server loaded it, else a function library and
-        /// `FCALL` on Redis 7.0 and later, else `EVALSHA` of the script).
-        /// All of them decide alike, with one protocol; the module costs
-        /// Redis the least CPU per call, the library less than the script.
-        /// [`Engine::Module`](crate::Engine::Module) insists on the
-        /// module, [`Engine::Eval`](crate::Engine::Eval) forces
-        /// `EVALSHA` (for example for an ACL user without `FCALL`).
-        pub fn engine(mut self, engine: crate::Engine) -> Self {
-            self.settings.engine = engine;
-            self
-        }
-
-        /// After every decision that charged, wait until `replicas`
-        /// replicas have acknowledged it (Redis `WAIT`), for at most
-        /// `timeout`; off by default. A charge not acknowledged in time
-        /// fails the decision with
-        /// [`RedisStoreError::NotReplicated`](crate::RedisStoreError::NotReplicated)
-        /// (its failure mode decides), so an admitted decision is one whose
-        /// charge survives the primary's death. Operators' writes (a reset,
-        /// a penalty, a reward, a block) wait the same way and fail with
-        /// the same error. `replicas` must be at least
-        /// 1 and `timeout` at least 1 ms and shorter than the deadline. It
-        /// costs a round trip to the replicas per admitted decision, and
-        /// on a multiplexed connection a `WAIT` holds up the calls queued
-        /// behind it (a [`ConnectionMode::Pool`](crate::ConnectionMode::Pool)
-        /// avoids that, standalone or Sentinel): see
-        /// `docs/operations.md`, "Redis in production".
-        pub fn replica_ack(mut self, replicas: u32, timeout: std::time::Duration) -> Self {
-            self.settings.replica_ack = Some(crate::replication::ReplicaAck { replicas, timeout });
-            self
-        }
-
-        /// TLS beyond the `rediss://` URL: a CA of its own, a client
-        /// certificate (see [`Tls`](crate::Tls)).
-        #[cfg(feature = "tls")]
-        #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
-        pub fn tls(mut self, tls: crate::Tls) -> Self {
-            self.settings.tls = Some(tls);
-            self
-        }
-    };
+/// A Redis store's builder: where the servers are (`T`: a standalone
+/// server or Sentinel's primary, [`Standalone`](crate::Standalone); a
+/// Cluster's nodes, `ClusterNodes`, with the `cluster` feature), and the
+/// settings every Redis store takes, set here once for both kinds.
+#[derive(Clone)]
+pub struct RedisBuilder<T> {
+    pub(crate) place: T,
+    pub(crate) settings: Settings,
 }
-pub(crate) use settings_setters;
 
-/// The getters every Redis store has (on a `checked` field).
-macro_rules! settings_getters {
-    () => {
-        /// The Redis key holding `key`'s state: `<prefix>:<key>`.
-        pub fn redis_key(&self, key: &tollgate_limiter::StoreKey<'_>) -> String {
-            self.checked.redis_key(key)
+impl<T> RedisBuilder<T> {
+    pub(crate) fn new(place: T) -> Self {
+        RedisBuilder {
+            place,
+            settings: Settings::default(),
         }
+    }
 
-        /// The key prefix.
-        pub fn prefix(&self) -> &str {
-            &self.checked.prefix
-        }
+    /// The text before every key (default `tollgate`): keys are
+    /// `<prefix>:{tag}:<policy>:v<version>:<algorithm>:<scope>:<subject>`
+    /// (see [`StoreKey`](tollgate_limiter::StoreKey)).
+    /// 1–64 characters of `A-Z a-z 0-9 _ - . :` (no braces, so the
+    /// `{tag}` alone decides a key's Cluster slot). Tests use a unique
+    /// prefix to share one server.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.prefix = prefix.into();
+        self
+    }
 
-        /// Whether calls go to the function library (`FCALL`) rather than
-        /// the script (`EVALSHA`): true unless the store was built with
-        /// [`Engine::Eval`](crate::Engine::Eval) or found that its
-        /// server has no functions.
-        pub fn uses_functions(&self) -> bool {
-            self.checked.runner.call_command() == crate::engine::CallCommand::Fcall
-        }
+    /// The longest a decision may take, end to end (default 50 ms):
+    /// waiting for a connection, every round trip, a script reload,
+    /// redirections and retries included. Past it the decision fails
+    /// with [`StoreError::Timeout`](tollgate_limiter::StoreError::Timeout);
+    /// nothing is queued for later.
+    pub fn deadline(mut self, deadline: std::time::Duration) -> Self {
+        self.settings.deadline = deadline;
+        self
+    }
 
-        /// Whether calls go to Tollgate's module (`TOLLGATE.DECIDE`): true
-        /// when the server has loaded it (and it speaks this store's
-        /// protocol) and the store was built with
-        /// [`Engine::Auto`](crate::Engine::Auto) or
-        /// [`Engine::Module`](crate::Engine::Module).
-        pub fn uses_module(&self) -> bool {
-            self.checked.runner.call_command() == crate::engine::CallCommand::Module
-        }
+    /// The longest establishing a connection may take (default 1 s).
+    pub fn connect_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.settings.connect_timeout = timeout;
+        self
+    }
 
-        /// The per-decision deadline.
-        pub fn deadline(&self) -> std::time::Duration {
-            self.checked.deadline
-        }
-    };
+    /// Decide with this clock's time instead of the Redis server's
+    /// `TIME` (the default, which gives every key one clock whatever
+    /// the app servers' clocks say). Tests pass a
+    /// [`ManualClock`](tollgate_limiter::ManualClock).
+    ///
+    /// A time before 2020 or after 2100 fails the decision with
+    /// [`StoreError::ImplausibleTime`](tollgate_limiter::StoreError::ImplausibleTime);
+    /// see also `max_skew`.
+    pub fn clock(mut self, clock: std::sync::Arc<dyn tollgate_limiter::Clock>) -> Self {
+        self.settings.clock = Some(clock);
+        self
+    }
+
+    /// With a `clock`: fail a decision whose time is further than
+    /// `max_skew` from the server's `TIME` (checked inside the script)
+    /// with [`RedisStoreError::ClockSkew`](crate::RedisStoreError::ClockSkew).
+    /// Unchecked by default.
+    pub fn max_skew(mut self, max_skew: std::time::Duration) -> Self {
+        self.settings.max_skew = Some(max_skew);
+        self
+    }
+
+    /// How the server decides (default
+    /// [`Engine::Auto`](crate::Engine::Auto): Tollgate's native
+    /// module where the server loaded it, else a function library and
+    /// `FCALL` on Redis 7.0 and later, else `EVALSHA` of the script).
+    /// All of them decide alike, with one protocol; the module costs
+    /// Redis the least CPU per call, the library less than the script.
+    /// [`Engine::Module`](crate::Engine::Module) insists on the
+    /// module, [`Engine::Eval`](crate::Engine::Eval) forces
+    /// `EVALSHA` (for example for an ACL user without `FCALL`).
+    pub fn engine(mut self, engine: crate::Engine) -> Self {
+        self.settings.engine = engine;
+        self
+    }
+
+    /// After every decision that charged, wait until `replicas`
+    /// replicas have acknowledged it (Redis `WAIT`), for at most
+    /// `timeout`; off by default. A charge not acknowledged in time
+    /// fails the decision with
+    /// [`RedisStoreError::NotReplicated`](crate::RedisStoreError::NotReplicated)
+    /// (its failure mode decides), so an admitted decision is one whose
+    /// charge survives the primary's death. Operators' writes (a reset,
+    /// a penalty, a reward, a block) wait the same way and fail with
+    /// the same error. `replicas` must be at least
+    /// 1 and `timeout` at least 1 ms and shorter than the deadline. It
+    /// costs a round trip to the replicas per admitted decision, and
+    /// on a multiplexed connection a `WAIT` holds up the calls queued
+    /// behind it (a [`ConnectionMode::Pool`](crate::ConnectionMode::Pool)
+    /// avoids that, standalone or Sentinel): see
+    /// `docs/operations.md`, "Redis in production".
+    pub fn replica_ack(mut self, replicas: u32, timeout: std::time::Duration) -> Self {
+        self.settings.replica_ack = Some(crate::replication::ReplicaAck { replicas, timeout });
+        self
+    }
+
+    /// TLS beyond the `rediss://` URL: a CA of its own, a client
+    /// certificate (see [`Tls`](crate::Tls)).
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls(mut self, tls: crate::Tls) -> Self {
+        self.settings.tls = Some(tls);
+        self
+    }
 }
-pub(crate) use settings_getters;
 
-/// What a store decides with: its settings, checked.
+impl<T: std::fmt::Debug> std::fmt::Debug for RedisBuilder<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBuilder")
+            .field("place", &self.place)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+/// The settings a Redis store decides with, checked when it was built
+/// (its [`settings`](crate::RedisStore::settings)).
 #[derive(Debug, Clone)]
-pub(crate) struct CheckedSettings {
+pub struct CheckedSettings {
     pub(crate) prefix: Arc<str>,
     pub(crate) deadline: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -220,8 +205,35 @@ pub(crate) struct CheckedSettings {
 
 impl CheckedSettings {
     /// The Redis key holding `key`'s state: `<prefix>:<key>`.
-    pub(crate) fn redis_key(&self, key: &StoreKey<'_>) -> String {
+    pub fn redis_key(&self, key: &tollgate_limiter::StoreKey<'_>) -> String {
         self.key_arg(key).to_string()
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether calls go to the function library (`FCALL`) rather than
+    /// the script (`EVALSHA`): true unless the store was built with
+    /// [`Engine::Eval`](crate::Engine::Eval) or found that its
+    /// server has no functions.
+    pub fn uses_functions(&self) -> bool {
+        self.runner.call_command() == crate::engine::CallCommand::Fcall
+    }
+
+    /// Whether calls go to Tollgate's module (`TOLLGATE.DECIDE`): true
+    /// when the server has loaded it (and it speaks this store's
+    /// protocol) and the store was built with
+    /// [`Engine::Auto`](crate::Engine::Auto) or
+    /// [`Engine::Module`](crate::Engine::Module).
+    pub fn uses_module(&self) -> bool {
+        self.runner.call_command() == crate::engine::CallCommand::Module
+    }
+
+    /// The per-decision deadline.
+    pub fn deadline(&self) -> std::time::Duration {
+        self.deadline
     }
 
     /// The same key as a command argument, written into the command's

@@ -24,7 +24,7 @@ use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
 use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall};
 use crate::sentinel::{Sentinel, SentinelTarget};
-use crate::settings::{settings_getters, settings_setters, within, CheckedSettings, Settings};
+use crate::settings::{within, CheckedSettings, RedisBuilder};
 
 /// How the store talks to Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,15 +82,29 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-/// Builds a [`RedisStore`]; see [`RedisStore::builder`].
+/// Where a standalone store's server is (a URL, or Sentinel's primary)
+/// and how the store connects: what [`RedisStoreBuilder`] holds besides
+/// the settings every Redis store takes.
 #[derive(Clone)]
-pub struct RedisStoreBuilder {
+pub struct Standalone {
     target: Target,
     mode: ConnectionMode,
-    settings: Settings,
     /// A Sentinel-only setter called on a URL store, reported at build.
     misused: Option<&'static str>,
 }
+
+impl fmt::Debug for Standalone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL is left out on purpose: it may hold a password.
+        f.debug_struct("Standalone")
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RedisStore`]; see [`RedisStore::builder`], and
+/// [`RedisBuilder`] for the settings every Redis store takes.
+pub type RedisStoreBuilder = RedisBuilder<Standalone>;
 
 /// What a checked builder connects through (built once, at connect: the
 /// size difference does not matter).
@@ -100,22 +114,10 @@ enum Source {
     Sentinel(Arc<Sentinel>),
 }
 
-impl fmt::Debug for RedisStoreBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The URL is left out on purpose: it may hold a password.
-        f.debug_struct("RedisStoreBuilder")
-            .field("mode", &self.mode)
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
-}
-
 impl RedisStoreBuilder {
-    settings_setters!();
-
     /// How to connect (default [`ConnectionMode::Multiplexed`]).
     pub fn connection_mode(mut self, mode: ConnectionMode) -> Self {
-        self.mode = mode;
+        self.place.mode = mode;
         self
     }
 
@@ -123,12 +125,12 @@ impl RedisStoreBuilder {
     /// default user) with `password`; a store built with
     /// [`RedisStore::sentinel`] only (a URL carries its own credentials).
     pub fn primary_auth(mut self, username: Option<&str>, password: &str) -> Self {
-        match &mut self.target {
+        match &mut self.place.target {
             Target::Sentinel(target) => {
                 target.username = username.map(str::to_string);
                 target.password = Some(password.to_string());
             }
-            Target::Url(_) => self.misused = Some("primary_auth"),
+            Target::Url(_) => self.place.misused = Some("primary_auth"),
         }
         self
     }
@@ -137,22 +139,22 @@ impl RedisStoreBuilder {
     /// store built with [`RedisStore::sentinel`] only (a URL carries its
     /// own database).
     pub fn primary_db(mut self, db: i64) -> Self {
-        match &mut self.target {
+        match &mut self.place.target {
             Target::Sentinel(target) => target.db = db,
-            Target::Url(_) => self.misused = Some("primary_db"),
+            Target::Url(_) => self.place.misused = Some("primary_db"),
         }
         self
     }
 
     fn validate(&self) -> Result<(Source, CheckedSettings), StoreError> {
-        if let Some(setter) = self.misused {
+        if let Some(setter) = self.place.misused {
             return Err(RedisStoreError::InvalidSetting(format!(
                 "{setter} is for stores built with RedisStore::sentinel; put the credentials and database in the URL"
             ))
             .into());
         }
         let checked = self.settings.checked()?;
-        let source = match &self.target {
+        let source = match &self.place.target {
             Target::Url(url) => Source::Client(client::open(url, &self.settings)?),
             Target::Sentinel(target) => Source::Sentinel(Arc::new(Sentinel::new(
                 target,
@@ -190,7 +192,7 @@ impl RedisStoreBuilder {
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let (source, checked) = self.validate()?;
         let timeout = self.settings.connect_timeout;
-        let conn = match (source, self.mode) {
+        let conn = match (source, self.place.mode) {
             (Source::Sentinel(sentinel), ConnectionMode::Multiplexed) => {
                 within(timeout, sentinel.connection()).await??;
                 Conn::Sentinel(sentinel)
@@ -226,7 +228,7 @@ impl RedisStoreBuilder {
         };
         let store = RedisStore {
             conn,
-            mode: self.mode,
+            mode: self.place.mode,
             checked,
         };
         let preloaded = store.checked.runner.preloaded();
@@ -241,7 +243,7 @@ impl RedisStoreBuilder {
     /// answers. Must be called inside a Tokio runtime.
     pub fn build(self) -> Result<RedisStore, StoreError> {
         let (source, checked) = self.validate()?;
-        let conn = match (source, self.mode) {
+        let conn = match (source, self.place.mode) {
             (Source::Sentinel(sentinel), ConnectionMode::Multiplexed) => Conn::Sentinel(sentinel),
             (Source::Client(client), ConnectionMode::Multiplexed) => Conn::Multiplexed(
                 ConnectionManager::new_lazy_with_config(client, self.manager_config())
@@ -256,7 +258,7 @@ impl RedisStoreBuilder {
         };
         Ok(RedisStore {
             conn,
-            mode: self.mode,
+            mode: self.place.mode,
             checked,
         })
     }
@@ -291,12 +293,11 @@ impl RedisStore {
     /// # let _ = store; Ok(()) }
     /// ```
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
+        RedisBuilder::new(Standalone {
             target: Target::Url(url.into()),
             mode: ConnectionMode::Multiplexed,
-            settings: Settings::default(),
             misused: None,
-        }
+        })
     }
 
     /// A builder for a store on the primary of `service`, found through
@@ -327,7 +328,7 @@ impl RedisStore {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        RedisStoreBuilder {
+        RedisBuilder::new(Standalone {
             target: Target::Sentinel(SentinelTarget {
                 sentinels: sentinels.into_iter().map(Into::into).collect(),
                 service: service.into(),
@@ -336,12 +337,15 @@ impl RedisStore {
                 db: 0,
             }),
             mode: ConnectionMode::Multiplexed,
-            settings: Settings::default(),
             misused: None,
-        }
+        })
     }
 
-    settings_getters!();
+    /// The settings the store decides with: its key prefix, the
+    /// Redis key of a layer, its deadline, the engine it found.
+    pub fn settings(&self) -> &CheckedSettings {
+        &self.checked
+    }
 
     /// How the store talks to Redis.
     pub fn connection_mode(&self) -> ConnectionMode {

@@ -80,9 +80,9 @@ async fn run(limits: Vec<Limit>, ops: Vec<Op>, path: Path) {
         Path::Module => (RedisServer::shared_with_module().url(), Engine::Module),
     };
     let store = common::store_with(url, clock.clone(), ConnectionMode::Multiplexed, engine).await;
-    assert_eq!(store.uses_module(), path == Path::Module);
+    assert_eq!(store.settings().uses_module(), path == Path::Module);
     let mut con = common::raw(url).await;
-    let redis_key = |l: &LayerRequest<'_>| store.redis_key(&l.key);
+    let redis_key = |l: &LayerRequest<'_>| store.settings().redis_key(&l.key);
     let redis_keys = |layers: &[LayerRequest<'_>]| layers.iter().map(redis_key).collect::<Vec<_>>();
     let redis: Arc<dyn Store> = Arc::new(store.clone());
     let memory: Arc<dyn Store> = Arc::new(

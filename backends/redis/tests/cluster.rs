@@ -44,7 +44,7 @@ async fn store_on(cluster: &RedisCluster, clock: Option<ManualClock>) -> RedisCl
 /// A store on `cluster` reading `clock`, as a trait object, and its prefix.
 async fn shared_store(cluster: &RedisCluster, clock: ManualClock) -> (Arc<dyn Store>, String) {
     let store = store_on(cluster, Some(clock)).await;
-    let prefix = store.prefix().to_string();
+    let prefix = store.settings().prefix().to_string();
     (Arc::new(store), prefix)
 }
 
@@ -83,7 +83,7 @@ mod module_conformance {
 
     async fn module_store(clock: ManualClock) -> RedisClusterStore {
         let store = store_on(module_cluster(), Some(clock)).await;
-        assert!(store.uses_module(), "the store found the module");
+        assert!(store.settings().uses_module(), "the store found the module");
         store
     }
 
@@ -102,7 +102,7 @@ async fn masters_with_and_without_the_module_decide_alike() {
     let clock = ManualClock::new(START);
     let store: Arc<dyn Store> = {
         let store = store_on(&cluster, Some(clock.clone())).await;
-        assert!(store.uses_module());
+        assert!(store.settings().uses_module());
         Arc::new(store)
     };
     let policy = Policy::new(
@@ -707,7 +707,7 @@ async fn a_master_killed_under_load_is_survived_by_failover() {
         .connect()
         .await
         .expect("connect");
-    let prefix = store.prefix().to_string();
+    let prefix = store.settings().prefix().to_string();
     // A subject on master 0, a region (own slot) on master 1.
     let tagged = |master: usize| find_tag("x", |slot| cluster.master_for_slot(slot) == master);
     let (subject, region) = (tagged(0), tagged(1));

@@ -68,7 +68,7 @@ mod eval {
         .await;
         let foreign = common::RedisForeign {
             con: common::raw(RedisServer::shared().url()).await,
-            prefix: store.prefix().to_string(),
+            prefix: store.settings().prefix().to_string(),
         };
         tollgate_testkit::conformance::foreign_values_are_conflicts(Arc::new(store), &foreign)
             .await;
@@ -89,7 +89,7 @@ mod module {
             Engine::Auto,
         )
         .await;
-        assert!(store.uses_module(), "the store found the module");
+        assert!(store.settings().uses_module(), "the store found the module");
         store
     }
 
@@ -102,7 +102,7 @@ mod module {
         let store = store(ManualClock::new(tollgate_testkit::conformance::START)).await;
         let foreign = common::RedisForeign {
             con: common::raw(RedisServer::shared_with_module().url()).await,
-            prefix: store.prefix().to_string(),
+            prefix: store.settings().prefix().to_string(),
         };
         tollgate_testkit::conformance::foreign_values_are_conflicts(Arc::new(store), &foreign)
             .await;
@@ -116,7 +116,7 @@ async fn foreign_values_are_conflicts() {
     let store = common::store(ManualClock::new(tollgate_testkit::conformance::START)).await;
     let foreign = common::RedisForeign {
         con: common::raw(RedisServer::shared().url()).await,
-        prefix: store.prefix().to_string(),
+        prefix: store.settings().prefix().to_string(),
     };
     tollgate_testkit::conformance::foreign_values_are_conflicts(Arc::new(store), &foreign).await;
 }

@@ -341,14 +341,14 @@ async fn a_store_uses_the_module_only_where_it_is_loaded() {
         ConnectionMode::Multiplexed,
     )
     .await;
-    assert!(with.uses_module());
+    assert!(with.settings().uses_module());
     let without = common::store_at(
         RedisServer::shared().url(),
         clock.clone(),
         ConnectionMode::Multiplexed,
     )
     .await;
-    assert!(!without.uses_module() && without.uses_functions());
+    assert!(!without.settings().uses_module() && without.settings().uses_functions());
     // Asked for the module where there is none: a clear error at connect.
     let refused = RedisStore::builder(RedisServer::shared().url())
         .prefix(unique("t"))
@@ -416,7 +416,7 @@ async fn a_store_goes_on_without_a_module_that_went_away() {
     let server = RedisServer::start_with_module(&["--enable-module-command", "yes"]);
     let clock = ManualClock::new(START);
     let store = common::store_at(server.url(), clock.clone(), ConnectionMode::Multiplexed).await;
-    assert!(store.uses_module());
+    assert!(store.settings().uses_module());
     let policies = policies();
     let subject = unique("s");
     let mut admitted = 0;
@@ -429,7 +429,7 @@ async fn a_store_goes_on_without_a_module_that_went_away() {
         }
         admitted += usize::from(admits(&store, &policies, &subject, 1).await);
     }
-    assert!(!store.uses_module() && store.uses_functions());
+    assert!(!store.settings().uses_module() && store.settings().uses_functions());
     assert_eq!(admitted, 50);
 }
 
@@ -536,7 +536,7 @@ async fn a_replica_promoted_without_the_module_decides_on_from_the_same_states()
     let replica = replica_of(&primary);
     let prefix = unique("failover");
     let before = server_clock_store(primary.url(), &prefix, Engine::Auto).await;
-    assert!(before.uses_module());
+    assert!(before.settings().uses_module());
     let policies = policies();
     let subject = unique("s");
     // 30 of every layer's 50 spent through the module.
@@ -550,7 +550,10 @@ async fn a_replica_promoted_without_the_module_decides_on_from_the_same_states()
         Reply::Status("OK".into())
     );
     let after = server_clock_store(replica.url(), &prefix, Engine::Auto).await;
-    assert!(!after.uses_module(), "the promoted replica has no module");
+    assert!(
+        !after.settings().uses_module(),
+        "the promoted replica has no module"
+    );
     let mut admitted = 0;
     for _ in 0..30 {
         if admits(&after, &policies, &subject, 1).await {
@@ -665,7 +668,7 @@ async fn events_of_a_decision(server: &RedisServer, engine: Engine) -> Vec<Strin
     let prefix = unique("events");
     // Connected first: connecting checks the server (its own writes).
     let store = server_clock_store(server.url(), &prefix, engine).await;
-    assert_eq!(store.uses_module(), engine == Engine::Module);
+    assert_eq!(store.settings().uses_module(), engine == Engine::Module);
     let client = redis::Client::open(server.url()).expect("url");
     let mut con = client.get_connection().expect("connect");
     let mut pubsub = con.as_pubsub();

@@ -193,7 +193,7 @@ async fn a_three_layer_decision_is_one_script_call() {
     let ways = [(Engine::Auto, "fcall"), (Engine::Eval, "evalsha")];
     for (mode, (engine, command)) in MODES.into_iter().flat_map(|m| ways.map(|w| (m, w))) {
         let store = common::store_with(server.url(), ManualClock::new(START), mode, engine).await;
-        assert_eq!(store.uses_functions(), command == "fcall");
+        assert_eq!(store.settings().uses_functions(), command == "fcall");
         let store: Arc<dyn Store> = Arc::new(store);
         let second = Duration::from_secs(1);
         let limiter = Limiter::builder(store)
@@ -388,9 +388,9 @@ async fn functions_and_the_script_share_states() {
     let functions = make(Engine::Functions)
         .await
         .expect("Redis 7 has functions");
-    assert!(functions.uses_functions());
+    assert!(functions.settings().uses_functions());
     let script = make(Engine::Eval).await.expect("connect");
-    assert!(!script.uses_functions());
+    assert!(!script.settings().uses_functions());
     let policy = policy(Limit::gcra(10, Duration::from_secs(1), 10).unwrap());
     let subject = unique("s");
     for (i, store) in [&functions, &script, &functions].into_iter().enumerate() {
@@ -683,7 +683,7 @@ async fn implausible_caller_time_is_refused() {
         Timestamp::from_micros(4_102_444_800_000_001), // just after 2100-01-01
     ] {
         let store = common::store(ManualClock::new(at)).await;
-        let prefix = store.prefix().to_string();
+        let prefix = store.settings().prefix().to_string();
         let policy = policy(Limit::gcra(1, Duration::from_secs(1), 1).unwrap());
         let err = decide_one(&store, &policy, "s", 1)
             .await
@@ -799,7 +799,7 @@ async fn custom_algorithms_are_unsupported() {
 #[tokio::test]
 async fn keys_follow_the_documented_layout() {
     let store = common::store(ManualClock::new(START)).await;
-    let prefix = store.prefix().to_string();
+    let prefix = store.settings().prefix().to_string();
     let policy =
         |name: &str, limit: Limit| Policy::new(unique(name), limit).unwrap().with_version(3);
     let minute = Duration::from_secs(60);

@@ -157,7 +157,7 @@ async fn without_client_authentication_the_ca_alone_is_enough() {
         .connect()
         .await
         .expect("server-only TLS");
-    assert_eq!(store.prefix(), "tollgate");
+    assert_eq!(store.settings().prefix(), "tollgate");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

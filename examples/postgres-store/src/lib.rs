@@ -35,6 +35,9 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+#[cfg(feature = "config")]
+pub mod config;
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -75,7 +78,7 @@ impl fmt::Debug for PgStore {
 }
 
 /// Builds a [`PgStore`]; see [`PgStore::builder`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PgStoreBuilder {
     url: String,
     table: String,
@@ -83,6 +86,19 @@ pub struct PgStoreBuilder {
     deadline: Duration,
     connect_timeout: Duration,
     clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for PgStoreBuilder {
+    // The URL is left out: it may hold a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStoreBuilder")
+            .field("table", &self.table)
+            .field("pool_size", &self.pool_size)
+            .field("deadline", &self.deadline)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PgStoreBuilder {

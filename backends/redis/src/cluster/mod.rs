@@ -76,7 +76,7 @@ use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::holds::Holds;
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
 use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall, LAYER_ARGS};
-use crate::settings::{settings_getters, settings_setters, within, CheckedSettings, Settings};
+use crate::settings::{within, CheckedSettings, RedisBuilder};
 
 mod redirects;
 mod reservations;
@@ -104,25 +104,28 @@ impl fmt::Debug for RedisClusterStore {
     }
 }
 
-/// Builds a [`RedisClusterStore`]; see [`RedisClusterStore::builder`].
+/// A cluster's initial nodes: what [`RedisClusterStoreBuilder`] holds
+/// besides the settings every Redis store takes.
 #[derive(Clone)]
-pub struct RedisClusterStoreBuilder {
+pub struct ClusterNodes {
     nodes: Vec<String>,
-    settings: Settings,
 }
 
-impl fmt::Debug for RedisClusterStoreBuilder {
+impl fmt::Debug for ClusterNodes {
+    // The node URLs are left out on purpose: they may hold a password.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisClusterStoreBuilder")
+        f.debug_struct("ClusterNodes")
             .field("nodes", &self.nodes.len())
-            .field("settings", &self.settings)
             .finish()
     }
 }
 
-impl RedisClusterStoreBuilder {
-    settings_setters!();
+/// Builds a [`RedisClusterStore`]; see [`RedisClusterStore::builder`], and
+/// [`RedisBuilder`] for the settings every Redis
+/// store takes.
+pub type RedisClusterStoreBuilder = RedisBuilder<ClusterNodes>;
 
+impl RedisClusterStoreBuilder {
     /// Connect to the cluster (discovering every node from the initial
     /// ones) and load the code on every master, within the connect
     /// timeout.
@@ -147,10 +150,10 @@ impl RedisClusterStoreBuilder {
     fn client(&self) -> Result<ClusterClient, StoreError> {
         // Each URL is checked as the standalone store checks its one
         // (rediss:// needs the `tls` feature, TLS settings need rediss://).
-        for url in &self.nodes {
+        for url in &self.place.nodes {
             crate::client::connection_info(url, &self.settings)?;
         }
-        let builder = ClusterClientBuilder::new(self.nodes.iter().map(String::as_str));
+        let builder = ClusterClientBuilder::new(self.place.nodes.iter().map(String::as_str));
         #[cfg(feature = "tls")]
         let builder = match &self.settings.tls {
             Some(tls) => builder.certs(tls.certificates()),
@@ -189,13 +192,16 @@ impl RedisClusterStore {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        RedisClusterStoreBuilder {
+        RedisBuilder::new(ClusterNodes {
             nodes: nodes.into_iter().map(Into::into).collect(),
-            settings: Settings::default(),
-        }
+        })
     }
 
-    settings_getters!();
+    /// The settings the store decides with: its key prefix, the
+    /// Redis key of a layer, its deadline, the engine it found.
+    pub fn settings(&self) -> &CheckedSettings {
+        &self.checked
+    }
 
     /// Find the fastest way every master offers (the module on all of
     /// them, else functions, else the script) and load the code on every
@@ -326,7 +332,10 @@ impl RedisClusterStore {
         layers: &[LayerRequest<'_>],
         (mode, block): (Mode, Option<u64>),
     ) -> Result<Verdicts, StoreError> {
-        let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
+        let keys: Vec<String> = layers
+            .iter()
+            .map(|l| self.checked.redis_key(&l.key))
+            .collect();
         if slot_groups(&keys).len() > 1 {
             self.per_group(layers, Mode::Peek, None).await?;
         }
@@ -386,7 +395,10 @@ impl RedisClusterStore {
     /// The deadline, arguments, time, keys and slot groups of a call over
     /// `layers`.
     fn call_of(&self, layers: &[LayerRequest<'_>]) -> Result<Call, StoreError> {
-        let keys: Vec<String> = layers.iter().map(|l| self.redis_key(&l.key)).collect();
+        let keys: Vec<String> = layers
+            .iter()
+            .map(|l| self.checked.redis_key(&l.key))
+            .collect();
         let time = self.checked.time_args()?;
         let now = time.spans_at();
         Ok(Call {

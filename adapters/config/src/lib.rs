@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! [store]
-//! kind = "memory"          # or "redis", "redis-sentinel", "redis-cluster"
+//! kind = "memory"          # or "redis", "redis-sentinel", "redis-cluster", or your own
 //! max_keys = 100_000
 //!
 //! [policies.search]
@@ -65,6 +65,10 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A store from outside this crate (a database of your own, say) is
+//! selected by name once its [`StoreKind`] is registered: see
+//! [`StoreKinds`] and [`Config::from_toml_str_with`].
+//!
 //! The configuration guide (`docs/configuration.md`) documents every field.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -74,6 +78,7 @@ mod live;
 pub mod observe;
 mod plans;
 mod spec;
+mod store_kind;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -91,6 +96,10 @@ pub use plans::PlansDef;
 pub use spec::{
     EngineSpec, MemorySpec, RedisClusterSpec, RedisOptions, RedisSentinelSpec, RedisSpec, StoreSpec,
 };
+pub use store_kind::{CustomStore, StoreKind, StoreKinds};
+/// A duration as the file writes it (`"250ms"`, `"1m30s"`), for a
+/// [`StoreKind`]'s settings.
+pub use tollgate_limiter::DurationSpec;
 
 /// A validated configuration file; build the limiters with [`Config::build`].
 #[derive(Debug, Clone, PartialEq)]
@@ -103,6 +112,8 @@ pub struct Config {
     routes: BTreeMap<String, RouteDef>,
     plans: Option<PlansDef>,
     server: Option<toml::Table>,
+    /// The kinds the file was read against (a reload reads against them).
+    kinds: StoreKinds,
 }
 
 /// One route (endpoint group) as configured: its cost and its layers.
@@ -157,19 +168,40 @@ impl Config {
     /// each naming its field path ([`ConfigError::Invalid`]), or with the
     /// TOML syntax error and its line ([`ConfigError::Syntax`]).
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str_with(text, &StoreKinds::new())
+    }
+
+    /// As [`from_toml_str`](Self::from_toml_str), with `kinds` besides
+    /// the built-in stores: `[store] kind = "…"` may name one of them.
+    pub fn from_toml_str_with(text: &str, kinds: &StoreKinds) -> Result<Config, ConfigError> {
         let table: toml::Table =
             toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
-        spec::parse(table)
+        spec::parse(table, kinds)
     }
 
     /// Read, parse and validate the file at `path`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        Config::from_file_with(path, &StoreKinds::new())
+    }
+
+    /// As [`from_file`](Self::from_file), with `kinds` besides the
+    /// built-in stores.
+    pub fn from_file_with(
+        path: impl AsRef<Path>,
+        kinds: &StoreKinds,
+    ) -> Result<Config, ConfigError> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        Config::from_toml_str(&text).map_err(|e| e.in_file(path))
+        Config::from_toml_str_with(&text, kinds).map_err(|e| e.in_file(path))
+    }
+
+    /// The store kinds the file was read against, besides the built-in
+    /// ones.
+    pub fn store_kinds(&self) -> &StoreKinds {
+        &self.kinds
     }
 
     /// The store section.

@@ -17,7 +17,7 @@ use tollgate_limiter::{Clock, RouteLimits, Store};
 
 use crate::observe;
 
-use crate::{Config, ConfigError, SetupError};
+use crate::{Config, ConfigError, SetupError, StoreKinds};
 
 /// The running configuration and what was built from it.
 struct Running {
@@ -196,8 +196,18 @@ impl LiveConfig {
         path: impl AsRef<Path>,
         clock: Arc<dyn Clock>,
     ) -> Result<LiveConfig, ReloadError> {
+        LiveConfig::load_with(path, &StoreKinds::new(), clock).await
+    }
+
+    /// As [`load`](Self::load), with `kinds` besides the built-in stores
+    /// (and on every reload).
+    pub async fn load_with(
+        path: impl AsRef<Path>,
+        kinds: &StoreKinds,
+        clock: Arc<dyn Clock>,
+    ) -> Result<LiveConfig, ReloadError> {
         let path = path.as_ref().to_path_buf();
-        let config = Config::from_file(&path)?;
+        let config = Config::from_file_with(&path, kinds)?;
         LiveConfig::start(Some(path), config, None, clock).await
     }
 
@@ -296,6 +306,14 @@ impl LiveConfig {
         self.shared.running.load().store.clone()
     }
 
+    /// The in-process emergency store of the policies that fall back
+    /// (`None` while none does): one per running configuration, kept
+    /// across reloads while `[fallback]` is unchanged. Build other
+    /// limiters on it rather than on one of their own, so one bound holds.
+    pub fn fallback_store(&self) -> Option<Arc<dyn Store>> {
+        self.shared.running.load().fallback.clone()
+    }
+
     /// The file this configuration was loaded from, if any.
     pub fn path(&self) -> Option<&Path> {
         self.shared.path.as_deref()
@@ -308,7 +326,11 @@ impl LiveConfig {
         let _one_at_a_time = self.shared.reloading.lock().await;
         let config = match &self.shared.path {
             None => Err(ReloadError::NoFile),
-            Some(path) => Config::from_file(path).map_err(ReloadError::from),
+            Some(path) => {
+                // Read against the kinds the running file was read against.
+                let kinds = self.shared.running.load().config.store_kinds().clone();
+                Config::from_file_with(path, &kinds).map_err(ReloadError::from)
+            }
         };
         match config {
             Ok(config) => self.applied(config).await,

@@ -17,11 +17,12 @@ use tollgate_limiter::{
 use toml::{Table, Value};
 
 use crate::{
-    check_duration, field_error, Config, ConfigError, LayerDef, RouteDef, DEFAULT_FALLBACK_MAX_KEYS,
+    check_duration, field_error, Config, ConfigError, LayerDef, RouteDef, StoreKinds,
+    DEFAULT_FALLBACK_MAX_KEYS,
 };
 
 /// The `[store]` section: where the counters live.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum StoreSpec {
     /// `kind = "memory"`: the in-process store.
@@ -32,12 +33,16 @@ pub enum StoreSpec {
     RedisSentinel(RedisSentinelSpec),
     /// `kind = "redis-cluster"`: a Redis Cluster.
     RedisCluster(RedisClusterSpec),
+    /// A kind registered with [`StoreKinds`](crate::StoreKinds).
+    Custom(crate::CustomStore),
 }
 
 impl StoreSpec {
-    /// `memory`, `redis`, `redis-sentinel` or `redis-cluster`.
+    /// `memory`, `redis`, `redis-sentinel`, `redis-cluster` or a
+    /// registered kind's name.
     pub fn kind(&self) -> &'static str {
         match self {
+            StoreSpec::Custom(custom) => custom.kind(),
             StoreSpec::Memory(_) => "memory",
             StoreSpec::Redis(_) => "redis",
             StoreSpec::RedisSentinel(_) => "redis-sentinel",
@@ -278,10 +283,10 @@ const SECTIONS: &str = "store, fallback, breaker, access, policies, plans, route
 const MAX_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Validate a parsed document.
-pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
+pub(crate) fn parse(mut doc: Table, kinds: &StoreKinds) -> Result<Config, ConfigError> {
     let mut errors = Vec::new();
     let store = match doc.remove("store") {
-        Some(value) => store(&mut errors, value),
+        Some(value) => store(&mut errors, value, kinds),
         None => Some(StoreSpec::Memory(MemorySpec::default())),
     };
     let fallback_max_keys = fallback_section(&mut errors, doc.remove("fallback"));
@@ -331,6 +336,7 @@ pub(crate) fn parse(mut doc: Table) -> Result<Config, ConfigError> {
             routes,
             plans,
             server,
+            kinds: kinds.clone(),
         }),
         _ => Err(ConfigError::Invalid(errors)),
     }
@@ -500,16 +506,23 @@ pub(crate) fn de<T: DeserializeOwned>(
     }
 }
 
-fn store(errors: &mut Vec<PolicyError>, value: Value) -> Option<StoreSpec> {
+fn store(errors: &mut Vec<PolicyError>, value: Value, kinds: &StoreKinds) -> Option<StoreSpec> {
     let Value::Table(mut table) = value else {
         errors.push(field_error("store", "must be a table ([store])"));
         return None;
     };
     let kind = table.remove("kind");
-    let rest = Value::Table(table);
-    match kind.as_ref().and_then(Value::as_str) {
-        Some("memory") => {
-            let spec = de::<MemorySpec>(errors, "store", rest)?;
+    let Some(kind) = kind.as_ref().and_then(Value::as_str) else {
+        let reason = format!(
+            "missing or not a string; write kind = {}",
+            kind_names(kinds)
+        );
+        errors.push(field_error("store.kind", reason));
+        return None;
+    };
+    match kind {
+        "memory" => {
+            let spec = de::<MemorySpec>(errors, "store", Value::Table(table))?;
             if spec.max_keys == Some(0) {
                 errors.push(field_error("store.max_keys", "must be > 0"));
             }
@@ -518,26 +531,32 @@ fn store(errors: &mut Vec<PolicyError>, value: Value) -> Option<StoreSpec> {
             }
             Some(StoreSpec::Memory(spec))
         }
-        Some(kind @ ("redis" | "redis-sentinel" | "redis-cluster")) => {
-            let fields = de::<RedisFields>(errors, "store", rest)?;
+        "redis" | "redis-sentinel" | "redis-cluster" => {
+            let fields = de::<RedisFields>(errors, "store", Value::Table(table))?;
             redis_store(errors, kind, fields)
         }
-        Some(other) => {
-            errors.push(field_error(
-                "store.kind",
-                format!(
-                    "{other:?} is not a store; write \"memory\", \"redis\", \"redis-sentinel\" or \"redis-cluster\""
-                ),
-            ));
-            None
-        }
-        None => {
-            errors.push(field_error(
-                "store.kind",
-                "missing or not a string; write kind = \"memory\", \"redis\", \"redis-sentinel\" or \"redis-cluster\"",
-            ));
-            None
-        }
+        other => match kinds.read(errors, other, table) {
+            Some(custom) => custom.map(StoreSpec::Custom),
+            None => {
+                let reason = format!("{other:?} is not a store; write {}", kind_names(kinds));
+                errors.push(field_error("store.kind", reason));
+                None
+            }
+        },
+    }
+}
+
+/// Every kind a file may name, as `"memory", "redis", … or "postgres"`.
+fn kind_names(kinds: &StoreKinds) -> String {
+    let names: Vec<String> = crate::store_kind::BUILT_IN
+        .into_iter()
+        .chain(kinds.names())
+        .map(|name| format!("{name:?}"))
+        .collect();
+    match names.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 

@@ -112,7 +112,7 @@ pub enum SetupError {
     /// connect timeout, or a bad URL or prefix).
     #[error("store: could not open the {kind} store: {source}")]
     Store {
-        /// `memory` or `redis`.
+        /// The store's kind: `memory`, `redis`, …, or a registered one's name.
         kind: &'static str,
         /// Why.
         #[source]

@@ -276,3 +276,31 @@ async fn a_watched_file_reloads_when_it_changes() {
     assert_eq!(route.limits().limiter().layers()[0].policy().capacity(), 7);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One emergency store per running configuration: made when a policy
+/// first falls back, the same one after a reload that keeps `[fallback]`,
+/// a new one when its size changes.
+#[tokio::test]
+async fn the_emergency_store_is_one_and_kept_across_reloads() {
+    let (_clock, live) = live(&file(2, "")).await;
+    assert!(live.fallback_store().is_none(), "nothing falls back");
+    let falls_back = file(2, "").replace(
+        "window = \"1m\"",
+        "window = \"1m\"\non_failure = { fallback_share = 2 }",
+    );
+    live.reload_with(Config::from_toml_str(&falls_back).unwrap())
+        .await
+        .unwrap();
+    let first = live.fallback_store().expect("a policy falls back");
+    live.reload_with(Config::from_toml_str(&falls_back.replace("limit = 2", "limit = 3")).unwrap())
+        .await
+        .unwrap();
+    let kept = live.fallback_store().unwrap();
+    assert!(Arc::ptr_eq(&first, &kept), "the same emergency store");
+    let resized = format!("{falls_back}\n[fallback]\nmax_keys = 500\n");
+    live.reload_with(Config::from_toml_str(&resized).unwrap())
+        .await
+        .unwrap();
+    let new = live.fallback_store().unwrap();
+    assert!(!Arc::ptr_eq(&first, &new), "a new size, a new store");
+}

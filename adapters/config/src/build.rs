@@ -132,8 +132,8 @@ impl Config {
         Ok(routes)
     }
 
-    /// Open the configured store: in-process, or Redis (connecting now
-    /// unless `lazy = true`).
+    /// Open the configured store: in-process, Redis (connecting now
+    /// unless `lazy = true`), or a registered [`StoreKind`](crate::StoreKind)'s.
     pub async fn open_store(&self, clock: Arc<dyn Clock>) -> Result<Arc<dyn Store>, SetupError> {
         match self.store() {
             StoreSpec::Memory(spec) => {
@@ -177,7 +177,7 @@ impl Config {
             #[cfg(feature = "cluster")]
             StoreSpec::RedisCluster(spec) => {
                 let builder = tollgate_redis::RedisClusterStore::builder(spec.nodes.clone());
-                let builder = configured!(builder, &spec.options);
+                let builder = configured(builder, &spec.options)?;
                 let store = builder
                     .connect()
                     .await
@@ -189,50 +189,53 @@ impl Config {
             }
             #[cfg(not(feature = "cluster"))]
             StoreSpec::RedisCluster(_) => Err(SetupError::ClusterNotEnabled),
+            StoreSpec::Custom(custom) => {
+                let store = custom.open(clock).await;
+                store.map_err(|source| SetupError::Store {
+                    kind: custom.kind(),
+                    source,
+                })
+            }
             #[cfg(not(feature = "redis"))]
             StoreSpec::Redis(_) | StoreSpec::RedisSentinel(_) => Err(SetupError::RedisNotEnabled),
         }
     }
 }
 
-/// `builder` (a standalone or a Cluster store's: they share these
-/// setters) with the file's shared `options`, TLS included.
+/// `builder` (a standalone or a Cluster store's: one builder type, the
+/// same setters) with the file's shared `options`, TLS included.
 #[cfg(feature = "redis")]
-macro_rules! configured {
-    ($builder:expr, $options:expr) => {{
-        let options: &crate::RedisOptions = $options;
-        let mut builder = $builder;
-        if let Some(prefix) = &options.prefix {
-            builder = builder.prefix(prefix.clone());
-        }
-        if let Some(d) = options.deadline {
-            builder = builder.deadline(d.0);
-        }
-        if let Some(d) = options.connect_timeout {
-            builder = builder.connect_timeout(d.0);
-        }
-        if let Some(engine) = options.engine {
-            builder = builder.engine(crate::build::engine(engine));
-        }
-        if let Some(replicas) = options.replica_ack {
-            let timeout = options
-                .replica_ack_timeout
-                .map_or(DEFAULT_REPLICA_ACK_TIMEOUT, |d| d.0);
-            builder = builder.replica_ack(replicas, timeout);
-        }
-        #[cfg(feature = "tls")]
-        let builder = match tls_of(options)? {
-            Some(tls) => builder.tls(tls),
-            None => builder,
-        };
-        #[cfg(not(feature = "tls"))]
-        no_tls(options)?;
-        builder
-    }};
+fn configured<T>(
+    builder: tollgate_redis::RedisBuilder<T>,
+    options: &crate::RedisOptions,
+) -> Result<tollgate_redis::RedisBuilder<T>, SetupError> {
+    let mut builder = builder;
+    if let Some(prefix) = &options.prefix {
+        builder = builder.prefix(prefix.clone());
+    }
+    if let Some(d) = options.deadline {
+        builder = builder.deadline(d.0);
+    }
+    if let Some(d) = options.connect_timeout {
+        builder = builder.connect_timeout(d.0);
+    }
+    if let Some(engine) = options.engine {
+        builder = builder.engine(engine_of(engine));
+    }
+    if let Some(replicas) = options.replica_ack {
+        let timeout = options
+            .replica_ack_timeout
+            .map_or(DEFAULT_REPLICA_ACK_TIMEOUT, |d| d.0);
+        builder = builder.replica_ack(replicas, timeout);
+    }
+    #[cfg(feature = "tls")]
+    if let Some(tls) = tls_of(options)? {
+        builder = builder.tls(tls);
+    }
+    #[cfg(not(feature = "tls"))]
+    no_tls(options)?;
+    Ok(builder)
 }
-// The Cluster store, built above this definition, names it by path.
-#[cfg(feature = "cluster")]
-use configured;
 
 /// A Redis store from `builder` with the file's shared `options`.
 #[cfg(feature = "redis")]
@@ -241,7 +244,7 @@ async fn redis_store(
     options: &crate::RedisOptions,
     kind: &'static str,
 ) -> Result<Arc<dyn Store>, SetupError> {
-    let builder = configured!(builder, options);
+    let builder = configured(builder, options)?;
     let store = if options.lazy {
         builder.build()
     } else {
@@ -254,7 +257,7 @@ async fn redis_store(
 /// The Redis store's [`Engine`](tollgate_redis::Engine) for the
 /// file's `engine`.
 #[cfg(feature = "redis")]
-pub(crate) fn engine(spec: crate::EngineSpec) -> tollgate_redis::Engine {
+pub(crate) fn engine_of(spec: crate::EngineSpec) -> tollgate_redis::Engine {
     use crate::EngineSpec;
     use tollgate_redis::Engine;
     match spec {

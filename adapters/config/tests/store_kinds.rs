@@ -1,0 +1,218 @@
+//! Store kinds from outside the crate: selected by name once registered,
+//! their settings read and checked with the file, opened when the limiters
+//! are built and again only when a reload changes `[store]`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tollgate_config::{Config, LiveConfig, SetupError, StoreKind, StoreKinds, StoreSpec};
+use tollgate_limiter::{
+    async_trait, Clock, Context, ManualClock, Store, StoreError, Subject, Timestamp,
+};
+use tollgate_memory::MemoryStore;
+
+const START: Timestamp = Timestamp::from_micros(1_780_000_000_000_000);
+
+/// `kind = "counted-memory"`: an in-process store, counting how often it
+/// was opened; `fail = true` makes opening fail.
+#[derive(Default, Clone)]
+struct CountedMemory {
+    opened: Arc<AtomicUsize>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CountedSettings {
+    max_keys: usize,
+    #[serde(default)]
+    fail: bool,
+}
+
+#[async_trait]
+impl StoreKind for CountedMemory {
+    type Settings = CountedSettings;
+
+    fn name(&self) -> &'static str {
+        "counted-memory"
+    }
+
+    async fn open(
+        &self,
+        settings: &CountedSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<dyn Store>, StoreError> {
+        if settings.fail {
+            return Err(StoreError::Unavailable("asked to fail".into()));
+        }
+        self.opened.fetch_add(1, Ordering::SeqCst);
+        let store = MemoryStore::builder()
+            .max_keys(settings.max_keys)
+            .clock(clock);
+        Ok(Arc::new(store.build()))
+    }
+}
+
+fn file(store: &str, limit: u64) -> String {
+    format!(
+        r#"
+[store]
+{store}
+
+[policies.api]
+algorithm = "fixed_window"
+limit = {limit}
+window = "1m"
+
+[routes.api]
+layers = [{{ scope = "subject", policy = "api" }}]
+"#
+    )
+}
+
+const COUNTED: &str = "kind = \"counted-memory\"\nmax_keys = 100";
+
+#[tokio::test]
+async fn a_registered_kind_is_selected_by_name_and_decides() {
+    let kind = CountedMemory::default();
+    let kinds = StoreKinds::new().with(kind.clone());
+    let config = Config::from_toml_str_with(&file(COUNTED, 1), &kinds).unwrap();
+    assert!(matches!(config.store(), StoreSpec::Custom(c) if c.kind() == "counted-memory"));
+    assert_eq!(kind.opened.load(Ordering::SeqCst), 0, "read, not opened");
+    let limiters = config
+        .build(Arc::new(ManualClock::new(START)))
+        .await
+        .unwrap();
+    assert_eq!(kind.opened.load(Ordering::SeqCst), 1);
+    assert_eq!(limiters.store().kind(), "memory");
+    let api = limiters.route("api").unwrap();
+    let ctx = Context::for_subject(Subject::new("k").unwrap());
+    assert!(api.limiter().check(&ctx, 1).await.unwrap().is_allowed());
+    assert!(!api.limiter().check(&ctx, 1).await.unwrap().is_allowed());
+}
+
+#[test]
+fn an_unregistered_kind_is_refused_naming_every_kind() {
+    let err = Config::from_toml_str(&file(COUNTED, 1)).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(
+            "store.kind: \"counted-memory\" is not a store; write \"memory\", \"redis\", \"redis-sentinel\" or \"redis-cluster\""
+        ),
+        "{text}"
+    );
+    let kinds = StoreKinds::new().with(CountedMemory::default());
+    let err = Config::from_toml_str_with(&file("kind = \"counted\"", 1), &kinds).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("\"redis-cluster\" or \"counted-memory\""),
+        "the registered kind is named: {err}"
+    );
+}
+
+#[test]
+fn settings_errors_name_their_field_beside_the_files_other_errors() {
+    let kinds = StoreKinds::new().with(CountedMemory::default());
+    let store = "kind = \"counted-memory\"\nmax_keys = \"many\"";
+    let err = Config::from_toml_str_with(&file(store, 0), &kinds).unwrap_err();
+    let text = err.to_string();
+    assert_eq!(err.errors().len(), 2, "{text}");
+    assert!(text.contains("store.max_keys: invalid type"), "{text}");
+    assert!(text.contains("policies.api.limit"), "{text}");
+    let store = "kind = \"counted-memory\"\nmax_keys = 1\ncolour = \"red\"";
+    let err = Config::from_toml_str_with(&file(store, 1), &kinds).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("store.colour: unknown field `colour`"),
+        "{err}"
+    );
+    let err =
+        Config::from_toml_str_with(&file("kind = \"counted-memory\"", 1), &kinds).unwrap_err();
+    assert!(
+        err.to_string().contains("store: missing field `max_keys`"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_store_that_cannot_open_names_its_kind() {
+    let kinds = StoreKinds::new().with(CountedMemory::default());
+    let store = "kind = \"counted-memory\"\nmax_keys = 1\nfail = true";
+    let config = Config::from_toml_str_with(&file(store, 1), &kinds).unwrap();
+    let err = config
+        .build(Arc::new(ManualClock::new(START)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SetupError::Store {
+                kind: "counted-memory",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("asked to fail"), "{err}");
+}
+
+#[test]
+#[should_panic(expected = "store kind \"counted-memory\" is registered twice")]
+fn a_kind_registered_twice_is_refused() {
+    let _ = StoreKinds::new()
+        .with(CountedMemory::default())
+        .with(CountedMemory::default());
+}
+
+#[test]
+#[should_panic(
+    expected = "store kind \"redis\" is registered twice (or is a built-in kind's name)"
+)]
+fn a_kind_named_as_a_built_in_is_refused() {
+    struct NotRedis;
+    #[async_trait]
+    impl StoreKind for NotRedis {
+        type Settings = ();
+        fn name(&self) -> &'static str {
+            "redis"
+        }
+        async fn open(&self, _: &(), _: Arc<dyn Clock>) -> Result<Arc<dyn Store>, StoreError> {
+            unreachable!("never registered")
+        }
+    }
+    let _ = StoreKinds::new().with(NotRedis);
+}
+
+/// A reload reads the file against the kinds it was loaded with, keeps
+/// the store while `[store]` is unchanged, and opens it again when it
+/// changes.
+#[tokio::test]
+async fn a_reload_reads_the_registered_kinds_and_reopens_only_on_change() {
+    let kind = CountedMemory::default();
+    let kinds = StoreKinds::new().with(kind.clone());
+    let dir = std::env::temp_dir().join(format!("tollgate-kinds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    std::fs::write(&path, file(COUNTED, 1)).unwrap();
+    let live = LiveConfig::load_with(&path, &kinds, Arc::new(ManualClock::new(START)))
+        .await
+        .unwrap();
+    let route = live.route("api").unwrap();
+    assert_eq!(kind.opened.load(Ordering::SeqCst), 1);
+
+    std::fs::write(&path, file(COUNTED, 5)).unwrap();
+    let report = live.reload().await.unwrap();
+    assert!(!report.store_reopened);
+    assert_eq!(kind.opened.load(Ordering::SeqCst), 1, "the store is kept");
+    assert_eq!(route.limits().limiter().layers()[0].policy().capacity(), 5);
+
+    let bigger = COUNTED.replace("100", "200");
+    std::fs::write(&path, file(&bigger, 5)).unwrap();
+    let report = live.reload().await.unwrap();
+    assert!(report.store_reopened);
+    assert_eq!(
+        kind.opened.load(Ordering::SeqCst),
+        2,
+        "a changed [store]: opened again"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
