@@ -118,8 +118,8 @@ pub use tollgate_limiter::{CalendarUnit, Recurrence};
 #[cfg_attr(docsrs, doc(cfg(feature = "blocked-cache")))]
 pub use tollgate_limiter::BlockedCacheConfig;
 
-/// The core crate whole: the model, the configuration-file types
-/// (`LimitSpec`, …) and the helpers the other crates share.
+/// The core crate whole: the model, the helpers the other crates share
+/// and, with `config`, the configuration-file forms (`LimitSpec`, …).
 pub use tollgate_limiter as limiter;
 
 /// The reference algorithm implementations (pure functions).

@@ -41,6 +41,7 @@ mod policy;
 #[cfg(feature = "concurrency")]
 mod release_queue;
 mod scoped;
+#[cfg(feature = "serde")]
 mod spec;
 mod store;
 mod subject;
@@ -86,7 +87,9 @@ pub use plan_source::{PlanCacheConfig, PlanSource, PlanSourceError};
 pub use policy::check_name;
 pub use policy::Policy;
 pub use scoped::ScopedOperations;
-pub use spec::{DurationSpec, FieldKind, LimitSpec, ModeSpec, OnFailureSpec, WhenFullSpec};
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub use spec::{DurationSpec, LimitSpec, ModeSpec, OnFailureSpec, WhenFullSpec};
 pub use store::{LayerRequest, Store, StoreKey};
 pub use subject::{HashKey, Subject};
 #[cfg(feature = "wait")]

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use crate::budget::KeyBudget;
 use crate::error::PolicyError;
 use crate::failure::{Fallback, OnStoreFailure};
-use crate::limit::{Builtin, Limit, Parameters};
+use crate::limit::{Builtin, FieldKind, Limit, Parameters};
 use crate::policy::Policy;
 
 /// `LimitSpec` from the list of built-ins.
@@ -51,19 +51,6 @@ macro_rules! define_limit_spec {
     };
 }
 crate::builtin_algorithms!(define_limit_spec);
-
-/// What a parameter of a [`LimitSpec`] holds, as a configuration file
-/// writes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FieldKind {
-    /// A whole number (`capacity = 100`).
-    Count,
-    /// A duration string ([`DurationSpec`]: `period = "1s"`).
-    Duration,
-    /// A string the algorithm reads (`per = "month"`,
-    /// `time_zone = "Europe/Berlin"`).
-    Text,
-}
 
 impl LimitSpec {
     /// The parameters the algorithm named `algorithm` (as configuration

@@ -79,6 +79,8 @@ pub mod observe;
 mod plans;
 mod spec;
 mod store_kind;
+#[cfg(feature = "watch")]
+mod watch;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -89,8 +91,6 @@ use tollgate_limiter::{BreakerConfig, Policy, PolicyError, Scope};
 
 pub use build::{Limiters, Route};
 pub use error::{ConfigError, SetupError};
-#[cfg(feature = "watch")]
-pub use live::Watch;
 pub use live::{LiveConfig, LiveRoute, ReloadError, ReloadReport, UnknownRoute};
 pub use plans::PlansDef;
 pub use spec::{
@@ -100,6 +100,9 @@ pub use store_kind::{CustomStore, StoreKind, StoreKinds};
 /// A duration as the file writes it (`"250ms"`, `"1m30s"`), for a
 /// [`StoreKind`]'s settings.
 pub use tollgate_limiter::DurationSpec;
+#[cfg(feature = "watch")]
+#[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
+pub use watch::{Changes, Watch};
 
 /// A validated configuration file; build the limiters with [`Config::build`].
 #[derive(Debug, Clone, PartialEq)]

@@ -423,60 +423,29 @@ impl LiveConfig {
         self.shared.bound.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Reload whenever the file changes (its modification time, length or
-    /// contents), checking every `every`, and hand each outcome to
-    /// `report` (an invalid file's errors included); stops when the
-    /// returned handle is dropped. Each change is reloaded once: an invalid
-    /// file is reported once, not at every check.
+    /// Reload whenever the file's contents change, read every `every`,
+    /// once they stayed the same for one more look (a file still being
+    /// written is not applied; see [`Changes`](crate::Changes)), and hand
+    /// each outcome to `report` (an invalid file's errors included);
+    /// stops when the returned handle is dropped. Each change is reloaded
+    /// once: an invalid file is reported once, not at every check.
     #[cfg(feature = "watch")]
     #[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
     pub fn watch(
         &self,
         every: std::time::Duration,
         mut report: impl FnMut(Result<ReloadReport, ReloadError>) + Send + 'static,
-    ) -> Result<Watch, ReloadError> {
+    ) -> Result<crate::Watch, ReloadError> {
         let path = self.shared.path.clone().ok_or(ReloadError::NoFile)?;
         let live = self.clone();
-        let mut seen = fingerprint(&path);
-        let task = tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(every);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut changes = crate::Changes::new(every, move || std::fs::read(&path).ok());
+        Ok(crate::Watch::spawn(async move {
             loop {
-                ticks.tick().await;
-                let now = fingerprint(&path);
-                if now != seen {
-                    seen = now;
-                    report(live.reload().await);
-                }
+                changes.next().await;
+                report(live.reload().await);
             }
-        });
-        Ok(Watch(task))
+        }))
     }
-}
-
-/// A running file watch ([`LiveConfig::watch`]); dropping it stops it.
-#[cfg(feature = "watch")]
-#[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
-#[derive(Debug)]
-pub struct Watch(tokio::task::JoinHandle<()>);
-
-#[cfg(feature = "watch")]
-impl Drop for Watch {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// What identifies a version of the file: modification time, length and
-/// a hash of the contents (an edit within one mtime tick still counts).
-#[cfg(feature = "watch")]
-fn fingerprint(path: &Path) -> Option<(std::time::SystemTime, u64, u64)> {
-    use std::hash::{Hash, Hasher};
-    let meta = std::fs::metadata(path).ok()?;
-    let text = std::fs::read(path).ok()?;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut hasher);
-    Some((meta.modified().ok()?, meta.len(), hasher.finish()))
 }
 
 /// Count and log a refused reload, once.

@@ -41,7 +41,6 @@ mod rule_stats;
 mod rules;
 mod runtime_stores;
 mod settings;
-mod settled;
 mod tls;
 mod traces;
 mod wire;
@@ -57,7 +56,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
-use tollgate_config::{Config, LiveConfig};
+use tollgate_config::{Changes, Config, LiveConfig, Watch};
 use tollgate_limiter::{Clock, Store};
 
 pub use envoy_limit::{envoy_limit, EnvoyLimit};
@@ -209,16 +208,6 @@ impl Shared {
     }
 }
 
-/// Stops watching the file when dropped ([`Server::watch`]).
-#[derive(Debug)]
-pub struct FileWatch(JoinHandle<()>);
-
-impl Drop for FileWatch {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// How long a shutdown waits for the requests in flight.
 pub const SHUTDOWN_WITHIN: Duration = Duration::from_secs(30);
 
@@ -270,7 +259,7 @@ pub struct Server {
     tasks: Vec<JoinHandle<()>>,
     /// The certificate files' watch, when there is TLS: stops with the
     /// server.
-    certificates: Option<FileWatch>,
+    certificates: Option<Watch>,
 }
 
 /// What each gRPC runtime serves, and its stop signals.
@@ -490,18 +479,16 @@ impl Certificates {
     }
 
     /// Read the files every `every` and swap in what they hold once it
-    /// stood still for one look (see `settled.rs`) and makes a valid
+    /// stood still for one look ([`Changes`]) and makes a valid
     /// configuration: new handshakes use it, connections already open
     /// keep theirs. Files that do not make one keep the running
     /// certificates, said on standard error.
-    fn watch(self, every: Duration) -> JoinHandle<()> {
-        tokio::spawn(async move {
-            let mut files = settled::Settled::new(Some(self.settings.contents()));
+    fn watch(self, every: Duration) -> Watch {
+        let settings = self.settings.clone();
+        let mut files = Changes::new(every, move || Some(settings.contents()));
+        Watch::spawn(async move {
             loop {
-                tokio::time::sleep(every).await;
-                if !files.changed(Some(self.settings.contents())) {
-                    continue;
-                }
+                files.next().await;
                 let swap = |acceptor: &incoming::Acceptor, listener| {
                     let config = self.settings.server_config(listener)?;
                     *acceptor.write().unwrap_or_else(|p| p.into_inner()) =
@@ -553,7 +540,7 @@ impl Server {
             http_api::router(shared.clone()),
             stopped,
         )));
-        let certificates = certificates.map(|c| FileWatch(c.watch(CERTIFICATES_EVERY)));
+        let certificates = certificates.map(|c| c.watch(CERTIFICATES_EVERY));
         // Ends once the server is dropped.
         tokio::spawn(permit_api::sweep(Arc::downgrade(&shared)));
         Ok(Server {
@@ -609,25 +596,23 @@ impl Server {
     /// Reload as [`reload`](Self::reload) does whenever the file's contents
     /// change (read every `every`; its time and length are not trusted),
     /// once they have stayed the same for one more look, so a file still
-    /// being written is not applied (see `settled.rs`),
-    /// reporting each outcome; stops when the returned guard is dropped.
+    /// being written is not applied ([`Changes`]: the configuration
+    /// library's rule), reporting each outcome; stops when the returned
+    /// guard is dropped.
     pub fn watch(
         &self,
         every: Duration,
         mut report: impl FnMut(Result<(), ServerError>) + Send + 'static,
-    ) -> FileWatch {
+    ) -> Watch {
         let shared = self.shared.clone();
-        // Read now, not in the task: a change made before the task first
-        // runs is a change.
-        let mut file = settled::Settled::new(shared.watched());
-        FileWatch(tokio::spawn(async move {
+        let watched = self.shared.clone();
+        let mut files = Changes::new(every, move || watched.watched());
+        Watch::spawn(async move {
             loop {
-                tokio::time::sleep(every).await;
-                if file.changed(shared.watched()) {
-                    report(shared.reload().await);
-                }
+                files.next().await;
+                report(shared.reload().await);
             }
-        }))
+        })
     }
 
     /// Stop accepting, let the requests in flight finish (for at most

@@ -170,7 +170,11 @@ fn refund_layers(
     call: &Call,
     now: u64,
 ) -> Result<Vec<i64>, RedisError> {
-    each_named_charge(ctx, keys, call, |key, layer, state, charge| {
+    // Keys whose last holder left: one `DEL` replicated for all of them,
+    // after the loop (a release adds no holder, so no later write of this
+    // call recreates one of them).
+    let mut emptied: Vec<&RedisString> = Vec::new();
+    let reply = each_named_charge(ctx, keys, call, |key, layer, state, charge| {
         let given = match state {
             Some(State::Log(_)) if layer.layout == Layout::Log => {
                 keyspace::remove_newest(ctx, key, layer.cost, layer.at)?
@@ -184,6 +188,11 @@ fn refund_layers(
                 };
                 let before = State::Log(held);
                 match release(&layer.limit, Some(&before), now, hold) {
+                    Some(stored) if log_len(&stored.state) == 0 => {
+                        keyspace::delete_unreplicated(ctx, key)?;
+                        emptied.push(key);
+                        log_len(&before)
+                    }
                     Some(stored) => {
                         keyspace::write(ctx, key, layer.layout, Some(&before), &stored)?;
                         log_len(&before) - log_len(&stored.state)
@@ -207,7 +216,9 @@ fn refund_layers(
             _ => 0,
         };
         Ok(given as i64)
-    })
+    });
+    keyspace::replicate_deletes(ctx, &emptied);
+    reply
 }
 
 /// The entries of a log (0 for any other state).
@@ -237,12 +248,12 @@ fn renew_layers(
 
 /// `each` layer's answer (its key, its arguments, its state and the
 /// charge or hold they name), one per layer in order.
-fn each_named_charge(
+fn each_named_charge<'k>(
     ctx: &Context,
-    keys: &[RedisString],
+    keys: &'k [RedisString],
     call: &Call,
     mut each: impl FnMut(
-        &RedisString,
+        &'k RedisString,
         &protocol::Layer,
         Option<State>,
         Charge,

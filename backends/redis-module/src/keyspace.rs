@@ -251,13 +251,28 @@ fn push_entries<T: AsRef<[u8]>>(ctx: &Context, k: &[u8], texts: &[T]) -> Result<
 }
 
 /// Delete `key` through the key API, replicated as `DEL` and with the
-/// event a client's `DEL` fires (a release's last holder: no client call
-/// built for it).
+/// event a client's `DEL` fires (no client call built for it).
 fn delete_one(ctx: &Context, key: &RedisString) -> Result<(), RedisError> {
+    delete_unreplicated(ctx, key)?;
+    replicate_deletes(ctx, &[key]);
+    Ok(())
+}
+
+/// Delete `key` through the key API with a client `DEL`'s event, leaving
+/// its replication to [`replicate_deletes`]: a release that empties many
+/// keys replicates one `DEL` for all of them (each `DEL` replicated alone
+/// costs a command lookup and its arguments, about as much as the delete).
+pub(crate) fn delete_unreplicated(ctx: &Context, key: &RedisString) -> Result<(), RedisError> {
     ctx.open_key_writable(key).delete()?;
-    ctx.replicate("DEL", &[key][..]);
     ctx.notify_keyspace_event(NotifyEvent::GENERIC, "del", key);
     Ok(())
+}
+
+/// Replicate the deletion of `keys` as one `DEL` (none when empty).
+pub(crate) fn replicate_deletes(ctx: &Context, keys: &[&RedisString]) {
+    if !keys.is_empty() {
+        ctx.replicate("DEL", keys);
+    }
 }
 
 /// Delete `keys`.

@@ -17,7 +17,7 @@ use tollgate_limiter::{Adjustment, Builtin, Layout, Limit, StoreError, Timestamp
 use crate::state::digits;
 
 /// Arguments per layer: algorithm code, cost, and the algorithm's three
-/// parameters ([`Limit::args`]).
+/// parameters (`Limit::args`, the core's side of this format).
 pub const LAYER_ARGS: usize = 5;
 /// Arguments per layer of a refund: [`LAYER_ARGS`], then the charge's
 /// `at` and `mark`.

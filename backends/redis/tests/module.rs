@@ -527,6 +527,74 @@ async fn replicas_and_the_aof_hold_the_primarys_states() {
     assert_eq!(snapshot(&primary), on_primary);
 }
 
+/// A request for one place of `policy` for `subject`.
+fn one_place<'a>(policy: &'a Policy, subject: &'a str) -> LayerRequest<'a> {
+    LayerRequest {
+        key: StoreKey::new(subject, policy, "s", subject),
+        policy,
+        cost: 1,
+    }
+}
+
+/// A release replicates what it did: keys it emptied go on the replica
+/// too (one `DEL` for a call's emptied keys), and a key that keeps a
+/// holder holds the same holders and expiry there.
+#[tokio::test]
+async fn releases_are_replicated_as_their_effects() {
+    let primary = RedisServer::start_with_module(&[]);
+    let replica = replica_of(&primary);
+    let store = server_clock_store(primary.url(), &unique("release-repl"), Engine::Module).await;
+    let in_flight = Policy::new(
+        "in-flight",
+        Limit::concurrency(10, Duration::from_secs(3600)).unwrap(),
+    )
+    .unwrap();
+    let subjects: Vec<String> = (0..3).map(|_| unique("s")).collect();
+    // The second subject holds two places, the others one.
+    let mut holds = Vec::new();
+    for (i, subject) in subjects.iter().enumerate() {
+        for _ in 0..=(i % 2) {
+            let (verdicts, held) = store
+                .acquire(&[one_place(&in_flight, subject)])
+                .await
+                .expect("acquire");
+            assert!(verdicts[0].allowed);
+            holds.push((subject.clone(), held[0].expect("a hold")));
+        }
+    }
+    // One call releases a place of each subject: the first and the last
+    // subjects' keys are emptied, the second keeps one holder.
+    let first_of_each: Vec<_> = subjects
+        .iter()
+        .map(|s| holds.iter().find(|(h, _)| h == s).expect("held").clone())
+        .collect();
+    let layers: Vec<LayerRequest<'_>> = first_of_each
+        .iter()
+        .map(|(s, _)| one_place(&in_flight, s))
+        .collect();
+    let released: Vec<_> = first_of_each.iter().map(|(_, hold)| *hold).collect();
+    store.release(&layers, &released).await.expect("release");
+    assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
+    let state = |server: &RedisServer, subject: &str| -> Option<(String, i64)> {
+        let key = store
+            .settings()
+            .redis_key(&one_place(&in_flight, subject).key);
+        match server.command(&["GET", &key]) {
+            Reply::Bulk(None) => None,
+            value => Some((text(value), int(server.command(&["PEXPIRETIME", &key])))),
+        }
+    };
+    for (i, subject) in subjects.iter().enumerate() {
+        let on_primary = state(&primary, subject);
+        assert_eq!(on_primary.is_some(), i == 1, "subject {i} on the primary");
+        assert_eq!(
+            state(&replica, subject),
+            on_primary,
+            "subject {i} on the replica"
+        );
+    }
+}
+
 /// A failover to a replica without the module: the promoted replica holds
 /// what the primary's module wrote, and a store connected to it decides
 /// on with the function library from exactly where the module left off.

@@ -10,7 +10,6 @@
 //! `Parameters`.
 
 use crate::error::PolicyError;
-use crate::spec::FieldKind;
 
 /// Calls `$callback!` with every built-in algorithm, once: its doc
 /// comment, its `Limit` variant (also the name of its parameters' type),
@@ -54,8 +53,10 @@ pub(crate) trait Parameters: Sized {
     /// holds them to its configuration type).
     const FIELDS: &'static [(&'static str, FieldKind)];
     /// Its configuration-file form.
+    #[cfg(feature = "serde")]
     type Spec;
     /// Validate the configuration form.
+    #[cfg(feature = "serde")]
     fn from_spec(spec: &Self::Spec) -> Result<Self, PolicyError>;
     /// The most a single request may cost.
     fn capacity_of(&self) -> u64;
@@ -147,7 +148,9 @@ pub struct Builtin {
     /// Its name ([`Limit::algorithm_name`](crate::Limit::algorithm_name),
     /// and `algorithm = "…"` in configuration files).
     pub name: &'static str,
-    /// The number the Redis script and the native module know it by.
+    /// The number the Redis script and the native module know it by
+    /// (the Redis protocol's: hidden from the docs).
+    #[doc(hidden)]
     pub code: u8,
     /// Its code in store keys ([`Limit::key_code`](crate::Limit::key_code)).
     pub key_code: &'static str,
@@ -172,6 +175,19 @@ impl Builtin {
     pub fn named(name: &str) -> Option<&'static Builtin> {
         Self::all().iter().find(|b| b.name == name)
     }
+}
+
+/// What a parameter of a built-in algorithm holds, as a configuration
+/// file writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldKind {
+    /// A whole number (`capacity = 100`).
+    Count,
+    /// A duration string (`period = "1s"`).
+    Duration,
+    /// A string the algorithm reads (`per = "month"`,
+    /// `time_zone = "Europe/Berlin"`).
+    Text,
 }
 
 #[cfg(test)]

@@ -1,14 +1,16 @@
 //! The calendar quota's parameters (the algorithm: `tollgate_algorithms`'s
 //! `calendar.rs`).
 
+#[cfg(feature = "serde")]
 use serde::Deserialize;
 
-use super::builtins::{Layout, Parameters};
+use super::builtins::{FieldKind, Layout, Parameters};
 use super::{check_count, share, Limit, MAX_COUNT};
 use crate::error::PolicyError;
-use crate::spec::FieldKind;
 #[cfg(feature = "calendar")]
-use crate::{CalendarUnit, Recurrence};
+use crate::Recurrence;
+#[cfg(all(feature = "calendar", feature = "serde"))]
+use crate::CalendarUnit;
 
 /// The longest span a calendar quota counts in: a leap year and a day
 /// (a time zone's offset may change within the year).
@@ -145,6 +147,7 @@ impl Calendar {
     }
 }
 
+#[cfg(feature = "serde")]
 /// A calendar quota as written in a configuration file
 /// (`algorithm = "calendar"`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -175,13 +178,16 @@ impl Parameters for Calendar {
         ("time_zone", FieldKind::Text),
         ("from", FieldKind::Text),
     ];
+    #[cfg(feature = "serde")]
     type Spec = CalendarSpec;
 
+    #[cfg(feature = "serde")]
     #[cfg(feature = "calendar")]
     fn from_spec(s: &CalendarSpec) -> Result<Self, PolicyError> {
         let unit: CalendarUnit = s.per.parse()?;
         Self::every(s.limit, Recurrence::new(unit, &s.time_zone, &s.from)?)
     }
+    #[cfg(feature = "serde")]
     #[cfg(not(feature = "calendar"))]
     fn from_spec(_: &CalendarSpec) -> Result<Self, PolicyError> {
         Err(PolicyError::new(

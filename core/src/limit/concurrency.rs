@@ -11,13 +11,15 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "serde")]
 use serde::Deserialize;
 
-use super::builtins::{Layout, Parameters};
+use super::builtins::{FieldKind, Layout, Parameters};
 use super::window::Window;
 use super::{share, Limit, MAX_LOG_LIMIT};
 use crate::error::PolicyError;
-use crate::spec::{DurationSpec, FieldKind};
+#[cfg(feature = "serde")]
+use crate::spec::DurationSpec;
 
 /// Shortest lease: renewals run every third of it, so a lease far shorter
 /// would spend the store on renewals.
@@ -80,6 +82,7 @@ impl Concurrency {
     }
 }
 
+#[cfg(feature = "serde")]
 /// A concurrency limit as written in a configuration file
 /// (`algorithm = "concurrency"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -101,8 +104,10 @@ impl Parameters for Concurrency {
         ("limit", FieldKind::Count),
         ("lease", FieldKind::Duration),
     ];
+    #[cfg(feature = "serde")]
     type Spec = ConcurrencySpec;
 
+    #[cfg(feature = "serde")]
     fn from_spec(s: &ConcurrencySpec) -> Result<Self, PolicyError> {
         Self::new(s.limit, s.lease.0)
     }

@@ -2,14 +2,16 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "serde")]
 use serde::Deserialize;
 
-use super::builtins::{Layout, Parameters};
+use super::builtins::{FieldKind, Layout, Parameters};
 use super::{
     check_carried, check_count, check_recovery, check_window, share, too_many, Limit, MAX_COUNT,
 };
 use crate::error::PolicyError;
-use crate::spec::{DurationSpec, FieldKind};
+#[cfg(feature = "serde")]
+use crate::spec::DurationSpec;
 
 impl Limit {
     /// GCRA: `rate` per `period` on average, bursts of up to `burst`.
@@ -94,6 +96,7 @@ impl Gcra {
     }
 }
 
+#[cfg(feature = "serde")]
 /// GCRA as written in a configuration file (`algorithm = "gcra"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -119,8 +122,10 @@ impl Parameters for Gcra {
         ("period", FieldKind::Duration),
         ("burst", FieldKind::Count),
     ];
+    #[cfg(feature = "serde")]
     type Spec = GcraSpec;
 
+    #[cfg(feature = "serde")]
     fn from_spec(s: &GcraSpec) -> Result<Self, PolicyError> {
         Self::new(s.rate, s.period.0, s.burst)
     }

@@ -37,7 +37,7 @@ mod recurrence;
 mod window;
 
 pub(crate) use builtins::Parameters;
-pub use builtins::{Builtin, Layout, KEEPS_UNITS};
+pub use builtins::{Builtin, FieldKind, Layout, KEEPS_UNITS};
 pub use calendar::{Schedule, CALENDAR_ENDED_RETRY, MAX_CALENDAR_SPAN_US};
 pub use concurrency::{MAX_LEASE, MIN_LEASE};
 #[cfg(feature = "calendar")]
@@ -52,7 +52,10 @@ macro_rules! define_limit {
     ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident) = $code:literal, )*) => {
         $(
             mod $module;
-            pub use $module::{$spec, $variant};
+            pub use $module::$variant;
+            #[cfg(feature = "serde")]
+            #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+            pub use $module::$spec;
         )*
 
         /// The algorithm of a policy with its validated parameters.
@@ -199,6 +202,9 @@ macro_rules! define_limit {
             /// assert!(Limit::from_args(99, args).is_err());
             /// # Ok::<(), tollgate_limiter::PolicyError>(())
             /// ```
+            // The Redis protocol crate's wire form, not part of the model
+            // an application uses: hidden from the docs.
+            #[doc(hidden)]
             #[inline]
             pub fn args(&self, now: crate::Timestamp) -> Option<(u8, [u64; 3])> {
                 match self {
@@ -246,6 +252,7 @@ macro_rules! define_limit {
             /// The limit [`args`](Self::args) gave `code` and `args` for,
             /// validated (an error names the parameter, or `algorithm` when
             /// no built-in algorithm has `code`).
+            #[doc(hidden)]
             pub fn from_args(code: u64, args: [u64; 3]) -> Result<Limit, PolicyError> {
                 let keeps = code & u64::from(KEEPS_UNITS) != 0;
                 match code & !u64::from(KEEPS_UNITS) {

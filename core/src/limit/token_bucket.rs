@@ -3,15 +3,17 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "serde")]
 use serde::Deserialize;
 
-use super::builtins::{Layout, Parameters};
+use super::builtins::{FieldKind, Layout, Parameters};
 use super::{
     check_carried, check_count, check_recovery, check_window, share, slower, Limit, MAX_COUNT,
     MAX_EXACT,
 };
 use crate::error::PolicyError;
-use crate::spec::{DurationSpec, FieldKind};
+#[cfg(feature = "serde")]
+use crate::spec::DurationSpec;
 use crate::time::duration_micros;
 
 impl Limit {
@@ -113,6 +115,7 @@ impl TokenBucket {
     }
 }
 
+#[cfg(feature = "serde")]
 /// A token bucket as written in a configuration file
 /// (`algorithm = "token_bucket"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -139,8 +142,10 @@ impl Parameters for TokenBucket {
         ("refill", FieldKind::Count),
         ("period", FieldKind::Duration),
     ];
+    #[cfg(feature = "serde")]
     type Spec = TokenBucketSpec;
 
+    #[cfg(feature = "serde")]
     fn from_spec(s: &TokenBucketSpec) -> Result<Self, PolicyError> {
         Self::new(s.capacity, s.refill, s.period.0)
     }

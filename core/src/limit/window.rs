@@ -63,6 +63,7 @@ macro_rules! window_algorithm {
         }
 
         $(#[$spec_doc])*
+        #[cfg(feature = "serde")]
         #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         pub struct $spec {
@@ -75,12 +76,14 @@ macro_rules! window_algorithm {
         impl super::builtins::Parameters for $name {
             const KEY_CODE: &'static str = $key_code;
             const LAYOUT: super::builtins::Layout = $layout;
-            const FIELDS: &'static [(&'static str, crate::spec::FieldKind)] = &[
-                ("limit", crate::spec::FieldKind::Count),
-                ("window", crate::spec::FieldKind::Duration),
+            const FIELDS: &'static [(&'static str, super::builtins::FieldKind)] = &[
+                ("limit", super::builtins::FieldKind::Count),
+                ("window", super::builtins::FieldKind::Duration),
             ];
+            #[cfg(feature = "serde")]
             type Spec = $spec;
 
+            #[cfg(feature = "serde")]
             fn from_spec(s: &$spec) -> Result<Self, crate::error::PolicyError> {
                 Self::new(s.limit, s.window.0)
             }

@@ -1,5 +1,5 @@
-//! When a watched file counts as changed: its contents differ from the
-//! last version acted on and stayed the same for one more look.
+//! Watching files by reading them again: when what they hold counts as
+//! changed ([`Changes`]), and the task that acts on it ([`Watch`]).
 //!
 //! A file's time and length do not say it changed (an edit of the same
 //! length with its time restored keeps both), so the contents are
@@ -8,10 +8,91 @@
 //! are not acted on until the next look finds them unchanged, so a file
 //! is applied only after it stood still for one interval.
 
+use std::future::Future;
+use std::time::Duration;
+
+/// The changes of what some files hold, looked at every `every`: the
+/// configuration file for [`LiveConfig::watch`](crate::LiveConfig::watch),
+/// or any files a program reloads itself (the rate limit server's
+/// certificates, its configuration with envoyproxy/ratelimit's
+/// directory).
+///
+/// ```no_run
+/// # async fn run() {
+/// use std::time::Duration;
+/// use tollgate_config::{Changes, Watch};
+/// let mut changes = Changes::new(Duration::from_secs(1), || std::fs::read("limits.toml").ok());
+/// let _watch = Watch::spawn(async move {
+///     loop {
+///         changes.next().await;
+///         println!("limits.toml changed");
+///     }
+/// });
+/// # }
+/// ```
+pub struct Changes<T, R> {
+    every: Duration,
+    read: R,
+    seen: Settled<T>,
+}
+
+impl<T: Clone + PartialEq, R: FnMut() -> Option<T>> Changes<T, R> {
+    /// Changes of what `read` answers (`None`: unreadable), whose answer
+    /// now is what is already in force. Read here, not at the first look:
+    /// a change made before then is a change.
+    pub fn new(every: Duration, mut read: R) -> Self {
+        let seen = Settled::new(read());
+        Changes { every, read, seen }
+    }
+
+    /// Wait for the next change: contents that differ from the last ones
+    /// acted on and stayed the same for one more look. An unreadable file
+    /// (say, between a remove and a rename) is never a change.
+    pub async fn next(&mut self) {
+        loop {
+            tokio::time::sleep(self.every).await;
+            if self.seen.changed((self.read)()) {
+                return;
+            }
+        }
+    }
+}
+
+impl<T, R> std::fmt::Debug for Changes<T, R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Changes")
+            .field("every", &self.every)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A running watch: a task acting on [`Changes`] (as
+/// [`LiveConfig::watch`](crate::LiveConfig::watch) starts one); dropping
+/// it stops the task.
+#[derive(Debug)]
+pub struct Watch(tokio::task::JoinHandle<()>);
+
+impl Watch {
+    /// Run `task` on the current tokio runtime until the watch is dropped.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn spawn(task: impl Future<Output = ()> + Send + 'static) -> Watch {
+        Watch(tokio::spawn(task))
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The contents last acted on and last seen (a file's bytes, or what
 /// several files hold).
 #[derive(Debug)]
-pub(crate) struct Settled<T> {
+struct Settled<T> {
     acted_on: Option<T>,
     last_seen: Option<T>,
 }
@@ -19,7 +100,7 @@ pub(crate) struct Settled<T> {
 impl<T: Clone + PartialEq> Settled<T> {
     /// Watching a file whose current contents (`None`: unreadable) are
     /// already in force.
-    pub(crate) fn new(contents: Option<T>) -> Self {
+    fn new(contents: Option<T>) -> Self {
         Settled {
             acted_on: contents.clone(),
             last_seen: contents,
@@ -29,7 +110,7 @@ impl<T: Clone + PartialEq> Settled<T> {
     /// One look at the file: whether to act on `contents` now. An
     /// unreadable file (`None`, say between a remove and a rename) is
     /// never acted on.
-    pub(crate) fn changed(&mut self, contents: Option<T>) -> bool {
+    fn changed(&mut self, contents: Option<T>) -> bool {
         let settled = contents.is_some() && contents == self.last_seen;
         let act = settled && contents != self.acted_on;
         if act {
