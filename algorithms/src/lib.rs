@@ -20,6 +20,7 @@ mod adjust;
 mod builtin;
 mod counter;
 mod holds;
+mod in_place;
 mod layered;
 pub mod refund;
 
@@ -41,6 +42,7 @@ use tollgate_limiter::{Limit, State, Timestamp, Transition};
 
 pub use adjust::{adjust, adjust_layers, blocked, Adjusted};
 pub use holds::{hold_of, holds_of, release, release_layers, renew_layers};
+pub use in_place::{in_place, InPlace};
 pub use layered::{decide_layers, LayerLimit, Layered, Writes, WritesIntoIter};
 
 /// Decide one request under `limit`: dispatch to the built-in algorithm, or

@@ -2,34 +2,34 @@
 
 #[cfg(feature = "concurrency")]
 mod acquire;
+mod builder;
+mod check;
 mod degraded;
 mod planned;
+mod shadow;
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Poll};
-
-use std::time::Duration;
 
 use smallvec::SmallVec;
 
 use crate::algorithm::Verdict;
 use crate::context::Context;
-use crate::decision::{Decision, LayerDecision, Source};
-use crate::error::{BuildError, Error, StoreError};
-use crate::failure::{Admission, BreakerConfig, BreakerState, CircuitBreaker};
+use crate::decision::Decision;
+use crate::error::{Error, StoreError};
+use crate::failure::{Admission, BreakerState, CircuitBreaker};
 use crate::hold::Holds;
-use crate::layer::{duplicate_names, shared_counters, Layer, Scope};
+use crate::layer::Layer;
 use crate::observe::{self, LimiterMetrics};
-use crate::plan::Plans;
-use crate::policy::Policy;
 use crate::store::{LayerRequest, Store};
-use crate::time::{Clock, MonotonicClock};
+use crate::time::Clock;
 use crate::verdicts::Verdicts;
 #[cfg(feature = "concurrency")]
 pub use acquire::Acquired;
+pub use builder::LimiterBuilder;
+use check::Check;
+use shadow::{denied_only_by_shadow, past_shadow};
 
 /// An ordered list of layers over one store. `check` decides all layers in
 /// one store call: admitted only if every layer admits, and then every layer
@@ -103,16 +103,7 @@ impl fmt::Debug for Limiter {
 impl Limiter {
     /// Start a limiter over `store`.
     pub fn builder(store: Arc<dyn Store>) -> LimiterBuilder {
-        LimiterBuilder {
-            store,
-            layers: Vec::new(),
-            fallback: None,
-            breaker: BreakerConfig::default(),
-            clock: Arc::new(MonotonicClock::new()),
-            #[cfg(feature = "blocked-cache")]
-            blocked: None,
-            plans: None,
-        }
+        LimiterBuilder::new(store)
     }
 
     /// The same limiter (store, breaker, caches and metrics shared) over
@@ -223,87 +214,6 @@ impl Limiter {
         }
         #[cfg(not(feature = "tracing"))]
         Check::new(self, ctx, cost)
-    }
-
-    /// The rest of a decision that [`start`](Self::start) could not finish,
-    /// boxed. Kept out of line: the futures of the paths that wait are
-    /// large, and built inline they would make every decision's stack
-    /// frame as large.
-    #[inline(never)]
-    fn rest<'a>(
-        &'a self,
-        ctx: &'a Context,
-        cost: u64,
-        unfinished: Unfinished,
-        requests: Requests<'a>,
-        verdicts: Verdicts,
-    ) -> Rest<'a> {
-        match unfinished {
-            Unfinished::Undecidable => Box::pin(async move {
-                let left_out = |l: &Layer| undecidable(l, ctx, cost);
-                self.without(ctx, cost, &left_out).await
-            }),
-            Unfinished::Waiting(admission) => {
-                Box::pin(self.wait_for_store(ctx, cost, requests, admission))
-            }
-            Unfinished::Answered(answer) => {
-                let answer = answer.map(|()| verdicts);
-                Box::pin(self.settle(ctx, cost, requests, answer))
-            }
-        }
-    }
-
-    /// Everything a decision does before it would have to wait: the
-    /// layers' requests go to `requests` (received empty) and the store's
-    /// verdicts, when it answers at once, to `verdicts` (received empty).
-    #[inline(always)]
-    fn start<'a>(
-        &'a self,
-        ctx: &'a Context,
-        cost: u64,
-        requests: &mut Requests<'a>,
-        verdicts: &mut Verdicts,
-    ) -> Start {
-        // A shadow layer never fails a request: one that cannot be decided
-        // (a cost above its capacity, no subject for it) is left out.
-        if self.has_shadow && self.layers.iter().any(|l| undecidable(l, ctx, cost)) {
-            return Start::Unfinished(Unfinished::Undecidable);
-        }
-        if self.has_concurrency {
-            return Start::Done(Err(self.needs_permit()));
-        }
-        if let Err(e) = self.requests_into(ctx, cost, requests) {
-            return Start::Done(Err(e));
-        }
-        #[cfg(feature = "blocked-cache")]
-        if let Some(cache) = &self.blocked {
-            if let Some(decision) = cache.get(&self.layers, requests, cost, &*self.clock) {
-                self.metrics.decision(&decision);
-                return Start::Done(Ok(decision));
-            }
-        }
-        let admission = self.breaker.admit();
-        let answer = match admission {
-            // Batches already charged still admit while the breaker is open.
-            Admission::Skip(wait) => match self.leases_answer(requests, verdicts) {
-                Some(answer) => answer,
-                None => {
-                    observe::store_skipped(self.store.kind());
-                    Err(StoreError::CircuitOpen(wait))
-                }
-            },
-            Admission::Call | Admission::Probe => {
-                match self.decide_now(admission, requests, verdicts) {
-                    Some(answer) => answer,
-                    // Nothing was decided: the waiting path takes over.
-                    None => return Start::Unfinished(Unfinished::Waiting(admission)),
-                }
-            }
-        };
-        match answer {
-            Ok(()) if !denied_only_by_shadow(requests, verdicts) => Start::Decided,
-            answer => Start::Unfinished(Unfinished::Answered(answer)),
-        }
     }
 
     /// `check` refuses a limiter with a concurrency layer: it would take
@@ -521,215 +431,10 @@ impl Limiter {
         self.metrics.decision(&decision);
         decision
     }
-
-    /// Decide without the shadow layers `left_out` picks (they could not
-    /// take part: no subject for them, a cost above their capacity, a store
-    /// error about their own keys); every other layer decides as usual,
-    /// other shadow layers included. The layers left out report a would-be
-    /// denial that no store made (`Source::FailClosed`).
-    async fn without(
-        &self,
-        ctx: &Context,
-        cost: u64,
-        left_out: &(dyn Fn(&Layer) -> bool + Sync),
-    ) -> Result<Decision, Error> {
-        let decided_kept = match self.subset(left_out) {
-            // Fewer shadow layers each time: the recursion ends.
-            Some(subset) => Some(Check::new(&subset, ctx, cost).await?),
-            None => None,
-        };
-        Ok(self.with_left_out(decided_kept, left_out))
-    }
-
-    /// This limiter without the layers `left_out` picks, with its own
-    /// counters (its layers are fewer) and no cached denial of the whole
-    /// request answering for it; `None` when no layer is kept.
-    fn subset(&self, left_out: &(dyn Fn(&Layer) -> bool + Sync)) -> Option<Limiter> {
-        let kept: Arc<[Layer]> = self
-            .layers
-            .iter()
-            .filter(|l| !left_out(l))
-            .cloned()
-            .collect();
-        if kept.is_empty() {
-            return None;
-        }
-        Some(Limiter {
-            metrics: Arc::new(LimiterMetrics::new(&kept)),
-            #[cfg(feature = "blocked-cache")]
-            blocked: None,
-            ..self.with_layers(kept)
-        })
-    }
-
-    /// The decision of every layer: the kept layers' from `decided_kept`
-    /// (the [`subset`](Self::subset)'s), the layers `left_out` picks
-    /// reporting a would-be denial that no store made
-    /// (`Source::FailClosed`).
-    fn with_left_out(
-        &self,
-        decided_kept: Option<Decision>,
-        left_out: &(dyn Fn(&Layer) -> bool + Sync),
-    ) -> Decision {
-        let (decided_layers, store_error) =
-            decided_kept.map(Decision::into_parts).unwrap_or_default();
-        let mut kept_layers = decided_layers.into_iter();
-        let layers: Vec<LayerDecision> = self
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(i, layer)| {
-                if left_out(layer) {
-                    let none = Verdict {
-                        allowed: false,
-                        limit: layer.policy.capacity(),
-                        remaining: 0,
-                        reset_after: Duration::ZERO,
-                        retry_after: None,
-                    };
-                    let d = LayerDecision::new(layer, none, Source::FailClosed);
-                    // The layers kept were counted by their own decision.
-                    self.metrics.layer(i, &d);
-                    d
-                } else {
-                    kept_layers.next().expect("one decision per layer kept")
-                }
-            })
-            .collect();
-        match store_error {
-            Some(class) => Decision::degraded(layers, class),
-            None => Decision::new(layers),
-        }
-    }
 }
-
-/// The future of [`Limiter::check`]: the decision itself. Its first poll
-/// runs the common path ([`Limiter::start`]) and, when that path finishes
-/// (an in-process store answering at once, nothing in shadow mode to set
-/// aside, no failure), returns the decision it builds straight from the
-/// poll: no state machine sits between the decision and its caller. A
-/// decision that must wait keeps only the box of its rest, so the future
-/// stays small, and a shadow layer's recursive re-decision needs no box of
-/// its own.
-struct Check<'a> {
-    limiter: &'a Limiter,
-    ctx: &'a Context,
-    cost: u64,
-    stage: Stage<'a>,
-}
-
-/// How far a [`Check`] got.
-enum Stage<'a> {
-    /// Not polled yet.
-    Start,
-    /// Waiting for the rest of the decision.
-    Rest(Rest<'a>),
-    /// Answered: polling again is a bug of the caller's.
-    Done,
-}
-
-impl<'a> Check<'a> {
-    fn new(limiter: &'a Limiter, ctx: &'a Context, cost: u64) -> Self {
-        Check {
-            limiter,
-            ctx,
-            cost,
-            stage: Stage::Start,
-        }
-    }
-}
-
-impl Future for Check<'_> {
-    type Output = Result<Decision, Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        let (limiter, ctx, cost) = (this.limiter, this.ctx, this.cost);
-        loop {
-            match &mut this.stage {
-                Stage::Start => {
-                    // Marked first: if the store panics, a caller that
-                    // catches it and polls again gets a panic, never a
-                    // second decision.
-                    this.stage = Stage::Done;
-                    let limiter = match limiter.plans.as_deref() {
-                        None => limiter,
-                        Some(book) => match book.resolve(ctx) {
-                            planned::Resolved::Ready(limiter) => limiter,
-                            #[cfg(feature = "plan-source")]
-                            planned::Resolved::Fetch(cache, customer) => {
-                                this.stage = Stage::Rest(Box::pin(async move {
-                                    let limiter = book.fetched(cache, &customer).await;
-                                    Check::new(limiter, ctx, cost).await
-                                }));
-                                continue;
-                            }
-                        },
-                    };
-                    // The start's lists live on this poll's stack: a
-                    // decision that waits moves them into its rest.
-                    let mut requests = Requests::new();
-                    let mut verdicts = Verdicts::new();
-                    match limiter.start(ctx, cost, &mut requests, &mut verdicts) {
-                        Start::Decided => {
-                            return Poll::Ready(Ok(limiter.finish(&requests, cost, &verdicts)));
-                        }
-                        Start::Done(result) => return Poll::Ready(result),
-                        Start::Unfinished(unfinished) => {
-                            let rest = limiter.rest(ctx, cost, unfinished, requests, verdicts);
-                            this.stage = Stage::Rest(rest);
-                        }
-                    }
-                }
-                Stage::Rest(rest) => {
-                    let answer = ready!(rest.as_mut().poll(cx));
-                    this.stage = Stage::Done;
-                    return Poll::Ready(answer);
-                }
-                Stage::Done => panic!("a `Limiter::check` future polled after it answered"),
-            }
-        }
-    }
-}
-
-/// What is left of a decision that must wait, boxed ([`Limiter::rest`]).
-type Rest<'a> = Pin<Box<dyn Future<Output = Result<Decision, Error>> + Send + 'a>>;
 
 /// One request's layers as the store sees them (up to four inline).
 pub(crate) type Requests<'a> = SmallVec<[LayerRequest<'a>; 4]>;
-
-/// Where [`Limiter::start`] left a decision (its requests and the store's
-/// verdicts are in the lists the caller gave it). `Done` is large, and on
-/// purpose: a `Start` lives on the stack for a moment (never in a future),
-/// and boxing would allocate for every refusal and cached denial.
-#[allow(clippy::large_enum_variant)]
-enum Start {
-    /// The store decided: its verdicts are the decision.
-    Decided,
-    /// Decided otherwise: refused as bad input, or answered by the
-    /// blocked-key cache.
-    Done(Result<Decision, Error>),
-    /// More steps to take, which may wait ([`Limiter::rest`]).
-    Unfinished(Unfinished),
-}
-
-/// A decision [`Limiter::start`] could not finish.
-enum Unfinished {
-    /// A shadow layer cannot take part: decide without it.
-    Undecidable,
-    /// The store must be waited for (nothing decided yet).
-    Waiting(Admission),
-    /// The store answered (its verdicts are in the list when `Ok`); shadow
-    /// layers or a failure need more steps.
-    Answered(Result<(), StoreError>),
-}
-
-/// Whether `layer` is a shadow layer this request cannot be decided by (a
-/// cost above its capacity, no subject for it).
-fn undecidable(layer: &Layer, ctx: &Context, cost: u64) -> bool {
-    layer.policy.is_shadow()
-        && (layer.policy.check_cost(cost).is_err() || ctx.key_for(layer).is_none())
-}
 
 /// Clears a half-open probe that ends without an answer (its future
 /// dropped), so the next request can probe.
@@ -748,59 +453,6 @@ impl Drop for ProbeGuard<'_> {
     fn drop(&mut self) {
         if let Some(breaker) = self.breaker {
             breaker.abandon_probe();
-        }
-    }
-}
-
-/// Whether the store denied `requests` and every denying layer is in
-/// shadow mode.
-#[inline]
-fn denied_only_by_shadow(requests: &[LayerRequest<'_>], verdicts: &[Verdict]) -> bool {
-    let mut denied = requests.iter().zip(verdicts).filter(|(_, v)| !v.allowed);
-    let first = denied.next();
-    first.is_some_and(|(r, _)| r.policy.is_shadow()) && denied.all(|(r, _)| r.policy.is_shadow())
-}
-
-/// Decide a request its shadow layers alone denied: again, without the
-/// shadow layers that denied, so the enforced layers (and the shadow
-/// layers that admit) are charged exactly as if those had admitted. A
-/// shadow layer that denies in a later pass is left out of the next one;
-/// a denial by an enforced layer denies the request. The shadow layers
-/// left out keep the verdict that left them out (they charged nothing).
-/// With `holding`, each pass acquires ([`Store::acquire`]) and the answer
-/// carries the holds of the pass that charged; otherwise no holds.
-async fn past_shadow(
-    store: &dyn Store,
-    requests: &[LayerRequest<'_>],
-    mut verdicts: Verdicts,
-    holding: bool,
-) -> Result<(Verdicts, Holds), StoreError> {
-    let mut included: SmallVec<[bool; 4]> = verdicts.iter().map(|v| v.allowed).collect();
-    let mut holds: Holds = requests.iter().map(|_| None).collect();
-    loop {
-        let slots: SmallVec<[usize; 4]> = (0..requests.len()).filter(|&i| included[i]).collect();
-        let batch: SmallVec<[LayerRequest<'_>; 4]> = slots.iter().map(|&i| requests[i]).collect();
-        if batch.is_empty() {
-            // Only shadow layers, all denying: admitted, nothing to charge.
-            return Ok((verdicts, holds));
-        }
-        let (again, held) = match holding {
-            true => held_each(store.acquire(&batch).await, batch.len())?,
-            false => (ask(store, &batch).await?, Holds::new()),
-        };
-        for (j, (&i, v)) in slots.iter().zip(&again).enumerate() {
-            verdicts[i] = *v;
-            holds[i] = held.get(j).copied().flatten();
-        }
-        if !denied_only_by_shadow(&batch, &again) {
-            // Admitted (and charged), or denied by an enforced layer
-            // (nothing charged): the answer.
-            return Ok((verdicts, holds));
-        }
-        for (&i, v) in slots.iter().zip(&again) {
-            if !v.allowed {
-                included[i] = false;
-            }
         }
     }
 }
@@ -855,147 +507,4 @@ fn one_each(verdicts: &[Verdict], layers: usize) -> Result<(), StoreError> {
         )));
     }
     Ok(())
-}
-
-/// `store` wrapped for the leased layers among `layers`, when there are
-/// any and the store is not in-process; leases read `clock`.
-#[cfg(feature = "lease")]
-fn leased(
-    layers: &[Layer],
-    store: &Arc<dyn Store>,
-    clock: &Arc<dyn Clock>,
-) -> Option<Arc<crate::leased_store::LeasedStore>> {
-    let shortest = layers
-        .iter()
-        .filter_map(|l| l.policy.lease())
-        .map(|lease| lease.duration())
-        .min()?;
-    if store.is_in_process() {
-        return None;
-    }
-    let leased = crate::leased_store::LeasedStore::new(store.clone(), clock.clone(), shortest);
-    Some(leased)
-}
-
-/// Builds a [`Limiter`]; see [`Limiter::builder`].
-#[derive(Debug)]
-pub struct LimiterBuilder {
-    store: Arc<dyn Store>,
-    layers: Vec<Layer>,
-    fallback: Option<Arc<dyn Store>>,
-    breaker: BreakerConfig,
-    clock: Arc<dyn Clock>,
-    #[cfg(feature = "blocked-cache")]
-    blocked: Option<crate::blocked::BlockedCacheConfig>,
-    plans: Option<Plans>,
-}
-
-impl LimiterBuilder {
-    /// Add a layer (layers are decided together; order is the report order).
-    pub fn layer(mut self, name: impl Into<Arc<str>>, scope: Scope, policy: Policy) -> Self {
-        self.layers.push(Layer::new(name, scope, policy));
-        self
-    }
-
-    /// The in-process emergency store for layers whose policy falls back
-    /// (typically a small `MemoryStore`). Required when any layer falls back.
-    pub fn fallback_store(mut self, store: Arc<dyn Store>) -> Self {
-        self.fallback = Some(store);
-        self
-    }
-
-    /// Circuit breaker settings (default: open after 5 consecutive failures,
-    /// probe after 1 s).
-    pub fn breaker(mut self, config: BreakerConfig) -> Self {
-        self.breaker = config;
-        self
-    }
-
-    /// Answer requests the store denied with a retry-after of at least
-    /// `config.threshold` locally until that time, without a store call.
-    #[cfg(feature = "blocked-cache")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "blocked-cache")))]
-    pub fn blocked_cache(mut self, config: crate::blocked::BlockedCacheConfig) -> Self {
-        self.blocked = Some(config);
-        self
-    }
-
-    /// The clock the circuit breaker and blocked-key cache read (default:
-    /// a [`MonotonicClock`]).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// Decide each request under its customer's plan (see [`Plans`]):
-    /// every plan's limits are checked when the limiter is built.
-    pub fn plans(mut self, plans: Plans) -> Self {
-        self.plans = Some(plans);
-        self
-    }
-
-    /// Check the layers and build the limiter.
-    pub fn build(self) -> Result<Limiter, BuildError> {
-        if self.layers.is_empty() {
-            return Err(BuildError::NoLayers);
-        }
-        let names = self.layers.iter().map(|l| l.name());
-        let first_conflict = duplicate_names(names)
-            .into_iter()
-            .chain(shared_counters(&self.layers))
-            .min_by_key(|(i, _)| *i);
-        if let Some((_, conflict)) = first_conflict {
-            return Err(conflict);
-        }
-        if let Some(layer) = self.layers.iter().find(|l| l.fallback.is_some()) {
-            if layer.is_concurrency() {
-                return Err(BuildError::ConcurrencyFallback(layer.name.to_string()));
-            }
-            if self.fallback.is_none() {
-                return Err(BuildError::NoFallbackStore(layer.name.to_string()));
-            }
-        }
-        let policies: Vec<&str> = self.layers.iter().map(|l| l.policy.name()).collect();
-        observe::register(self.store.kind(), &policies);
-        let metrics = Arc::new(LimiterMetrics::new(&self.layers));
-        let breaker = Arc::new(CircuitBreaker::with_clock(self.breaker, self.clock.clone()));
-        #[cfg(feature = "blocked-cache")]
-        let blocked = self
-            .blocked
-            .map(|c| Arc::new(crate::blocked::BlockedCache::new(c)));
-        let has_shadow = self.layers.iter().any(|l| l.policy.is_shadow());
-        let has_concurrency = self.layers.iter().any(Layer::is_concurrency);
-        #[cfg(feature = "lease")]
-        let leases = leased(&self.layers, &self.store, &self.clock);
-        #[cfg(feature = "lease")]
-        let store = match &leases {
-            Some(leases) => Arc::clone(leases) as Arc<dyn Store>,
-            None => self.store,
-        };
-        #[cfg(not(feature = "lease"))]
-        let store = self.store;
-        #[cfg(feature = "concurrency")]
-        let releases = Arc::new(crate::release_queue::ReleaseQueue::new(store.clone()));
-        let mut limiter = Limiter {
-            layers: self.layers.into(),
-            store,
-            fallback: self.fallback,
-            breaker,
-            clock: self.clock,
-            #[cfg(feature = "blocked-cache")]
-            blocked,
-            has_shadow,
-            has_concurrency,
-            #[cfg(feature = "concurrency")]
-            releases,
-            metrics,
-            plans: None,
-            #[cfg(feature = "lease")]
-            leases,
-        };
-        if let Some(plans) = self.plans {
-            limiter.plans = Some(Arc::new(planned::PlanBook::build(&limiter, plans)?));
-        }
-        Ok(limiter)
-    }
 }

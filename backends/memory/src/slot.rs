@@ -1,11 +1,13 @@
-//! An entry's state: counter cells kept as atomics, so a GCRA decision on
-//! an existing key is made under the shard's shared lock with one
+//! An entry's state: counter cells kept as atomics, so a decision the
+//! algorithm can make in place (GCRA's, see `tollgate_algorithms::InPlace`)
+//! on an existing key is made under the shard's shared lock with one
 //! compare-and-swap (as governor does) and threads deciding the same key do
 //! not queue behind one another; any other state (the sliding log) as is.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tollgate_limiter::{Gcra, State, Transition};
+use tollgate_algorithms::InPlace;
+use tollgate_limiter::{State, Transition};
 
 /// See the [module docs](self).
 pub(crate) enum Slot {
@@ -63,40 +65,43 @@ impl Slot {
         }
     }
 
-    /// Decide a GCRA request under the shard's shared lock: `None` when
-    /// the state is not GCRA's cells (the caller decides under the
-    /// exclusive lock instead).
+    /// Decide a request in place under the shard's shared lock, as `how`
+    /// says ([`InPlace`]): `None` when the state is not counter cells that
+    /// fit it (the caller decides under the exclusive lock instead).
     ///
-    /// The decision is the reference algorithm's on the TAT read; it
-    /// commits with a compare-and-swap of the theoretical arrival time
-    /// (TAT), and is made again when another thread moved it first, so
-    /// admissions are exact: each moves the TAT on from the one before.
-    /// Under the shared lock only this path writes, and it only ever raises
-    /// the TAT, so a TAT read is never a recycled one. An expired GCRA
-    /// state decides exactly as no state would (its TAT is in the past), so
-    /// expiry needs no check here.
-    pub(crate) fn gcra(&self, p: &Gcra, now: u64, cost: u64) -> Option<Transition> {
-        let Slot::Cells([tat, rate, _]) = self else {
+    /// The decision is the reference algorithm's on the cells read; it
+    /// commits with a compare-and-swap of the one cell it moves, and is
+    /// made again when another thread moved that cell first, so admissions
+    /// are exact: each moves the cell on from the one before. Under the
+    /// shared lock only this path writes, and it only ever raises the
+    /// cell, so a value read is never a recycled one; and an expired state
+    /// decides as no state would, so expiry needs no check here (both
+    /// promised by [`InPlace`]).
+    pub(crate) fn decide_in_place(
+        &self,
+        how: InPlace<'_>,
+        now: u64,
+        cost: u64,
+    ) -> Option<Transition> {
+        let Slot::Cells(cells) = self else {
             return None;
         };
-        // A rate other than the one this layer records is rewritten only
-        // under the exclusive lock (a plan changed: see
-        // `tollgate_algorithms::rebased_tat`).
-        let rate = rate.load(Ordering::Relaxed);
-        if rate != p.recorded_rate() {
-            return None;
-        }
+        let moved = &cells[InPlace::MOVED];
         loop {
-            let seen = tat.load(Ordering::Acquire);
-            let t = tollgate_algorithms::gcra(p, Some([seen, rate, 0]), now, cost);
+            let seen = cells.each_ref().map(|c| c.load(Ordering::Acquire));
+            if !how.fits(seen) {
+                return None;
+            }
+            let t = how.decide(seen, now, cost);
             let Some(next) = &t.next else {
                 return Some(t);
             };
-            let State::Cells([new_tat, _, _]) = next.state else {
+            let State::Cells(new) = next.state else {
                 return None;
             };
-            if tat
-                .compare_exchange(seen, new_tat, Ordering::AcqRel, Ordering::Acquire)
+            let (from, to) = (seen[InPlace::MOVED], new[InPlace::MOVED]);
+            if moved
+                .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
                 return Some(t);

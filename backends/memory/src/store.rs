@@ -297,8 +297,8 @@ fn release(entry: &Entry, total: &Budget) {
 
 /// One shard's lock on cache lines of its own: two threads locking
 /// neighbouring shards must not bounce one line between their cores
-/// (128 bytes: adjacent-line prefetching pairs 64-byte lines). A GCRA
-/// decision on an existing key takes it shared ([`Slot::gcra`]); every
+/// (128 bytes: adjacent-line prefetching pairs 64-byte lines). An in-place
+/// decision on an existing key takes it shared ([`Slot::decide_in_place`]); every
 /// other decision, exclusive.
 #[repr(align(128))]
 struct Padded(RwLock<Shard>);
@@ -687,10 +687,10 @@ impl MemoryStore {
         if let [layer] = layers {
             // One layer, one lock: the common case, without the bookkeeping.
             let (hash, id) = self.locate(&layer.key);
-            if let Limit::Gcra(p) = layer.policy.limit() {
+            if let Some(how) = tollgate_algorithms::in_place(layer.policy.limit()) {
                 let shard = read(&self.shards[id]);
                 if let Some(entry) = shard.find(hash, &layer.key) {
-                    if let Some(t) = entry.state.gcra(p, now_us, layer.cost) {
+                    if let Some(t) = entry.state.decide_in_place(how, now_us, layer.cost) {
                         if let Some(next) = &t.next {
                             entry.outlive(now_us.saturating_add(duration_micros(next.ttl)));
                         }

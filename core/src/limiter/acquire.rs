@@ -2,7 +2,8 @@
 //! call that decides every layer and takes the places, and the permit that
 //! gives them back.
 
-use super::{denied_only_by_shadow, held_each, past_shadow, undecidable, Limiter, Requests};
+use super::shadow::{denied_only_by_shadow, past_shadow, undecidable};
+use super::{held_each, Limiter, Requests};
 use crate::context::Context;
 use crate::decision::Decision;
 use crate::error::{Error, StoreError};

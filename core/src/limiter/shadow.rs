@@ -1,0 +1,161 @@
+//! Shadow layers: decided and counted, never deciding a request — set
+//! aside when they alone deny it or cannot take part in it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::check::Check;
+use super::{ask, held_each, Limiter};
+use crate::algorithm::Verdict;
+use crate::context::Context;
+use crate::decision::{Decision, LayerDecision, Source};
+use crate::error::{Error, StoreError};
+use crate::hold::Holds;
+use crate::layer::Layer;
+use crate::observe::LimiterMetrics;
+use crate::store::{LayerRequest, Store};
+use crate::verdicts::Verdicts;
+
+impl Limiter {
+    /// Decide without the shadow layers `left_out` picks (they could not
+    /// take part: no subject for them, a cost above their capacity, a store
+    /// error about their own keys); every other layer decides as usual,
+    /// other shadow layers included. The layers left out report a would-be
+    /// denial that no store made (`Source::FailClosed`).
+    pub(super) async fn without(
+        &self,
+        ctx: &Context,
+        cost: u64,
+        left_out: &(dyn Fn(&Layer) -> bool + Sync),
+    ) -> Result<Decision, Error> {
+        let decided_kept = match self.subset(left_out) {
+            // Fewer shadow layers each time: the recursion ends.
+            Some(subset) => Some(Check::new(&subset, ctx, cost).await?),
+            None => None,
+        };
+        Ok(self.with_left_out(decided_kept, left_out))
+    }
+
+    /// This limiter without the layers `left_out` picks, with its own
+    /// counters (its layers are fewer) and no cached denial of the whole
+    /// request answering for it; `None` when no layer is kept.
+    pub(super) fn subset(&self, left_out: &(dyn Fn(&Layer) -> bool + Sync)) -> Option<Limiter> {
+        let kept: Arc<[Layer]> = self
+            .layers
+            .iter()
+            .filter(|l| !left_out(l))
+            .cloned()
+            .collect();
+        if kept.is_empty() {
+            return None;
+        }
+        Some(Limiter {
+            metrics: Arc::new(LimiterMetrics::new(&kept)),
+            #[cfg(feature = "blocked-cache")]
+            blocked: None,
+            ..self.with_layers(kept)
+        })
+    }
+
+    /// The decision of every layer: the kept layers' from `decided_kept`
+    /// (the [`subset`](Self::subset)'s), the layers `left_out` picks
+    /// reporting a would-be denial that no store made
+    /// (`Source::FailClosed`).
+    pub(super) fn with_left_out(
+        &self,
+        decided_kept: Option<Decision>,
+        left_out: &(dyn Fn(&Layer) -> bool + Sync),
+    ) -> Decision {
+        let (decided_layers, store_error) =
+            decided_kept.map(Decision::into_parts).unwrap_or_default();
+        let mut kept_layers = decided_layers.into_iter();
+        let layers: Vec<LayerDecision> = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, layer)| {
+                if left_out(layer) {
+                    let none = Verdict {
+                        allowed: false,
+                        limit: layer.policy.capacity(),
+                        remaining: 0,
+                        reset_after: Duration::ZERO,
+                        retry_after: None,
+                    };
+                    let d = LayerDecision::new(layer, none, Source::FailClosed);
+                    // The layers kept were counted by their own decision.
+                    self.metrics.layer(i, &d);
+                    d
+                } else {
+                    kept_layers.next().expect("one decision per layer kept")
+                }
+            })
+            .collect();
+        match store_error {
+            Some(class) => Decision::degraded(layers, class),
+            None => Decision::new(layers),
+        }
+    }
+}
+
+/// Whether `layer` is a shadow layer this request cannot be decided by (a
+/// cost above its capacity, no subject for it).
+pub(super) fn undecidable(layer: &Layer, ctx: &Context, cost: u64) -> bool {
+    layer.policy.is_shadow()
+        && (layer.policy.check_cost(cost).is_err() || ctx.key_for(layer).is_none())
+}
+
+/// Whether the store denied `requests` and every denying layer is in
+/// shadow mode.
+#[inline]
+pub(super) fn denied_only_by_shadow(requests: &[LayerRequest<'_>], verdicts: &[Verdict]) -> bool {
+    let mut denied = requests.iter().zip(verdicts).filter(|(_, v)| !v.allowed);
+    let first = denied.next();
+    first.is_some_and(|(r, _)| r.policy.is_shadow()) && denied.all(|(r, _)| r.policy.is_shadow())
+}
+
+/// Decide a request its shadow layers alone denied: again, without the
+/// shadow layers that denied, so the enforced layers (and the shadow
+/// layers that admit) are charged exactly as if those had admitted. A
+/// shadow layer that denies in a later pass is left out of the next one;
+/// a denial by an enforced layer denies the request. The shadow layers
+/// left out keep the verdict that left them out (they charged nothing).
+/// With `holding`, each pass acquires ([`Store::acquire`]) and the answer
+/// carries the holds of the pass that charged; otherwise no holds.
+pub(super) async fn past_shadow(
+    store: &dyn Store,
+    requests: &[LayerRequest<'_>],
+    mut verdicts: Verdicts,
+    holding: bool,
+) -> Result<(Verdicts, Holds), StoreError> {
+    let mut included: SmallVec<[bool; 4]> = verdicts.iter().map(|v| v.allowed).collect();
+    let mut holds: Holds = requests.iter().map(|_| None).collect();
+    loop {
+        let slots: SmallVec<[usize; 4]> = (0..requests.len()).filter(|&i| included[i]).collect();
+        let batch: SmallVec<[LayerRequest<'_>; 4]> = slots.iter().map(|&i| requests[i]).collect();
+        if batch.is_empty() {
+            // Only shadow layers, all denying: admitted, nothing to charge.
+            return Ok((verdicts, holds));
+        }
+        let (again, held) = match holding {
+            true => held_each(store.acquire(&batch).await, batch.len())?,
+            false => (ask(store, &batch).await?, Holds::new()),
+        };
+        for (j, (&i, v)) in slots.iter().zip(&again).enumerate() {
+            verdicts[i] = *v;
+            holds[i] = held.get(j).copied().flatten();
+        }
+        if !denied_only_by_shadow(&batch, &again) {
+            // Admitted (and charged), or denied by an enforced layer
+            // (nothing charged): the answer.
+            return Ok((verdicts, holds));
+        }
+        for (&i, v) in slots.iter().zip(&again) {
+            if !v.allowed {
+                included[i] = false;
+            }
+        }
+    }
+}
