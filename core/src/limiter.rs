@@ -191,7 +191,7 @@ impl Limiter {
     /// Errors are for bad input (a cost outside 1..=capacity, a missing
     /// subject). Being denied is `Ok` with [`Decision::is_allowed`] false; a
     /// store failure is `Ok` too, decided by each layer's failure mode (see
-    /// [`Decision::failed_closed`] and [`LayerDecision::source`]).
+    /// [`Decision::failed_closed`] and [`LayerDecision::source`](crate::LayerDecision::source)).
     ///
     /// The future is the decision itself, not a wrapper around it: nothing
     /// is moved or allocated on the way (with the `tracing` feature, it is
