@@ -136,17 +136,8 @@ impl Config {
     /// unless `lazy = true`), or a registered [`StoreKind`](crate::StoreKind)'s.
     pub async fn open_store(&self, clock: Arc<dyn Clock>) -> Result<Arc<dyn Store>, SetupError> {
         match self.store() {
-            StoreSpec::Memory(spec) => {
-                let mut builder = MemoryStore::builder().clock(clock);
-                if let Some(n) = spec.max_keys {
-                    builder = builder.max_keys(n);
-                }
-                if let Some(when_full) = spec.when_full {
-                    builder = builder.when_full(when_full.into());
-                }
-                if let Some(n) = spec.shards {
-                    builder = builder.shards(n);
-                }
+            StoreSpec::Memory(settings) => {
+                let builder = settings.apply(MemoryStore::builder().clock(clock));
                 Ok(Arc::new(builder.build()))
             }
             #[cfg(feature = "redis")]

@@ -94,7 +94,7 @@ pub use error::{ConfigError, SetupError};
 pub use live::{LiveConfig, LiveRoute, ReloadError, ReloadReport, UnknownRoute};
 pub use plans::PlansDef;
 pub use spec::{
-    EngineSpec, MemorySpec, RedisClusterSpec, RedisOptions, RedisSentinelSpec, RedisSpec, StoreSpec,
+    EngineSpec, RedisClusterSpec, RedisOptions, RedisSentinelSpec, RedisSpec, StoreSpec,
 };
 pub use store_kind::{CustomStore, StoreKind, StoreKinds};
 /// A duration as the file writes it (`"250ms"`, `"1m30s"`), for a

@@ -14,6 +14,7 @@ use tollgate_limiter::{
     KeyBudget, Layer, Lease, Limit, LimitSpec, ModeSpec, OnFailureSpec, Policy, PolicyError, Scope,
     Subject, WhenFullSpec,
 };
+use tollgate_memory::MemorySettings;
 use toml::{Table, Value};
 
 use crate::{
@@ -26,7 +27,7 @@ use crate::{
 #[non_exhaustive]
 pub enum StoreSpec {
     /// `kind = "memory"`: the in-process store.
-    Memory(MemorySpec),
+    Memory(MemorySettings),
     /// `kind = "redis"`: a standalone Redis server.
     Redis(RedisSpec),
     /// `kind = "redis-sentinel"`: a primary found through Redis Sentinel.
@@ -71,19 +72,6 @@ impl fmt::Debug for RedisClusterSpec {
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
-}
-
-/// `[store] kind = "memory"`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct MemorySpec {
-    /// Most keys, exactly (default 1,000,000).
-    pub max_keys: Option<usize>,
-    /// What a full store does: `"evict"` (the default) or `"refuse"`.
-    pub when_full: Option<WhenFullSpec>,
-    /// Shards of the map (default 64).
-    pub shards: Option<usize>,
 }
 
 /// `[store] kind = "redis"`.
@@ -287,7 +275,7 @@ pub(crate) fn parse(mut doc: Table, kinds: &StoreKinds) -> Result<Config, Config
     let mut errors = Vec::new();
     let store = match doc.remove("store") {
         Some(value) => store(&mut errors, value, kinds),
-        None => Some(StoreSpec::Memory(MemorySpec::default())),
+        None => Some(StoreSpec::Memory(MemorySettings::default())),
     };
     let fallback_max_keys = fallback_section(&mut errors, doc.remove("fallback"));
     let breaker = breaker_section(&mut errors, doc.remove("breaker"));
@@ -522,14 +510,11 @@ fn store(errors: &mut Vec<PolicyError>, value: Value, kinds: &StoreKinds) -> Opt
     };
     match kind {
         "memory" => {
-            let spec = de::<MemorySpec>(errors, "store", Value::Table(table))?;
-            if spec.max_keys == Some(0) {
-                errors.push(field_error("store.max_keys", "must be > 0"));
+            let settings = de::<MemorySettings>(errors, "store", Value::Table(table))?;
+            for (field, reason) in settings.problems() {
+                errors.push(field_error(&format!("store.{field}"), reason));
             }
-            if spec.shards == Some(0) {
-                errors.push(field_error("store.shards", "must be > 0"));
-            }
-            Some(StoreSpec::Memory(spec))
+            Some(StoreSpec::Memory(settings))
         }
         "redis" | "redis-sentinel" | "redis-cluster" => {
             let fields = de::<RedisFields>(errors, "store", Value::Table(table))?;

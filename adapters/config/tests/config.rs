@@ -179,6 +179,44 @@ x = 1
     assert_eq!(list.len(), 11, "{list:#?}");
 }
 
+/// The in-process store's settings are its own type (`MemorySettings`),
+/// read and checked for the file, each error under `store.`.
+#[test]
+fn the_memory_stores_settings_are_checked_by_the_store() {
+    let list = errors(
+        r#"
+[store]
+kind = "memory"
+max_keys = 0
+shards = 0
+
+[policies.p]
+algorithm = "fixed_window"
+limit = 2
+window = "1s"
+"#,
+    );
+    has(&list, "store.max_keys: must be > 0");
+    has(&list, "store.shards: must be > 0");
+    let list = errors(
+        r#"
+[store]
+kind = "memory"
+when_full = "sometimes"
+
+[policies.p]
+algorithm = "fixed_window"
+limit = 2
+window = "1s"
+"#,
+    );
+    assert!(
+        list.iter()
+            .any(|e| e.starts_with("store.when_full: unknown variant `sometimes`")),
+        "{list:#?}"
+    );
+}
+
 #[test]
 fn values_are_checked_beyond_their_types() {
     let list = errors(

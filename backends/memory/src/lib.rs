@@ -41,9 +41,15 @@
 //! assert_eq!(admitted, 3);
 //! # Ok(()) }
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "serde")]
+mod settings;
 mod slot;
 mod store;
 
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub use settings::MemorySettings;
 pub use store::{MemoryStore, MemoryStoreBuilder};
 pub use tollgate_limiter::StoreError;
