@@ -291,7 +291,7 @@ fn setup() -> Setup {
     let targets = match std::env::var("TARGETS") {
         Ok(only) => targets
             .into_iter()
-            .filter(|(name, _)| only.split('|').any(|o| o == *name))
+            .filter(|(name, _)| only.split(',').any(|o| o == *name))
             .collect(),
         Err(_) => targets,
     };
