@@ -88,6 +88,7 @@ mod login;
 pub use login::{Escalation, LoginGuard};
 // Stores and algorithms of your own.
 pub use tollgate_limiter::MAX_RECOVERY;
+pub use tollgate_limiter::{ask, Decide, Deciding};
 pub use tollgate_limiter::{async_trait, Algorithm, LayerRequest, State, Store, StoreKey};
 pub use tollgate_limiter::{duration_micros, Builtin, Layout, Stored, Transition, Verdicts};
 pub use tollgate_limiter::{Hold, Holds};

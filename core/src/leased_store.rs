@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use smallvec::SmallVec;
 
 use crate::adjustment::Adjustment;
+use crate::decide::Decide;
 use crate::error::StoreError;
 use crate::hold::{Hold, Holds};
 use crate::lease_table::{LeaseTable, Step, Unused};
@@ -45,6 +46,28 @@ impl LeasedStore {
             this: this.clone(),
             sweeping: Default::default(),
         })
+    }
+
+    /// A decision the batches could not give: through the store (a
+    /// leased layer may take a new batch on the way).
+    async fn decide_through(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
+        self.start_sweeping();
+        let sent = self.now();
+        let mut unused = Vec::new();
+        let steps = self.table().plan(layers, sent, &mut unused);
+        self.return_later(unused);
+        let mut pending = Pending {
+            store: self,
+            layers,
+            steps,
+            settled: false,
+        };
+        let mut answer = self.call(layers, &pending.steps).await;
+        if pending.batches_denied(&answer, sent) {
+            // The limit has no room for a batch: the request alone.
+            answer = self.call(layers, &pending.steps).await;
+        }
+        pending.settle(answer, sent)
     }
 
     fn table(&self) -> MutexGuard<'_, LeaseTable> {
@@ -108,7 +131,7 @@ impl LeasedStore {
         if sent.is_empty() {
             return Ok(Verdicts::new());
         }
-        crate::limiter::counted(self.inner.decide(&sent).await, sent.len())
+        crate::decide::ask(&*self.inner, &sent).await
     }
 }
 
@@ -118,38 +141,18 @@ impl Store for LeasedStore {
         self.inner.kind()
     }
 
-    fn decide_now(
-        &self,
-        layers: &[LayerRequest<'_>],
-        verdicts: &mut Verdicts,
-    ) -> Option<Result<(), StoreError>> {
-        if layers.iter().any(|l| l.policy.lease().is_none()) {
-            return self.inner.decide_now(layers, verdicts);
+    /// At once when every layer is leased and admitted from its batch;
+    /// else through the store.
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        let leased = layers.iter().all(|l| l.policy.lease().is_some());
+        if leased && self.table().admit_all(layers, self.now(), verdicts) {
+            return Decide::Now(Ok(()));
         }
-        let now = self.now();
-        self.table()
-            .admit_all(layers, now, verdicts)
-            .then_some(Ok(()))
-    }
-
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.start_sweeping();
-        let sent = self.now();
-        let mut unused = Vec::new();
-        let steps = self.table().plan(layers, sent, &mut unused);
-        self.return_later(unused);
-        let mut pending = Pending {
-            store: self,
-            layers,
-            steps,
-            settled: false,
-        };
-        let mut answer = self.call(layers, &pending.steps).await;
-        if pending.batches_denied(&answer, sent) {
-            // The limit has no room for a batch: the request alone.
-            answer = self.call(layers, &pending.steps).await;
-        }
-        pending.settle(answer, sent)
+        Decide::later(verdicts, self.decide_through(layers))
     }
 
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {

@@ -16,6 +16,7 @@ use smallvec::SmallVec;
 
 use crate::algorithm::Verdict;
 use crate::context::Context;
+use crate::decide::{ask, one_each, Decide};
 use crate::decision::Decision;
 use crate::error::{Error, StoreError};
 use crate::failure::{Admission, BreakerState, CircuitBreaker};
@@ -47,9 +48,10 @@ use shadow::{denied_only_by_shadow, past_shadow};
 /// # #[derive(Debug)] struct AlwaysYes;
 /// # #[async_trait::async_trait] impl Store for AlwaysYes {
 /// #   fn kind(&self) -> &'static str { "yes" }
-/// #   async fn decide(&self, l: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-/// #     Ok(l.iter().map(|r| Verdict { allowed: true, limit: r.policy.capacity(), remaining: 0,
-/// #       reset_after: std::time::Duration::ZERO, retry_after: None }).collect()) } }
+/// #   fn decide<'a>(&'a self, l: &'a [LayerRequest<'a>], out: &'a mut Verdicts) -> Decide<'a> {
+/// #     out.extend(l.iter().map(|r| Verdict { allowed: true, limit: r.policy.capacity(), remaining: 0,
+/// #       reset_after: std::time::Duration::ZERO, retry_after: None }));
+/// #     Decide::Now(Ok(())) } }
 /// # let store: Arc<dyn Store> = Arc::new(AlwaysYes);
 /// use std::time::Duration;
 /// let per_key = Policy::new("per-key", Limit::gcra(10, Duration::from_secs(1), 20)?)?;
@@ -265,7 +267,8 @@ impl Limiter {
     }
 
     /// The answer of leased batches alone, when they cover every layer
-    /// (no store call is made); `None` otherwise, or without leases.
+    /// (no store call is made), with the verdicts written into `verdicts`
+    /// (received empty); `None` otherwise, or without leases.
     #[cold]
     fn leases_answer(
         &self,
@@ -275,15 +278,20 @@ impl Limiter {
         if !self.answers_from_leases() {
             return None;
         }
-        let answer = self.store.decide_now(requests, verdicts)?;
+        // A `Later` answer does nothing until polled: dropped, it calls
+        // no store.
+        let Decide::Now(answer) = self.store.decide(requests, verdicts) else {
+            return None;
+        };
         Some(answer.and_then(|()| one_each(verdicts, requests.len())))
     }
 
-    /// The answer of a store that decides at once (in-process), written
-    /// into `verdicts` in place (the answer is not moved); `None` when the
-    /// store must be waited for (nothing decided).
+    /// The answer of a store that decides at once (in-process), with the
+    /// verdicts written into `verdicts` in place (the answer is not moved);
+    /// `None` when the store must be waited for (then nothing was decided:
+    /// the waiting path asks again).
     #[inline(always)]
-    fn decide_now(
+    fn answer_at_once(
         &self,
         admission: Admission,
         requests: &Requests<'_>,
@@ -294,7 +302,7 @@ impl Limiter {
         let probe = ProbeGuard {
             breaker: (admission == Admission::Probe).then_some(&*self.breaker),
         };
-        let Some(answer) = self.store.decide_now(requests, verdicts) else {
+        let Decide::Now(answer) = self.store.decide(requests, verdicts) else {
             // The waiting path takes over the probe.
             probe.settled();
             return None;
@@ -320,7 +328,7 @@ impl Limiter {
         requests: Requests<'_>,
         admission: Admission,
     ) -> Result<Decision, Error> {
-        let call = async { counted(self.store.decide(&requests).await, requests.len()) };
+        let call = ask(&*self.store, &requests);
         let answer = self.store_call(admission, call).await;
         self.settle(ctx, cost, requests, answer).await
     }
@@ -405,24 +413,30 @@ impl Limiter {
             }
         }
         match answer {
-            Ok(verdicts) => Ok(self.finish(&requests, cost, &verdicts)),
+            Ok(verdicts) => Ok(self.decision_of(&requests, cost, &verdicts)),
             Err(error) => {
                 let decision = self.degraded(&requests, &error).await;
-                Ok(self.finished(&requests, cost, decision))
+                Ok(self.recorded(&requests, cost, decision))
             }
         }
     }
 
-    /// The decision of the store's `verdicts`, counted.
+    /// The decision of the store's `verdicts`, [`recorded`](Self::recorded).
     #[inline]
-    fn finish(&self, requests: &[LayerRequest<'_>], cost: u64, verdicts: &[Verdict]) -> Decision {
+    fn decision_of(
+        &self,
+        requests: &[LayerRequest<'_>],
+        cost: u64,
+        verdicts: &[Verdict],
+    ) -> Decision {
         let decision = Decision::of_store(&self.layers, verdicts);
-        self.finished(requests, cost, decision)
+        self.recorded(requests, cost, decision)
     }
 
-    /// `decision`, remembered when the blocked-key cache should, and counted.
+    /// `decision`, remembered when the blocked-key cache should, and
+    /// counted: every decision of the limiter's own store passes here.
     #[inline]
-    fn finished(&self, requests: &[LayerRequest<'_>], cost: u64, decision: Decision) -> Decision {
+    fn recorded(&self, requests: &[LayerRequest<'_>], cost: u64, decision: Decision) -> Decision {
         #[cfg(feature = "blocked-cache")]
         if let (Some(cache), false) = (&self.blocked, decision.is_allowed()) {
             cache.remember(requests, cost, &decision, &*self.clock);
@@ -471,40 +485,4 @@ fn held_each(
         )));
     }
     Ok((verdicts, holds))
-}
-
-/// `store`'s answer, without a boxed future when it can decide at once:
-/// one verdict per layer, or a protocol error: every store call of the
-/// limiter goes through here.
-async fn ask(store: &dyn Store, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-    let mut verdicts = Verdicts::new();
-    match store.decide_now(layers, &mut verdicts) {
-        Some(answer) => answer
-            .and_then(|()| one_each(&verdicts, layers.len()))
-            .map(|()| verdicts),
-        None => counted(store.decide(layers).await, layers.len()),
-    }
-}
-
-/// `answer`, unless it does not have one verdict per layer.
-pub(crate) fn counted(
-    answer: Result<Verdicts, StoreError>,
-    layers: usize,
-) -> Result<Verdicts, StoreError> {
-    let verdicts = answer?;
-    one_each(&verdicts, layers)?;
-    Ok(verdicts)
-}
-
-/// A protocol error unless there is one verdict per layer.
-#[inline]
-fn one_each(verdicts: &[Verdict], layers: usize) -> Result<(), StoreError> {
-    if verdicts.len() != layers {
-        return Err(StoreError::Protocol(format!(
-            "{} verdicts for {} layers",
-            verdicts.len(),
-            layers
-        )));
-    }
-    Ok(())
 }

@@ -6,6 +6,7 @@ use std::hash::{Hash, Hasher};
 use async_trait::async_trait;
 
 use crate::adjustment::Adjustment;
+use crate::decide::Decide;
 use crate::error::StoreError;
 use crate::hold::{Hold, Holds};
 use crate::limit::Limit;
@@ -388,23 +389,19 @@ pub trait Store: Send + Sync + fmt::Debug {
         false
     }
 
-    /// Decide all `layers` of one request at once.
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError>;
-
-    /// The same decision, for stores that never wait (in-process ones):
-    /// `Some` answer without going through a boxed future, which the
-    /// limiter tries first, with the verdicts written into `verdicts`
-    /// (received empty; on `Some(Ok(()))`, one per layer), so a decision's
-    /// answer is never moved on its way out. The default, `None`, means
-    /// "use `decide`" (and writes nothing).
-    fn decide_now(
-        &self,
-        layers: &[LayerRequest<'_>],
-        verdicts: &mut Verdicts,
-    ) -> Option<Result<(), StoreError>> {
-        let _ = (layers, verdicts);
-        None
-    }
+    /// Decide all `layers` of one request at once, writing one verdict
+    /// per layer into `verdicts` (received empty). A store that never
+    /// waits (its state is in this process) decides before it returns and
+    /// answers [`Decide::Now`], which the limiter takes without a boxed
+    /// future; one that waits answers a future,
+    /// `Decide::later(verdicts, async move { … })`, which does nothing until
+    /// polled. `.await` the answer either way ([`ask`](crate::ask) gives
+    /// the verdicts as one value).
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a>;
 
     /// Every layer's verdict for a request of its cost, as
     /// [`decide`](Store::decide) would give it — all-or-nothing included

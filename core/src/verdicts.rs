@@ -71,6 +71,12 @@ impl FromIterator<Verdict> for Verdicts {
     }
 }
 
+impl Extend<Verdict> for Verdicts {
+    fn extend<I: IntoIterator<Item = Verdict>>(&mut self, iter: I) {
+        self.0.extend(iter);
+    }
+}
+
 impl From<Vec<Verdict>> for Verdicts {
     fn from(v: Vec<Verdict>) -> Self {
         Verdicts(SmallVec::from_vec(v))

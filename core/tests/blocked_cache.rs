@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_limiter::{
-    async_trait, Adjustment, BlockedCacheConfig, Context, LayerRequest, Limit, Limiter,
+    async_trait, Adjustment, BlockedCacheConfig, Context, Decide, LayerRequest, Limit, Limiter,
     ManualClock, Policy, Scope, Source, Store, StoreError, Subject, Timestamp, Verdicts,
 };
 use tollgate_memory::MemoryStore;
@@ -23,9 +23,15 @@ impl Store for Counting {
     fn kind(&self) -> &'static str {
         "counting"
     }
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.decide(layers).await
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        Decide::Later(Box::pin(async move {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.inner.decide(layers, verdicts).await
+        }))
     }
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         self.inner.peek(layers).await

@@ -275,11 +275,12 @@ impl tollgate_limiter::Store for CountingReleases {
     fn kind(&self) -> &'static str {
         "counting"
     }
-    async fn decide(
-        &self,
-        layers: &[tollgate_limiter::LayerRequest<'_>],
-    ) -> Result<tollgate_limiter::Verdicts, tollgate_limiter::StoreError> {
-        self.inner.decide(layers).await
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [tollgate_limiter::LayerRequest<'a>],
+        verdicts: &'a mut tollgate_limiter::Verdicts,
+    ) -> tollgate_limiter::Decide<'a> {
+        self.inner.decide(layers, verdicts)
     }
     async fn acquire(
         &self,

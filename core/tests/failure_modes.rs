@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_limiter::{
-    async_trait, BreakerConfig, BreakerState, Context, Fallback, LayerRequest, Limit, Limiter,
-    ManualClock, OnStoreFailure, Policy, Scope, Source, Store, StoreError, Subject, Timestamp,
-    Verdicts,
+    async_trait, BreakerConfig, BreakerState, Context, Decide, Fallback, LayerRequest, Limit,
+    Limiter, ManualClock, OnStoreFailure, Policy, Scope, Source, Store, StoreError, Subject,
+    Timestamp, Verdicts,
 };
 use tollgate_memory::MemoryStore;
 
@@ -26,12 +26,18 @@ impl Store for Switchable {
     fn kind(&self) -> &'static str {
         "switchable"
     }
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        if self.down.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable("switched off".into()));
-        }
-        self.inner.decide(layers).await
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        Decide::Later(Box::pin(async move {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("switched off".into()));
+            }
+            self.inner.decide(layers, verdicts).await
+        }))
     }
 }
 
@@ -241,18 +247,21 @@ impl tollgate_limiter::Store for Flaky {
     fn kind(&self) -> &'static str {
         "flaky"
     }
-    async fn decide(
-        &self,
-        _: &[tollgate_limiter::LayerRequest<'_>],
-    ) -> Result<tollgate_limiter::Verdicts, tollgate_limiter::StoreError> {
-        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
-            Err(tollgate_limiter::StoreError::Conflict {
-                policy: "api".into(),
-                found: "wrong type".into(),
-            })
-        } else {
-            Err(tollgate_limiter::StoreError::Unavailable("down".into()))
-        }
+    fn decide<'a>(
+        &'a self,
+        _: &'a [tollgate_limiter::LayerRequest<'a>],
+        verdicts: &'a mut tollgate_limiter::Verdicts,
+    ) -> tollgate_limiter::Decide<'a> {
+        tollgate_limiter::Decide::later(verdicts, async move {
+            if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+                Err(tollgate_limiter::StoreError::Conflict {
+                    policy: "api".into(),
+                    found: "wrong type".into(),
+                })
+            } else {
+                Err(tollgate_limiter::StoreError::Unavailable("down".into()))
+            }
+        })
     }
 }
 

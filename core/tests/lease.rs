@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_limiter::{
-    async_trait, Adjustment, BreakerConfig, BreakerState, Context, LayerRequest, Lease, Limit,
-    Limiter, ManualClock, OnStoreFailure, Plan, PlanName, Plans, Policy, Scope, Store, StoreError,
-    Subject, Timestamp, Verdicts,
+    async_trait, Adjustment, BreakerConfig, BreakerState, Context, Decide, LayerRequest, Lease,
+    Limit, Limiter, ManualClock, OnStoreFailure, Plan, PlanName, Plans, Policy, Scope, Store,
+    StoreError, Subject, Timestamp, Verdicts,
 };
 use tollgate_memory::MemoryStore;
 
@@ -31,12 +31,18 @@ impl Store for Remote {
     fn kind(&self) -> &'static str {
         "remote"
     }
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.decides.fetch_add(1, Ordering::SeqCst);
-        if self.down.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable("switched off".into()));
-        }
-        self.inner.decide(layers).await
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        Decide::Later(Box::pin(async move {
+            self.decides.fetch_add(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("switched off".into()));
+            }
+            self.inner.decide(layers, verdicts).await
+        }))
     }
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         self.inner.peek(layers).await

@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 use tollgate_config::Config;
-use tollgate_limiter::{Adjustment, Clock, LayerRequest, Store, StoreError, Verdicts};
+use tollgate_limiter::{Adjustment, Clock, Decide, LayerRequest, Store, StoreError, Verdicts};
 
 thread_local! {
     /// This thread's own store, with the generation it was opened for.
@@ -111,16 +111,24 @@ impl Store for RuntimeStores {
         self.shared.kind()
     }
 
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.current().decide(layers).await
-    }
-
-    fn decide_now(
-        &self,
-        layers: &[LayerRequest<'_>],
-        verdicts: &mut Verdicts,
-    ) -> Option<Result<(), StoreError>> {
-        self.current().decide_now(layers, verdicts)
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        let store = self.current();
+        let at_once = match store.decide(layers, verdicts) {
+            Decide::Now(answer) => Some(answer),
+            Decide::Later(_) => None,
+        };
+        match at_once {
+            Some(answer) => Decide::Now(answer),
+            // Asked again from a future that owns the store (a `Later`
+            // does nothing until polled).
+            None => Decide::Later(Box::pin(
+                async move { store.decide(layers, verdicts).await },
+            )),
+        }
     }
 
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {

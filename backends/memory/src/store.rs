@@ -15,8 +15,8 @@ use hashbrown::HashTable;
 use smallvec::SmallVec;
 use tollgate_algorithms::Layered;
 use tollgate_limiter::{
-    duration_micros, Adjustment, Clock, Hold, Holds, LayerRequest, Limit, MonotonicClock, Policy,
-    State, Store, StoreError, StoreKey, Stored, Timestamp, Verdicts, WhenFull,
+    duration_micros, Adjustment, Clock, Decide, Hold, Holds, LayerRequest, Limit, MonotonicClock,
+    Policy, State, Store, StoreError, StoreKey, Stored, Timestamp, Verdicts, WhenFull,
 };
 
 /// Passes of a decision that found a budget full: each makes room across
@@ -613,15 +613,9 @@ impl MemoryStore {
         }
     }
 
-    /// Decide all layers, making room across the store when a budget is
-    /// full (then deciding again: the first answer was not written).
-    fn decide_all(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        let mut verdicts = Verdicts::new();
-        self.decide_into(layers, &mut verdicts).map(|()| verdicts)
-    }
-
-    /// [`decide_all`](Self::decide_all), writing the verdicts into
-    /// `verdicts` (received empty): the answer is not moved on its way out.
+    /// Decide all layers into `verdicts` (received empty), making room
+    /// across the store when a budget is full (then deciding again: the
+    /// first answer was not written).
     fn decide_into(
         &self,
         layers: &[LayerRequest<'_>],
@@ -630,7 +624,7 @@ impl MemoryStore {
         self.with_room(verdicts, |now, out| self.decide_locked(layers, now, out))
     }
 
-    /// Adjust all layers, making room as [`decide_all`](Self::decide_all)
+    /// Adjust all layers, making room as [`decide_into`](Self::decide_into)
     /// does (a penalty or block may write a new key).
     fn adjust_all(
         &self,
@@ -909,7 +903,7 @@ impl MemoryStore {
             .collect())
     }
 
-    /// Decide all layers as [`decide_all`](Self::decide_all) does, and
+    /// Decide all layers as [`decide_into`](Self::decide_into) does, and
     /// answer each concurrency layer's hold.
     fn acquire_all(&self, layers: &[LayerRequest<'_>]) -> Result<(Verdicts, Holds), StoreError> {
         let mut verdicts = Verdicts::new();
@@ -983,16 +977,12 @@ impl Store for MemoryStore {
         true
     }
 
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.decide_all(layers)
-    }
-
-    fn decide_now(
-        &self,
-        layers: &[LayerRequest<'_>],
-        verdicts: &mut Verdicts,
-    ) -> Option<Result<(), StoreError>> {
-        Some(self.decide_into(layers, verdicts))
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        Decide::Now(self.decide_into(layers, verdicts))
     }
 
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {

@@ -212,11 +212,14 @@ fn memory_is_bounded_and_a_full_store_refuses_rather_than_evicts() {
     );
     let policy = limiter.layers()[0].policy();
     let key = StoreKey::new("x", policy, "subject", "x");
-    let err = ready(store.decide(&[LayerRequest {
-        key,
-        policy,
-        cost: 1,
-    }]))
+    let err = ready(tollgate_limiter::ask(
+        &*store,
+        &[LayerRequest {
+            key,
+            policy,
+            cost: 1,
+        }],
+    ))
     .unwrap_err();
     assert!(
         matches!(err, StoreError::Full { max_keys: 64, .. }),

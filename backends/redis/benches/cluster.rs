@@ -77,9 +77,7 @@ async fn decide(target: &Target, w: &Workload, i: usize) {
         cost: 1,
     };
     let layers = [key, global];
-    let v = target
-        .store
-        .decide(&layers[..target.layers])
+    let v = tollgate_limiter::ask(&*target.store, &layers[..target.layers])
         .await
         .expect("decision");
     assert!(v.iter().all(|v| v.allowed));

@@ -661,14 +661,16 @@ fn memory_report(setup: &Setup) {
                 let subject: String =
                     format!("{n}{}", "x".repeat(subject_len))[..subject_len].to_string();
                 let key = StoreKey::new(&subject, &policy, &scope, &subject);
-                store
-                    .decide(&[LayerRequest {
+                tollgate_limiter::ask(
+                    &store,
+                    &[LayerRequest {
                         key,
                         policy: &policy,
                         cost: *cost,
-                    }])
-                    .await
-                    .expect("decision");
+                    }],
+                )
+                .await
+                .expect("decision");
                 let redis_key = store.settings().redis_key(&key);
                 let bytes: i64 = redis::cmd("MEMORY")
                     .arg("USAGE")

@@ -12,7 +12,9 @@ use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
 use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, RedisResult};
-use tollgate_limiter::{Adjustment, Hold, Holds, LayerRequest, Limit, Store, StoreError, Verdicts};
+use tollgate_limiter::{
+    Adjustment, Decide, Hold, Holds, LayerRequest, Limit, Store, StoreError, Verdicts,
+};
 use tollgate_redis_protocol::{
     parse_renewed, parse_reserve, Charged, REPLY_FIELDS, RESERVE_FIELDS,
 };
@@ -539,15 +541,21 @@ impl Store for RedisStore {
         "redis"
     }
 
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        if layers.is_empty() {
-            return Ok(Verdicts::new());
-        }
-        within(
-            self.checked.deadline,
-            self.call(layers, (Mode::Decide, None)),
-        )
-        .await?
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        Decide::later(verdicts, async move {
+            if layers.is_empty() {
+                return Ok(Verdicts::new());
+            }
+            within(
+                self.checked.deadline,
+                self.call(layers, (Mode::Decide, None)),
+            )
+            .await?
+        })
     }
 
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {

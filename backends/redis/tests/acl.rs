@@ -221,13 +221,20 @@ async fn a_preloaded_store_without_the_library_fails_clearly_until_it_is_loaded(
         policy: &policy,
         cost: 1,
     }];
-    assert!(store.decide(&request).await.expect("decides")[0].allowed);
+    assert!(
+        tollgate_limiter::ask(&store, &request)
+            .await
+            .expect("decides")[0]
+            .allowed
+    );
 
     assert_eq!(
         own.command(&["FUNCTION", "FLUSH"]),
         Reply::Status("OK".into())
     );
-    let e = store.decide(&request).await.expect_err("flushed");
+    let e = tollgate_limiter::ask(&store, &request)
+        .await
+        .expect_err("flushed");
     assert!(is_not_loaded(&e), "{e}");
     assert_eq!(
         own.command(&["FUNCTION", "LIST"]),
@@ -235,7 +242,9 @@ async fn a_preloaded_store_without_the_library_fails_clearly_until_it_is_loaded(
         "the store loaded nothing"
     );
     admin_loads_the_library(&own);
-    let verdicts = store.decide(&request).await.expect("decides again");
+    let verdicts = tollgate_limiter::ask(&store, &request)
+        .await
+        .expect("decides again");
     assert_eq!(verdicts[0].remaining, 3, "the count survived the flush");
 }
 
@@ -269,7 +278,12 @@ async fn the_module_rule_decides_through_the_module() {
     }];
     let mut admitted = 0;
     for _ in 0..3 {
-        admitted += u32::from(store.decide(&request).await.expect("decides")[0].allowed);
+        admitted += u32::from(
+            tollgate_limiter::ask(&store, &request)
+                .await
+                .expect("decides")[0]
+                .allowed,
+        );
     }
     assert_eq!(admitted, 2);
     let refused = replace_a_library_as(with_module, "tollgate-mod")

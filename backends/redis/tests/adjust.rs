@@ -120,8 +120,8 @@ async fn run(limits: Vec<Limit>, ops: Vec<Op>, path: Path) {
         let (a, b) = match op {
             Op::Wait(_) => unreachable!(),
             Op::Decide(c) => (
-                redis.decide(&layers(*c)).await,
-                memory.decide(&layers(*c)).await,
+                tollgate_limiter::ask(&*redis, &layers(*c)).await,
+                tollgate_limiter::ask(&*memory, &layers(*c)).await,
             ),
             Op::Peek => (redis.peek(&layers(1)).await, memory.peek(&layers(1)).await),
             Op::Penalize(u) | Op::Reward(u) => {

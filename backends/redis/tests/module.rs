@@ -98,8 +98,7 @@ fn layers<'a>(policies: &'a [Policy], subject: &'a str, cost: u64) -> Vec<LayerR
 /// Whether `store` admits a request of `cost` on every layer of `policies`
 /// for `subject` (decided, and so charged when it does).
 async fn admits(store: &RedisStore, policies: &[Policy], subject: &str, cost: u64) -> bool {
-    store
-        .decide(&layers(policies, subject, cost))
+    tollgate_limiter::ask(store, &layers(policies, subject, cost))
         .await
         .expect("decide")
         .iter()
@@ -453,8 +452,7 @@ async fn replicas_and_the_aof_hold_the_primarys_states() {
     let subjects: Vec<String> = (0..5).map(|_| unique("s")).collect();
     for subject in &subjects {
         for cost in [1, 3, 2] {
-            store
-                .decide(&layers(&policies, subject, cost))
+            tollgate_limiter::ask(&store, &layers(&policies, subject, cost))
                 .await
                 .expect("decide");
         }
@@ -667,8 +665,7 @@ async fn concurrent_decisions_admit_exactly_the_capacity() {
                     cost: 1,
                 };
                 admitted += usize::from(
-                    store
-                        .decide(&[layer])
+                    tollgate_limiter::ask(&*store, &[layer])
                         .await
                         .unwrap()
                         .iter()
@@ -713,7 +710,9 @@ async fn a_span_ended_at_the_servers_clock_admits_nothing() {
             }]
         };
         for _ in 0..3 {
-            let verdicts = store.decide(&layer()).await.expect("decides");
+            let verdicts = tollgate_limiter::ask(&store, &layer())
+                .await
+                .expect("decides");
             let verdict = verdicts.iter().next().expect("one layer");
             assert!(!verdict.allowed, "{engine:?}");
             assert_eq!(
@@ -745,8 +744,7 @@ async fn events_of_a_decision(server: &RedisServer, engine: Engine) -> Vec<Strin
         .set_read_timeout(Some(Duration::from_millis(500)))
         .expect("timeout");
     let policies = policies();
-    store
-        .decide(&layers(&policies[..1], "s", 1))
+    tollgate_limiter::ask(&store, &layers(&policies[..1], "s", 1))
         .await
         .expect("decide");
     let mut events = Vec::new();

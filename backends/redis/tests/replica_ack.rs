@@ -139,14 +139,16 @@ async fn unacknowledged_charges_are_lost_and_acknowledgement_refuses_them() {
         .unwrap();
     let policy = Policy::new("login", Limit::gcra(1, Duration::from_secs(1), 5).unwrap()).unwrap();
     let key = StoreKey::new("carol", &policy, "subject", "carol");
-    let error = store
-        .decide(&[LayerRequest {
+    let error = tollgate_limiter::ask(
+        &store,
+        &[LayerRequest {
             key,
             policy: &policy,
             cost: 1,
-        }])
-        .await
-        .expect_err("not acknowledged");
+        }],
+    )
+    .await
+    .expect_err("not acknowledged");
     assert!(
         matches!(
             RedisStoreError::of(&error),

@@ -231,7 +231,12 @@ async fn with_a_pool_a_lagging_replica_does_not_hold_up_denials() {
             policy: &policy,
             cost: 1,
         }];
-        assert!(store.decide(&full).await.expect("charged and acknowledged")[0].allowed);
+        assert!(
+            tollgate_limiter::ask(&store, &full)
+                .await
+                .expect("charged and acknowledged")[0]
+                .allowed
+        );
 
         group.replica().pause();
         let writers: Vec<_> = (0..8)
@@ -248,7 +253,7 @@ async fn with_a_pool_a_lagging_replica_does_not_hold_up_denials() {
                         }];
                         // Charged, then not acknowledged in time (or, on
                         // one connection, not even sent in time).
-                        let result = store.decide(&layer).await;
+                        let result = tollgate_limiter::ask(&store, &layer).await;
                         assert!(result.is_err(), "the replica lags: {result:?}");
                     }
                 })
@@ -258,7 +263,7 @@ async fn with_a_pool_a_lagging_replica_does_not_hold_up_denials() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         for _ in 0..40 {
             let started = std::time::Instant::now();
-            match store.decide(&full).await {
+            match tollgate_limiter::ask(&store, &full).await {
                 Ok(verdicts) => assert!(!verdicts[0].allowed),
                 // Queued behind the WAITs past its deadline.
                 Err(e) => assert!(

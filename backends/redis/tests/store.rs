@@ -35,7 +35,7 @@ async fn decide_one(
     cost: u64,
 ) -> Result<Verdict, StoreError> {
     let key = StoreKey::new(subject, policy, "subject", subject);
-    let verdicts = store.decide(&[LayerRequest { key, policy, cost }]).await?;
+    let verdicts = tollgate_limiter::ask(store, &[LayerRequest { key, policy, cost }]).await?;
     assert_eq!(verdicts.len(), 1);
     Ok(verdicts[0])
 }

@@ -77,7 +77,7 @@ impl Limiter {
         };
         match answer {
             Ok((verdicts, holds)) => {
-                let decision = self.finish(&requests, cost, &verdicts);
+                let decision = self.decision_of(&requests, cost, &verdicts);
                 let permit = match decision.is_allowed() {
                     true => Permit::new(&self.releases, &requests, &holds),
                     false => None,
@@ -87,7 +87,7 @@ impl Limiter {
             Err(error) => {
                 let decision = self.degraded(&requests, &error).await;
                 Ok(Acquired {
-                    decision: self.finished(&requests, cost, decision),
+                    decision: self.recorded(&requests, cost, decision),
                     permit: None,
                 })
             }

@@ -84,7 +84,9 @@ impl Future for Check<'_> {
                     let mut verdicts = Verdicts::new();
                     match limiter.start(ctx, cost, &mut requests, &mut verdicts) {
                         Start::Decided => {
-                            return Poll::Ready(Ok(limiter.finish(&requests, cost, &verdicts)));
+                            return Poll::Ready(
+                                Ok(limiter.decision_of(&requests, cost, &verdicts)),
+                            );
                         }
                         Start::Done(result) => return Poll::Ready(result),
                         Start::Unfinished(unfinished) => {
@@ -202,7 +204,7 @@ impl Limiter {
                 }
             },
             Admission::Call | Admission::Probe => {
-                match self.decide_now(admission, requests, verdicts) {
+                match self.answer_at_once(admission, requests, verdicts) {
                     Some(answer) => answer,
                     // Nothing was decided: the waiting path takes over.
                     None => return Start::Unfinished(Unfinished::Waiting(admission)),

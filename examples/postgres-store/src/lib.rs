@@ -604,8 +604,14 @@ impl Store for PgStore {
         "postgres"
     }
 
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.run(layers, Op::Decide).await.map(|(v, _)| v)
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> tollgate::Decide<'a> {
+        tollgate::Decide::later(verdicts, async move {
+            self.run(layers, Op::Decide).await.map(|(v, _)| v)
+        })
     }
 
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {

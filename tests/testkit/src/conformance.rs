@@ -1203,7 +1203,7 @@ pub async fn foreign_values_are_conflicts(store: Arc<dyn Store>, foreign: &dyn F
                 policy: &policy,
                 cost: 1,
             };
-            match store.decide(&[request]).await {
+            match tollgate_limiter::ask(&*store, &[request]).await {
                 Err(StoreError::Conflict { policy: named, .. }) => {
                     assert_eq!(
                         named,
@@ -1226,13 +1226,12 @@ pub async fn foreign_values_are_conflicts(store: Arc<dyn Store>, foreign: &dyn F
             ];
             assert!(
                 matches!(
-                    store.decide(&layered).await,
+                    tollgate_limiter::ask(&*store, &layered).await,
                     Err(StoreError::Conflict { .. })
                 ),
                 "{algorithm}, {kind}: layered"
             );
-            let verdicts = store
-                .decide(&layered[..1])
+            let verdicts = tollgate_limiter::ask(&*store, &layered[..1])
                 .await
                 .expect("the other layer decides");
             assert_eq!(
@@ -1265,8 +1264,7 @@ pub async fn foreign_values_are_conflicts(store: Arc<dyn Store>, foreign: &dyn F
                     "{algorithm}, {kind}: {adjustment:?}"
                 );
             }
-            let verdicts = store
-                .decide(&layered[..1])
+            let verdicts = tollgate_limiter::ask(&*store, &layered[..1])
                 .await
                 .expect("the other layer decides");
             assert_eq!(

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use tollgate_limiter::{async_trait, LayerRequest, ManualClock, Store, StoreError, Verdicts};
+use tollgate_limiter::{
+    async_trait, Decide, LayerRequest, ManualClock, Store, StoreError, Verdicts,
+};
 
 /// Refuses everything; only here so the crate docs compile.
 #[derive(Debug)]
@@ -20,8 +22,10 @@ impl Store for ExampleStore {
     fn kind(&self) -> &'static str {
         "example"
     }
-    async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        Err(StoreError::Unavailable("example store".into()))
+    fn decide<'a>(&'a self, _: &'a [LayerRequest<'a>], verdicts: &'a mut Verdicts) -> Decide<'a> {
+        Decide::later(verdicts, async move {
+            Err(StoreError::Unavailable("example store".into()))
+        })
     }
 }
 

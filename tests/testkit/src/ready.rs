@@ -1,6 +1,6 @@
 //! Running futures that never suspend, without a runtime.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
@@ -15,8 +15,8 @@ use std::task::{Context, Poll, Waker};
 /// ```
 /// assert_eq!(tollgate_testkit::ready(async { 7 }), 7);
 /// ```
-pub fn ready<F: Future>(fut: F) -> F::Output {
-    match pin!(fut).poll(&mut Context::from_waker(Waker::noop())) {
+pub fn ready<F: IntoFuture>(fut: F) -> F::Output {
+    match pin!(fut.into_future()).poll(&mut Context::from_waker(Waker::noop())) {
         Poll::Ready(out) => out,
         Poll::Pending => {
             panic!("the future suspended; `ready` is only for futures that never wait")

@@ -1,6 +1,6 @@
 //! Stores for tests of what happens around a store: one that is down.
 
-use tollgate_limiter::{async_trait, LayerRequest, Store, StoreError, Verdicts};
+use tollgate_limiter::{async_trait, Decide, LayerRequest, Store, StoreError, Verdicts};
 
 /// A store that is down: every call fails at once with
 /// [`StoreError::Unavailable`] (an outage: it counts towards the circuit
@@ -28,7 +28,9 @@ impl Store for DownStore {
     fn kind(&self) -> &'static str {
         "down"
     }
-    async fn decide(&self, _: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        Err(StoreError::Unavailable("test store is down".into()))
+    fn decide<'a>(&'a self, _: &'a [LayerRequest<'a>], verdicts: &'a mut Verdicts) -> Decide<'a> {
+        Decide::later(verdicts, async move {
+            Err(StoreError::Unavailable("test store is down".into()))
+        })
     }
 }

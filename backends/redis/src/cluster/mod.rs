@@ -61,7 +61,9 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use tokio::time::Instant;
-use tollgate_limiter::{Adjustment, Hold, LayerRequest, Store, StoreError, Verdict, Verdicts};
+use tollgate_limiter::{
+    Adjustment, Decide, Hold, LayerRequest, Store, StoreError, Verdict, Verdicts,
+};
 // A request's concurrency holds (`Holds` here is this store's
 // reservations in flight).
 use tollgate_limiter::Holds as HeldUnits;
@@ -584,11 +586,17 @@ impl Store for RedisClusterStore {
         "redis-cluster"
     }
 
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        if layers.is_empty() {
-            return Ok(Verdicts::new());
-        }
-        self.charge(layers, Mode::Decide).await.map(|(v, _)| v)
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        Decide::later(verdicts, async move {
+            if layers.is_empty() {
+                return Ok(Verdicts::new());
+            }
+            self.charge(layers, Mode::Decide).await.map(|(v, _)| v)
+        })
     }
 
     /// As a decision; a concurrency layer's charge is its hold.

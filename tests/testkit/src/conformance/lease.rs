@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_limiter::{
-    async_trait, Adjustment, Context, Hold, Holds, LayerRequest, Lease, Limit, Limiter,
+    async_trait, Adjustment, Context, Decide, Hold, Holds, LayerRequest, Lease, Limit, Limiter,
     ManualClock, Policy, Scope, Store, StoreError, Verdicts,
 };
 
@@ -32,20 +32,21 @@ impl Store for Counted {
     fn is_in_process(&self) -> bool {
         self.inner.is_in_process()
     }
-    fn decide_now(
-        &self,
-        layers: &[LayerRequest<'_>],
-        verdicts: &mut Verdicts,
-    ) -> Option<Result<(), StoreError>> {
-        let answer = self.inner.decide_now(layers, verdicts);
-        if answer.is_some() {
-            self.calls.fetch_add(1, Ordering::Relaxed);
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        match self.inner.decide(layers, verdicts) {
+            Decide::Now(answer) => {
+                self.calls.fetch_add(1, Ordering::Relaxed);
+                Decide::Now(answer)
+            }
+            Decide::Later(call) => Decide::Later(Box::pin(async move {
+                self.calls.fetch_add(1, Ordering::Relaxed);
+                call.await
+            })),
         }
-        answer
-    }
-    async fn decide(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.inner.decide(layers).await
     }
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         self.inner.peek(layers).await
