@@ -141,45 +141,9 @@ impl Config {
                 Ok(Arc::new(builder.build()))
             }
             #[cfg(feature = "redis")]
-            StoreSpec::Redis(spec) => {
-                let mut builder = tollgate_redis::RedisStore::builder(spec.url.clone());
-                if let Some(size) = spec.pool_size {
-                    builder =
-                        builder.connection_mode(tollgate_redis::ConnectionMode::Pool { size });
-                }
-                redis_store(builder, &spec.options, "redis").await
+            StoreSpec::Redis(settings) => {
+                settings.open().await.map_err(|e| redis_error(settings, e))
             }
-            #[cfg(feature = "redis")]
-            StoreSpec::RedisSentinel(spec) => {
-                let mut builder = tollgate_redis::RedisStore::sentinel(
-                    spec.sentinels.clone(),
-                    spec.service.clone(),
-                )
-                .primary_db(spec.db);
-                if let Some(size) = spec.pool_size {
-                    builder =
-                        builder.connection_mode(tollgate_redis::ConnectionMode::Pool { size });
-                }
-                if let Some(password) = &spec.password {
-                    builder = builder.primary_auth(spec.username.as_deref(), password);
-                }
-                redis_store(builder, &spec.options, "redis-sentinel").await
-            }
-            #[cfg(feature = "cluster")]
-            StoreSpec::RedisCluster(spec) => {
-                let builder = tollgate_redis::RedisClusterStore::builder(spec.nodes.clone());
-                let builder = configured(builder, &spec.options)?;
-                let store = builder
-                    .connect()
-                    .await
-                    .map_err(|source| SetupError::Store {
-                        kind: "redis-cluster",
-                        source,
-                    })?;
-                Ok(Arc::new(store))
-            }
-            #[cfg(not(feature = "cluster"))]
-            StoreSpec::RedisCluster(_) => Err(SetupError::ClusterNotEnabled),
             StoreSpec::Custom(custom) => {
                 let store = custom.open(clock).await;
                 store.map_err(|source| SetupError::Store {
@@ -187,120 +151,35 @@ impl Config {
                     source,
                 })
             }
-            #[cfg(not(feature = "redis"))]
-            StoreSpec::Redis(_) | StoreSpec::RedisSentinel(_) => Err(SetupError::RedisNotEnabled),
         }
     }
 }
 
-/// `builder` (a standalone or a Cluster store's: one builder type, the
-/// same setters) with the file's shared `options`, TLS included.
+/// The setup error of a Redis store that did not open.
 #[cfg(feature = "redis")]
-fn configured<T>(
-    builder: tollgate_redis::RedisBuilder<T>,
-    options: &crate::RedisOptions,
-) -> Result<tollgate_redis::RedisBuilder<T>, SetupError> {
-    let mut builder = builder;
-    if let Some(prefix) = &options.prefix {
-        builder = builder.prefix(prefix.clone());
+fn redis_error(
+    settings: &tollgate_redis::RedisSettings,
+    error: tollgate_redis::RedisSettingsError,
+) -> SetupError {
+    use tollgate_redis::RedisSettingsError as E;
+    let kind = settings.kind.name();
+    match error {
+        E::ClusterNotEnabled => SetupError::ClusterNotEnabled,
+        E::TlsNotEnabled => SetupError::TlsNotEnabled,
+        E::TlsFile {
+            field,
+            path,
+            source,
+        } => SetupError::TlsFile {
+            field,
+            path,
+            source,
+        },
+        E::Open(source) => SetupError::Store { kind, source },
+        // Settings the file's checks passed: not met here.
+        other => SetupError::Store {
+            kind,
+            source: tollgate_limiter::StoreError::Backend(Box::new(other)),
+        },
     }
-    if let Some(d) = options.deadline {
-        builder = builder.deadline(d.0);
-    }
-    if let Some(d) = options.connect_timeout {
-        builder = builder.connect_timeout(d.0);
-    }
-    if let Some(engine) = options.engine {
-        builder = builder.engine(engine_of(engine));
-    }
-    if let Some(replicas) = options.replica_ack {
-        let timeout = options
-            .replica_ack_timeout
-            .map_or(DEFAULT_REPLICA_ACK_TIMEOUT, |d| d.0);
-        builder = builder.replica_ack(replicas, timeout);
-    }
-    #[cfg(feature = "tls")]
-    if let Some(tls) = tls_of(options)? {
-        builder = builder.tls(tls);
-    }
-    #[cfg(not(feature = "tls"))]
-    no_tls(options)?;
-    Ok(builder)
-}
-
-/// A Redis store from `builder` with the file's shared `options`.
-#[cfg(feature = "redis")]
-async fn redis_store(
-    builder: tollgate_redis::RedisStoreBuilder,
-    options: &crate::RedisOptions,
-    kind: &'static str,
-) -> Result<Arc<dyn Store>, SetupError> {
-    let builder = configured(builder, options)?;
-    let store = if options.lazy {
-        builder.build()
-    } else {
-        builder.connect().await
-    };
-    let store = store.map_err(|source| SetupError::Store { kind, source })?;
-    Ok(Arc::new(store))
-}
-
-/// The Redis store's [`Engine`](tollgate_redis::Engine) for the
-/// file's `engine`.
-#[cfg(feature = "redis")]
-pub(crate) fn engine_of(spec: crate::EngineSpec) -> tollgate_redis::Engine {
-    use crate::EngineSpec;
-    use tollgate_redis::Engine;
-    match spec {
-        EngineSpec::Auto => Engine::Auto,
-        EngineSpec::Module => Engine::Module,
-        EngineSpec::Functions => Engine::Functions,
-        EngineSpec::PreloadedFunctions => Engine::PreloadedFunctions,
-        EngineSpec::Eval => Engine::Eval,
-    }
-}
-
-/// How long `replica_ack` waits when the file does not say.
-#[cfg(feature = "redis")]
-const DEFAULT_REPLICA_ACK_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// The TLS settings the file names, read from their files.
-#[cfg(feature = "tls")]
-fn tls_of(options: &crate::RedisOptions) -> Result<Option<tollgate_redis::Tls>, SetupError> {
-    let read =
-        |field: &'static str, path: &Option<String>| -> Result<Option<Vec<u8>>, SetupError> {
-            path.as_ref()
-                .map(|p| {
-                    std::fs::read(p).map_err(|source| SetupError::TlsFile {
-                        field,
-                        path: p.clone(),
-                        source,
-                    })
-                })
-                .transpose()
-        };
-    let ca = read("ca_file", &options.ca_file)?;
-    let cert = read("client_cert_file", &options.client_cert_file)?;
-    let key = read("client_key_file", &options.client_key_file)?;
-    if ca.is_none() && cert.is_none() {
-        return Ok(None);
-    }
-    let mut tls = tollgate_redis::Tls::new();
-    if let Some(ca) = ca {
-        tls = tls.ca_pem(ca);
-    }
-    if let (Some(cert), Some(key)) = (cert, key) {
-        tls = tls.client_pem(cert, key);
-    }
-    Ok(Some(tls))
-}
-
-/// Without TLS in the build, a file that asks for it is refused.
-#[cfg(all(feature = "redis", not(feature = "tls")))]
-fn no_tls(options: &crate::RedisOptions) -> Result<(), SetupError> {
-    let any = options.ca_file.is_some() || options.client_cert_file.is_some();
-    if any {
-        return Err(SetupError::TlsNotEnabled);
-    }
-    Ok(())
 }

@@ -87,10 +87,6 @@ impl fmt::Display for Invalid<'_> {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SetupError {
-    /// `store.kind = "redis"` or `"redis-sentinel"` but this build has no
-    /// Redis store.
-    #[error("store.kind: \"redis\" and \"redis-sentinel\" need the Redis store; enable the `redis` feature of `tollgate` (or `tollgate-config`)")]
-    RedisNotEnabled,
     /// The file asks for a Redis Cluster store but this build has none.
     #[error("store.kind: \"redis-cluster\" needs the Redis Cluster store; enable the `redis-cluster` feature of `tollgate` (or `cluster` of `tollgate-config`)")]
     ClusterNotEnabled,

@@ -93,9 +93,7 @@ pub use build::{Limiters, Route};
 pub use error::{ConfigError, SetupError};
 pub use live::{LiveConfig, LiveRoute, ReloadError, ReloadReport, UnknownRoute};
 pub use plans::PlansDef;
-pub use spec::{
-    EngineSpec, RedisClusterSpec, RedisOptions, RedisSentinelSpec, RedisSpec, StoreSpec,
-};
+pub use spec::StoreSpec;
 pub use store_kind::{CustomStore, StoreKind, StoreKinds};
 /// A duration as the file writes it (`"250ms"`, `"1m30s"`), for a
 /// [`StoreKind`]'s settings.

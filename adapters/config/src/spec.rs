@@ -2,7 +2,6 @@
 //! its field path, none stops the others from being found.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,12 +27,11 @@ use crate::{
 pub enum StoreSpec {
     /// `kind = "memory"`: the in-process store.
     Memory(MemorySettings),
-    /// `kind = "redis"`: a standalone Redis server.
-    Redis(RedisSpec),
-    /// `kind = "redis-sentinel"`: a primary found through Redis Sentinel.
-    RedisSentinel(RedisSentinelSpec),
-    /// `kind = "redis-cluster"`: a Redis Cluster.
-    RedisCluster(RedisClusterSpec),
+    /// `kind = "redis"`, `"redis-sentinel"` or `"redis-cluster"`: a Redis
+    /// store, its settings its own (feature `redis`).
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    Redis(Box<tollgate_redis::RedisSettings>),
     /// A kind registered with [`StoreKinds`](crate::StoreKinds).
     Custom(crate::CustomStore),
 }
@@ -45,171 +43,10 @@ impl StoreSpec {
         match self {
             StoreSpec::Custom(custom) => custom.kind(),
             StoreSpec::Memory(_) => "memory",
-            StoreSpec::Redis(_) => "redis",
-            StoreSpec::RedisSentinel(_) => "redis-sentinel",
-            StoreSpec::RedisCluster(_) => "redis-cluster",
+            #[cfg(feature = "redis")]
+            StoreSpec::Redis(settings) => settings.kind.name(),
         }
     }
-}
-
-/// `[store] kind = "redis-cluster"`: the cluster behind some of its nodes.
-#[derive(Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedisClusterSpec {
-    /// Some of the cluster's nodes, `redis://host:port` (or `rediss://`);
-    /// the others are discovered.
-    pub nodes: Vec<String>,
-    /// What every Redis store takes (`lazy` excepted: a Cluster store
-    /// connects at startup).
-    pub options: RedisOptions,
-}
-
-impl fmt::Debug for RedisClusterSpec {
-    // Addresses may hold passwords.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisClusterSpec")
-            .field("nodes", &self.nodes.len())
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
-
-/// `[store] kind = "redis"`.
-#[derive(Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedisSpec {
-    /// `redis://[user:password@]host:port/db`, or `rediss://` for TLS
-    /// (never logged: it may hold a password).
-    pub url: String,
-    /// A pool of this many connections instead of one multiplexed connection.
-    pub pool_size: Option<u32>,
-    /// What every Redis store takes.
-    pub options: RedisOptions,
-}
-
-impl fmt::Debug for RedisSpec {
-    // The URL is left out on purpose: it may hold a password.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisSpec")
-            .field("pool_size", &self.pool_size)
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
-
-/// `[store] kind = "redis-sentinel"`: the primary of a service, found
-/// through Redis Sentinel and followed across failovers.
-#[derive(Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedisSentinelSpec {
-    /// The sentinels, `redis://[:password@]host:port` each (`rediss://`
-    /// reaches the sentinels and the primary with TLS).
-    pub sentinels: Vec<String>,
-    /// The service (master) name the sentinels monitor.
-    pub service: String,
-    /// The primary's user (default: the default user).
-    pub username: Option<String>,
-    /// The primary's password (never logged).
-    pub password: Option<String>,
-    /// The primary's database (default 0).
-    pub db: i64,
-    /// A pool of this many connections to the primary instead of one
-    /// multiplexed connection (with `replica_ack`, a `WAIT` then holds up
-    /// only its own connection).
-    pub pool_size: Option<u32>,
-    /// What every Redis store takes.
-    pub options: RedisOptions,
-}
-
-impl fmt::Debug for RedisSentinelSpec {
-    // Addresses may hold passwords; the password is secret.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisSentinelSpec")
-            .field("sentinels", &self.sentinels.len())
-            .field("service", &self.service)
-            .field("username", &self.username)
-            .field("db", &self.db)
-            .field("pool_size", &self.pool_size)
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
-
-/// What every Redis store in the file takes besides its address.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RedisOptions {
-    /// Text before every key (default `tollgate`).
-    pub prefix: Option<String>,
-    /// Longest a decision may take, for example `"50ms"` (the default).
-    pub deadline: Option<DurationSpec>,
-    /// Longest connecting may take (default `"1s"`).
-    pub connect_timeout: Option<DurationSpec>,
-    /// Start without Redis and connect on first use (default `false`: the
-    /// build fails when Redis cannot be reached).
-    pub lazy: bool,
-    /// A PEM file with the CA to trust for TLS instead of the system's.
-    pub ca_file: Option<String>,
-    /// A PEM file with the client certificate for mutual TLS (with
-    /// `client_key_file`).
-    pub client_cert_file: Option<String>,
-    /// A PEM file with the client certificate's private key.
-    pub client_key_file: Option<String>,
-    /// Wait for this many replicas to acknowledge every charge (with
-    /// `replica_ack_timeout`).
-    pub replica_ack: Option<u32>,
-    /// How long to wait for them (default `"20ms"`).
-    pub replica_ack_timeout: Option<DurationSpec>,
-    /// How the server decides (default `"auto"`).
-    pub engine: Option<EngineSpec>,
-}
-
-/// `engine = "…"`: how a Redis store has the server decide (see
-/// `tollgate_redis::Engine`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum EngineSpec {
-    /// The module where loaded, else functions (loaded by the store), else
-    /// the script.
-    Auto,
-    /// Tollgate's Redis module only.
-    Module,
-    /// A function library the store loads (`FUNCTION LOAD`).
-    Functions,
-    /// A function library an administrator loaded: the store's user needs
-    /// `FCALL` only (the recommended rule, docs/operations.md).
-    PreloadedFunctions,
-    /// `EVALSHA` of the script only.
-    Eval,
-}
-
-/// Every field of the two Redis kinds, read at once; each kind then
-/// refuses what is not its own.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RedisFields {
-    url: Option<String>,
-    pool_size: Option<u32>,
-    sentinels: Option<Vec<String>>,
-    service: Option<String>,
-    nodes: Option<Vec<String>>,
-    username: Option<String>,
-    password: Option<String>,
-    db: Option<i64>,
-    prefix: Option<String>,
-    deadline: Option<DurationSpec>,
-    connect_timeout: Option<DurationSpec>,
-    #[serde(default)]
-    lazy: bool,
-    ca_file: Option<String>,
-    client_cert_file: Option<String>,
-    client_key_file: Option<String>,
-    replica_ack: Option<u32>,
-    replica_ack_timeout: Option<DurationSpec>,
-    // `scripting` was its name before 0.1's engine rename.
-    #[serde(alias = "scripting")]
-    engine: Option<EngineSpec>,
 }
 
 #[derive(Deserialize)]
@@ -268,7 +105,6 @@ enum ScopeSpec {
 }
 
 const SECTIONS: &str = "store, fallback, breaker, access, policies, plans, routes, server";
-const MAX_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Validate a parsed document.
 pub(crate) fn parse(mut doc: Table, kinds: &StoreKinds) -> Result<Config, ConfigError> {
@@ -516,10 +352,7 @@ fn store(errors: &mut Vec<PolicyError>, value: Value, kinds: &StoreKinds) -> Opt
             }
             Some(StoreSpec::Memory(settings))
         }
-        "redis" | "redis-sentinel" | "redis-cluster" => {
-            let fields = de::<RedisFields>(errors, "store", Value::Table(table))?;
-            redis_store(errors, kind, fields)
-        }
+        "redis" | "redis-sentinel" | "redis-cluster" => redis_store(errors, kind, table),
         other => match kinds.read(errors, other, table) {
             Some(custom) => custom.map(StoreSpec::Custom),
             None => {
@@ -545,208 +378,27 @@ fn kind_names(kinds: &StoreKinds) -> String {
     }
 }
 
-/// A `redis`, `redis-sentinel` or `redis-cluster` store: its own fields
-/// required, the other kinds' refused, the shared options checked.
-fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, f: RedisFields) -> Option<StoreSpec> {
-    let options = redis_options(errors, &f);
-    if kind != "redis-cluster" {
-        refuse(
-            errors,
-            "nodes",
-            f.nodes.is_some(),
-            "is for kind = \"redis-cluster\"",
-        );
+/// A `redis`, `redis-sentinel` or `redis-cluster` store: the Redis
+/// store reads and checks its own settings.
+#[cfg(feature = "redis")]
+fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, mut table: Table) -> Option<StoreSpec> {
+    // The Redis settings name their kind themselves.
+    table.insert("kind".into(), Value::String(kind.into()));
+    let settings = de::<tollgate_redis::RedisSettings>(errors, "store", Value::Table(table))?;
+    for (field, reason) in settings.problems() {
+        errors.push(field_error(&format!("store.{field}"), reason));
     }
-    match kind {
-        "redis-cluster" => Some(cluster_store(errors, f, options)),
-        "redis" => standalone_store(errors, f, options),
-        _ => Some(sentinel_store(errors, f, options)),
-    }
+    Some(StoreSpec::Redis(Box::new(settings)))
 }
 
-/// An error at `store.<field>` saying `why`, when the field is `present`.
-fn refuse(errors: &mut Vec<PolicyError>, field: &str, present: bool, why: &str) {
-    if present {
-        errors.push(field_error(&format!("store.{field}"), why));
-    }
-}
-
-/// `kind = "redis-cluster"`: some of the cluster's nodes.
-fn cluster_store(
-    errors: &mut Vec<PolicyError>,
-    f: RedisFields,
-    options: RedisOptions,
-) -> StoreSpec {
-    let for_other = "is not for kind = \"redis-cluster\" (give the cluster's nodes)";
-    for (field, present) in [
-        ("url", f.url.is_some()),
-        ("pool_size", f.pool_size.is_some()),
-        ("sentinels", f.sentinels.is_some()),
-        ("service", f.service.is_some()),
-        ("username", f.username.is_some()),
-        ("password", f.password.is_some()),
-        ("db", f.db.is_some()),
-    ] {
-        refuse(errors, field, present, for_other);
-    }
-    refuse(
-        errors,
-        "lazy",
-        f.lazy,
-        "a Cluster store connects at startup (it discovers the cluster's slots then)",
+/// Without the Redis store in the build, a Redis kind is refused.
+#[cfg(not(feature = "redis"))]
+fn redis_store(errors: &mut Vec<PolicyError>, kind: &str, _: Table) -> Option<StoreSpec> {
+    let reason = format!(
+        "{kind:?} needs the Redis store; enable the `redis` feature of `tollgate` (or `tollgate-config`)"
     );
-    let nodes = f.nodes.unwrap_or_default();
-    let example = "nodes = [\"redis://10.0.0.1:6379\", ...]";
-    check_addresses(errors, "nodes", &nodes, example);
-    StoreSpec::RedisCluster(RedisClusterSpec { nodes, options })
-}
-
-/// `kind = "redis"`: one server's URL.
-fn standalone_store(
-    errors: &mut Vec<PolicyError>,
-    f: RedisFields,
-    options: RedisOptions,
-) -> Option<StoreSpec> {
-    let for_sentinel = "is for kind = \"redis-sentinel\"";
-    refuse(errors, "sentinels", f.sentinels.is_some(), for_sentinel);
-    refuse(errors, "service", f.service.is_some(), for_sentinel);
-    let in_url = "is for kind = \"redis-sentinel\"; with kind = \"redis\" put it in the url";
-    refuse(errors, "username", f.username.is_some(), in_url);
-    refuse(errors, "password", f.password.is_some(), in_url);
-    refuse(errors, "db", f.db.is_some(), in_url);
-    let Some(url) = f.url else {
-        errors.push(field_error(
-            "store.url",
-            "missing; write url = \"redis://127.0.0.1:6379/\"",
-        ));
-        return None;
-    };
-    let schemes = ["redis://", "rediss://", "unix://", "redis+unix://"];
-    if !schemes.iter().any(|s| url.starts_with(s)) {
-        errors.push(field_error(
-            "store.url",
-            "must start with redis://, rediss:// or unix:// (for example \"redis://127.0.0.1:6379/\")",
-        ));
-    }
-    check_pool_size(errors, f.pool_size);
-    Some(StoreSpec::Redis(RedisSpec {
-        url,
-        pool_size: f.pool_size,
-        options,
-    }))
-}
-
-/// `kind = "redis-sentinel"`: the sentinels and the service they monitor.
-fn sentinel_store(
-    errors: &mut Vec<PolicyError>,
-    f: RedisFields,
-    options: RedisOptions,
-) -> StoreSpec {
-    refuse(
-        errors,
-        "url",
-        f.url.is_some(),
-        "is for kind = \"redis\"; a Sentinel store takes sentinels and service",
-    );
-    check_pool_size(errors, f.pool_size);
-    let sentinels = f.sentinels.unwrap_or_default();
-    let example = "sentinels = [\"redis://10.0.0.1:26379\", ...]";
-    check_addresses(errors, "sentinels", &sentinels, example);
-    let service = f.service.unwrap_or_default();
-    if service.is_empty() {
-        errors.push(field_error(
-            "store.service",
-            "missing; write the name the sentinels monitor (service = \"mymaster\")",
-        ));
-    }
-    StoreSpec::RedisSentinel(RedisSentinelSpec {
-        sentinels,
-        service,
-        username: f.username,
-        password: f.password,
-        db: f.db.unwrap_or(0),
-        pool_size: f.pool_size,
-        options,
-    })
-}
-
-/// `store.<field>`: a list of at least one `redis://` or `rediss://`
-/// address (`example` shows one).
-fn check_addresses(errors: &mut Vec<PolicyError>, field: &str, urls: &[String], example: &str) {
-    if urls.is_empty() {
-        errors.push(field_error(
-            &format!("store.{field}"),
-            format!("missing or empty; write {example}"),
-        ));
-    }
-    for (i, url) in urls.iter().enumerate() {
-        if !["redis://", "rediss://"].iter().any(|s| url.starts_with(s)) {
-            errors.push(field_error(
-                &format!("store.{field}[{i}]"),
-                "must start with redis:// or rediss://",
-            ));
-        }
-    }
-}
-
-/// `pool_size`, when given, is 1–1024 connections.
-fn check_pool_size(errors: &mut Vec<PolicyError>, pool_size: Option<u32>) {
-    if let Some(n) = pool_size {
-        if n == 0 || n > 1024 {
-            errors.push(field_error(
-                "store.pool_size",
-                format!("{n} must be between 1 and 1024"),
-            ));
-        }
-    }
-}
-
-/// The options both Redis kinds share, checked.
-fn redis_options(errors: &mut Vec<PolicyError>, f: &RedisFields) -> RedisOptions {
-    // The Redis store's own rule (without the Redis store in the build,
-    // the store cannot be built anyway: SetupError::RedisNotEnabled).
-    #[cfg(feature = "redis")]
-    if let Some(prefix) = &f.prefix {
-        if let Err(e) = tollgate_redis::check_prefix(prefix) {
-            errors.push(field_error("store.prefix", e.to_string()));
-        }
-    }
-    if let Some(d) = f.deadline {
-        check_duration(errors, "store.deadline", d.0, MAX_DEADLINE);
-    }
-    if let Some(d) = f.connect_timeout {
-        check_duration(errors, "store.connect_timeout", d.0, MAX_DEADLINE);
-    }
-    if f.client_cert_file.is_some() != f.client_key_file.is_some() {
-        errors.push(field_error(
-            "store.client_cert_file",
-            "client_cert_file and client_key_file go together (mutual TLS needs both)",
-        ));
-    }
-    if f.replica_ack == Some(0) {
-        errors.push(field_error(
-            "store.replica_ack",
-            "must be at least 1 (leave it out to not wait for replicas)",
-        ));
-    }
-    if f.replica_ack_timeout.is_some() && f.replica_ack.is_none() {
-        errors.push(field_error(
-            "store.replica_ack_timeout",
-            "needs replica_ack (how many replicas to wait for)",
-        ));
-    }
-    RedisOptions {
-        prefix: f.prefix.clone(),
-        deadline: f.deadline,
-        connect_timeout: f.connect_timeout,
-        lazy: f.lazy,
-        ca_file: f.ca_file.clone(),
-        client_cert_file: f.client_cert_file.clone(),
-        client_key_file: f.client_key_file.clone(),
-        replica_ack: f.replica_ack,
-        replica_ack_timeout: f.replica_ack_timeout,
-        engine: f.engine,
-    }
+    errors.push(field_error("store.kind", reason));
+    None
 }
 
 /// One `[policies.<name>]` table; `None` when invalid (the errors are recorded).

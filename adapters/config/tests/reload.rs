@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+#[cfg(feature = "watch")]
 use std::time::Duration;
 
 use tollgate_config::{Config, LiveConfig, ReloadError};

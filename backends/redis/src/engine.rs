@@ -21,6 +21,11 @@ use crate::script::{eval_script, function_library, library_name, sha1};
 /// each call skips re-creating the code's helpers and tables: it costs
 /// Redis less than the script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 #[non_exhaustive]
 pub enum Engine {
     /// The fastest way the server offers: Tollgate's module where the

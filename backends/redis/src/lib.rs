@@ -121,6 +121,8 @@ mod error;
 #[cfg(feature = "cluster")]
 mod holds;
 mod permissions;
+#[cfg(feature = "serde")]
+mod redis_settings;
 mod replication;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
@@ -139,6 +141,9 @@ pub use acl::AclRule;
 pub use cluster::{ClusterNodes, RedisClusterStore, RedisClusterStoreBuilder};
 pub use engine::{Engine, MODULE_PROTOCOL};
 pub use error::RedisStoreError;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub use redis_settings::{RedisKind, RedisSettings, RedisSettingsError};
 pub use script::{eval_script, function_library, function_name, library_name};
 pub use settings::{
     check_prefix, CheckedSettings, RedisBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DEADLINE,
