@@ -114,6 +114,30 @@ impl TryFrom<String> for DurationSpec {
     }
 }
 
+impl DurationSpec {
+    /// What is wrong with this duration as a setting that must be above
+    /// zero and at most `max` (`None`: nothing).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tollgate_limiter::DurationSpec;
+    /// let max = Duration::from_secs(60);
+    /// assert_eq!("50ms".parse::<DurationSpec>()?.problem(max), None);
+    /// assert_eq!("0s".parse::<DurationSpec>()?.problem(max).as_deref(), Some("must be > 0"));
+    /// assert!("2m".parse::<DurationSpec>()?.problem(max).is_some());
+    /// # Ok::<(), String>(())
+    /// ```
+    pub fn problem(self, max: Duration) -> Option<String> {
+        if self.0.is_zero() {
+            Some("must be > 0".into())
+        } else if self.0 > max {
+            Some(format!("{:?} is over the maximum {max:?}", self.0))
+        } else {
+            None
+        }
+    }
+}
+
 impl std::str::FromStr for DurationSpec {
     type Err = String;
     fn from_str(text: &str) -> Result<Self, String> {

@@ -276,15 +276,10 @@ pub(crate) fn field_error(path: &str, reason: impl Into<String>) -> PolicyError 
 pub(crate) fn check_duration(
     errors: &mut Vec<PolicyError>,
     path: &str,
-    value: Duration,
+    value: DurationSpec,
     max: Duration,
 ) {
-    if value.is_zero() {
-        errors.push(field_error(path, "must be > 0"));
-    } else if value > max {
-        errors.push(field_error(
-            path,
-            format!("{value:?} is over the maximum {max:?}"),
-        ));
+    if let Some(reason) = value.problem(max) {
+        errors.push(field_error(path, reason));
     }
 }

@@ -194,7 +194,7 @@ fn breaker_section(errors: &mut Vec<PolicyError>, value: Option<Value>) -> Optio
         config.failure_threshold = n;
     }
     if let Some(d) = spec.open_for {
-        check_duration(errors, "breaker.open_for", d.0, Duration::from_secs(3600));
+        check_duration(errors, "breaker.open_for", d, Duration::from_secs(3600));
         config.open_for = d.0;
     }
     Some(config)

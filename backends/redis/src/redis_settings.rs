@@ -429,12 +429,8 @@ impl Problems {
 
     /// A duration, when given, is above zero and at most [`MAX_DEADLINE`].
     fn duration(&mut self, field: &str, value: Option<DurationSpec>) {
-        match value.map(|d| d.0) {
-            Some(d) if d.is_zero() => self.add(field, "must be > 0"),
-            Some(d) if d > MAX_DEADLINE => {
-                self.add(field, format!("{d:?} is over the maximum {MAX_DEADLINE:?}"))
-            }
-            _ => {}
+        if let Some(reason) = value.and_then(|d| d.problem(MAX_DEADLINE)) {
+            self.add(field, reason);
         }
     }
 
