@@ -61,7 +61,7 @@ const FAR: u64 = u64::MAX;
 /// The dispatch, one function per [`Reference`] method (`None`: a custom
 /// algorithm, which only decides).
 macro_rules! dispatch {
-    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident) = $code:literal, )*) => {
+    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident), )*) => {
         /// A custom algorithm decides for itself.
         #[inline]
         pub(crate) fn decide(limit: &Limit, state: Option<&State>, now: Timestamp, cost: u64) -> Transition {

@@ -27,7 +27,7 @@ pub mod refund;
 /// Each built-in algorithm's file (`<name>.rs`: its `<name>` and
 /// `<name>_refund`), from core's list of built-ins.
 macro_rules! algorithm_modules {
-    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident) = $code:literal, )*) => {
+    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident), )*) => {
         $(
             mod $module;
             pub use $module::*;

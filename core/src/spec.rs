@@ -16,7 +16,7 @@ use crate::policy::Policy;
 
 /// `LimitSpec` from the list of built-ins.
 macro_rules! define_limit_spec {
-    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident) = $code:literal, )*) => {
+    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident), )*) => {
         /// A limit as written in a configuration file, before validation:
         /// `algorithm` names the variant, the other fields are its
         /// configuration type's.

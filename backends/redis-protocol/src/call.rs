@@ -12,12 +12,13 @@
 
 use std::time::Duration;
 
-use tollgate_limiter::{Adjustment, Builtin, Layout, Limit, StoreError, Timestamp, KEEPS_UNITS};
+use tollgate_limiter::{Adjustment, Layout, Limit, StoreError, Timestamp};
 
+use crate::limit_args::{algorithm_of, limit_args, limit_from_args};
 use crate::state::digits;
 
 /// Arguments per layer: algorithm code, cost, and the algorithm's three
-/// parameters (`Limit::args`, the core's side of this format).
+/// parameters ([`limit_args`]).
 pub const LAYER_ARGS: usize = 5;
 /// Arguments per layer of a refund: [`LAYER_ARGS`], then the charge's
 /// `at` and `mark`.
@@ -133,7 +134,7 @@ impl Mode {
 /// ```
 #[inline]
 pub fn layer_args(limit: &Limit, cost: u64, now: Timestamp) -> Option<[u64; LAYER_ARGS]> {
-    let (code, [p1, p2, p3]) = limit.args(now)?;
+    let (code, [p1, p2, p3]) = limit_args(limit, now)?;
     Some([code.into(), cost, p1, p2, p3])
 }
 
@@ -279,15 +280,12 @@ pub fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, ArgsError> {
 fn parse_layer(mode: Mode, n: usize, args: &[&[u8]]) -> Result<Layer, ArgsError> {
     let num = |j: usize| digits(args[j]);
     let code = num(0);
-    let builtin = code
-        .map(|c| c & !u64::from(KEEPS_UNITS))
-        .and_then(Builtin::by_code)
-        .ok_or_else(|| {
-            ArgsError::new(format!(
-                "unknown algorithm {}",
-                String::from_utf8_lossy(args[0])
-            ))
-        })?;
+    let builtin = code.and_then(algorithm_of).ok_or_else(|| {
+        ArgsError::new(format!(
+            "unknown algorithm {}",
+            String::from_utf8_lossy(args[0])
+        ))
+    })?;
     let [cost, p1, p2, p3] = [1, 2, 3, 4].map(num);
     let (Some(cost), Some(p1), Some(p2), Some(p3)) = (cost, p1, p2, p3) else {
         return Err(ArgsError::new(format!(
@@ -305,7 +303,7 @@ fn parse_layer(mode: Mode, n: usize, args: &[&[u8]]) -> Result<Layer, ArgsError>
         },
         _ => (0, 0),
     };
-    let limit = Limit::from_args(code.unwrap_or_default(), [p1, p2, p3])
+    let limit = limit_from_args(code.unwrap_or_default(), [p1, p2, p3])
         .map_err(|e| ArgsError::new(format!("layer {n}: {e}")))?;
     let cost = checked_cost(mode, builtin.layout, &limit, cost)
         .map_err(|e| ArgsError::new(format!("layer {n}: {e}")))?;
@@ -365,7 +363,7 @@ mod tests {
         assert_eq!((call.mode, call.time), (Mode::Decide, Time::Server));
         assert_eq!(
             call.layers[0].layout,
-            Builtin::named("gcra").unwrap().layout
+            tollgate_limiter::Builtin::named("gcra").unwrap().layout
         );
         assert_eq!(
             call.layers[0].limit,

@@ -19,10 +19,10 @@
 //! string for the server's `TIME` (the default: one clock for every key);
 //! with a caller's time, `max skew` is the largest allowed distance in µs
 //! from the server's clock, or empty for no check. A layer is its
-//! algorithm's code ([`Builtin::code`](tollgate_limiter::Builtin)), its
-//! cost and the algorithm's three parameters ([`layer_args`]; the first is
-//! its capacity, which a blocked layer reports as its limit). A code with
-//! [`KEEPS_UNITS`](tollgate_limiter::KEEPS_UNITS) (0x80) added is a plan's token bucket or GCRA: its state
+//! algorithm's code ([`ALGORITHM_CODES`]), its cost and the algorithm's
+//! three parameters ([`limit_args`]; the first is its capacity, which a
+//! blocked layer reports as its limit). A code with
+//! [`KEEPS_UNITS`] (0x80) added is a plan's token bucket or GCRA: its state
 //! records the rate it was written at, and a state of another rate is read
 //! as the units it used ([`Limit::keeping_units`](tollgate_limiter::Limit::keeping_units)).
 //!
@@ -85,6 +85,7 @@
 
 mod call;
 mod expiry;
+mod limit_args;
 mod log_edit;
 mod lua;
 mod reply;
@@ -94,6 +95,9 @@ pub use call::{
     layer_args, numkeys, parse, ArgsError, Call, Layer, Mode, Time, LAYER_ARGS, REFUND_LAYER_ARGS,
 };
 pub use expiry::{px, PUSH_CHUNK, TTL_MARGIN_MS};
+pub use limit_args::{
+    algorithm_code, algorithm_of, limit_args, limit_from_args, ALGORITHM_CODES, KEEPS_UNITS,
+};
 pub use log_edit::LogEdit;
 pub use lua::lua_constants;
 pub use reply::{

@@ -33,7 +33,7 @@ pub fn lua_constants() -> String {
         ("REFUND_LAYER_ARGS", REFUND_LAYER_ARGS as u64),
         ("REPLY_FIELDS", REPLY_FIELDS as u64),
         ("RESERVE_FIELDS", RESERVE_FIELDS as u64),
-        ("KEEPS_UNITS", u64::from(tollgate_limiter::KEEPS_UNITS)),
+        ("KEEPS_UNITS", u64::from(crate::KEEPS_UNITS)),
         (
             "ENDED_RETRY_US",
             tollgate_limiter::duration_micros(tollgate_limiter::CALENDAR_ENDED_RETRY),

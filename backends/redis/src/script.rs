@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 use std::sync::OnceLock;
 
 use tollgate_limiter::{Builtin, Clock, LayerRequest, Layout, StoreError, SystemClock, Timestamp};
+use tollgate_redis_protocol::algorithm_code;
 pub use tollgate_redis_protocol::{parse_reply, Mode, LAYER_ARGS};
 
 use crate::engine::CallCommand;
@@ -20,7 +21,7 @@ use crate::error::RedisStoreError;
 
 /// Every built-in algorithm's Lua file, from the list of built-ins.
 macro_rules! algorithm_files {
-    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident) = $code:literal, )*) => {
+    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident), )*) => {
         /// Every built-in algorithm's Lua file (`lua/<name>.lua`), in the
         /// registry's order.
         const ALGORITHM_FILES: &[&str] = &[$(
@@ -42,9 +43,16 @@ fn body() -> &'static str {
         let mut body = String::from(include_str!("../lua/common.lua"));
         body.push('\n');
         body.push_str(&tollgate_redis_protocol::lua_constants());
-        body.push_str("\n-- The algorithms' codes (src/script.rs, from the list of built-ins).\n");
+        body.push_str(
+            "\n-- The algorithms' codes (src/script.rs, from tollgate-redis-protocol).\n",
+        );
         for b in Builtin::all() {
-            let _ = writeln!(body, "local {} = {}", b.name.to_uppercase(), b.code);
+            let _ = writeln!(
+                body,
+                "local {} = {}",
+                b.name.to_uppercase(),
+                algorithm_code(b)
+            );
         }
         for file in ALGORITHM_FILES {
             body.push('\n');
@@ -64,13 +72,13 @@ fn body() -> &'static str {
         lua_table(
             &mut body,
             "ALGORITHMS",
-            all.iter().map(|b| (b.code, b.name.to_string())),
+            all.iter().map(|b| (algorithm_code(b), b.name.to_string())),
         );
         for function in ["refund", "reward", "charge"] {
             let name = format!("{}S", function.to_uppercase());
             let entries = counters
                 .iter()
-                .map(|(b, _, _)| (b.code, format!("{function}_{}", b.name)));
+                .map(|(b, _, _)| (algorithm_code(b), format!("{function}_{}", b.name)));
             lua_table(&mut body, &name, entries);
         }
         lua_table(
@@ -78,20 +86,24 @@ fn body() -> &'static str {
             "CELLS",
             counters
                 .iter()
-                .map(|(b, cells, _)| (b.code, cells.to_string())),
+                .map(|(b, cells, _)| (algorithm_code(b), cells.to_string())),
         );
         // From 1, as Lua counts.
         let time_cells = counters
             .iter()
-            .map(|(b, _, time)| (b.code, (time + 1).to_string()));
+            .map(|(b, _, time)| (algorithm_code(b), (time + 1).to_string()));
         lua_table(&mut body, "TIME_CELL", time_cells);
         let logs = all.iter().filter(|b| b.layout.is_log());
-        lua_table(&mut body, "LOGS", logs.map(|b| (b.code, "true".into())));
+        lua_table(
+            &mut body,
+            "LOGS",
+            logs.map(|b| (algorithm_code(b), "true".into())),
+        );
         let texts = all.iter().filter(|b| b.layout == Layout::LogText);
         lua_table(
             &mut body,
             "TEXT_LOGS",
-            texts.map(|b| (b.code, "true".into())),
+            texts.map(|b| (algorithm_code(b), "true".into())),
         );
         body.push('\n');
         body.push_str(include_str!("../lua/layered.lua"));
@@ -322,22 +334,27 @@ mod tests {
     #[test]
     fn the_lua_finds_every_algorithm_by_its_code() {
         for (b, file) in Builtin::all().iter().zip(ALGORITHM_FILES) {
-            let code = format!("local {} = {}\n", b.name.to_uppercase(), b.code);
+            let code = format!("local {} = {}\n", b.name.to_uppercase(), algorithm_code(b));
             assert!(body().contains(&code), "{code}");
-            assert!(table("ALGORITHMS").contains(&format!(" [{}] = {},", b.code, b.name)));
+            assert!(table("ALGORITHMS").contains(&format!(
+                " [{}] = {},",
+                algorithm_code(b),
+                b.name
+            )));
             let mut functions = vec![b.name.to_string()];
             if b.layout.is_log() {
                 // A list's refund is the log's LREM (`refund_sliding_log`),
                 // a text's layered.lua's own cut.
-                assert!(table("LOGS").contains(&format!(" [{}] = true,", b.code)));
-                let text = table("TEXT_LOGS").contains(&format!(" [{}] = true,", b.code));
+                assert!(table("LOGS").contains(&format!(" [{}] = true,", algorithm_code(b))));
+                let text =
+                    table("TEXT_LOGS").contains(&format!(" [{}] = true,", algorithm_code(b)));
                 assert_eq!(text, b.layout == Layout::LogText, "{}", b.name);
             }
             if let Layout::Cells { cells, time_cell } = b.layout {
                 functions.push(format!("refund_{}", b.name));
                 functions.push(format!("reward_{}", b.name));
                 functions.push(format!("charge_{}", b.name));
-                let entry = |value: String| format!(" [{}] = {value},", b.code);
+                let entry = |value: String| format!(" [{}] = {value},", algorithm_code(b));
                 assert!(table("CELLS").contains(&entry(cells.to_string())));
                 assert!(table("TIME_CELL").contains(&entry((time_cell + 1).to_string())));
                 for f in ["refund", "reward", "charge"] {

@@ -14,9 +14,9 @@ use crate::error::PolicyError;
 /// Calls `$callback!` with every built-in algorithm, once: its doc
 /// comment, its `Limit` variant (also the name of its parameters' type),
 /// its module (its name in configuration files, store keys' algorithm
-/// names, the reference's and the Lua's file names), its configuration
-/// type, and its code (the number the Redis script and the native module
-/// take in a layer's first argument; never reused).
+/// names, the reference's and the Lua's file names) and its configuration
+/// type. (The number the Redis protocol knows it by is the protocol
+/// crate's.)
 ///
 /// Internal to Tollgate's crates, which generate their dispatch from it.
 #[doc(hidden)]
@@ -25,19 +25,19 @@ macro_rules! builtin_algorithms {
     ($callback:ident) => {
         $callback! {
             /// A bucket of `capacity` tokens refilled continuously.
-            TokenBucket(token_bucket, TokenBucketSpec) = 1,
+            TokenBucket(token_bucket, TokenBucketSpec),
             /// The generic cell rate algorithm: a token bucket kept as one arrival time.
-            Gcra(gcra, GcraSpec) = 2,
+            Gcra(gcra, GcraSpec),
             /// At most `limit` per aligned window.
-            FixedWindow(fixed_window, FixedWindowSpec) = 3,
+            FixedWindow(fixed_window, FixedWindowSpec),
             /// The previous window's count weighted by how much of it still overlaps.
-            SlidingWindow(sliding_window, SlidingWindowSpec) = 4,
+            SlidingWindow(sliding_window, SlidingWindowSpec),
             /// Every admitted unit's timestamp, kept for one window.
-            SlidingLog(sliding_log, SlidingLogSpec) = 5,
+            SlidingLog(sliding_log, SlidingLogSpec),
             /// At most `limit` per calendar span (a day, week, month or year in a time zone).
-            Calendar(calendar, CalendarSpec) = 6,
+            Calendar(calendar, CalendarSpec),
             /// At most `limit` units in flight at once, each held until released.
-            Concurrency(concurrency, ConcurrencySpec) = 7,
+            Concurrency(concurrency, ConcurrencySpec),
         }
     };
 }
@@ -67,17 +67,6 @@ pub(crate) trait Parameters: Sized {
     /// These parameters shared by `instances` processes (see
     /// [`Limit::divided_by`](crate::Limit::divided_by)).
     fn shared(&self, instances: u64) -> Result<Self, PolicyError>;
-    /// The three numbers the Redis script and the native module take for
-    /// a decision at `now` (µs); the first is what a blocked layer reports
-    /// as its limit.
-    fn args(&self, now: u64) -> [u64; 3];
-    /// These parameters back from [`args`](Self::args).
-    fn from_args(args: [u64; 3]) -> Result<Self, PolicyError>;
-    /// These parameters back from [`args`](Self::args) of a limit that
-    /// [`keeps_units`](Self::keeps_units).
-    fn from_kept_args(args: [u64; 3]) -> Result<Self, PolicyError> {
-        Self::from_args(args).map(Self::keeping_units)
-    }
     /// Whether the state records the rate it was written at (see
     /// [`Limit::keeping_units`](crate::Limit::keeping_units)).
     fn keeps_units(&self) -> bool {
@@ -89,11 +78,6 @@ pub(crate) trait Parameters: Sized {
         self
     }
 }
-
-/// Added to an algorithm's code in a layer's arguments when the layer's
-/// state records the rate it was written at
-/// ([`Limit::keeping_units`](crate::Limit::keeping_units)).
-pub const KEEPS_UNITS: u8 = 0x80;
 
 /// How a store keeps a built-in algorithm's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,7 +123,6 @@ impl Layout {
 /// use tollgate_limiter::{Builtin, Layout};
 /// let gcra = Builtin::named("gcra").unwrap();
 /// assert_eq!(gcra.layout, Layout::Cells { cells: 2, time_cell: 0 });
-/// assert_eq!(Builtin::by_code(gcra.code.into()).unwrap().name, "gcra");
 /// assert_eq!(Builtin::all().len(), 7);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,10 +131,6 @@ pub struct Builtin {
     /// Its name ([`Limit::algorithm_name`](crate::Limit::algorithm_name),
     /// and `algorithm = "…"` in configuration files).
     pub name: &'static str,
-    /// The number the Redis script and the native module know it by
-    /// (the Redis protocol's: hidden from the docs).
-    #[doc(hidden)]
-    pub code: u8,
     /// Its code in store keys ([`Limit::key_code`](crate::Limit::key_code)).
     pub key_code: &'static str,
     /// How stores keep its state.
@@ -161,14 +140,9 @@ pub struct Builtin {
 }
 
 impl Builtin {
-    /// Every built-in algorithm, in the order of their codes.
+    /// Every built-in algorithm, in the registry's order.
     pub fn all() -> &'static [Builtin] {
         super::BUILTINS
-    }
-
-    /// The built-in algorithm with this code.
-    pub fn by_code(code: u64) -> Option<&'static Builtin> {
-        Self::all().iter().find(|b| u64::from(b.code) == code)
     }
 
     /// The built-in algorithm with this name (`token_bucket`, `gcra`, …).
@@ -195,12 +169,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn codes_names_and_key_codes_are_unique() {
+    fn names_and_key_codes_are_unique() {
         let all = Builtin::all();
         for (i, a) in all.iter().enumerate() {
-            assert!(a.code > 0, "{}: code 0 is no algorithm", a.name);
             for b in &all[i + 1..] {
-                assert_ne!(a.code, b.code, "{} and {}", a.name, b.name);
                 assert_ne!(a.name, b.name);
                 assert_ne!(a.key_code, b.key_code, "{} and {}", a.name, b.name);
             }

@@ -213,12 +213,4 @@ impl Parameters for Calendar {
             schedule: self.schedule.clone(),
         })
     }
-    /// The limit and the span holding `now`.
-    fn args(&self, now: u64) -> [u64; 3] {
-        let (start, end) = self.span_at(now);
-        [self.limit, start, end]
-    }
-    fn from_args([limit, start, end]: [u64; 3]) -> Result<Self, PolicyError> {
-        Self::span(limit, start, end)
-    }
 }

@@ -125,10 +125,4 @@ impl Parameters for Concurrency {
     fn shared(&self, instances: u64) -> Result<Self, PolicyError> {
         Self::new(share(self.limit(), instances), self.lease())
     }
-    fn args(&self, _now: u64) -> [u64; 3] {
-        [self.limit(), self.lease_us(), 0]
-    }
-    fn from_args([limit, lease_us, _]: [u64; 3]) -> Result<Self, PolicyError> {
-        Self::new(limit, Duration::from_micros(lease_us))
-    }
 }

@@ -153,12 +153,6 @@ impl Parameters for Gcra {
             keeps_units: false,
         })
     }
-    fn args(&self, _now: u64) -> [u64; 3] {
-        [self.burst, self.interval_us, 0]
-    }
-    fn from_args([burst, interval_us, _]: [u64; 3]) -> Result<Self, PolicyError> {
-        Self::from_interval(burst, Duration::from_micros(interval_us))
-    }
     fn keeps_units(&self) -> bool {
         self.keeps_units
     }

@@ -37,7 +37,7 @@ mod recurrence;
 mod window;
 
 pub(crate) use builtins::Parameters;
-pub use builtins::{Builtin, FieldKind, Layout, KEEPS_UNITS};
+pub use builtins::{Builtin, FieldKind, Layout};
 pub use calendar::{Schedule, CALENDAR_ENDED_RETRY, MAX_CALENDAR_SPAN_US};
 pub use concurrency::{MAX_LEASE, MIN_LEASE};
 #[cfg(feature = "calendar")]
@@ -49,7 +49,7 @@ pub use window::Window;
 /// per-algorithm methods and the registry's table, from the list of
 /// built-ins.
 macro_rules! define_limit {
-    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident) = $code:literal, )*) => {
+    ($( $(#[$doc:meta])* $variant:ident($module:ident, $spec:ident), )*) => {
         $(
             mod $module;
             pub use $module::$variant;
@@ -72,11 +72,13 @@ macro_rules! define_limit {
             Custom(CustomAlgorithm),
         }
 
+        /// Each built-in's place in the registry.
+        enum Position { $( $variant, )* }
+
         /// Every built-in, in the registry's order.
         const BUILTINS: &[Builtin] = &[$(
             Builtin {
                 name: stringify!($module),
-                code: $code,
                 key_code: <$variant as Parameters>::KEY_CODE,
                 layout: <$variant as Parameters>::LAYOUT,
                 fields: <$variant as Parameters>::FIELDS,
@@ -107,7 +109,7 @@ macro_rules! define_limit {
             /// The built-in algorithm this limit runs; `None` for a custom one.
             pub fn builtin(&self) -> Option<&'static Builtin> {
                 match self {
-                    $( Limit::$variant(_) => Builtin::by_code($code), )*
+                    $( Limit::$variant(_) => Some(&BUILTINS[Position::$variant as usize]), )*
                     Limit::Custom(_) => None,
                 }
             }
@@ -186,36 +188,6 @@ macro_rules! define_limit {
                 Some((units, Duration::from_micros(micros)))
             }
 
-            /// The algorithm's code and its three parameters for a decision
-            /// at `now`, as the Redis script and the native module take
-            /// them (see [`from_args`](Self::from_args)); `None` for a
-            /// custom algorithm. Only a calendar quota's depend on `now`:
-            /// they carry the span holding it.
-            ///
-            /// ```
-            /// # use std::time::Duration;
-            /// # use tollgate_limiter::{Limit, Timestamp};
-            /// let limit = Limit::fixed_window(10, Duration::from_secs(1))?;
-            /// let (code, args) = limit.args(Timestamp::EARLIEST).unwrap();
-            /// assert_eq!(args, [10, 1_000_000, 0]);
-            /// assert_eq!(Limit::from_args(code.into(), args)?, limit);
-            /// assert!(Limit::from_args(99, args).is_err());
-            /// # Ok::<(), tollgate_limiter::PolicyError>(())
-            /// ```
-            // The Redis protocol crate's wire form, not part of the model
-            // an application uses: hidden from the docs.
-            #[doc(hidden)]
-            #[inline]
-            pub fn args(&self, now: crate::Timestamp) -> Option<(u8, [u64; 3])> {
-                match self {
-                    $( Limit::$variant(p) => {
-                        let flag = if p.keeps_units() { KEEPS_UNITS } else { 0 };
-                        Some(($code | flag, p.args(now.as_micros())))
-                    } )*
-                    Limit::Custom(_) => None,
-                }
-            }
-
             /// This limit as a plan's layer uses it: its state keeps the
             /// units used when the plan, and with it the rate, changes. A
             /// token bucket or GCRA then records its rate in its state, and
@@ -246,22 +218,6 @@ macro_rules! define_limit {
                 match self {
                     $( Limit::$variant(p) => p.keeps_units(), )*
                     Limit::Custom(_) => false,
-                }
-            }
-
-            /// The limit [`args`](Self::args) gave `code` and `args` for,
-            /// validated (an error names the parameter, or `algorithm` when
-            /// no built-in algorithm has `code`).
-            #[doc(hidden)]
-            pub fn from_args(code: u64, args: [u64; 3]) -> Result<Limit, PolicyError> {
-                let keeps = code & u64::from(KEEPS_UNITS) != 0;
-                match code & !u64::from(KEEPS_UNITS) {
-                    $( $code if keeps => <$variant as Parameters>::from_kept_args(args).map(Limit::$variant), )*
-                    $( $code => <$variant as Parameters>::from_args(args).map(Limit::$variant), )*
-                    _ => Err(PolicyError::new(
-                        "algorithm",
-                        format!("no built-in algorithm has the code {code}"),
-                    )),
                 }
             }
         }

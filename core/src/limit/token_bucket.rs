@@ -71,6 +71,36 @@ impl TokenBucket {
             keeps_units: false,
         })
     }
+    /// Parameters whose state records their rate (see
+    /// [`Limit::keeping_units`]), from the rate as stores carry it: in
+    /// lowest terms already, so recorded as it is, and its period any
+    /// length from 1 µs (the lowest terms of a rate a policy may state).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tollgate_limiter::{Limit, TokenBucket};
+    /// let Limit::TokenBucket(kept) = Limit::token_bucket(10, 10, Duration::from_secs(3600))?.keeping_units() else { unreachable!() };
+    /// let carried = Duration::from_micros(kept.period_us());
+    /// assert_eq!(TokenBucket::from_recorded_rate(10, kept.refill(), carried)?, kept);
+    /// assert!(TokenBucket::from_recorded_rate(10, 8_192, carried).is_err());
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
+    /// ```
+    pub fn from_recorded_rate(
+        capacity: u64,
+        refill: u64,
+        period: Duration,
+    ) -> Result<Self, PolicyError> {
+        if refill > MAX_RECORDED_REFILL {
+            return Err(PolicyError::new(
+                "refill",
+                format!("{refill} is more than a recorded rate holds ({MAX_RECORDED_REFILL})"),
+            ));
+        }
+        Ok(TokenBucket {
+            keeps_units: true,
+            ..Self::checked(capacity, refill, duration_micros(period))?
+        })
+    }
     /// Tokens the bucket holds when full.
     pub fn capacity(&self) -> u64 {
         self.capacity
@@ -167,26 +197,6 @@ impl Parameters for TokenBucket {
             self.refill,
             duration_micros(slower(self.period_us, instances)?),
         )
-    }
-    fn args(&self, _now: u64) -> [u64; 3] {
-        [self.capacity, self.refill, self.period_us]
-    }
-    fn from_args([capacity, refill, period_us]: [u64; 3]) -> Result<Self, PolicyError> {
-        Self::new(capacity, refill, Duration::from_micros(period_us))
-    }
-    /// Arguments [`args`](Self::args) gave for a bucket that keeps units:
-    /// its rate in lowest terms already, recorded as it is.
-    fn from_kept_args([capacity, refill, period_us]: [u64; 3]) -> Result<Self, PolicyError> {
-        if refill > MAX_RECORDED_REFILL {
-            return Err(PolicyError::new(
-                "refill",
-                format!("{refill} is more than a recorded rate holds ({MAX_RECORDED_REFILL})"),
-            ));
-        }
-        Ok(TokenBucket {
-            keeps_units: true,
-            ..Self::checked(capacity, refill, period_us)?
-        })
     }
     fn keeps_units(&self) -> bool {
         self.keeps_units

@@ -100,12 +100,6 @@ macro_rules! window_algorithm {
             fn shared(&self, instances: u64) -> Result<Self, crate::error::PolicyError> {
                 Self::new(super::share(self.limit(), instances), self.window())
             }
-            fn args(&self, _now: u64) -> [u64; 3] {
-                [self.limit(), self.window_us(), 0]
-            }
-            fn from_args([limit, window_us, _]: [u64; 3]) -> Result<Self, crate::error::PolicyError> {
-                Self::new(limit, std::time::Duration::from_micros(window_us))
-            }
         }
     };
 }
