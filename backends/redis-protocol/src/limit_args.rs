@@ -58,10 +58,12 @@ pub fn algorithm_code(builtin: &Builtin) -> u8 {
 /// ```
 pub fn algorithm_of(code: u64) -> Option<&'static Builtin> {
     let code = code & !u64::from(KEEPS_UNITS);
-    let (name, _) = ALGORITHM_CODES
+    // The list is in the registry's order (a unit test holds it there):
+    // the code's place is the algorithm's.
+    let place = ALGORITHM_CODES
         .iter()
-        .find(|&&(_, c)| u64::from(c) == code)?;
-    Builtin::named(name)
+        .position(|&(_, c)| u64::from(c) == code)?;
+    Builtin::all().get(place)
 }
 
 /// `limit`'s code and three parameters for a decision at `now`; `None`
@@ -112,17 +114,20 @@ pub fn limit_args(limit: &Limit, now: Timestamp) -> Option<(u8, [u64; 3])> {
 pub fn limit_from_args(code: u64, [p1, p2, p3]: [u64; 3]) -> Result<Limit, PolicyError> {
     let keeps = code & u64::from(KEEPS_UNITS) != 0;
     let micros = Duration::from_micros;
-    let limit = match algorithm_of(code).map(algorithm_code) {
-        Some(TOKEN_BUCKET) if keeps => {
+    // Matched on the number itself: the module decodes every layer of
+    // every call here.
+    let base = code & !u64::from(KEEPS_UNITS);
+    let limit = match u8::try_from(base).unwrap_or(0) {
+        TOKEN_BUCKET if keeps => {
             return TokenBucket::from_recorded_rate(p1, p2, micros(p3)).map(Limit::TokenBucket)
         }
-        Some(TOKEN_BUCKET) => Limit::token_bucket(p1, p2, micros(p3))?,
-        Some(GCRA) => Limit::Gcra(Gcra::from_interval(p1, micros(p2))?),
-        Some(FIXED_WINDOW) => Limit::fixed_window(p1, micros(p2))?,
-        Some(SLIDING_WINDOW) => Limit::sliding_window(p1, micros(p2))?,
-        Some(SLIDING_LOG) => Limit::sliding_log(p1, micros(p2))?,
-        Some(CALENDAR) => Limit::Calendar(Calendar::span(p1, p2, p3)?),
-        Some(CONCURRENCY) => Limit::concurrency(p1, micros(p2))?,
+        TOKEN_BUCKET => Limit::token_bucket(p1, p2, micros(p3))?,
+        GCRA => Limit::Gcra(Gcra::from_interval(p1, micros(p2))?),
+        FIXED_WINDOW => Limit::fixed_window(p1, micros(p2))?,
+        SLIDING_WINDOW => Limit::sliding_window(p1, micros(p2))?,
+        SLIDING_LOG => Limit::sliding_log(p1, micros(p2))?,
+        CALENDAR => Limit::Calendar(Calendar::span(p1, p2, p3)?),
+        CONCURRENCY => Limit::concurrency(p1, micros(p2))?,
         _ => {
             return Err(PolicyError::new(
                 "algorithm",
@@ -186,6 +191,8 @@ mod tests {
         let err = |code: u64, args| limit_from_args(code, args).unwrap_err().field().to_string();
         assert_eq!(err(99, [1, 1, 1]), "algorithm");
         assert_eq!(err(0, [1, 1, 1]), "algorithm");
+        assert_eq!(err(256 + tb, [1, 1, 1]), "algorithm");
+        assert!(algorithm_of(256 + tb).is_none());
         assert_eq!(err(tb, [0, 1, 1_000_000]), "capacity");
         // A period below a millisecond only in a recorded rate's lowest terms.
         assert_eq!(err(tb, [10, 1, 100]), "period");
