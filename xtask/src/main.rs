@@ -200,8 +200,8 @@ fn soak() -> Result {
     run(
         "differential, 1,000,000 operations per algorithm",
         redis_test("differential")
-            .env("TOLLGATE_SOAK_OPS", "100000")
-            .env("TOLLGATE_SOAK_CASES", "10"),
+            .env("TOLLGATE_DIFFERENTIAL_OPS", "100000")
+            .env("TOLLGATE_DIFFERENTIAL_CASES", "10"),
     )?;
     run(
         "1,000,000 concurrent decisions per algorithm, standalone and Cluster",

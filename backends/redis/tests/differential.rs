@@ -652,10 +652,10 @@ fn run_plans(plans: Vec<Vec<Limit>>, ops: &[Op], path: Path) {
         .block_on(differential(plans, ops, path));
 }
 
-/// Operations per sequence: 10,000, or `TOLLGATE_SOAK_OPS` (`cargo xtask
-/// soak` sets 100,000).
+/// Operations per sequence: 10,000, or `TOLLGATE_DIFFERENTIAL_OPS`
+/// (`cargo xtask soak` sets 100,000; `cargo xtask valkey` 2,500).
 fn steps() -> usize {
-    env_number("TOLLGATE_SOAK_OPS").unwrap_or(10_000)
+    env_number("TOLLGATE_DIFFERENTIAL_OPS").unwrap_or(10_000)
 }
 
 /// A number from the environment, if set.
@@ -669,11 +669,11 @@ fn env_number(name: &str) -> Option<usize> {
 }
 
 /// Sequences of 10,000 operations: few cases, each long (`cargo xtask
-/// soak` sets `TOLLGATE_SOAK_CASES`: 10 cases of 100,000 operations, a
+/// soak` sets `TOLLGATE_DIFFERENTIAL_CASES`: 10 cases of 100,000 operations, a
 /// million per algorithm).
 fn long_runs() -> ProptestConfig {
     ProptestConfig {
-        cases: env_number("TOLLGATE_SOAK_CASES").map_or(3, |n| n as u32),
+        cases: env_number("TOLLGATE_DIFFERENTIAL_CASES").map_or(3, |n| n as u32),
         // A failing case names its step; shrinking 10,000-step runs against
         // Redis would take long for little gain.
         max_shrink_iters: 16,
@@ -812,7 +812,7 @@ proptest! {
 /// writing of states, TTLs and replies; `cargo xtask soak` sets more).
 fn module_runs() -> ProptestConfig {
     ProptestConfig {
-        cases: env_number("TOLLGATE_SOAK_CASES").map_or(1, |n| n as u32),
+        cases: env_number("TOLLGATE_DIFFERENTIAL_CASES").map_or(1, |n| n as u32),
         ..long_runs()
     }
 }
