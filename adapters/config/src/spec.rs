@@ -353,8 +353,8 @@ fn store(errors: &mut Vec<PolicyError>, value: Value, kinds: &StoreKinds) -> Opt
             Some(StoreSpec::Memory(settings))
         }
         "redis" | "redis-sentinel" | "redis-cluster" => redis_store(errors, kind, table),
-        other => match kinds.read(errors, other, table) {
-            Some(custom) => custom.map(StoreSpec::Custom),
+        other => match kinds.find(other) {
+            Some(kind) => kind.read(errors, table).map(StoreSpec::Custom),
             None => {
                 let reason = format!("{other:?} is not a store; write {}", kind_names(kinds));
                 errors.push(field_error("store.kind", reason));

@@ -144,21 +144,10 @@ impl StoreKinds {
         self.kinds.iter().map(|k| k.name())
     }
 
-    fn find(&self, name: &str) -> Option<&Arc<dyn ReadSettings>> {
+    /// The registered kind named `name`, which reads `[store]`'s fields
+    /// as its settings; `None` when no such kind is registered.
+    pub(crate) fn find(&self, name: &str) -> Option<&Arc<dyn ReadSettings>> {
         self.kinds.iter().find(|k| k.name() == name)
-    }
-
-    /// `[store]`'s `fields` (its `kind` removed) read as the kind named
-    /// `name`'s settings; `None` when no such kind is registered, and
-    /// `Some(None)` when the fields do not fit (recorded in `errors`).
-    pub(crate) fn read(
-        &self,
-        errors: &mut Vec<PolicyError>,
-        name: &str,
-        fields: toml::Table,
-    ) -> Option<Option<CustomStore>> {
-        let kind = self.find(name)?;
-        Some(kind.read(errors, fields))
     }
 }
 
@@ -176,8 +165,10 @@ impl PartialEq for StoreKinds {
 }
 
 /// A registered kind, its settings type erased.
-trait ReadSettings: Send + Sync {
+pub(crate) trait ReadSettings: Send + Sync {
     fn name(&self) -> &'static str;
+    /// `[store]`'s `fields` (its `kind` removed) read as this kind's
+    /// settings; `None` when they do not fit (recorded in `errors`).
     fn read(&self, errors: &mut Vec<PolicyError>, fields: toml::Table) -> Option<CustomStore>;
 }
 

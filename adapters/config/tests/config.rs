@@ -249,12 +249,20 @@ layers = [{ scope = "subject", policy = "p" }, { name = "subject", scope = "tena
 layers = []
 "#,
     );
-    has(&list, "store.url: must start with redis://");
-    has(&list, "store.deadline: must be > 0");
-    has(&list, "store.pool_size: 0 must be between 1 and 1024");
-    // The Redis store's own rule, when the build has the Redis store.
+    // The Redis store checks its own settings, when the build has it;
+    // without it the kind itself is refused, and says how to get it.
     #[cfg(feature = "redis")]
-    has(&list, "store.prefix: invalid key prefix \"has space\"");
+    {
+        has(&list, "store.url: must start with redis://");
+        has(&list, "store.deadline: must be > 0");
+        has(&list, "store.pool_size: 0 must be between 1 and 1024");
+        has(&list, "store.prefix: invalid key prefix \"has space\"");
+    }
+    #[cfg(not(feature = "redis"))]
+    has(
+        &list,
+        "store.kind: \"redis\" needs the Redis store; enable the `redis` feature",
+    );
     has(&list, "fallback.max_keys: must be > 0");
     has(&list, "breaker.open_for: must be > 0");
     has(

@@ -28,8 +28,16 @@ fn valid_examples_parse() {
         .collect();
     assert!(valid.len() >= 3, "the guide lost its examples");
     for body in valid {
-        if let Err(e) = Config::from_toml_str(&body) {
-            panic!("docs/configuration.md example does not parse:\n{body}\n\n{e}");
+        match Config::from_toml_str(&body) {
+            Ok(_) => {}
+            // A build without the Redis store refuses a Redis example for
+            // that alone, and says which feature to enable.
+            #[cfg(not(feature = "redis"))]
+            Err(e)
+                if e.errors()
+                    .iter()
+                    .all(|e| e.to_string().contains("needs the Redis store")) => {}
+            Err(e) => panic!("docs/configuration.md example does not parse:\n{body}\n\n{e}"),
         }
     }
 }
