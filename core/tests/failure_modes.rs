@@ -212,6 +212,8 @@ fn a_fallback_without_an_emergency_store_is_a_build_error() {
     assert!(err.to_string().contains("fallback_store"), "{err}");
 }
 
+// The configuration-file form of a policy is the `serde` feature's.
+#[cfg(feature = "serde")]
 #[test]
 fn policies_with_failure_modes_deserialize() {
     let policy: Policy = serde_json::from_str(
