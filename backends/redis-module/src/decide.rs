@@ -7,10 +7,10 @@ use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
 use smallvec::SmallVec;
 use tollgate_algorithms::refund::{refund, Charge};
 use tollgate_algorithms::{adjust_layers, decide_layers, release, renew, Layered};
-use tollgate_limiter::{Hold, Layout, Limit, State, Timestamp};
+use tollgate_limiter::{Hold, Layout, Limit, State, Timestamp, Verdict};
 use tollgate_redis_protocol::{self as protocol, verdict_fields, Call, Mode, Time};
 
-use crate::keyspace;
+use crate::{keyspace, list_log};
 
 /// Answer the command `args` (the command name first).
 pub(crate) fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
@@ -23,6 +23,8 @@ pub(crate) fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         refund_layers(ctx, keys, &call, now)?
     } else if call.mode == Mode::Renew {
         renew_layers(ctx, keys, &call, now)?
+    } else if let Some(reply) = list_log::decide(ctx, keys, &call, now)? {
+        reply
     } else {
         // Every key read first: a foreign one fails the call unchanged.
         let states = read_states(ctx, keys, &call)?;
@@ -141,15 +143,26 @@ fn decide(ctx: &Context, at: &Layers<'_>) -> Result<Vec<i64>, RedisError> {
             true => verdict.uncharged(layer.cost),
             false => verdict,
         };
-        reply.extend(verdict_fields(&verdict));
-        if call.mode == Mode::Reserve {
-            let written = layered.writes.get(i).and_then(Option::as_ref);
-            let charge = written.and_then(|w| Charge::of(&layer.limit, &w.state, layer.cost));
-            let (at, mark) = charge.map_or((0, 0), |c| (c.at, c.mark));
-            reply.extend([at as i64, mark as i64]);
-        }
+        let written = layered.writes.get(i).and_then(Option::as_ref);
+        let charge = written.and_then(|w| Charge::of(&layer.limit, &w.state, layer.cost));
+        layer_reply(&mut reply, call.mode, &verdict, charge);
     }
     Ok(reply)
+}
+
+/// One layer's reply: its verdict, and in a `reserve` the charge it made
+/// (`0 0`: none).
+pub(crate) fn layer_reply(
+    reply: &mut Vec<i64>,
+    mode: Mode,
+    verdict: &Verdict,
+    charge: Option<Charge>,
+) {
+    reply.extend(verdict_fields(verdict));
+    if mode == Mode::Reserve {
+        let (at, mark) = charge.map_or((0, 0), |c| (c.at, c.mark));
+        reply.extend([at as i64, mark as i64]);
+    }
 }
 
 /// Penalize, reward or block every layer (the cost argument: the units,

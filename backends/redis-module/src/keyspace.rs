@@ -221,20 +221,32 @@ fn write_log(
             let end = (keep - 1).to_string();
             effect(ctx, "LTRIM", &[k, b"0", end.as_bytes()])?;
         }
-        LogEdit::Append { drop, stamp, push } => {
-            if drop > 0 {
-                effect(ctx, "LTRIM", &[k, drop.to_string().as_bytes(), b"-1"])?;
-            }
-            // One time, written once and pushed `push` times.
-            let stamp = stamp.to_string();
-            push_entries(ctx, k, &vec![stamp.as_str(); push])?;
-        }
+        LogEdit::Append { drop, stamp, push } => return append_log(ctx, k, drop, stamp, push, ttl),
         LogEdit::Replace => {
             effect(ctx, "DEL", &[k])?;
             let entries: Vec<String> = next.iter().map(u64::to_string).collect();
             push_entries(ctx, k, &entries)?;
         }
     }
+    effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
+}
+
+/// The list at `k` without its oldest `drop` entries, with `push` copies
+/// of `stamp` appended, living `ttl` ms.
+pub(crate) fn append_log(
+    ctx: &Context,
+    k: &[u8],
+    drop: usize,
+    stamp: u64,
+    push: usize,
+    ttl: u64,
+) -> Result<(), RedisError> {
+    if drop > 0 {
+        effect(ctx, "LTRIM", &[k, drop.to_string().as_bytes(), b"-1"])?;
+    }
+    // One time, written once and pushed `push` times.
+    let stamp = stamp.to_string();
+    push_entries(ctx, k, &vec![stamp.as_str(); push])?;
     effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
 }
 

@@ -21,6 +21,7 @@
 
 mod decide;
 mod keyspace;
+mod list_log;
 mod string_key;
 
 use std::panic::AssertUnwindSafe;
@@ -59,8 +60,9 @@ fn decide_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 // The module's entry point. `redis_module!` expands to the `unsafe`
 // `RedisModule_OnLoad` and command trampolines the module API requires
 // (C functions Redis calls with its own pointers). The only other
-// `unsafe` is `string_key.rs`'s call of `RedisModule_SetAbsExpire`, which
-// the module's safe API lacks (each block says why it is sound).
+// `unsafe` is the calls the module's safe API lacks: `string_key.rs`'s
+// `RedisModule_SetAbsExpire` and `list_log.rs`'s list reads (each block
+// says why it is sound).
 #[allow(unsafe_code)]
 mod entry {
     use super::{decide_command, protocol};

@@ -204,6 +204,20 @@ fn push_entry(text: &mut String, at: u64) {
     text.extend(digits.iter().map(|&d| char::from(d)));
 }
 
+/// The time a list item of a log holds, or `None` when it is no entry
+/// Tollgate wrote: every entry is the time of an admitted unit, which a
+/// store only takes within [`STORED_TIMES`].
+///
+/// ```
+/// use tollgate_redis_protocol::log_entry;
+/// assert_eq!(log_entry(b"1800000000000000"), Some(1_800_000_000_000_000));
+/// assert_eq!(log_entry(b"17"), None);
+/// assert_eq!(log_entry(b"b1800000000000000"), None);
+/// ```
+pub fn log_entry(item: &[u8]) -> Option<u64> {
+    digits(item).filter(|at| (EARLIEST..LATEST).contains(at))
+}
+
 /// Reads a list item by item (oldest first) into the state it holds: a
 /// log, a block (the one item `b<µs>`), or nothing Tollgate wrote. Items
 /// are parsed where they lie, so reading a long log copies no entry.
@@ -237,9 +251,7 @@ impl LogReader {
                 return true;
             }
         }
-        // Every entry is the time of an admitted unit, which a store only
-        // takes in 2020–2101.
-        match digits(item).filter(|at| (EARLIEST..LATEST).contains(at)) {
+        match log_entry(item) {
             Some(at) => {
                 self.entries.push_back(at);
                 true

@@ -266,6 +266,72 @@ fn client_input_never_brings_the_server_down() {
     assert_eq!(server.command(&["PING"]), Reply::Status("PONG".into()));
 }
 
+/// A one-layer sliding log kept as a list is decided on the entries the
+/// decision reads (the newest and a binary search's), not the whole list:
+/// a peek changes nothing, a decision appends to the list, a block in the
+/// list still denies, and an entry Tollgate did not write, met by the
+/// search, fails the call with nothing written.
+#[test]
+fn a_long_sliding_log_is_read_where_the_decision_looks() {
+    let server = RedisServer::shared_with_module();
+    let k = unique("long-log");
+    let now = START.as_micros();
+    let lrange = |k: &str| server.command(&["LRANGE", k, "0", "-1"]);
+    // 100 entries in the last minute; a limit of 200 per hour.
+    let entries: Vec<String> = (0..100u64)
+        .map(|i| (now - 60_000_000 + i).to_string())
+        .collect();
+    let mut push = vec!["RPUSH", k.as_str()];
+    push.extend(entries.iter().map(String::as_str));
+    server.command(&push);
+    server.command(&["PEXPIRE", &k, "3600000"]);
+    let now_text = now.to_string();
+    let decide = |key: &str, mode: &[&str]| {
+        let mut args = vec![
+            "TOLLGATE.DECIDE",
+            "1",
+            key,
+            &now_text,
+            "",
+            "5",
+            "1",
+            "200",
+            "3600000000",
+            "0",
+        ];
+        args.extend(mode);
+        server.command(&args)
+    };
+    let fields = |reply: Reply| match reply {
+        Reply::Array(Some(items)) => items.into_iter().map(int).collect::<Vec<i64>>(),
+        other => panic!("not a verdict: {other:?}"),
+    };
+    let before = lrange(&k);
+    assert_eq!(fields(decide(&k, &["peek"]))[..3], [1, 200, 100]);
+    assert_eq!(lrange(&k), before, "a peek writes nothing");
+    assert_eq!(fields(decide(&k, &[]))[..3], [1, 200, 99]);
+    assert_eq!(int(server.command(&["LLEN", &k])), 101);
+    assert_eq!(text(server.command(&["LINDEX", &k, "-1"])), now_text);
+    // Someone else's item where the search looks first (the middle).
+    server.command(&["LSET", &k, "50", "someone else's"]);
+    let before = lrange(&k);
+    for mode in [&[][..], &["peek"]] {
+        match decide(&k, mode) {
+            Reply::Error(e) => assert!(e.starts_with("TOLLGATE_CONFLICT 1 not_a_state"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(lrange(&k), before, "untouched");
+    }
+    // A block kept in the list denies until its end.
+    let blocked = unique("long-log-block");
+    let until = format!("b{}", now + 5_000_000);
+    server.command(&["RPUSH", &blocked, &until]);
+    server.command(&["PEXPIRE", &blocked, "60000"]);
+    let verdict = fields(decide(&blocked, &[]));
+    assert_eq!((verdict[0], verdict[4]), (0, 5_000_000));
+    assert_eq!(text(server.command(&["LINDEX", &blocked, "0"])), until);
+}
+
 /// Calls the store never sends, answered alike by the module and the Lua
 /// code: a block whose length differs between layers is refused, and a
 /// log's reward of no units changes nothing, not even the key's expiry.
