@@ -522,6 +522,11 @@ async fn replicas_and_the_aof_hold_the_primarys_states() {
                 .await
                 .expect("decide");
         }
+        // The sliding log alone: a one-layer call, decided on the list
+        // entries it reads (`list_log.rs`), its writes replicated alike.
+        tollgate_limiter::ask(&store, &layers(&policies[4..], subject, 2))
+            .await
+            .expect("decide");
     }
     let blocked = &subjects[0];
     store
