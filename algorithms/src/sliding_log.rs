@@ -35,8 +35,9 @@ pub fn sliding_log(p: &Window, state: Option<&VecDeque<u64>>, now: u64, cost: u6
 
 /// A sorted log as [`sliding_log_step`] reads it: its length and its
 /// entries by index, oldest first. A decision reads the newest entry and
-/// O(log n) others, so a store whose every read costs (a Redis list read
-/// from inside the server) answers only the entries asked for.
+/// O(log d) of the oldest (d: the entries that aged out), so a store whose
+/// every read costs (a Redis list read from inside the server) answers
+/// only the entries asked for.
 pub trait LogView {
     /// The entries.
     fn len(&self) -> usize;
@@ -168,9 +169,21 @@ pub fn sliding_log_step(p: &Window, log: &impl LogView, now: u64, cost: u64) -> 
 }
 
 /// The number of leading entries of `log` for which `pred` holds (it
-/// holds for a prefix: the log is sorted), by binary search.
+/// holds for a prefix: the log is sorted). The search gallops from the
+/// oldest end (entries 0, 1, 3, 7, …), then bisects: O(log p) reads for
+/// a prefix of p, all near that end. In a log in use the entries that
+/// have aged out are a few of the oldest, and a Redis list reads an
+/// entry in time proportional to its distance from the nearer end.
 fn partition_point(log: &impl LogView, pred: impl Fn(u64) -> bool) -> usize {
-    let (mut lo, mut hi) = (0, log.len());
+    let n = log.len();
+    // `pred` holds for entries below `lo`; it fails at `hi - 1` unless
+    // `hi > n`.
+    let (mut lo, mut hi) = (0, 1);
+    while hi <= n && pred(log.at(hi - 1)) {
+        lo = hi;
+        hi = hi.saturating_mul(2);
+    }
+    let mut hi = (hi - 1).min(n);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
         if pred(log.at(mid)) {
@@ -282,14 +295,37 @@ mod tests {
         for cost in [1, 3_001, 5_000] {
             log.reads.set(0);
             let step = sliding_log_step(&p, &log, now, cost);
-            // The newest, ⌈log2 10,001⌉ = 14 for the search, one for a
-            // denial's retry.
-            assert!(log.reads.get() <= 16, "{cost}: {} reads", log.reads.get());
+            // The newest, 13 gallops and 11 halvings for the 3,001 aged
+            // out, one for a denial's retry.
+            assert!(log.reads.get() <= 26, "{cost}: {} reads", log.reads.get());
             let whole = sliding_log(&p, Some(&log.entries), now, cost);
             assert_eq!(step.verdict, whole.verdict, "{cost}");
             assert_eq!(step.append.is_some(), whole.next.is_some());
             if let Some(append) = step.append {
                 assert_eq!((append.drop, append.stamp, append.push), (3_001, now, cost));
+            }
+        }
+        // One entry aged out: the newest, entries 0 and 1.
+        log.reads.set(0);
+        let step = sliding_log_step(&p, &log, t + 10_000_000, 1);
+        assert_eq!(step.append.map(|a| a.drop), Some(1));
+        assert_eq!(log.reads.get(), 3);
+        // None aged out, the log full: the newest, the oldest, and the
+        // oldest again for the denial's retry.
+        log.reads.set(0);
+        let step = sliding_log_step(&p, &log, t + 9_000_000, 1);
+        assert!(!step.verdict.allowed);
+        assert_eq!(log.reads.get(), 3);
+    }
+
+    /// The galloping search finds every partition point of every short
+    /// log.
+    #[test]
+    fn the_search_finds_every_prefix() {
+        for n in 0..70u64 {
+            let log: VecDeque<u64> = (0..n).collect();
+            for p in 0..=n {
+                assert_eq!(partition_point(&log, |e| e < p), p as usize, "{n} {p}");
             }
         }
     }

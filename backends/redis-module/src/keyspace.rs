@@ -116,7 +116,7 @@ pub(crate) fn write_counter(
 }
 
 /// `text` at `key` for `ttl_ms` from now, written through the key API
-/// and replicated as `SET … PXAT` ([`string_key`](crate::string_key)); on
+/// and replicated as `SET … PXAT` ([`key_api`](crate::key_api)); on
 /// a server without that API, `SET key text PX ttl_ms` run through Redis
 /// (which propagates the `PXAT` it stored). Either way the primary, its
 /// replicas and the AOF agree to the millisecond, and the keyspace events
@@ -129,7 +129,7 @@ fn write_string(
     ttl_ms: u64,
 ) -> Result<(), RedisError> {
     let at_ms = server_micros() / 1_000 + ttl_ms;
-    if crate::string_key::set_until(ctx, key, text, at_ms)? {
+    if crate::key_api::set_until(ctx, key, text, at_ms)? {
         return Ok(());
     }
     let ttl = ttl_ms.to_string();
@@ -221,7 +221,9 @@ fn write_log(
             let end = (keep - 1).to_string();
             effect(ctx, "LTRIM", &[k, b"0", end.as_bytes()])?;
         }
-        LogEdit::Append { drop, stamp, push } => return append_log(ctx, k, drop, stamp, push, ttl),
+        LogEdit::Append { drop, stamp, push } => {
+            return append_log(ctx, key, drop, stamp, push, ttl)
+        }
         LogEdit::Replace => {
             effect(ctx, "DEL", &[k])?;
             let entries: Vec<String> = next.iter().map(u64::to_string).collect();
@@ -231,21 +233,28 @@ fn write_log(
     effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
 }
 
-/// The list at `k` without its oldest `drop` entries, with `push` copies
-/// of `stamp` appended, living `ttl` ms.
+/// The list at `key` without its oldest `drop` entries (`LTRIM`, run
+/// through Redis: one call however many go), with `push` copies of
+/// `stamp` appended and living `ttl` ms (through the key API, replicated
+/// as `RPUSH` and `PEXPIREAT`: [`key_api`](crate::key_api)).
 pub(crate) fn append_log(
     ctx: &Context,
-    k: &[u8],
+    key: &RedisString,
     drop: usize,
     stamp: u64,
     push: usize,
     ttl: u64,
 ) -> Result<(), RedisError> {
+    let k = key.as_slice();
     if drop > 0 {
         effect(ctx, "LTRIM", &[k, drop.to_string().as_bytes(), b"-1"])?;
     }
     // One time, written once and pushed `push` times.
     let stamp = stamp.to_string();
+    let at_ms = server_micros() / 1_000 + ttl;
+    if crate::key_api::push_until(ctx, key, &stamp, push, PUSH_CHUNK as usize, at_ms)? {
+        return Ok(());
+    }
     push_entries(ctx, k, &vec![stamp.as_str(); push])?;
     effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
 }

@@ -20,9 +20,9 @@
 //! its own.
 
 mod decide;
+mod key_api;
 mod keyspace;
 mod list_log;
-mod string_key;
 
 use std::panic::AssertUnwindSafe;
 
@@ -60,7 +60,7 @@ fn decide_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 // The module's entry point. `redis_module!` expands to the `unsafe`
 // `RedisModule_OnLoad` and command trampolines the module API requires
 // (C functions Redis calls with its own pointers). The only other
-// `unsafe` is the calls the module's safe API lacks: `string_key.rs`'s
+// `unsafe` is the calls the module's safe API lacks: `key_api.rs`'s
 // `RedisModule_SetAbsExpire` and `list_log.rs`'s list reads (each block
 // says why it is sound).
 #[allow(unsafe_code)]

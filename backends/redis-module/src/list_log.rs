@@ -1,10 +1,12 @@
 //! A log kept in a Redis list (a sliding log's, a long concurrency
 //! limit's holders), read through the key API one entry at a time, and the
 //! one-layer decision made on it. A decision reads the newest entry and
-//! O(log n) others (`tollgate_algorithms::sliding_log_step`), where
+//! O(log d) of the oldest, d the entries aged out
+//! (`tollgate_algorithms::sliding_log_step`), where
 //! `LRANGE` of the whole list built a reply for every entry and parsed
-//! them all: 13.1–13.7 µs of Redis CPU at 70–130 entries against 5.3–7.0
-//! (docs/benchmarks.md, "A sliding log read where the decision looks").
+//! them all: 13.2–13.7 µs of Redis CPU at about 100 entries against
+//! 2.6–3.8 (docs/benchmarks.md, "A sliding log read where the decision
+//! looks").
 //!
 //! `RedisModule_ListGet` and `RedisModule_ValueLength` have no safe
 //! wrapper in the module crate; each use below says why it is sound.
@@ -58,14 +60,7 @@ pub(crate) fn decide(
             {
                 return Ok(None);
             }
-            keyspace::append_log(
-                ctx,
-                key.as_slice(),
-                append.drop,
-                append.stamp,
-                push,
-                px(append.ttl),
-            )?;
+            keyspace::append_log(ctx, key, append.drop, append.stamp, push, px(append.ttl))?;
             layer_reply(&mut reply, call.mode, &step.verdict, Some(append.charge()));
         }
         // A peek charges nothing.
@@ -79,10 +74,23 @@ pub(crate) fn decide(
     Ok(Some(reply))
 }
 
+/// Entries an open key's list iterator walks, one at a time, to reach
+/// another nearby; farther, the key is opened again, which seeks afresh
+/// (through the list's nodes, then within one).
+const NEAR: usize = 32;
+
 /// The list at a key, opened for reading; closed when dropped.
-pub(crate) struct ListLog {
+///
+/// `RedisModule_ListGet` keeps an iterator in the open key and walks it
+/// entry by entry to the index asked for (Redis 7.0, `module.c`): the
+/// newest entry, then the oldest, would walk the whole list. So a read
+/// far from the last one opens the key again.
+pub(crate) struct ListLog<'k> {
     ctx: *mut raw::RedisModuleCtx,
-    key: *mut raw::RedisModuleKey,
+    name: &'k RedisString,
+    key: Cell<*mut raw::RedisModuleKey>,
+    /// The index the key's iterator stands at (none before a read).
+    at_index: Cell<Option<usize>>,
     len: usize,
     list_get: unsafe extern "C" fn(
         *mut raw::RedisModuleKey,
@@ -92,12 +100,12 @@ pub(crate) struct ListLog {
     foreign: Cell<bool>,
 }
 
-impl ListLog {
+impl<'k> ListLog<'k> {
     /// The log in the list at `key`; `None` when the key holds no list,
     /// when the list holds a block (one item `b<µs>`), or when this
     /// server's module API lacks the list functions (before Redis 7.0):
     /// the caller reads the key whole instead.
-    pub(crate) fn open(ctx: &Context, key: &RedisString) -> Option<ListLog> {
+    pub(crate) fn open(ctx: &Context, key: &'k RedisString) -> Option<ListLog<'k>> {
         // SAFETY: reading `static mut` function pointers that Redis set
         // once, when the module loaded (`RedisModule_Init`), before any
         // command ran; nothing writes them afterwards.
@@ -116,7 +124,9 @@ impl ListLog {
         }
         let mut log = ListLog {
             ctx: ctx.ctx,
-            key: handle,
+            name: key,
+            key: Cell::new(handle),
+            at_index: Cell::new(None),
             len: 0,
             list_get,
             foreign: Cell::new(false),
@@ -145,13 +155,32 @@ impl ListLog {
     /// Item `i` of the list.
     fn item(&self, i: usize) -> Option<RedisString> {
         let index = std::os::raw::c_long::try_from(i).ok()?;
+        if self.at_index.get().is_some_and(|at| at.abs_diff(i) > NEAR) {
+            self.reopen()?;
+        }
+        self.at_index.set(Some(i));
+        if self.key.get().is_null() {
+            return None;
+        }
         // SAFETY: `self.key` is a key holding a list, opened for reading on
-        // this command's context and open while `self` lives; an index out
-        // of range answers null. The string answered is the caller's to
-        // free, which `RedisString` does when dropped.
+        // this command's context and open while `self` lives (nothing
+        // writes while it is); an index out of range answers null. The
+        // string answered is the caller's to free, which `RedisString`
+        // does when dropped.
         #[allow(unsafe_code)]
-        let item = unsafe { (self.list_get)(self.key, index) };
+        let item = unsafe { (self.list_get)(self.key.get(), index) };
         (!item.is_null()).then(|| RedisString::from_redis_module_string(self.ctx, item))
+    }
+
+    /// Close the key and open it again: a new iterator.
+    fn reopen(&self) -> Option<()> {
+        if !self.key.get().is_null() {
+            raw::close_key(self.key.get());
+        }
+        let handle = raw::open_key(self.ctx, self.name.inner, raw::KeyMode::READ);
+        self.key.set(handle);
+        // (Nothing was written since it was open, so it still exists.)
+        (!handle.is_null()).then_some(())
     }
 
     /// Whether an entry read was no entry Tollgate wrote (the decision
@@ -161,7 +190,7 @@ impl ListLog {
     }
 }
 
-impl LogView for ListLog {
+impl LogView for ListLog<'_> {
     fn len(&self) -> usize {
         self.len
     }
@@ -177,8 +206,11 @@ impl LogView for ListLog {
     }
 }
 
-impl Drop for ListLog {
+impl Drop for ListLog<'_> {
     fn drop(&mut self) {
-        raw::close_key(self.key);
+        let key = self.key.get();
+        if !key.is_null() {
+            raw::close_key(key);
+        }
     }
 }

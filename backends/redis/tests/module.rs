@@ -267,24 +267,28 @@ fn client_input_never_brings_the_server_down() {
 }
 
 /// A one-layer sliding log kept as a list is decided on the entries the
-/// decision reads (the newest and a binary search's), not the whole list:
-/// a peek changes nothing, a decision appends to the list, a block in the
-/// list still denies, and an entry Tollgate did not write, met by the
-/// search, fails the call with nothing written.
+/// decision reads (the newest, and a search's from the oldest), not the
+/// whole list: a peek changes nothing, a decision trims what aged out and
+/// appends, a block in the list still denies, and an entry Tollgate did
+/// not write, met by the search, fails the call with nothing written.
 #[test]
 fn a_long_sliding_log_is_read_where_the_decision_looks() {
     let server = RedisServer::shared_with_module();
-    let k = unique("long-log");
     let now = START.as_micros();
     let lrange = |k: &str| server.command(&["LRANGE", k, "0", "-1"]);
-    // 100 entries in the last minute; a limit of 200 per hour.
-    let entries: Vec<String> = (0..100u64)
-        .map(|i| (now - 60_000_000 + i).to_string())
-        .collect();
-    let mut push = vec!["RPUSH", k.as_str()];
-    push.extend(entries.iter().map(String::as_str));
-    server.command(&push);
-    server.command(&["PEXPIRE", &k, "3600000"]);
+    // 40 entries older than the hour, then 100 in the last minute; a limit
+    // of 200 per hour.
+    let log = |name: &str| {
+        let k = unique(name);
+        let old = (0..40u64).map(|i| now - 7_200_000_000 + i);
+        let live = (0..100u64).map(|i| now - 60_000_000 + i);
+        let entries: Vec<String> = old.chain(live).map(|t| t.to_string()).collect();
+        let mut push = vec!["RPUSH", k.as_str()];
+        push.extend(entries.iter().map(String::as_str));
+        server.command(&push);
+        server.command(&["PEXPIRE", &k, "3600000"]);
+        k
+    };
     let now_text = now.to_string();
     let decide = |key: &str, mode: &[&str]| {
         let mut args = vec![
@@ -306,21 +310,36 @@ fn a_long_sliding_log_is_read_where_the_decision_looks() {
         Reply::Array(Some(items)) => items.into_iter().map(int).collect::<Vec<i64>>(),
         other => panic!("not a verdict: {other:?}"),
     };
+    let k = log("long-log");
     let before = lrange(&k);
     assert_eq!(fields(decide(&k, &["peek"]))[..3], [1, 200, 100]);
     assert_eq!(lrange(&k), before, "a peek writes nothing");
     assert_eq!(fields(decide(&k, &[]))[..3], [1, 200, 99]);
-    assert_eq!(int(server.command(&["LLEN", &k])), 101);
+    assert_eq!(
+        int(server.command(&["LLEN", &k])),
+        101,
+        "40 trimmed, 1 added"
+    );
+    assert_eq!(
+        text(server.command(&["LINDEX", &k, "0"])),
+        (now - 60_000_000).to_string()
+    );
     assert_eq!(text(server.command(&["LINDEX", &k, "-1"])), now_text);
-    // Someone else's item where the search looks first (the middle).
-    server.command(&["LSET", &k, "50", "someone else's"]);
-    let before = lrange(&k);
-    for mode in [&[][..], &["peek"]] {
-        match decide(&k, mode) {
-            Reply::Error(e) => assert!(e.starts_with("TOLLGATE_CONFLICT 1 not_a_state"), "{e}"),
-            other => panic!("{other:?}"),
+    // Someone else's item where the search looks (it gallops through
+    // entries 0, 1, 3, 7, 15, 31, 63), or as the newest entry.
+    for at in ["31", "-1"] {
+        let k = log("long-log-foreign");
+        server.command(&["LSET", &k, at, "someone else's"]);
+        let before = lrange(&k);
+        for mode in [&[][..], &["peek"]] {
+            match decide(&k, mode) {
+                Reply::Error(e) => {
+                    assert!(e.starts_with("TOLLGATE_CONFLICT 1 not_a_state"), "{e}")
+                }
+                other => panic!("{at}: {other:?}"),
+            }
+            assert_eq!(lrange(&k), before, "untouched");
         }
-        assert_eq!(lrange(&k), before, "untouched");
     }
     // A block kept in the list denies until its end.
     let blocked = unique("long-log-block");
@@ -802,7 +821,8 @@ async fn a_span_ended_at_the_servers_clock_admits_nothing() {
 
 /// The keyspace events one decision's write fires, on `engine`: what a
 /// subscriber to `__keyspace@0__:*` receives for the key of `prefix`.
-async fn events_of_a_decision(server: &RedisServer, engine: Engine) -> Vec<String> {
+/// The keyspace events of two decisions of `policies()[which]` alone.
+async fn events_of_a_decision(server: &RedisServer, engine: Engine, which: usize) -> Vec<String> {
     let prefix = unique("events");
     // Connected first: connecting checks the server (its own writes).
     let store = server_clock_store(server.url(), &prefix, engine).await;
@@ -815,9 +835,11 @@ async fn events_of_a_decision(server: &RedisServer, engine: Engine) -> Vec<Strin
         .set_read_timeout(Some(Duration::from_millis(500)))
         .expect("timeout");
     let policies = policies();
-    tollgate_limiter::ask(&store, &layers(&policies[..1], "s", 1))
-        .await
-        .expect("decide");
+    for _ in 0..2 {
+        tollgate_limiter::ask(&store, &layers(&policies[which..=which], "s", 1))
+            .await
+            .expect("decide");
+    }
     let mut events = Vec::new();
     // Events arrive in order; the read times out once they are all in.
     while let Ok(message) = pubsub.get_message() {
@@ -828,13 +850,21 @@ async fn events_of_a_decision(server: &RedisServer, engine: Engine) -> Vec<Strin
     events
 }
 
-/// The module writes through the key API, not through `SET`: it fires
-/// the events a script's `SET … PX` fires, in the same order.
+/// The module writes through the key API, not through `SET` or `RPUSH`:
+/// it fires the events a script's `SET … PX` (a counter) and `RPUSH` then
+/// `PEXPIRE` (a sliding log) fire, in the same order.
 #[tokio::test]
 async fn a_decision_fires_the_keyspace_events_of_a_set() {
     let server = RedisServer::start_with_module(&["--notify-keyspace-events", "KEA"]);
-    let module = events_of_a_decision(&server, Engine::Module).await;
-    let functions = events_of_a_decision(&server, Engine::Functions).await;
-    assert_eq!(functions, ["set", "expire"], "the Lua path's SET … PX");
-    assert_eq!(module, functions);
+    // The token bucket's policy, then the sliding log's.
+    for (which, written) in [(0, "set"), (4, "rpush")] {
+        let module = events_of_a_decision(&server, Engine::Module, which).await;
+        let functions = events_of_a_decision(&server, Engine::Functions, which).await;
+        assert_eq!(
+            functions,
+            [written, "expire", written, "expire"],
+            "the Lua path's"
+        );
+        assert_eq!(module, functions, "{written}");
+    }
 }

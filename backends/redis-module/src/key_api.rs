@@ -1,0 +1,146 @@
+//! Writes through the module key API, with an absolute expiry: what
+//! `SET key value PXAT at` and `RPUSH key …` then `PEXPIREAT key at` do,
+//! without running those commands through `RedisModule_Call` (which
+//! builds a client call — argument objects, a command lookup, a reply —
+//! for every write; without it a token-bucket decision costs Redis about
+//! 0.86× as much, see docs/benchmarks.md, "The native module").
+//!
+//! Each write is replicated explicitly as those same commands, so
+//! replicas and the AOF hold the primary's value and expiry to the
+//! millisecond, and fires the keyspace events a client's commands fire.
+
+use redis_module::{raw, Context, NotifyEvent, RedisError, RedisString};
+
+/// Set `key` to `value`, expiring at `at_ms` (Unix ms). `false` when this
+/// server's module API lacks `SetAbsExpire` (before Redis 7.0): nothing
+/// was written, and the caller writes through `SET` instead.
+pub(crate) fn set_until(
+    ctx: &Context,
+    key: &RedisString,
+    value: &str,
+    at_ms: u64,
+) -> Result<bool, RedisError> {
+    let Some(at) = expiry(at_ms)? else {
+        return Ok(false);
+    };
+    let value = RedisString::create(std::ptr::NonNull::new(ctx.ctx), value);
+    let handle = OpenKey::writable(ctx, key)?;
+    if raw::string_set(handle.0, value.inner) == raw::Status::Err {
+        return Err(RedisError::Str(
+            "TOLLGATE_FAILED the key API refused a write",
+        ));
+    }
+    handle.expire_at(at)?;
+    drop(handle);
+    // Passed as the module's strings: the key and the value are not
+    // copied again for the replication stream.
+    let pxat = RedisString::create(std::ptr::NonNull::new(ctx.ctx), "PXAT");
+    let at = RedisString::create(std::ptr::NonNull::new(ctx.ctx), at_ms.to_string());
+    ctx.replicate("SET", &[key, &value, &pxat, &at][..]);
+    ctx.notify_keyspace_event(NotifyEvent::STRING, "set", key);
+    ctx.notify_keyspace_event(NotifyEvent::GENERIC, "expire", key);
+    Ok(true)
+}
+
+/// Append `push` copies of `stamp` to the list at `key` (created when
+/// missing), expiring at `at_ms`; replicated as `RPUSH`es of at most
+/// `chunk` items each, then `PEXPIREAT`. `false` when this server's
+/// module API lacks `SetAbsExpire`: nothing was written, and the caller
+/// writes through the commands instead.
+pub(crate) fn push_until(
+    ctx: &Context,
+    key: &RedisString,
+    stamp: &str,
+    push: usize,
+    chunk: usize,
+    at_ms: u64,
+) -> Result<bool, RedisError> {
+    let Some(at) = expiry(at_ms)? else {
+        return Ok(false);
+    };
+    let stamp = RedisString::create(std::ptr::NonNull::new(ctx.ctx), stamp);
+    let handle = OpenKey::writable(ctx, key)?;
+    for _ in 0..push {
+        // (Redis copies the item's bytes into the list.)
+        if raw::list_push(handle.0, raw::Where::ListTail, stamp.inner) == raw::Status::Err {
+            // Only a key of another type refuses, which the caller read
+            // as a list before anything was written.
+            return Err(RedisError::Str(
+                "TOLLGATE_FAILED the key API refused a list write",
+            ));
+        }
+    }
+    handle.expire_at(at)?;
+    drop(handle);
+    for n in (0..push).step_by(chunk.max(1)) {
+        let items = chunk.min(push - n);
+        let mut args: Vec<&RedisString> = Vec::with_capacity(items + 1);
+        args.push(key);
+        args.extend(std::iter::repeat_n(&stamp, items));
+        ctx.replicate("RPUSH", &args[..]);
+    }
+    let at = RedisString::create(std::ptr::NonNull::new(ctx.ctx), at_ms.to_string());
+    ctx.replicate("PEXPIREAT", &[key, &at][..]);
+    ctx.notify_keyspace_event(NotifyEvent::LIST, "rpush", key);
+    ctx.notify_keyspace_event(NotifyEvent::GENERIC, "expire", key);
+    Ok(true)
+}
+
+/// `at_ms` as the key API takes it; `None` when this server lacks
+/// `SetAbsExpire`.
+fn expiry(at_ms: u64) -> Result<Option<i64>, RedisError> {
+    let at =
+        i64::try_from(at_ms).map_err(|_| RedisError::Str("TOLLGATE_ARGS expiry out of range"))?;
+    // SAFETY: reading a `static mut` function pointer that Redis set once,
+    // when the module loaded (`RedisModule_Init`), before any command ran;
+    // nothing writes it afterwards.
+    #[allow(unsafe_code)]
+    let available = unsafe { raw::RedisModule_SetAbsExpire }.is_some();
+    Ok(available.then_some(at))
+}
+
+/// A key opened through the module API, closed when dropped (which also
+/// tells Redis the key changed: `WATCH` and client-side caching see it).
+struct OpenKey(*mut raw::RedisModuleKey);
+
+impl OpenKey {
+    fn writable(ctx: &Context, key: &RedisString) -> Result<OpenKey, RedisError> {
+        let handle = OpenKey(raw::open_key(ctx.ctx, key.inner, raw::KeyMode::WRITE));
+        if handle.0.is_null() {
+            // Opened for writing, a key always has a handle; should that
+            // ever change, nothing is written.
+            return Err(RedisError::Str("TOLLGATE_FAILED the key API opened no key"));
+        }
+        Ok(handle)
+    }
+
+    /// Expire the key at `at` (Unix ms); it must hold a value.
+    fn expire_at(&self, at: i64) -> Result<(), RedisError> {
+        // SAFETY: as in `expiry`, which the caller asked first (so the
+        // pointer is set).
+        #[allow(unsafe_code)]
+        let Some(set_abs_expire) = (unsafe { raw::RedisModule_SetAbsExpire }) else {
+            return Err(RedisError::Str("TOLLGATE_FAILED the key API has no expiry"));
+        };
+        // SAFETY: `self.0` is a key opened for writing on this command's
+        // context, just given a value (so it is not empty, as
+        // SetAbsExpire requires), and still open: `self` closes it when
+        // dropped, after this call. `at` is a plain integer.
+        #[allow(unsafe_code)]
+        let set = unsafe { set_abs_expire(self.0, at) };
+        if set != raw::REDISMODULE_OK as i32 {
+            return Err(RedisError::Str(
+                "TOLLGATE_FAILED the key API refused an expiry",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OpenKey {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            raw::close_key(self.0);
+        }
+    }
+}
