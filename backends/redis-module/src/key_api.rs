@@ -23,7 +23,7 @@ pub(crate) fn set_until(
     let Some(at) = expiry(at_ms)? else {
         return Ok(false);
     };
-    let value = RedisString::create(std::ptr::NonNull::new(ctx.ctx), value);
+    let value = text(ctx, value.as_bytes());
     let handle = OpenKey::writable(ctx, key)?;
     if raw::string_set(handle.0, value.inner) == raw::Status::Err {
         return Err(RedisError::Str(
@@ -34,8 +34,8 @@ pub(crate) fn set_until(
     drop(handle);
     // Passed as the module's strings: the key and the value are not
     // copied again for the replication stream.
-    let pxat = RedisString::create(std::ptr::NonNull::new(ctx.ctx), "PXAT");
-    let at = RedisString::create(std::ptr::NonNull::new(ctx.ctx), at_ms.to_string());
+    let pxat = text(ctx, b"PXAT");
+    let at = text(ctx, at_ms.to_string().as_bytes());
     ctx.replicate("SET", &[key, &value, &pxat, &at][..]);
     ctx.notify_keyspace_event(NotifyEvent::STRING, "set", key);
     ctx.notify_keyspace_event(NotifyEvent::GENERIC, "expire", key);
@@ -58,7 +58,7 @@ pub(crate) fn push_until(
     let Some(at) = expiry(at_ms)? else {
         return Ok(false);
     };
-    let stamp = RedisString::create(std::ptr::NonNull::new(ctx.ctx), stamp);
+    let stamp = text(ctx, stamp.as_bytes());
     let handle = OpenKey::writable(ctx, key)?;
     for _ in 0..push {
         // (Redis copies the item's bytes into the list.)
@@ -79,11 +79,18 @@ pub(crate) fn push_until(
         args.extend(std::iter::repeat_n(&stamp, items));
         ctx.replicate("RPUSH", &args[..]);
     }
-    let at = RedisString::create(std::ptr::NonNull::new(ctx.ctx), at_ms.to_string());
+    let at = text(ctx, at_ms.to_string().as_bytes());
     ctx.replicate("PEXPIREAT", &[key, &at][..]);
     ctx.notify_keyspace_event(NotifyEvent::LIST, "rpush", key);
     ctx.notify_keyspace_event(NotifyEvent::GENERIC, "expire", key);
     Ok(true)
+}
+
+/// A Redis string of `bytes` (made from the slice: `RedisString::create`
+/// copies its text into a `CString` first, one allocation more per
+/// string).
+fn text(ctx: &Context, bytes: &[u8]) -> RedisString {
+    RedisString::create_from_slice(ctx.ctx, bytes)
 }
 
 /// `at_ms` as the key API takes it; `None` when this server lacks
