@@ -42,9 +42,10 @@ pub(crate) fn set_until(
     Ok(true)
 }
 
-/// Append `push` copies of `stamp` to the list at `key` (created when
-/// missing), expiring at `at_ms`; replicated as `RPUSH`es of at most
-/// `chunk` items each, then `PEXPIREAT`. `false` when this server's
+/// Append `push` copies of `stamp` (none: only the expiry) to the list at
+/// `key` (created when missing; it must hold a list afterwards), expiring
+/// at `at_ms`; replicated as `RPUSH`es of at most `chunk` items each, then
+/// `PEXPIREAT`. `false` when this server's
 /// module API lacks `SetAbsExpire`: nothing was written, and the caller
 /// writes through the commands instead.
 pub(crate) fn push_until(
@@ -72,16 +73,18 @@ pub(crate) fn push_until(
     }
     handle.expire_at(at)?;
     drop(handle);
+    // One `RPUSH` replicated, and its event fired, per chunk (as the
+    // commands run through Redis did); none when nothing was pushed.
     for n in (0..push).step_by(chunk.max(1)) {
         let items = chunk.min(push - n);
         let mut args: Vec<&RedisString> = Vec::with_capacity(items + 1);
         args.push(key);
         args.extend(std::iter::repeat_n(&stamp, items));
         ctx.replicate("RPUSH", &args[..]);
+        ctx.notify_keyspace_event(NotifyEvent::LIST, "rpush", key);
     }
     let at = text(ctx, at_ms.to_string().as_bytes());
     ctx.replicate("PEXPIREAT", &[key, &at][..]);
-    ctx.notify_keyspace_event(NotifyEvent::LIST, "rpush", key);
     ctx.notify_keyspace_event(NotifyEvent::GENERIC, "expire", key);
     Ok(true)
 }

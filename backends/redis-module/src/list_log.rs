@@ -101,10 +101,11 @@ pub(crate) struct ListLog<'k> {
 }
 
 impl<'k> ListLog<'k> {
-    /// The log in the list at `key`; `None` when the key holds no list,
-    /// when the list holds a block (one item `b<µs>`), or when this
-    /// server's module API lacks the list functions (before Redis 7.0):
-    /// the caller reads the key whole instead.
+    /// The log in the list at `key` (empty when the key is missing);
+    /// `None` when the key holds something else, when the list holds a
+    /// block (one item `b<µs>`), or when this server's module API lacks
+    /// the list functions (before Redis 7.0): the caller reads the key
+    /// whole instead.
     pub(crate) fn open(ctx: &Context, key: &'k RedisString) -> Option<ListLog<'k>> {
         // SAFETY: reading `static mut` function pointers that Redis set
         // once, when the module loaded (`RedisModule_Init`), before any
@@ -118,10 +119,6 @@ impl<'k> ListLog<'k> {
             )
         };
         let handle = raw::open_key(ctx.ctx, key.inner, raw::KeyMode::READ);
-        if handle.is_null() {
-            // A key opened for reading that does not exist.
-            return None;
-        }
         let mut log = ListLog {
             ctx: ctx.ctx,
             name: key,
@@ -131,6 +128,11 @@ impl<'k> ListLog<'k> {
             list_get,
             foreign: Cell::new(false),
         };
+        if handle.is_null() {
+            // A key opened for reading that does not exist: no entries
+            // (one lookup, where the whole-read path would look again).
+            return Some(log);
+        }
         // SAFETY: `handle` is a key just opened on this command's context,
         // open until `log` is dropped.
         #[allow(unsafe_code)]
