@@ -23,11 +23,13 @@ pub(crate) fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
         refund_layers(ctx, keys, &call, now)?
     } else if call.mode == Mode::Renew {
         renew_layers(ctx, keys, &call, now)?
-    } else if let Some(reply) = list_log::decide(ctx, keys, &call, now)? {
-        reply
     } else {
         // Every key read first: a foreign one fails the call unchanged.
-        let states = read_states(ctx, keys, &call)?;
+        let states = match list_log::decide(ctx, keys, &call, now)? {
+            list_log::Outcome::Decided(reply) => return Ok(array(reply)),
+            list_log::Outcome::Read(states) => states,
+            list_log::Outcome::Unread => read_states(ctx, keys, &call)?,
+        };
         let at = Layers {
             keys,
             call: &call,
@@ -39,9 +41,12 @@ pub(crate) fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
             _ => decide(ctx, &at)?,
         }
     };
-    Ok(RedisValue::Array(
-        reply.into_iter().map(RedisValue::Integer).collect(),
-    ))
+    Ok(array(reply))
+}
+
+/// The reply's integers as an array.
+fn array(reply: Vec<i64>) -> RedisValue {
+    RedisValue::Array(reply.into_iter().map(RedisValue::Integer).collect())
 }
 
 fn args_error(e: protocol::ArgsError) -> RedisError {

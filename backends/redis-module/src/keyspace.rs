@@ -39,8 +39,30 @@ pub(crate) fn read(
     layer: &Layer,
     i: usize,
 ) -> Result<Option<State>, RedisError> {
+    match find(ctx, key, layer, i)? {
+        Found::State(state) => Ok(state),
+        Found::List => read_log(ctx, key, i).map(Some),
+    }
+}
+
+/// What [`find`] found at a layer's key.
+pub(crate) enum Found {
+    /// Its state, read (`None`: the key is missing).
+    State(Option<State>),
+    /// A log kept as a list, not read yet.
+    List,
+}
+
+/// As [`read`], but a log kept as a list is left unread (its caller may
+/// read only the entries it needs: `list_log.rs`).
+pub(crate) fn find(
+    ctx: &Context,
+    key: &RedisString,
+    layer: &Layer,
+    i: usize,
+) -> Result<Found, RedisError> {
     let k = ctx.open_key(key);
-    match (k.key_type(), layer.layout) {
+    let state = match (k.key_type(), layer.layout) {
         (KeyType::Empty, _) => Ok(None),
         (KeyType::String, layout @ Layout::Cells { .. }) => {
             let v = k.read()?.unwrap_or_default();
@@ -55,12 +77,10 @@ pub(crate) fn read(
                 .ok_or_else(|| conflict(i, "not_a_state"))
                 .map(Some)
         }
-        (KeyType::List, Layout::Log | Layout::LogText) => {
-            drop(k);
-            read_log(ctx, key, i).map(Some)
-        }
+        (KeyType::List, Layout::Log | Layout::LogText) => return Ok(Found::List),
         _ => Err(conflict(i, "wrong_type")),
-    }
+    };
+    state.map(Found::State)
 }
 
 /// The sliding log (or block) in the list at `key`, read with `LRANGE`

@@ -15,35 +15,53 @@ use std::cell::Cell;
 
 use redis_module::{raw, Context, RedisError, RedisString};
 use tollgate_algorithms::{log_window, sliding_log_step, LogView};
-use tollgate_limiter::Layout;
+use tollgate_limiter::{Layout, State};
 use tollgate_redis_protocol::{block_end, log_entry, px, Call, Mode, TEXT_LOG_MAX};
 
 use crate::decide::layer_reply;
-use crate::keyspace;
+use crate::keyspace::{self, Found};
+
+/// What [`decide`] did with a call.
+pub(crate) enum Outcome {
+    /// Decided it: the reply.
+    Decided(Vec<i64>),
+    /// Read its one state, which is no list: the caller decides on it.
+    Read(Vec<Option<State>>),
+    /// Nothing: the caller reads the states whole and decides.
+    Unread,
+}
 
 /// A one-layer decision, reservation or peek of a log kept as a list,
 /// made on the entries it reads by the reference's rule
 /// (`sliding_log_step`, which `decide_layers` runs on a whole log).
-/// `None` for any other call, and for a decision whose holders would
-/// shrink back to text (`TEXT_LOG_MAX`, which needs them all): nothing
-/// is written then, and the caller reads the states whole.
+/// A sliding log is opened as a list first (it is one, or missing); a
+/// concurrency limit's holders are text while they are few, so their key
+/// is read as usual first, and opened as a list only when it is one: each
+/// key is looked up once in the common case. Nothing is decided for any
+/// other call, nor for a decision whose holders would shrink back to text
+/// (`TEXT_LOG_MAX`, which needs them all): nothing is written then.
 pub(crate) fn decide(
     ctx: &Context,
     keys: &[RedisString],
     call: &Call,
     now: u64,
-) -> Result<Option<Vec<i64>>, RedisError> {
+) -> Result<Outcome, RedisError> {
     let ([key], [layer]) = (keys, call.layers.as_slice()) else {
-        return Ok(None);
+        return Ok(Outcome::Unread);
     };
     let Some(window) = log_window(&layer.limit) else {
-        return Ok(None);
+        return Ok(Outcome::Unread);
     };
     if !matches!(call.mode, Mode::Decide | Mode::Reserve | Mode::Peek) {
-        return Ok(None);
+        return Ok(Outcome::Unread);
+    }
+    if layer.layout == Layout::LogText {
+        if let Found::State(state) = keyspace::find(ctx, key, layer, 1)? {
+            return Ok(Outcome::Read(vec![state]));
+        }
     }
     let Some(log) = ListLog::open(ctx, key) else {
-        return Ok(None);
+        return Ok(Outcome::Unread);
     };
     let step = sliding_log_step(window, &log, now, layer.cost);
     if log.foreign() {
@@ -58,7 +76,7 @@ pub(crate) fn decide(
             if layer.layout == Layout::LogText
                 && (len - append.drop).saturating_add(push) <= TEXT_LOG_MAX
             {
-                return Ok(None);
+                return Ok(Outcome::Unread);
             }
             keyspace::append_log(ctx, key, append.drop, append.stamp, push, px(append.ttl))?;
             layer_reply(&mut reply, call.mode, &step.verdict, Some(append.charge()));
@@ -71,7 +89,7 @@ pub(crate) fn decide(
             None,
         ),
     }
-    Ok(Some(reply))
+    Ok(Outcome::Decided(reply))
 }
 
 /// Entries an open key's list iterator walks, one at a time, to reach

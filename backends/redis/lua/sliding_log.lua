@@ -24,9 +24,17 @@ local function sliding_log(limit, w, _, log, now, cost)
   if n > 0 then
     t = max(now, log.at(n))
   end
-  -- Entries at or before t − W have aged out: binary search for the first
-  -- live one (Rust: partition_point).
-  local lo, hi = 0, n
+  -- Entries at or before t − W have aged out: the first live one, found by
+  -- galloping from the oldest end (entries 1, 2, 4, 8, …), then halving
+  -- (Rust: partition_point): the aged-out entries are a few of the oldest,
+  -- and each entry of a list longer than layered.lua's READ_WHOLE is an
+  -- LINDEX.
+  local lo, hi = 0, 1
+  while hi <= n and log.at(hi) + w <= t do
+    lo = hi
+    hi = hi * 2
+  end
+  hi = min(hi - 1, n)
   while lo < hi do
     local mid = fdiv(lo + hi, 2)
     if log.at(mid + 1) + w <= t then

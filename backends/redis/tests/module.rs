@@ -351,6 +351,45 @@ fn a_long_sliding_log_is_read_where_the_decision_looks() {
     assert_eq!(text(server.command(&["LINDEX", &blocked, "0"])), until);
 }
 
+/// A decision looks its key up once, so `keyspace_hits` and
+/// `keyspace_misses` (an operator's hit ratio) count one lookup per
+/// decision: for a counter, a sliding log (opened as a list first) and a
+/// concurrency limit's holders kept as text (read as usual first).
+#[test]
+fn a_decision_looks_its_key_up_once() {
+    let server = RedisServer::start_with_module(&[]);
+    let stat = |name: &str| -> i64 {
+        let info = text(server.command(&["INFO", "stats"]));
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in INFO stats"))
+    };
+    let hour = "3600000000";
+    for (name, layer, mode) in [
+        ("token bucket", ["1", "1", "10", "10", hour], None),
+        ("sliding log", ["5", "1", "10", hour, "0"], None),
+        ("concurrency", ["7", "1", "10", hour, "0"], Some("reserve")),
+    ] {
+        let k = unique("lookups");
+        let mut args = vec!["TOLLGATE.DECIDE", "1", k.as_str(), "", ""];
+        args.extend(layer);
+        args.extend(mode);
+        for (expected_hits, expected_misses) in [(0, 1), (1, 0)] {
+            let (hits, misses) = (stat("keyspace_hits"), stat("keyspace_misses"));
+            assert!(matches!(server.command(&args), Reply::Array(Some(_))));
+            assert_eq!(
+                (
+                    stat("keyspace_hits") - hits,
+                    stat("keyspace_misses") - misses
+                ),
+                (expected_hits, expected_misses),
+                "{name}"
+            );
+        }
+    }
+}
+
 /// Calls the store never sends, answered alike by the module and the Lua
 /// code: a block whose length differs between layers is refused, and a
 /// log's reward of no units changes nothing, not even the key's expiry.
