@@ -20,7 +20,7 @@ pub(crate) fn set_until(
     value: &str,
     at_ms: u64,
 ) -> Result<bool, RedisError> {
-    let Some(at) = expiry(at_ms)? else {
+    let Some(expiry) = expiry(at_ms)? else {
         return Ok(false);
     };
     let value = text(ctx, value.as_bytes());
@@ -30,7 +30,7 @@ pub(crate) fn set_until(
             "TOLLGATE_FAILED the key API refused a write",
         ));
     }
-    handle.expire_at(at)?;
+    handle.expire_at(expiry)?;
     drop(handle);
     // Passed as the module's strings: the key and the value are not
     // copied again for the replication stream.
@@ -56,7 +56,7 @@ pub(crate) fn push_until(
     chunk: usize,
     at_ms: u64,
 ) -> Result<bool, RedisError> {
-    let Some(at) = expiry(at_ms)? else {
+    let Some(expiry) = expiry(at_ms)? else {
         return Ok(false);
     };
     let stamp = text(ctx, stamp.as_bytes());
@@ -71,7 +71,7 @@ pub(crate) fn push_until(
             ));
         }
     }
-    handle.expire_at(at)?;
+    handle.expire_at(expiry)?;
     drop(handle);
     // One `RPUSH` replicated, and its event fired, per chunk (as the
     // commands run through Redis did); none when nothing was pushed.
@@ -96,17 +96,24 @@ fn text(ctx: &Context, bytes: &[u8]) -> RedisString {
     RedisString::create_from_slice(ctx.ctx, bytes)
 }
 
-/// `at_ms` as the key API takes it; `None` when this server lacks
+/// An absolute expiry as the key API sets it.
+#[derive(Clone, Copy)]
+struct Expiry {
+    set_abs_expire: unsafe extern "C" fn(*mut raw::RedisModuleKey, raw::mstime_t) -> i32,
+    at: raw::mstime_t,
+}
+
+/// The expiry at `at_ms` (Unix ms); `None` when this server lacks
 /// `SetAbsExpire`.
-fn expiry(at_ms: u64) -> Result<Option<i64>, RedisError> {
+fn expiry(at_ms: u64) -> Result<Option<Expiry>, RedisError> {
     let at =
         i64::try_from(at_ms).map_err(|_| RedisError::Str("TOLLGATE_ARGS expiry out of range"))?;
     // SAFETY: reading a `static mut` function pointer that Redis set once,
     // when the module loaded (`RedisModule_Init`), before any command ran;
     // nothing writes it afterwards.
     #[allow(unsafe_code)]
-    let available = unsafe { raw::RedisModule_SetAbsExpire }.is_some();
-    Ok(available.then_some(at))
+    let set_abs_expire = unsafe { raw::RedisModule_SetAbsExpire };
+    Ok(set_abs_expire.map(|set_abs_expire| Expiry { set_abs_expire, at }))
 }
 
 /// A key opened through the module API, closed when dropped (which also
@@ -124,20 +131,14 @@ impl OpenKey {
         Ok(handle)
     }
 
-    /// Expire the key at `at` (Unix ms); it must hold a value.
-    fn expire_at(&self, at: i64) -> Result<(), RedisError> {
-        // SAFETY: as in `expiry`, which the caller asked first (so the
-        // pointer is set).
-        #[allow(unsafe_code)]
-        let Some(set_abs_expire) = (unsafe { raw::RedisModule_SetAbsExpire }) else {
-            return Err(RedisError::Str("TOLLGATE_FAILED the key API has no expiry"));
-        };
+    /// Expire the key as `expiry` says; it must hold a value.
+    fn expire_at(&self, expiry: Expiry) -> Result<(), RedisError> {
         // SAFETY: `self.0` is a key opened for writing on this command's
         // context, just given a value (so it is not empty, as
         // SetAbsExpire requires), and still open: `self` closes it when
         // dropped, after this call. `at` is a plain integer.
         #[allow(unsafe_code)]
-        let set = unsafe { set_abs_expire(self.0, at) };
+        let set = unsafe { (expiry.set_abs_expire)(self.0, expiry.at) };
         if set != raw::REDISMODULE_OK as i32 {
             return Err(RedisError::Str(
                 "TOLLGATE_FAILED the key API refused an expiry",
