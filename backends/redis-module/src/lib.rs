@@ -61,8 +61,8 @@ fn decide_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 // `RedisModule_OnLoad` and command trampolines the module API requires
 // (C functions Redis calls with its own pointers). The only other
 // `unsafe` is the calls the module's safe API lacks: `key_api.rs`'s
-// `RedisModule_SetAbsExpire` and `list_log.rs`'s list reads (each block
-// says why it is sound).
+// `RedisModule_SetAbsExpire` and in-place string writes, and
+// `list_log.rs`'s list reads (each block says why it is sound).
 #[allow(unsafe_code)]
 mod entry {
     use super::{decide_command, protocol};

@@ -9,11 +9,13 @@
 #     backends/redis/benches/module_instructions.sh NAME COMMAND ARGS...
 #   e.g. … token_bucket TOLLGATE.DECIDE 1 't:{__rand_int__}' '' '' 1 1 1000000 1000000 1000000
 #
-# Prints "NAME <instructions per call>" (N=20000 calls, after 2,000 to warm up).
+# Prints "NAME <instructions per call>" (N=20000 calls, after WARM=2000 to warm
+# up; WARM=60000 first visits every one of the 10,000 keys, so that a workload
+# whose states live on measures decisions on existing keys).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 NAME=$1; shift
-PORT="${PORT:-6395}" N="${N:-20000}"
+PORT="${PORT:-6395}" N="${N:-20000}" WARM="${WARM:-2000}"
 if [ -z "${MODULE:-}" ]; then
   cargo build --quiet --release -p tollgate-redis-module --manifest-path "$ROOT/Cargo.toml"
   MODULE="${CARGO_TARGET_DIR:-$ROOT/target}/release/libtollgate_redis_module.so"
@@ -23,7 +25,7 @@ trap 'redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$OUT
 valgrind --tool=callgrind --callgrind-out-file="$OUT/cg.%p" --instr-atstart=no \
   redis-server --bind 127.0.0.1 --port "$PORT" --save '' --appendonly no --loadmodule "$MODULE" >/dev/null 2>&1 &
 for _ in $(seq 100); do redis-cli -p "$PORT" PING >/dev/null 2>&1 && break; sleep 0.2; done
-redis-benchmark -p "$PORT" -n 2000 -c 8 -P 8 -r 10000 -q "$@" >/dev/null 2>&1
+redis-benchmark -p "$PORT" -n "$WARM" -c 8 -P 8 -r 10000 -q "$@" >/dev/null 2>&1
 callgrind_control -i on >/dev/null
 redis-benchmark -p "$PORT" -n "$N" -c 8 -P 8 -r 10000 -q "$@" >/dev/null 2>&1
 callgrind_control -i off >/dev/null

@@ -390,6 +390,75 @@ fn a_decision_looks_its_key_up_once() {
     }
 }
 
+/// A state written over with one of the same length is written in place
+/// (the value stays a plain string: no copy on the next read, no key
+/// deleted and added), in as much memory as the first write's; one of
+/// another length is set whole, and reads back as written.
+#[test]
+fn a_state_written_over_stays_in_place() {
+    let server = RedisServer::start_with_module(&[]);
+    let k = unique("in-place");
+    // GCRA, 1,000 per hour: each decision moves the TAT by 3.6 s, its
+    // text keeping its length.
+    let gcra = [
+        "TOLLGATE.DECIDE",
+        "1",
+        k.as_str(),
+        "",
+        "",
+        "2",
+        "1",
+        "1000",
+        "3600000",
+        "0",
+    ];
+    let get = |key: &str| text(server.command(&["GET", key]));
+    let encoding = |key: &str| text(server.command(&["OBJECT", "ENCODING", key]));
+    let memory = |key: &str| int(server.command(&["MEMORY", "USAGE", key]));
+    assert!(matches!(server.command(&gcra), Reply::Array(Some(_))));
+    let (first, first_memory) = (get(&k), memory(&k));
+    for _ in 0..3 {
+        assert!(matches!(server.command(&gcra), Reply::Array(Some(_))));
+    }
+    let tat = |t: &str| t.parse::<u64>().expect("a TAT");
+    assert_eq!(get(&k).len(), first.len());
+    assert_eq!(
+        tat(&get(&k)) - tat(&first),
+        3 * 3_600_000,
+        "three more units charged"
+    );
+    assert_eq!(encoding(&k), "raw", "written over in place");
+    assert_eq!(memory(&k), first_memory, "no spare room kept");
+    assert!(int(server.command(&["PTTL", &k])) > 0);
+    // A fixed window of 100 per hour: its count's text grows at the 10th
+    // request ("9 …" to "10 …"); the answer and the stored count agree.
+    let w = unique("in-place-window");
+    let window = [
+        "TOLLGATE.DECIDE",
+        "1",
+        w.as_str(),
+        "",
+        "",
+        "3",
+        "1",
+        "100",
+        "3600000000",
+        "0",
+    ];
+    for n in 1..=12 {
+        let Reply::Array(Some(reply)) = server.command(&window) else {
+            panic!("no answer");
+        };
+        assert_eq!(int(reply[2].clone()), 100 - n, "remaining after {n}");
+        let count = get(&w);
+        assert_eq!(
+            count.split(' ').next(),
+            Some(n.to_string().as_str()),
+            "{count:?}"
+        );
+    }
+}
+
 /// Calls the store never sends, answered alike by the module and the Lua
 /// code: a block whose length differs between layers is refused, and a
 /// log's reward of no units changes nothing, not even the key's expiry.
