@@ -3,7 +3,7 @@
 //! (`tollgate_algorithms::decide_layers`, `adjust_layers`), and what the
 //! reference says to write turned into keyspace writes.
 
-use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{Context, RedisError, RedisString};
 use smallvec::SmallVec;
 use tollgate_algorithms::refund::{refund, Charge};
 use tollgate_algorithms::{adjust_layers, decide_layers, release, renew, Layered};
@@ -12,8 +12,9 @@ use tollgate_redis_protocol::{self as protocol, verdict_fields, Call, Mode, Time
 
 use crate::{keyspace, list_log};
 
-/// Answer the command `args` (the command name first).
-pub(crate) fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
+/// Answer the command `args` (the command name first): the reply's
+/// integers, an array of them.
+pub(crate) fn run(ctx: &Context, args: &[RedisString]) -> Result<Vec<i64>, RedisError> {
     let raw: Vec<&[u8]> = args.iter().map(RedisString::as_slice).collect();
     let n = protocol::numkeys(&raw).map_err(args_error)?;
     let keys = &args[2..2 + n];
@@ -26,7 +27,7 @@ pub(crate) fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
     } else {
         // Every key read first: a foreign one fails the call unchanged.
         let states = match list_log::decide(ctx, keys, &call, now)? {
-            list_log::Outcome::Decided(reply) => return Ok(array(reply)),
+            list_log::Outcome::Decided(reply) => return Ok(reply),
             list_log::Outcome::Read(states) => states,
             list_log::Outcome::Unread => read_states(ctx, keys, &call)?,
         };
@@ -41,12 +42,7 @@ pub(crate) fn run(ctx: &Context, args: &[RedisString]) -> RedisResult {
             _ => decide(ctx, &at)?,
         }
     };
-    Ok(array(reply))
-}
-
-/// The reply's integers as an array.
-fn array(reply: Vec<i64>) -> RedisValue {
-    RedisValue::Array(reply.into_iter().map(RedisValue::Integer).collect())
+    Ok(reply)
 }
 
 fn args_error(e: protocol::ArgsError) -> RedisError {

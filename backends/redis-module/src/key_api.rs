@@ -12,6 +12,8 @@
 //! replicas and the AOF hold the primary's value and expiry to the
 //! millisecond, and fires the keyspace events a client's commands fire.
 
+use std::ffi::CStr;
+
 use redis_module::{raw, Context, NotifyEvent, RedisError, RedisString};
 
 /// Set `key` to `value`, expiring at `at_ms` (Unix ms). `false` when this
@@ -46,8 +48,8 @@ pub(crate) fn set_until(
     let pxat = text(ctx, b"PXAT");
     let at = text(ctx, at_ms.to_string().as_bytes());
     ctx.replicate("SET", &[key, &value, &pxat, &at][..]);
-    ctx.notify_keyspace_event(NotifyEvent::STRING, "set", key);
-    ctx.notify_keyspace_event(NotifyEvent::GENERIC, "expire", key);
+    notify(ctx, NotifyEvent::STRING, c"set", key);
+    notify(ctx, NotifyEvent::GENERIC, c"expire", key);
     Ok(true)
 }
 
@@ -90,12 +92,33 @@ pub(crate) fn push_until(
         args.push(key);
         args.extend(std::iter::repeat_n(&stamp, items));
         ctx.replicate("RPUSH", &args[..]);
-        ctx.notify_keyspace_event(NotifyEvent::LIST, "rpush", key);
+        notify(ctx, NotifyEvent::LIST, c"rpush", key);
     }
     let at = text(ctx, at_ms.to_string().as_bytes());
     ctx.replicate("PEXPIREAT", &[key, &at][..]);
-    ctx.notify_keyspace_event(NotifyEvent::GENERIC, "expire", key);
+    notify(ctx, NotifyEvent::GENERIC, c"expire", key);
     Ok(true)
+}
+
+/// Fire the keyspace event `event` of `kind` on `key`, as the client
+/// command it stands for would. (The `redis-module` crate's
+/// `notify_keyspace_event` copies the event's name into a new C string at
+/// every call: an allocation per event, two per decision.)
+pub(crate) fn notify(ctx: &Context, kind: NotifyEvent, event: &CStr, key: &RedisString) {
+    // SAFETY: reading a `static mut` function pointer that Redis set once,
+    // when the module loaded (`RedisModule_Init`), before any command ran;
+    // nothing writes it afterwards.
+    #[allow(unsafe_code)]
+    let Some(notify) = (unsafe { raw::RedisModule_NotifyKeyspaceEvent }) else {
+        return;
+    };
+    // SAFETY: `ctx` is this command's context and `key` a string alive for
+    // the call; `event` is NUL-terminated and outlives the call (Redis
+    // copies what it passes on).
+    #[allow(unsafe_code)]
+    unsafe {
+        notify(ctx.ctx, kind.bits(), event.as_ptr(), key.inner);
+    }
 }
 
 /// A Redis string of `bytes` (made from the slice: `RedisString::create`

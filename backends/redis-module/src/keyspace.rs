@@ -305,7 +305,7 @@ fn delete_one(ctx: &Context, key: &RedisString) -> Result<(), RedisError> {
 /// costs a command lookup and its arguments, about as much as the delete).
 pub(crate) fn delete_unreplicated(ctx: &Context, key: &RedisString) -> Result<(), RedisError> {
     ctx.open_key_writable(key).delete()?;
-    ctx.notify_keyspace_event(NotifyEvent::GENERIC, "del", key);
+    crate::key_api::notify(ctx, NotifyEvent::GENERIC, c"del", key);
     Ok(())
 }
 

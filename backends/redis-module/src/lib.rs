@@ -26,7 +26,7 @@ mod list_log;
 
 use std::panic::AssertUnwindSafe;
 
-use redis_module::{Context, RedisError, RedisResult, RedisString, RedisValue};
+use redis_module::{raw, Context, RedisError, RedisResult, RedisString, RedisValue};
 
 pub use tollgate_redis_protocol::PROTOCOL;
 
@@ -34,7 +34,7 @@ fn protocol(_ctx: &Context, _args: Vec<RedisString>) -> RedisResult {
     Ok(RedisValue::Integer(PROTOCOL))
 }
 
-fn decide_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+fn decide_command(ctx: &Context, args: &[RedisString]) -> RedisResult {
     if ctx.is_keys_position_request() {
         // The keys follow numkeys; a call whose numkeys is more than its
         // arguments declares none (the command then refuses it).
@@ -50,23 +50,41 @@ fn decide_command(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     // is reachable from a client (arguments and stored numbers are checked
     // before any arithmetic); should one happen, the call fails instead of
     // the server.
-    std::panic::catch_unwind(AssertUnwindSafe(|| decide::run(ctx, &args))).unwrap_or_else(|_| {
-        Err(RedisError::Str(
+    match std::panic::catch_unwind(AssertUnwindSafe(|| decide::run(ctx, args))) {
+        Ok(Ok(integers)) => {
+            reply_integers(ctx, &integers);
+            Ok(RedisValue::NoReply)
+        }
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(RedisError::Str(
             "TOLLGATE_FAILED the module failed on this call (a bug: please report it with the call's arguments)",
-        ))
-    })
+        )),
+    }
+}
+
+/// Reply an array of `integers`, written straight to the client (no
+/// `RedisValue` built for each).
+fn reply_integers(ctx: &Context, integers: &[i64]) {
+    raw::reply_with_array(ctx.ctx, integers.len() as std::os::raw::c_long);
+    for &n in integers {
+        raw::reply_with_long_long(ctx.ctx, n);
+    }
 }
 
 // The module's entry point. `redis_module!` expands to the `unsafe`
 // `RedisModule_OnLoad` and command trampolines the module API requires
-// (C functions Redis calls with its own pointers). The only other
+// (C functions Redis calls with its own pointers); `TOLLGATE.DECIDE` has
+// its own (`decide_entry`, which borrows its arguments). The only other
 // `unsafe` is the calls the module's safe API lacks: `key_api.rs`'s
 // `RedisModule_SetAbsExpire` and in-place string writes, and
 // `list_log.rs`'s list reads (each block says why it is sound).
 #[allow(unsafe_code)]
 mod entry {
+    use std::mem::ManuallyDrop;
+    use std::os::raw::c_int;
+
     use super::{decide_command, protocol};
-    use redis_module::redis_module;
+    use redis_module::{raw, redis_module, Context, RedisString, Status};
 
     redis_module! {
         name: "tollgate",
@@ -74,11 +92,73 @@ mod entry {
         // The system allocator: the crate's tests link it outside Redis.
         allocator: (std::alloc::System, std::alloc::System),
         data_types: [],
+        init: register_decide,
         commands: [
-            // `getkeys-api`: the keys are declared by the callback above
-            // (a count, then the keys, then other arguments).
-            ["tollgate.decide", decide_command, "write deny-oom getkeys-api", 0, 0, 0],
             ["tollgate.protocol", protocol, "readonly fast", 0, 0, 0],
         ],
+    }
+
+    /// Register `TOLLGATE.DECIDE` with its own entry point
+    /// ([`decide_entry`]). `getkeys-api`: the keys are declared by
+    /// `decide_command` when asked (a count, then the keys, then other
+    /// arguments).
+    fn register_decide(ctx: &Context, _args: &[RedisString]) -> Status {
+        // SAFETY: reading a `static mut` function pointer that Redis set
+        // in `RedisModule_Init`, which `RedisModule_OnLoad` ran before
+        // this; nothing writes it afterwards.
+        let Some(create_command) = (unsafe { raw::RedisModule_CreateCommand }) else {
+            return Status::Err;
+        };
+        // SAFETY: `ctx` is the context Redis passed to `RedisModule_OnLoad`
+        // (the one function allowed to create commands); the name and flags
+        // are NUL-terminated literals, which Redis copies.
+        let created = unsafe {
+            create_command(
+                ctx.ctx,
+                c"tollgate.decide".as_ptr(),
+                Some(decide_entry),
+                c"write deny-oom getkeys-api".as_ptr(),
+                0,
+                0,
+                0,
+            )
+        };
+        if created == raw::Status::Ok as c_int {
+            Status::Ok
+        } else {
+            Status::Err
+        }
+    }
+
+    /// `TOLLGATE.DECIDE`'s entry point. `redis_module!`'s own retains each
+    /// argument for the call and releases it after (a reference count
+    /// taken and given back, through the module API, per argument: 3% of a
+    /// decision's instructions); here they are borrowed: Redis owns them,
+    /// and they live until the command returns.
+    extern "C" fn decide_entry(
+        ctx: *mut raw::RedisModuleCtx,
+        argv: *mut *mut raw::RedisModuleString,
+        argc: c_int,
+    ) -> c_int {
+        let context = Context::new(ctx);
+        let argv: &[*mut raw::RedisModuleString] = match usize::try_from(argc) {
+            // SAFETY: Redis passes its `argc` arguments at `argv`, valid
+            // and unchanged until this function returns; the slice does
+            // not outlive it.
+            Ok(n) if !argv.is_null() => unsafe { std::slice::from_raw_parts(argv, n) },
+            _ => &[],
+        };
+        // Not retained, so never released: the strings stay Redis's (a
+        // panic, which would abort the server anyway, leaves them too).
+        let args = ManuallyDrop::new(
+            argv.iter()
+                .map(|&s| RedisString::from_redis_module_string(ctx, s))
+                .collect::<Vec<_>>(),
+        );
+        let reply = decide_command(&context, &args);
+        ManuallyDrop::into_inner(args)
+            .into_iter()
+            .for_each(std::mem::forget);
+        context.reply(reply) as c_int
     }
 }
