@@ -16,6 +16,8 @@ use std::ffi::CStr;
 
 use redis_module::{raw, Context, NotifyEvent, RedisError, RedisString};
 
+use crate::key_shape::KeyShape;
+
 /// Set `key` to `value`, expiring at `at_ms` (Unix ms). `false` when this
 /// server's module API lacks `SetAbsExpire` (before Redis 7.0): nothing
 /// was written, and the caller writes through `SET` instead.
@@ -155,32 +157,6 @@ enum Overwritten {
     No,
 }
 
-/// The key API's functions without a safe wrapper that a write reads.
-struct Raw {
-    key_type: unsafe extern "C" fn(*mut raw::RedisModuleKey) -> i32,
-    value_length: unsafe extern "C" fn(*mut raw::RedisModuleKey) -> usize,
-}
-
-impl Raw {
-    fn get() -> Result<Raw, RedisError> {
-        // SAFETY: reading `static mut` function pointers that Redis set
-        // once, when the module loaded (`RedisModule_Init`), before any
-        // command ran; nothing writes them afterwards.
-        #[allow(unsafe_code)]
-        let (key_type, value_length) =
-            unsafe { (raw::RedisModule_KeyType, raw::RedisModule_ValueLength) };
-        match (key_type, value_length) {
-            (Some(key_type), Some(value_length)) => Ok(Raw {
-                key_type,
-                value_length,
-            }),
-            _ => Err(RedisError::Str(
-                "TOLLGATE_FAILED this server's module API lacks KeyType or ValueLength",
-            )),
-        }
-    }
-}
-
 impl OpenKey {
     fn writable(ctx: &Context, key: &RedisString) -> Result<OpenKey, RedisError> {
         let handle = OpenKey(raw::open_key(ctx.ctx, key.inner, raw::KeyMode::WRITE));
@@ -207,15 +183,14 @@ impl OpenKey {
     /// a string of another length, is set whole as before: a plain
     /// string is never grown in place (Redis would keep spare room in it).
     fn overwrite(&self, bytes: &[u8]) -> Result<Overwritten, RedisError> {
-        let api = Raw::get()?;
+        let shape = KeyShape::get().ok_or(RedisError::Str(
+            "TOLLGATE_FAILED this server's module API lacks KeyType or ValueLength",
+        ))?;
         // SAFETY: `self.0` is a key opened for writing on this command's
-        // context, open until `self` is dropped; both functions take any
-        // open key (an empty one included).
+        // context, open until `self` is dropped.
         #[allow(unsafe_code)]
-        let same_length = unsafe {
-            (api.key_type)(self.0) == raw::REDISMODULE_KEYTYPE_STRING as i32
-                && (api.value_length)(self.0) == bytes.len()
-        };
+        let length = unsafe { shape.length_if(self.0, raw::REDISMODULE_KEYTYPE_STRING) };
+        let same_length = length == Some(bytes.len());
         if !same_length {
             return Ok(Overwritten::No);
         }

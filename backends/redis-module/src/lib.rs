@@ -21,6 +21,7 @@
 
 mod decide;
 mod key_api;
+mod key_shape;
 mod keyspace;
 mod list_log;
 
@@ -76,8 +77,9 @@ fn reply_integers(ctx: &Context, integers: &[i64]) {
 // (C functions Redis calls with its own pointers); `TOLLGATE.DECIDE` has
 // its own (`decide_entry`, which borrows its arguments). The only other
 // `unsafe` is the calls the module's safe API lacks: `key_api.rs`'s
-// `RedisModule_SetAbsExpire` and in-place string writes, and
-// `list_log.rs`'s list reads (each block says why it is sound).
+// `RedisModule_SetAbsExpire` and in-place string writes, `key_shape.rs`'s
+// type and length reads, and `list_log.rs`'s list reads (each block says
+// why it is sound).
 #[allow(unsafe_code)]
 mod entry {
     use std::mem::ManuallyDrop;

@@ -8,8 +8,8 @@
 //! 2.6–3.8 (docs/benchmarks.md, "A sliding log read where the decision
 //! looks").
 //!
-//! `RedisModule_ListGet` and `RedisModule_ValueLength` have no safe
-//! wrapper in the module crate; each use below says why it is sound.
+//! `RedisModule_ListGet` has no safe wrapper in the module crate; each
+//! use below says why it is sound.
 
 use std::cell::Cell;
 
@@ -19,6 +19,7 @@ use tollgate_limiter::{Layout, State};
 use tollgate_redis_protocol::{block_end, log_entry, px, Call, Mode, TEXT_LOG_MAX};
 
 use crate::decide::layer_reply;
+use crate::key_shape::KeyShape;
 use crate::keyspace::{self, Found};
 
 /// What [`decide`] did with a call.
@@ -40,6 +41,9 @@ pub(crate) enum Outcome {
 /// key is looked up once in the common case. Nothing is decided for any
 /// other call, nor for a decision whose holders would shrink back to text
 /// (`TEXT_LOG_MAX`, which needs them all): nothing is written then.
+/// Only the entries read are checked to be Tollgate's, as on the Lua
+/// path for a long log (docs/redis-module.md, "Foreign data is a
+/// conflict").
 pub(crate) fn decide(
     ctx: &Context,
     keys: &[RedisString],
@@ -125,17 +129,12 @@ impl<'k> ListLog<'k> {
     /// the list functions (before Redis 7.0): the caller reads the key
     /// whole instead.
     pub(crate) fn open(ctx: &Context, key: &'k RedisString) -> Option<ListLog<'k>> {
-        // SAFETY: reading `static mut` function pointers that Redis set
+        let shape = KeyShape::get()?;
+        // SAFETY: reading a `static mut` function pointer that Redis set
         // once, when the module loaded (`RedisModule_Init`), before any
-        // command ran; nothing writes them afterwards.
+        // command ran; nothing writes it afterwards.
         #[allow(unsafe_code)]
-        let (key_type, value_length, list_get) = unsafe {
-            (
-                raw::RedisModule_KeyType?,
-                raw::RedisModule_ValueLength?,
-                raw::RedisModule_ListGet?,
-            )
-        };
+        let list_get = unsafe { raw::RedisModule_ListGet? };
         let handle = raw::open_key(ctx.ctx, key.inner, raw::KeyMode::READ);
         let mut log = ListLog {
             ctx: ctx.ctx,
@@ -154,13 +153,7 @@ impl<'k> ListLog<'k> {
         // SAFETY: `handle` is a key just opened on this command's context,
         // open until `log` is dropped.
         #[allow(unsafe_code)]
-        let is_list = unsafe { key_type(handle) } == raw::REDISMODULE_KEYTYPE_LIST as i32;
-        if !is_list {
-            return None;
-        }
-        // SAFETY: as above; the key holds a list.
-        #[allow(unsafe_code)]
-        let len = unsafe { value_length(handle) };
+        let len = unsafe { shape.length_if(handle, raw::REDISMODULE_KEYTYPE_LIST) }?;
         log.len = len;
         if len == 1
             && log
