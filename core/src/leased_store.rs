@@ -108,7 +108,8 @@ impl LeasedStore {
             return;
         };
         if !self.sweeping.swap(true, Ordering::AcqRel) {
-            runtime.spawn(sweep_while_alive(self.this.clone(), self.sweep_every));
+            let claim = Sweeping(self.this.clone());
+            runtime.spawn(sweep_while_alive(claim, self.sweep_every));
         }
     }
 
@@ -322,11 +323,29 @@ async fn give_back(store: &dyn Store, unused: Vec<Unused>) {
     }
 }
 
+/// The sweeping task's hold on its store's `sweeping` flag. However the
+/// task ends — never run (its runtime had shut down), dropped with its
+/// runtime — the flag is cleared, so the store's next decision starts
+/// another instead of leaving quiet leases' units out for good.
+struct Sweeping(Weak<LeasedStore>);
+
+impl Drop for Sweeping {
+    fn drop(&mut self) {
+        if let Some(store) = self.0.upgrade() {
+            store
+                .sweeping
+                .store(false, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
 /// End ended leases every `every` while the store lives.
-async fn sweep_while_alive(store: Weak<LeasedStore>, every: Duration) {
+async fn sweep_while_alive(claim: Sweeping, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
-        let Some(store) = store.upgrade() else { return };
+        let Some(store) = claim.0.upgrade() else {
+            return;
+        };
         let unused = store.table().sweep(store.now(), false);
         give_back(&*store.inner, unused).await;
     }

@@ -23,10 +23,10 @@ use crate::store::{LayerRequest, OwnedLayer};
 /// loses its places one lease after the last renewal. [`release`](Self::release)
 /// gives them back and waits for the store's answer.
 ///
-/// Renewing and releasing run on the Tokio runtime that was current when
-/// the permit was made, wherever it is dropped; without one, nothing is
-/// renewed and a dropped permit's places come back when their lease runs
-/// out. The places of
+/// Renewals run on the Tokio runtime that was current when the permit was
+/// made; a dropped permit's release runs on the runtime it is dropped on,
+/// else on that one. Without any, nothing is renewed and a dropped
+/// permit's places come back when their lease runs out. The places of
 /// permits dropped while a release call is in flight go back together in
 /// the next call.
 ///
@@ -111,11 +111,25 @@ impl Permit {
     /// Give the places back now, and wait for the store's answer (a
     /// failure is returned: the places then come back when their lease
     /// runs out).
+    ///
+    /// A release cancelled while it waits for a renewal in flight is
+    /// queued as a dropped permit's is; once its call is under way, a
+    /// cancelled one leaves the places to their lease.
     pub async fn release(mut self) -> Result<(), StoreError> {
-        match self.held.take() {
-            Some(held) => held.release().await,
-            None => Ok(()),
+        let Some(held) = self.held.clone() else {
+            return Ok(());
+        };
+        held.released.notify_one();
+        let mut holds = held.holds.lock().await;
+        // The release is this call's from here: the permit's drop queues
+        // nothing.
+        self.held = None;
+        let (requests, named) = held.held(&holds);
+        held.forget(&mut holds);
+        if requests.is_empty() {
+            return Ok(());
         }
+        held.queue.store().release(&requests, &named).await
     }
 
     /// How many concurrency layers this permit holds a place in.
@@ -149,7 +163,12 @@ impl Drop for Permit {
         // The renewing task stops at once, whether or not a runtime is
         // left to release on.
         held.released.notify_one();
-        if let Some(runtime) = held.runtime.clone() {
+        // The runtime it is dropped on, if any: the one it was made on may
+        // have shut down since (a task spawned there would never run).
+        let runtime = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| held.runtime.clone());
+        if let Some(runtime) = runtime {
             let queue = Arc::clone(&held.queue);
             queue.push(held, &runtime);
         }
@@ -170,18 +189,6 @@ impl Held {
                 Some((l.request(hold.cost), hold))
             })
             .unzip()
-    }
-
-    async fn release(&self) -> Result<(), StoreError> {
-        self.released.notify_one();
-        let mut holds = self.holds.lock().await;
-        let (requests, held) = self.held(&holds);
-        if requests.is_empty() {
-            return Ok(());
-        }
-        let answer = self.queue.store().release(&requests, &held).await;
-        self.forget(&mut holds);
-        answer
     }
 
     /// Given back, or left to their lease: this process holds its places

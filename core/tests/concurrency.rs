@@ -262,12 +262,72 @@ async fn shadow_layers_never_fail_an_acquisition() {
         .is_allowed());
 }
 
-/// The in-process store, counting release calls and the layers they carry.
+/// A permit taken on a runtime that then shut down, dropped outside any
+/// runtime: its release had nowhere to run. The next permit dropped on a
+/// live runtime gives back both places (the queue did not stay stuck
+/// waiting for a task that never ran).
+#[test]
+fn places_go_back_after_the_runtime_they_were_taken_on_shut_down() {
+    let limiter = limiter(2, &ManualClock::new(START));
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    let orphan = first.block_on(async { limiter.acquire(&customer(), 1).await.unwrap() });
+    drop(first);
+    drop(orphan.permit.expect("admitted"));
+    runtime().block_on(async {
+        let second = eventually_admitted(&limiter, &customer(), 10).await;
+        drop(second.expect("one place of two is free"));
+        let a = eventually_admitted(&limiter, &customer(), 100).await;
+        let b = eventually_admitted(&limiter, &customer(), 100).await;
+        assert!(a.is_some() && b.is_some(), "both places came back");
+    });
+}
+
+/// A release cancelled while it waits behind the permit's renewal is
+/// queued as a dropped permit's is: the place comes back once the renewal
+/// ends, not a lease later.
+#[tokio::test(start_paused = true)]
+async fn a_release_cancelled_behind_a_renewal_still_gives_the_place_back() {
+    let store = Arc::new(CountingReleases::default());
+    store.stall_renewals.store(true, Ordering::SeqCst);
+    let policy = Policy::new("exports", Limit::concurrency(1, LEASE).unwrap()).unwrap();
+    let limiter = Limiter::builder(store.clone())
+        .layer("in-flight", Scope::Subject, policy)
+        .build()
+        .unwrap();
+    let permit = limiter
+        .acquire(&customer(), 1)
+        .await
+        .unwrap()
+        .permit
+        .unwrap();
+    // The permit's own renewal starts a third of the lease later, and
+    // stalls in the store holding the permit's lock.
+    tokio::time::sleep(LEASE / 3 + Duration::from_millis(1)).await;
+    let cancelled = tokio::time::timeout(Duration::from_millis(10), permit.release()).await;
+    assert!(cancelled.is_err(), "the release waited behind the renewal");
+    store.renewal_gate.notify_one();
+    let again = eventually_admitted(&limiter, &customer(), 100).await;
+    assert!(
+        again.is_some(),
+        "the place came back without waiting a lease"
+    );
+}
+
+/// The in-process store, counting release calls and the layers they carry;
+/// its renewals wait for `renewal_gate` while `stall_renewals` is set.
 #[derive(Debug, Default)]
 struct CountingReleases {
     inner: MemoryStore,
     calls: AtomicUsize,
     layers: AtomicUsize,
+    stall_renewals: std::sync::atomic::AtomicBool,
+    renewal_gate: tokio::sync::Notify,
 }
 
 #[tollgate_limiter::async_trait]
@@ -297,6 +357,16 @@ impl tollgate_limiter::Store for CountingReleases {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.layers.fetch_add(layers.len(), Ordering::SeqCst);
         self.inner.release(layers, holds).await
+    }
+    async fn renew(
+        &self,
+        layers: &[tollgate_limiter::LayerRequest<'_>],
+        holds: &[tollgate_limiter::Hold],
+    ) -> Result<tollgate_limiter::Holds, tollgate_limiter::StoreError> {
+        if self.stall_renewals.load(Ordering::SeqCst) {
+            self.renewal_gate.notified().await;
+        }
+        self.inner.renew(layers, holds).await
     }
 }
 

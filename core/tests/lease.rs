@@ -327,6 +327,45 @@ async fn a_plan_change_ends_the_batch() {
     }
 }
 
+/// The task that ends quiet leases ran on a runtime that shut down: the
+/// next decision, on another runtime, starts it again, and the quiet
+/// lease's units come back.
+#[test]
+fn sweeping_starts_again_on_a_new_runtime() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let limiter = Limiter::builder(store.clone())
+        .clock(Arc::new(clock.clone()))
+        .layer("each", Scope::Subject, leased_bucket(50))
+        .build()
+        .unwrap();
+    let (hot, cold) = (
+        Context::for_subject(Subject::new("hot").unwrap()),
+        Context::for_subject(Subject::new("cold").unwrap()),
+    );
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    assert_eq!(first.block_on(admitted(&limiter, &hot, 300)), 300);
+    drop(first);
+    runtime().block_on(async {
+        // Another subject's decision (the hot one's lease stays untouched).
+        assert_eq!(admitted(&limiter, &cold, 1).await, 1);
+        clock.advance(Duration::from_millis(1_001));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    });
+    assert_eq!(
+        store.rewards.load(Ordering::SeqCst),
+        1,
+        "the quiet lease's units came back"
+    );
+}
+
 /// On an in-process store a lease changes nothing: no batches, the same
 /// answers as without it.
 #[tokio::test]
