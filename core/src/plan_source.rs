@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::plan::PlanName;
-use crate::plan_cache::AnswerCache;
+use crate::plan_cache::{AnswerCache, Over};
 use crate::subject::Subject;
 
 /// Where a customer's plan is kept (see [`Plans::source`](crate::Plans::source)).
@@ -176,8 +176,9 @@ impl PlanCache {
     }
 
     /// Ask the source for `customer`'s plan, under the deadline, and keep
-    /// the answer (a failure for `failure_ttl`); `index_of` finds a plan
-    /// by name.
+    /// the answer (a failure for `failure_ttl`, unless another request
+    /// kept an answer meanwhile: that one is answered); `index_of` finds a
+    /// plan by name.
     pub(crate) async fn fetch(
         &self,
         customer: &Subject,
@@ -198,11 +199,12 @@ impl PlanCache {
             }
             Err(_) => Answer::Failed("source_timeout"),
         };
-        let ttl = match answer {
-            Answer::Failed("source_failed" | "source_timeout") => self.config.failure_ttl,
-            _ => self.config.ttl,
+        let (ttl, over) = match answer {
+            Answer::Failed("source_failed" | "source_timeout") => {
+                (self.config.failure_ttl, Over::Expired)
+            }
+            _ => (self.config.ttl, Over::Any),
         };
-        self.answers.insert(customer.clone(), answer, ttl);
-        answer
+        self.answers.keep(customer.clone(), answer, ttl, over)
     }
 }
