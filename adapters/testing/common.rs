@@ -272,8 +272,24 @@ pub async fn reload(live: &tollgate_config::LiveConfig, limit: u64) {
         .unwrap();
 }
 
-/// Three CORS preflights on `POST /login` (limit 2) are not charged: the
-/// POST after them finds one unit used, its own.
+/// CORS preflights on `/login` (limit 2, a handler for every method) are
+/// charged: two pass through the handler, the third is refused.
+pub async fn assert_preflights_are_charged(http: &Http) {
+    let preflight = [
+        ("origin", "https://app.example"),
+        ("access-control-request-method", "POST"),
+    ];
+    for remaining in [1, 0] {
+        let reply = http.send("OPTIONS", "/login", &preflight).await;
+        assert_eq!(reply.status, StatusCode::OK, "the handler ran: charged");
+        assert_eq!(reply.remaining_and_reset().0, remaining);
+    }
+    let reply = http.send("OPTIONS", "/login", &preflight).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// With `charge_preflights(false)`: three preflights pass uncharged, then
+/// the real request still has its full budget (2).
 pub async fn assert_preflights_are_free(http: &Http) {
     let preflight = [
         ("origin", "https://app.example"),

@@ -228,16 +228,30 @@ fn serve_with(routes: impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static)
     Http::new(addr)
 }
 
-/// A browser's CORS preflight is not charged, even with the middleware
-/// around the whole app.
+/// A browser's CORS preflight is charged by default (any client can send
+/// one, and `Resource::to` runs its handler for every method); with
+/// `charge_preflights(false)` it is not, even with the middleware around
+/// the whole app.
 #[actix_web::test]
-async fn cors_preflights_are_not_charged() {
+async fn cors_preflights_are_charged_unless_told_otherwise() {
     let (_clock, store) = memory_store();
-    let rate_limit = by_ip(per_minute(store, "login", 2), ClientIp::direct());
+    let rate_limit = by_ip(per_minute(store.clone(), "login", 2), ClientIp::direct());
     let http = serve_with(move |cfg| {
         cfg.service(
             web::scope("")
                 .wrap(rate_limit.clone())
+                .service(web::resource("/login").to(|| async { "welcome" })),
+        );
+    });
+    common::assert_preflights_are_charged(&http).await;
+    let free = by_ip_builder(per_minute(store, "login-free", 2), ClientIp::direct())
+        .charge_preflights(false)
+        .build()
+        .unwrap();
+    let http = serve_with(move |cfg| {
+        cfg.service(
+            web::scope("")
+                .wrap(free.clone())
                 .route("/login", web::post().to(|| async { "welcome" })),
         );
     });

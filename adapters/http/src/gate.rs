@@ -208,7 +208,7 @@ impl<R: ?Sized> Gate<R> {
     /// A builder over `limiter` (a [`Limiter`](tollgate_limiter::Limiter), or a live route of a
     /// reloadable configuration): no identity source yet (building fails if
     /// a layer needs one), cost 1 (a live route's own cost), CORS
-    /// preflights not charged, standard headers only.
+    /// preflights charged like any request, standard headers only.
     pub fn builder(limiter: impl Into<LimiterSource>) -> GateBuilder<R> {
         GateBuilder::new(limiter)
     }
@@ -431,8 +431,12 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
     }
 
     /// Whether CORS preflights (`OPTIONS` with `Origin` and
-    /// `Access-Control-Request-Method`) are charged (default false: a browser sends one before the real
-    /// request, which alone is charged).
+    /// `Access-Control-Request-Method`) are charged (default true). Any
+    /// client can send those headers, and a route that accepts every
+    /// method (axum's `any`, a tonic service, actix-web's `Resource::to`)
+    /// would run its handler for one. Pass `false` so that a browser's
+    /// preflight costs nothing only when a CORS layer behind the limiter
+    /// answers every `OPTIONS` before any handler.
     pub fn charge_preflights(mut self, on: bool) -> Self {
         self.gate.skip = self.gate.skip.preflights(!on);
         self
@@ -737,7 +741,7 @@ mod tests {
     fn prepare_uses_identity_cost_and_skip_rules() {
         let store = Arc::new(tollgate_memory::MemoryStore::default());
         let gate: Gate<http::request::Parts> =
-            Gate::builder(limiter(store, OnStoreFailure::FailClosed))
+            Gate::builder(limiter(store.clone(), OnStoreFailure::FailClosed))
                 .identity(Identity::new().fallback(Subject::new("anon").unwrap()))
                 .cost_with(
                     |p: &http::request::Parts| if p.method == http::Method::POST { 2 } else { 1 },
@@ -758,18 +762,30 @@ mod tests {
             .unwrap()
             .into_parts();
         assert!(
-            gate.prepare(&preflight, &preflight).is_none(),
-            "a CORS preflight is not charged"
+            gate.prepare(&preflight, &preflight).is_some(),
+            "a CORS preflight is charged by default: any client can send one"
+        );
+        let free_preflights: Gate<http::request::Parts> =
+            Gate::builder(limiter(store.clone(), OnStoreFailure::FailClosed))
+                .identity(Identity::new().fallback(Subject::new("anon").unwrap()))
+                .charge_preflights(false)
+                .build()
+                .unwrap();
+        assert!(
+            free_preflights.prepare(&preflight, &preflight).is_none(),
+            "not charged when asked"
         );
         let (plain_options, ()) = http::Request::options("/").body(()).unwrap().into_parts();
-        assert!(gate.prepare(&plain_options, &plain_options).is_some());
+        assert!(free_preflights
+            .prepare(&plain_options, &plain_options)
+            .is_some());
         // Without `Origin` it is no browser's preflight: charged.
         let (no_origin, ()) = http::Request::options("/")
             .header("access-control-request-method", "POST")
             .body(())
             .unwrap()
             .into_parts();
-        assert!(gate.prepare(&no_origin, &no_origin).is_some());
+        assert!(free_preflights.prepare(&no_origin, &no_origin).is_some());
     }
 
     #[test]

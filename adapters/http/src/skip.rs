@@ -14,7 +14,7 @@ type Rule<R> = Arc<dyn Fn(&R, &dyn RequestView) -> bool + Send + Sync>;
 
 /// The skip rules of a gate.
 pub(crate) struct Skip<R: ?Sized> {
-    /// Skip CORS preflights (the default).
+    /// Skip CORS preflights (not by default: any client can send one).
     preflights: bool,
     /// Methods not limited (uppercase).
     methods: Vec<String>,
@@ -26,7 +26,7 @@ pub(crate) struct Skip<R: ?Sized> {
 impl<R: ?Sized> Default for Skip<R> {
     fn default() -> Self {
         Skip {
-            preflights: true,
+            preflights: false,
             methods: Vec::new(),
             paths: Vec::new(),
             rules: Vec::new(),
@@ -67,8 +67,9 @@ impl<R: ?Sized> Skip<R> {
 /// A browser's CORS preflight: `OPTIONS` with `Origin` and
 /// `Access-Control-Request-Method` (the Fetch standard sends both). A plain
 /// `OPTIONS` is an ordinary request. Any client can send these headers, so
-/// a route that serves `OPTIONS` itself should not rely on the limiter for
-/// it (`charge_preflights(true)`).
+/// preflights are charged unless the gate is told otherwise
+/// (`charge_preflights(false)`), which is safe only where no handler
+/// behind the limiter answers `OPTIONS` (a CORS layer answers them).
 pub fn is_cors_preflight(view: &dyn RequestView) -> bool {
     view.method() == "OPTIONS"
         && !view.header_values("origin").is_empty()

@@ -285,6 +285,8 @@ pub struct Rules {
     clock: Arc<dyn Clock>,
     hash_key: Option<HashKey>,
     combined: RwLock<HashMap<Vec<RuleUse>, Arc<Combined>>>,
+    /// The distinct limit overrides counted ([`Rules::counts_override`]).
+    overrides: std::sync::Mutex<BTreeSet<LimitOverride>>,
 }
 
 impl Rules {
@@ -391,6 +393,10 @@ fn hashed_entries(entries: &[(String, Vec<u8>)]) -> Subject {
 /// from clients.
 const MAX_DETAILED_LABELS: usize = 10_000;
 
+/// Longest value a `detailed_metric` label shows as sent; a longer one
+/// (or one that is not UTF-8) is shown hashed.
+const MAX_LABEL_VALUE: usize = 64;
+
 /// `label` of `domain` if it is one of the first [`MAX_DETAILED_LABELS`].
 fn bounded_label(domain: &str, label: String) -> Option<String> {
     static SEEN: std::sync::OnceLock<std::sync::Mutex<HashSet<(String, String)>>> =
@@ -415,6 +421,19 @@ pub const MAX_DESCRIPTORS: usize = 64;
 /// Most limiters kept for combinations of rules; past it, a new
 /// combination gets a limiter of its own for that request only.
 const MAX_CACHED: usize = 4096;
+
+/// Distinct limit overrides one configuration counts (see
+/// `Rules::counts_override`); a route's overrides are a handful.
+const MAX_OVERRIDES: usize = 1024;
+
+/// Whether `item` is in `seen`, or added to it while it holds fewer than
+/// `max`.
+fn admit_distinct<T: Ord>(seen: &mut BTreeSet<T>, item: T, max: usize) -> bool {
+    if seen.contains(&item) {
+        return true;
+    }
+    seen.len() < max && seen.insert(item)
+}
 
 /// The key in environment variable `name` that hashed entries are
 /// hashed with.
@@ -631,6 +650,7 @@ impl Rules {
             clock,
             hash_key,
             combined: RwLock::new(HashMap::new()),
+            overrides: std::sync::Mutex::new(BTreeSet::new()),
         };
         for (i, rule) in rules.rules.iter().enumerate() {
             rules
@@ -765,7 +785,12 @@ impl Rules {
                     _ if counted && !name.is_empty() && replaced.contains(name) => {
                         Found::Free { unlimited: false }
                     }
-                    Found::Rule(_) if d.limit.is_some_and(|o| o.limit().is_none()) => Found::Over,
+                    Found::Rule(_)
+                        if d.limit
+                            .is_some_and(|o| o.limit().is_none() || !self.counts_override(o)) =>
+                    {
+                        Found::Over
+                    }
                     found => found,
                 }
             })
@@ -792,7 +817,12 @@ impl Rules {
         if !leaf.detailed {
             return rule.label.clone();
         }
-        let entry = |(k, v): &(String, Vec<u8>)| format!("{k}_{}", String::from_utf8_lossy(v));
+        let entry = |(k, v): &(String, Vec<u8>)| match std::str::from_utf8(v) {
+            Ok(text) if v.len() <= MAX_LABEL_VALUE => format!("{k}_{text}"),
+            // A long or binary value is shown by its hash: labels stay
+            // small whatever clients send.
+            _ => format!("{k}_{}", Subject::hashed(v, odd_values_key())),
+        };
         let detailed = d.entries.iter().map(entry).collect::<Vec<_>>().join(".");
         bounded_label(&leaf.domain, detailed).map_or_else(|| rule.label.clone(), Arc::from)
     }
@@ -820,6 +850,16 @@ impl Rules {
             layers.push((name.clone(), scope.clone(), policy));
         }
         Ok(layers)
+    }
+
+    /// Whether `limit` is an override these rules count: each distinct one
+    /// is a policy of its own, whose layer descriptions and metric series
+    /// are kept for good, so a caller sending ever new overrides would grow
+    /// them without bound. The first [`MAX_OVERRIDES`] distinct ones seen
+    /// are counted; a new one past them makes its descriptor over the limit.
+    fn counts_override(&self, limit: LimitOverride) -> bool {
+        let mut seen = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        admit_distinct(&mut seen, limit, MAX_OVERRIDES)
     }
 
     /// The limiter of a combination of rules, each with its descriptor's

@@ -419,7 +419,8 @@ descriptors:
 #[tokio::test]
 async fn detailed_metrics_label_values_only_where_asked() {
     let (_dir, server, _clock) = serve(&[("example8.yaml", DETAILED)]).await;
-    for value in ["unspecified_value", "unspecified_value2", "value1"] {
+    let long = "v".repeat(65);
+    for value in ["unspecified_value", "unspecified_value2", "value1", &long] {
         ask(&server, "example8", &[&[("key1", value)]]).await;
     }
     for value in ["a", "b"] {
@@ -435,6 +436,15 @@ async fn detailed_metrics_label_values_only_where_asked() {
     assert_eq!(hits("key1_unspecified_value"), 1.0);
     assert_eq!(hits("key1_unspecified_value2"), 1.0);
     assert_eq!(hits("key1_value1"), 1.0);
+    // A value longer than 64 bytes is labelled by its hash.
+    assert_eq!(hits(&format!("key1_{long}")), 0.0);
+    let hashed = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("tollgate_rule_total_hits_total{domain=\"example8\",rule=\"key1_h.")
+        })
+        .count();
+    assert_eq!(hashed, 1, "one hashed label");
     assert_eq!(hits("key2"), 2.0, "rolled up into the base entry");
     assert_eq!(hits("key2_a"), 0.0);
     server.shutdown().await;

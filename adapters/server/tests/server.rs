@@ -777,6 +777,40 @@ async fn a_descriptor_limit_override_is_applied() {
     server.shutdown().await;
 }
 
+/// Each distinct override is a policy of its own, kept for good: past
+/// 1,024 distinct ones a new one is over the limit (a caller cannot grow
+/// the server's memory without bound), while those already counted go on.
+#[tokio::test]
+async fn distinct_overrides_are_bounded() {
+    let (_file, server) = start_with("").await;
+    let mut c = client(server.grpc_addr()).await;
+    let second = 1;
+    for n in 1..=1_024 {
+        let r = ask(
+            &mut c,
+            vec![with_override(user("b1", "b-acme"), n, second)],
+            0,
+        )
+        .await;
+        assert_eq!(r.overall_code, OK, "override {n}");
+    }
+    let r = ask(
+        &mut c,
+        vec![with_override(user("b1", "b-acme"), 1_025, second)],
+        0,
+    )
+    .await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]), "one past the bound");
+    let r = ask(
+        &mut c,
+        vec![with_override(user("b2", "b-acme"), 7, second)],
+        0,
+    )
+    .await;
+    assert_eq!(r.overall_code, OK, "an override already counted");
+    server.shutdown().await;
+}
+
 /// `grpc.health.v1` answers SERVING for the server and the rate limit
 /// service, as Envoy's and Kubernetes' gRPC health checks ask.
 #[tokio::test]

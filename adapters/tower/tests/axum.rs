@@ -285,15 +285,30 @@ async fn per_route_cost_and_legacy_headers() {
     assert_eq!(reply.remaining_and_reset().0, 0);
 }
 
-/// A browser's CORS preflight is not charged, even with the limiter around
-/// the whole router: three preflights, then the real request still has its
+/// A browser's CORS preflight is charged by default (any client can send
+/// one, and a route serving every method would run its handler); with
+/// `charge_preflights(false)` it is not, even with the limiter around the
+/// whole router: three preflights, then the real request still has its
 /// full budget.
 #[tokio::test]
-async fn cors_preflights_are_not_charged() {
+async fn cors_preflights_are_charged_unless_told_otherwise() {
     let (_clock, store) = memory_store();
     let app = Router::new()
+        .route("/login", axum::routing::any(|| async { "welcome" }))
+        .layer(by_ip(
+            per_minute(store.clone(), "login", 2),
+            ClientIp::direct(),
+        ));
+    let http = serve(app).await;
+    common::assert_preflights_are_charged(&http).await;
+    let free = RateLimitLayer::builder(per_minute(store, "login-free", 2))
+        .identity(Identity::new().client_ip(ClientIp::direct()))
+        .charge_preflights(false)
+        .build()
+        .unwrap();
+    let app = Router::new()
         .route("/login", axum::routing::post(|| async { "welcome" }))
-        .layer(by_ip(per_minute(store, "login", 2), ClientIp::direct()));
+        .layer(free);
     let http = serve(app).await;
     common::assert_preflights_are_free(&http).await;
     // A plain OPTIONS (no preflight) is an ordinary request: charged.
