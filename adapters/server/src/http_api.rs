@@ -163,7 +163,10 @@ async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response 
         .into_iter()
         .map(|d| {
             let entries = d.entries.into_iter().map(|e| (e.key, e.value));
-            Descriptor::new(entries, d.hits_addend.unwrap_or(request.hits_addend))
+            // As on gRPC: the request's 0 (unset) means 1, a descriptor's
+            // own 0 checks without charging.
+            let hits = d.hits_addend.unwrap_or(request.hits_addend.max(1));
+            Descriptor::new(entries, hits)
         })
         .collect();
     let rules = shared.rules();

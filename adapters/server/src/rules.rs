@@ -32,7 +32,10 @@ pub struct Descriptor {
     /// UTF-8 never matches a rule's fixed value and is counted under its
     /// hash.
     pub entries: Vec<(String, Vec<u8>)>,
-    /// Units it costs (Envoy's `hits_addend`; 0 or unset means 1).
+    /// Units it costs (Envoy's `hits_addend`); 0 checks without charging:
+    /// over the limit when one unit would be refused (a descriptor's own
+    /// `hits_addend` of 0, as envoyproxy/ratelimit reads it; a request's
+    /// unset or 0 `hits_addend` is 1).
     pub hits: u64,
     /// Envoy's dynamic limit for this descriptor, which replaces the limit
     /// of each of its rule's layers.
@@ -1080,9 +1083,10 @@ impl Rules {
             ctx = self.context(ctx, rule, &descriptors[d]);
         }
         let limiter = &combined.limiter;
-        // After a denial nothing more is charged: the rest is peeked.
-        let decided = if denied {
-            limiter.peek(&ctx, cost).await
+        // After a denial nothing more is charged: the rest is peeked; so is
+        // a round of descriptors that only check (cost 0), for one unit.
+        let decided = if denied || cost == 0 {
+            limiter.peek(&ctx, cost.max(1)).await
         } else {
             limiter.check(&ctx, cost).await
         };
@@ -1145,7 +1149,7 @@ fn rounds(
         if !statuses[d].ok {
             continue;
         }
-        let hits = descriptors[d].hits.max(1);
+        let hits = descriptors[d].hits;
         let joins = |(cost, ds): &&mut (u64, Vec<usize>)| {
             together && *cost == hits && ds.iter().all(|&o| matched[o] != Some(*rule))
         };

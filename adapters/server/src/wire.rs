@@ -73,7 +73,9 @@ pub struct WireU64 {
 impl WireRequest {
     /// The domain and the descriptors the rules decide.
     pub fn into_descriptors(self) -> (String, Vec<Descriptor>) {
-        let hits = u64::from(self.hits_addend);
+        // The request's 0 (unset) means 1; a descriptor's own 0 checks
+        // without charging (envoyproxy/ratelimit's `GetHitsAddends`).
+        let hits = u64::from(self.hits_addend).max(1);
         let descriptors = self
             .descriptors
             .into_iter()

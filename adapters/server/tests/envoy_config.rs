@@ -35,6 +35,11 @@ rate = 3
 period = "1m"
 burst = 3
 
+[policies.in_flight]
+algorithm = "concurrency"
+limit = 2
+lease = "30s"
+
 [server]
 grpc_listen = "127.0.0.1:0"
 http_listen = "127.0.0.1:0"
@@ -450,6 +455,37 @@ async fn detailed_metrics_label_values_only_where_asked() {
     server.shutdown().await;
 }
 
+/// Values written as numbers or booleans are their text, and merge keys
+/// apply, as the reference's YAML reader reads them.
+#[tokio::test]
+async fn numbers_booleans_and_merge_keys_read_as_the_reference_reads_them() {
+    let yaml = r#"
+domain: scalars
+descriptors:
+  - &status
+    key: status
+    value: 429
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - <<: *status
+    value: 500
+  - key: beta
+    value: true
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+"#;
+    let (_dir, server, _clock) = serve(&[("scalars.yaml", yaml)]).await;
+    for (key, value) in [("status", "429"), ("status", "500"), ("beta", "true")] {
+        let r = ask(&server, "scalars", &[&[(key, value)]]).await;
+        assert_eq!(codes(&r), (OK, vec![OK]), "{key} {value}: counted");
+        assert!(
+            r.statuses[0].current_limit.is_some(),
+            "{key} {value}: its limit"
+        );
+        let r = ask(&server, "scalars", &[&[(key, value)]]).await;
+        assert_eq!(codes(&r), (OVER, vec![OVER]), "{key} {value}: one a minute");
+    }
+    server.shutdown().await;
+}
+
 /// Every error case of the reference refuses the start, with its reason;
 /// and a reload to any of them keeps the running rules.
 #[tokio::test]
@@ -498,6 +534,10 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
         (
             vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    tollgate: { policy: nowhere }\n".into())],
             "tollgate.policy \"nowhere\" is not a [policies.<name>]",
+        ),
+        (
+            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    tollgate: { policy: in_flight }\n".into())],
+            "tollgate.policy \"in_flight\" is a concurrency limit",
         ),
     ];
     for (files, reason) in &cases {

@@ -220,6 +220,38 @@ async fn should_rate_limit_decides_descriptors_together() {
     );
     let r = ask(&mut c, vec![user("u2", "acme")], 9).await;
     assert_eq!(r.overall_code, OVER, "more than the limit can ever hold");
+    // A descriptor's own 0 checks without charging: u2 is full, u4 not.
+    let check_only = |user: &str| descriptor(&[("user_id", user), ("tenant_id", "acme4")], Some(0));
+    let r = ask(
+        &mut c,
+        vec![descriptor(
+            &[("user_id", "u2"), ("tenant_id", "acme")],
+            Some(0),
+        )],
+        3,
+    )
+    .await;
+    assert_eq!(r.overall_code, OVER, "full: one more unit would be refused");
+    let checked = ask(&mut c, vec![check_only("u4")], 3).await;
+    assert_eq!(checked.overall_code, OK);
+    let again = ask(&mut c, vec![check_only("u4")], 3).await;
+    assert_eq!(
+        again.statuses[0].limit_remaining, checked.statuses[0].limit_remaining,
+        "nothing charged"
+    );
+    let charged = ask(
+        &mut c,
+        vec![descriptor(
+            &[("user_id", "u4"), ("tenant_id", "acme4")],
+            None,
+        )],
+        1,
+    )
+    .await;
+    assert_eq!(
+        charged.statuses[0].limit_remaining, 4,
+        "the first unit charged: 5 - 1"
+    );
 
     // The tenant layer is shared: u1 and u2 used 3 + 5 of acme's 8.
     let r = ask(&mut c, vec![user("u3", "acme")], 0).await;

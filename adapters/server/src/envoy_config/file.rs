@@ -68,7 +68,7 @@ pub(super) fn check_keys(value: &serde_norway::Value) -> Result<(), String> {
 /// A file: one domain and its descriptors.
 #[derive(Debug, Deserialize)]
 pub(super) struct File {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar_text")]
     pub(super) domain: String,
     #[serde(default)]
     pub(super) descriptors: Vec<DescriptorYaml>,
@@ -91,10 +91,10 @@ pub(super) struct DomainExtension {
 /// One descriptor of the tree.
 #[derive(Debug, Deserialize)]
 pub(super) struct DescriptorYaml {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar_text")]
     pub(super) key: String,
     /// None or empty: the default for any value of `key`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_scalar_text")]
     pub(super) value: Option<String>,
     #[serde(default)]
     pub(super) rate_limit: Option<RateLimitYaml>,
@@ -122,11 +122,11 @@ pub(super) struct DescriptorYaml {
 pub(super) struct RateLimitYaml {
     #[serde(default)]
     pub(super) requests_per_unit: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar_text")]
     pub(super) unit: String,
     #[serde(default)]
     pub(super) unlimited: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar_text")]
     pub(super) name: String,
     #[serde(default)]
     pub(super) replaces: Vec<Replaces>,
@@ -135,8 +135,32 @@ pub(super) struct RateLimitYaml {
 /// One entry of `replaces:`.
 #[derive(Debug, Deserialize)]
 pub(super) struct Replaces {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "scalar_text")]
     pub(super) name: String,
+}
+
+/// The text of a scalar: the reference reads `value: 429` or `value: true`
+/// into its text fields as text, so a number or a boolean is its text (a
+/// number as its value reads: `1.50` is `1.5`).
+fn scalar_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    optional_scalar_text(d)?
+        .ok_or_else(|| serde::de::Error::custom("expected text, found nothing (null)"))
+}
+
+/// As [`scalar_text`], `None` for a null (`value: ~`, or `value:` alone).
+fn optional_scalar_text<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<String>, D::Error> {
+    use serde_norway::Value;
+    match Value::deserialize(d)? {
+        Value::Null => Ok(None),
+        Value::String(text) => Ok(Some(text)),
+        Value::Number(n) => Ok(Some(n.to_string())),
+        Value::Bool(b) => Ok(Some(b.to_string())),
+        other => Err(serde::de::Error::custom(format!(
+            "expected text, found {other:?}"
+        ))),
+    }
 }
 
 /// `tollgate:` of a descriptor.

@@ -151,7 +151,10 @@ impl Domains {
         for path in files(dir).map_err(|e| refuse(dir, e))? {
             let text = std::fs::read_to_string(&path).map_err(|e| refuse(&path, e.to_string()))?;
             let loading = |e| refuse(&path, format!("error loading config file: {e}"));
-            let value: serde_norway::Value = serde_norway::from_str(&text).map_err(loading)?;
+            let mut value: serde_norway::Value = serde_norway::from_str(&text).map_err(loading)?;
+            // Merge keys (`<<: *defaults`), which the reference's YAML
+            // reader applies too.
+            value.apply_merge().map_err(loading)?;
             file::check_keys(&value).map_err(|e| refuse(&path, e))?;
             let file: File = serde_norway::from_value(value).map_err(loading)?;
             domains.add(file, policy).map_err(|e| refuse(&path, e))?;
@@ -254,6 +257,12 @@ fn leaf(
             }
         }
         (None, Some(extension)) => match policy(&extension.policy) {
+            Some(p) if matches!(p.limit(), Limit::Concurrency(_)) => {
+                return Err(format!(
+                    "descriptor {:?}: tollgate.policy {:?} is a concurrency limit: Envoy's rate limit protocol cannot give a place back, so it would stay taken until its lease ran out; hold places through the HTTP API (POST /v1/acquire)",
+                    d.key, extension.policy
+                ))
+            }
             Some(p) => Counting::Policy(shadow(p)),
             None => {
                 return Err(format!(
