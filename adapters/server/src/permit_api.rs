@@ -142,7 +142,13 @@ pub(crate) async fn release(
     if !authorized(&shared, &headers) {
         return unauthorized();
     }
-    let Some(permit) = shared.permits.remove(&id) else {
+    // (Waits for a renewal of the same permit in flight.)
+    let held = shared.permits.remove(&id);
+    let permit = match held {
+        Some(held) => held.take().await,
+        None => None,
+    };
+    let Some(permit) = permit else {
         return gone();
     };
     match permit.release().await {
@@ -164,9 +170,11 @@ fn gone() -> Response {
 
 /// Give back every permit whose client's lease has ended.
 async fn release_expired(shared: &Shared) {
-    for permit in shared.permits.expired(shared.clock.now()) {
-        // A failed release leaves the place to its lease in the store.
-        let _ = permit.release().await;
+    for held in shared.permits.expired(shared.clock.now()) {
+        if let Some(permit) = held.take().await {
+            // A failed release leaves the place to its lease in the store.
+            let _ = permit.release().await;
+        }
     }
 }
 

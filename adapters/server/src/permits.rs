@@ -2,12 +2,18 @@
 //! route, keeps it by renewing within its lease, and gives it back. The
 //! server holds each place's permit under an unguessable id; a client that
 //! stops renewing (it died) loses its place one lease after its last call.
+//!
+//! A permit stays in the table while its renewal waits for the store: a
+//! release or another renewal of the same id meanwhile waits for that
+//! renewal to end, then goes on with the permit it left (a release that
+//! answered 404 then would leave the place held, and the client, acquiring
+//! again, would hold two).
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tollgate_limiter::{Clock, Permit, Timestamp};
@@ -15,17 +21,30 @@ use tollgate_limiter::{Clock, Permit, Timestamp};
 /// The permits held for clients, by id.
 #[derive(Debug, Default)]
 pub(crate) struct Permits {
-    held: Mutex<HashMap<String, Held>>,
+    held: Mutex<HashMap<String, Arc<Held>>>,
+    /// No client's lease ends before this (µs): a sweep before it has
+    /// nothing to look for (a renewal only moves a lease's end later).
+    next_end: AtomicU64,
     /// Two keyed hashers (random keys per process) and a counter: ids
     /// nobody can guess from the ones they were given.
     ids: (RandomState, RandomState, AtomicU64),
 }
 
+/// One client's permit.
 #[derive(Debug)]
-struct Held {
-    permit: Permit,
-    /// The client's last call plus the lease, by the server's clock.
-    until: Timestamp,
+pub(crate) struct Held {
+    /// `None` once given back or lost. Locked for a whole renewal.
+    permit: tokio::sync::Mutex<Option<Permit>>,
+    /// The client's last call plus the lease, by the server's clock (µs).
+    until: AtomicU64,
+}
+
+impl Held {
+    /// Give the permit back, once any renewal in flight has ended; `None`
+    /// when there is none left to give (lost, or given back already).
+    pub(crate) async fn take(&self) -> Option<Permit> {
+        self.permit.lock().await.take()
+    }
 }
 
 /// What a renewal found.
@@ -40,7 +59,7 @@ pub(crate) enum Renewed {
 }
 
 impl Permits {
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Held>>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -52,54 +71,185 @@ impl Permits {
             self.ids.0.hash_one(n),
             self.ids.1.hash_one(n)
         );
-        let until = now.saturating_add(permit.lease());
-        self.table().insert(id.clone(), Held { permit, until });
+        let until = now.saturating_add(permit.lease()).as_micros();
+        let held = Arc::new(Held {
+            permit: tokio::sync::Mutex::new(Some(permit)),
+            until: AtomicU64::new(until),
+        });
+        let mut table = self.table();
+        if table.is_empty() {
+            self.next_end.store(until, Ordering::Relaxed);
+        } else {
+            self.next_end.fetch_min(until, Ordering::Relaxed);
+        }
+        table.insert(id.clone(), held);
         id
     }
 
-    /// The permit `id`, taken out to be given back.
-    pub(crate) fn remove(&self, id: &str) -> Option<Permit> {
-        self.table().remove(id).map(|h| h.permit)
+    /// The permit `id`, out of the table, to be given back ([`Held::take`]).
+    pub(crate) fn remove(&self, id: &str) -> Option<Arc<Held>> {
+        self.table().remove(id)
     }
 
     /// Renew permit `id` at `now`: its places in the store, and the
     /// client's lease.
     pub(crate) async fn renew(&self, id: &str, clock: &dyn Clock) -> Renewed {
-        // Out of the table while the store answers (no lock held across
-        // the call); put back when still held.
-        let Some(held) = self.table().remove(id) else {
+        // (No table lock across the store's call: the permit's own.)
+        let Some(held) = self.table().get(id).cloned() else {
             return Renewed::Gone;
         };
-        match held.permit.renew().await {
+        let mut permit = held.permit.lock().await;
+        let Some(renewing) = permit.as_ref() else {
+            return Renewed::Gone;
+        };
+        match renewing.renew().await {
             Ok(true) => {
-                let lease = held.permit.lease();
-                let until = clock.now().saturating_add(lease);
-                let permit = held.permit;
-                self.table().insert(id.to_string(), Held { permit, until });
+                let lease = renewing.lease();
+                let until = clock.now().saturating_add(lease).as_micros();
+                held.until.fetch_max(until, Ordering::Relaxed);
                 Renewed::Held(lease)
             }
             // Lost in the store: the client acquires again.
-            Ok(false) => Renewed::Gone,
-            // Kept, under the lease it had.
-            Err(_) => {
-                self.table().insert(id.to_string(), held);
-                Renewed::Unavailable
+            Ok(false) => {
+                *permit = None;
+                let mut table = self.table();
+                if table.get(id).is_some_and(|h| Arc::ptr_eq(h, &held)) {
+                    table.remove(id);
+                }
+                Renewed::Gone
             }
+            // Kept, under the lease it had.
+            Err(_) => Renewed::Unavailable,
         }
     }
 
     /// Take out every permit whose client's lease ended by `now`, to be
-    /// given back.
-    pub(crate) fn expired(&self, now: Timestamp) -> Vec<Permit> {
+    /// given back. The table is looked through only once a lease may have
+    /// ended.
+    pub(crate) fn expired(&self, now: Timestamp) -> Vec<Arc<Held>> {
+        let now = now.as_micros();
+        if now < self.next_end.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
         let mut table = self.table();
-        let ended: Vec<String> = table
-            .iter()
-            .filter(|(_, h)| h.until <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
+        let mut ended = Vec::new();
+        let mut next_end = u64::MAX;
+        table.retain(|_, held| {
+            let until = held.until.load(Ordering::Relaxed);
+            if until <= now {
+                ended.push(Arc::clone(held));
+                return false;
+            }
+            next_end = next_end.min(until);
+            true
+        });
+        self.next_end.store(next_end, Ordering::Relaxed);
         ended
-            .into_iter()
-            .filter_map(|id| table.remove(&id).map(|h| h.permit))
-            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tollgate_limiter::{
+        async_trait, Context, Decide, Hold, Holds, LayerRequest, Limit, Limiter, ManualClock,
+        Policy, Scope, Store, StoreError, Subject, Verdicts,
+    };
+    use tollgate_memory::MemoryStore;
+
+    use super::*;
+
+    /// The in-process store, whose renewals wait for `gate`.
+    #[derive(Debug, Default)]
+    struct Stalling {
+        inner: MemoryStore,
+        gate: tokio::sync::Notify,
+    }
+
+    #[async_trait]
+    impl Store for Stalling {
+        fn kind(&self) -> &'static str {
+            "stalling"
+        }
+        fn decide<'a>(
+            &'a self,
+            layers: &'a [LayerRequest<'a>],
+            verdicts: &'a mut Verdicts,
+        ) -> Decide<'a> {
+            self.inner.decide(layers, verdicts)
+        }
+        async fn acquire(
+            &self,
+            layers: &[LayerRequest<'_>],
+        ) -> Result<(Verdicts, Holds), StoreError> {
+            self.inner.acquire(layers).await
+        }
+        async fn release(
+            &self,
+            layers: &[LayerRequest<'_>],
+            holds: &[Hold],
+        ) -> Result<(), StoreError> {
+            self.inner.release(layers, holds).await
+        }
+        async fn renew(
+            &self,
+            layers: &[LayerRequest<'_>],
+            holds: &[Hold],
+        ) -> Result<Holds, StoreError> {
+            self.gate.notified().await;
+            self.inner.renew(layers, holds).await
+        }
+    }
+
+    /// A release that comes while the same permit's renewal waits for the
+    /// store gives the place back once the renewal ends (it used to find
+    /// no such permit, and the renewal put it back for another lease).
+    #[tokio::test]
+    async fn a_release_during_a_renewal_gives_the_place_back() {
+        let store = Arc::new(Stalling::default());
+        let policy = Policy::new(
+            "jobs",
+            Limit::concurrency(1, Duration::from_secs(30)).unwrap(),
+        )
+        .unwrap();
+        let limiter = Limiter::builder(store.clone())
+            .layer("in-flight", Scope::Subject, policy)
+            .build()
+            .unwrap();
+        let ctx = Context::for_subject(Subject::new("acme").unwrap());
+        let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+            1_780_000_000_000_000,
+        )));
+        let permits = Arc::new(Permits::default());
+        let permit = limiter.acquire(&ctx, 1).await.unwrap().permit.unwrap();
+        let id = permits.insert(permit, clock.now());
+        let renewing = {
+            let (permits, id, clock) = (permits.clone(), id.clone(), clock.clone());
+            tokio::spawn(async move { permits.renew(&id, &*clock).await })
+        };
+        let releasing = {
+            let (permits, id) = (permits.clone(), id.clone());
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    tokio::task::yield_now().await; // the renewal first
+                }
+                let held = permits.remove(&id).expect("still in the table");
+                held.take()
+                    .await
+                    .expect("left by the renewal")
+                    .release()
+                    .await
+            })
+        };
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        store.gate.notify_one();
+        assert!(matches!(renewing.await.unwrap(), Renewed::Held(_)));
+        releasing.await.unwrap().expect("released");
+        let again = limiter.acquire(&ctx, 1).await.unwrap();
+        assert!(again.decision.is_allowed(), "the place came back");
+        assert!(matches!(permits.renew(&id, &*clock).await, Renewed::Gone));
     }
 }
