@@ -320,11 +320,24 @@ fn bad_units_zones_and_anchors_name_their_field() {
     assert_eq!(from.field(), "from");
     let year = Recurrence::new(Month, "UTC", "1900-01-01T00:00").unwrap_err();
     assert_eq!(year.field(), "from");
-    let offset = Recurrence::new(Month, "UTC", "2025-01-17T00:00-05:00").unwrap_err();
-    assert!(
-        offset.to_string().contains("the zone is time_zone"),
-        "{offset}"
-    );
+    // An offset or a zone, in any form jiff reads, is refused rather than
+    // dropped.
+    for written in [
+        "2025-01-17T00:00-05:00",
+        "2025-01-17 00:00-05:00",
+        "2025-01-17t00:00+09:00",
+        "2025-01-17[Asia/Tokyo]",
+        "2025-01-17T00:00Z",
+    ] {
+        let offset = Recurrence::new(Month, "UTC", written).unwrap_err();
+        assert!(
+            offset.to_string().contains("the zone is time_zone"),
+            "{written}: {offset}"
+        );
+    }
+    for written in ["2025-01-17T00:00", "2025-01-17T00:00:00"] {
+        assert!(Recurrence::new(Month, "UTC", written).is_ok(), "{written}");
+    }
     let no_day = Recurrence::new(Month, "UTC", "2025-02-30T00:00").unwrap_err();
     assert!(
         no_day.to_string().contains("is not a civil date-time ("),

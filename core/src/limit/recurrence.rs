@@ -236,10 +236,21 @@ impl Recurrence {
 /// recurrence's), a year from 1970 to 2100, a whole second.
 fn anchor(from: &str) -> Result<DateTime, PolicyError> {
     let bad = |why: String| PolicyError::new("from", format!("{from:?} {why}"));
-    let time = from.split_once('T').map_or("", |(_, time)| time);
-    if time.contains(['+', '-', 'Z', 'z', '[']) {
+    // The date, then nothing or `T` and the time's digits: any other form
+    // jiff reads (a space or a `t` before the time, an offset, a `[zone]`)
+    // could carry an offset or a zone that parsing would drop unsaid.
+    let rest = from.get(10..).unwrap_or("");
+    let plain_time = |t: &str| {
+        t.chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, ':' | '.'))
+    };
+    let shaped = match rest.strip_prefix('T') {
+        Some(time) => plain_time(time),
+        None => rest.is_empty(),
+    };
+    if !shaped {
         return Err(bad(
-            "has an offset or a zone: write the civil date-time alone (\"2025-01-17T00:00\"); the zone is time_zone".into(),
+            "has an offset, a zone or another form: write the civil date-time alone (\"2025-01-17T00:00\"); the zone is time_zone".into(),
         ));
     }
     let anchor: DateTime = from.parse().map_err(|e| {
