@@ -142,7 +142,10 @@ impl RequestView for View<'_> {
         self.0.method().as_str()
     }
     fn path(&self) -> &str {
-        self.0.path()
+        // The path actix-web routes on (percent-escapes decoded but for
+        // `%`, `/` and `+`), not the raw one: `/%61pi/export` is served by
+        // the `/api/export` route, so path rules must see it as that.
+        self.0.match_info().as_str()
     }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {
         self.0

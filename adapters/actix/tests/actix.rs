@@ -228,6 +228,30 @@ fn serve_with(routes: impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static)
     Http::new(addr)
 }
 
+/// Path rules see the path actix-web routes on: `/%61pi/free` is served
+/// by `/api/free`, and skipped as it.
+#[actix_web::test]
+async fn path_rules_see_the_routed_path() {
+    let (_clock, store) = memory_store();
+    let rate_limit = by_ip_builder(per_minute(store, "per-ip", 1), ClientIp::direct())
+        .skip_if(|_, view| view.path() == "/api/free")
+        .build()
+        .unwrap();
+    let http = serve_with(move |cfg| {
+        cfg.service(
+            web::scope("")
+                .wrap(rate_limit.clone())
+                .route("/api/free", web::get().to(|| async { "free" })),
+        );
+    });
+    for path in ["/api/free", "/%61pi/free", "/%61pi/free"] {
+        let reply = http.get(path, &[]).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}");
+        assert_eq!(reply.body, "free");
+        assert_eq!(reply.header("ratelimit"), None, "{path}: skipped");
+    }
+}
+
 /// A browser's CORS preflight is charged by default (any client can send
 /// one, and `Resource::to` runs its handler for every method); with
 /// `charge_preflights(false)` it is not, even with the middleware around
