@@ -164,6 +164,19 @@ impl LayerDef {
 /// Default size of the in-process emergency store (`[fallback] max_keys`).
 pub const DEFAULT_FALLBACK_MAX_KEYS: usize = 10_000;
 
+/// A syntax error with its line and column, without the line's text
+/// (toml's own message quotes it, and it may hold a password).
+fn syntax_error(text: &str, e: &toml::de::Error) -> ConfigError {
+    let at = e.span().map(|span| {
+        let before = &text[..span.start.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        format!(", line {line}, column {column}")
+    });
+    let message = e.message().trim_end_matches('\n');
+    ConfigError::Syntax(format!("{}{}", message, at.unwrap_or_default()))
+}
+
 impl Config {
     /// Parse and validate a configuration. Fails with every error found,
     /// each naming its field path ([`ConfigError::Invalid`]), or with the
@@ -175,8 +188,7 @@ impl Config {
     /// As [`from_toml_str`](Self::from_toml_str), with `kinds` besides
     /// the built-in stores: `[store] kind = "…"` may name one of them.
     pub fn from_toml_str_with(text: &str, kinds: &StoreKinds) -> Result<Config, ConfigError> {
-        let table: toml::Table =
-            toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+        let table: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
         spec::parse(table, kinds)
     }
 

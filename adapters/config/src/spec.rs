@@ -318,16 +318,40 @@ pub(crate) fn de<T: DeserializeOwned>(
             };
             // toml appends "\nin `key`" to some messages: the path says it already.
             let message = e.into_inner().to_string();
-            let message = message
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .trim()
-                .to_string();
+            let message = message.lines().next().unwrap_or_default().trim();
+            // A store's values hold passwords (URLs, `password`): its
+            // messages never repeat what was written.
+            let message = match full.split(['.', '[']).next() == Some("store") {
+                true => without_values(message),
+                false => message.to_string(),
+            };
             errors.push(field_error(&full, message));
             None
         }
     }
+}
+
+/// `message` with every quoted value (`"…"` or `` `…` ``, as serde quotes
+/// what it read) replaced by `…`.
+pub(crate) fn without_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut open: Option<char> = None;
+    for c in message.chars() {
+        match open {
+            Some(quote) if c == quote => {
+                out.push(c);
+                open = None;
+            }
+            Some(_) => {}
+            None if c == '"' || c == '`' => {
+                out.push(c);
+                out.push('…');
+                open = Some(c);
+            }
+            None => out.push(c),
+        }
+    }
+    out
 }
 
 fn store(errors: &mut Vec<PolicyError>, value: Value, kinds: &StoreKinds) -> Option<StoreSpec> {

@@ -513,6 +513,24 @@ replica_ack_timeout = "10ms"
     assert!(list.iter().all(|e| !e.contains("secret")), "{list:#?}");
 }
 
+/// Neither a syntax error nor a value of the wrong type repeats what was
+/// written in `[store]`: it may be a password.
+#[cfg(feature = "redis")]
+#[test]
+fn store_errors_never_repeat_a_password() {
+    let unclosed = "[store]\nkind = \"redis\"\nurl = \"redis://:s3cret@127.0.0.1:6379/\n";
+    let e = Config::from_toml_str(unclosed).unwrap_err().to_string();
+    assert!(!e.contains("s3cret"), "{e}");
+    assert!(e.contains("line 3"), "{e}");
+    let wrong_type = "[store]\nkind = \"redis-sentinel\"\nsentinels = \"redis://:s3cret@10.0.0.1:26379\"\nservice = \"limits\"\n";
+    let e = Config::from_toml_str(wrong_type).unwrap_err().to_string();
+    assert!(!e.contains("s3cret"), "{e}");
+    assert!(e.contains("store.sentinels"), "{e}");
+    let number = "[store]\nkind = \"redis-sentinel\"\nsentinels = [\"redis://10.0.0.1:26379\"]\nservice = \"limits\"\npassword = 123456\n";
+    let e = Config::from_toml_str(number).unwrap_err().to_string();
+    assert!(!e.contains("123456"), "{e}");
+}
+
 #[cfg(feature = "redis")]
 #[test]
 fn a_redis_store_takes_its_engine() {
