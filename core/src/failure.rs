@@ -170,12 +170,22 @@ impl CircuitBreaker {
             self.probing.store(false, Ordering::Release);
             return true;
         }
+        // A probe that began as another request's success closed the
+        // breaker (it read the open period over just before): its flag
+        // goes too, or the next open period could never be probed.
+        if self.probing.load(Ordering::Relaxed) {
+            self.probing.store(false, Ordering::Release);
+        }
         false
     }
 
     /// The store failed. Returns true when this opened the breaker.
     pub(crate) fn failure(&self, probe: bool) -> bool {
-        let reopen_at = self.clock.now().as_micros() + duration_micros(self.config.open_for);
+        let reopen_at = self
+            .clock
+            .now()
+            .as_micros()
+            .saturating_add(duration_micros(self.config.open_for));
         if probe {
             self.open_until.store(reopen_at, Ordering::Release);
             self.probing.store(false, Ordering::Release);
@@ -211,5 +221,45 @@ impl CircuitBreaker {
         } else {
             BreakerState::HalfOpen
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ManualClock, Timestamp};
+
+    /// A probe that began just after another request's success closed the
+    /// breaker (the state that interleaving leaves: closed, probing) must
+    /// not keep the next open period from being probed.
+    #[test]
+    fn a_probe_that_raced_a_closing_success_leaves_later_probes_possible() {
+        let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+        let config = BreakerConfig {
+            failure_threshold: 1,
+            open_for: Duration::from_secs(1),
+        };
+        let breaker = CircuitBreaker::with_clock(config, Arc::new(clock.clone()));
+        // Closed by a success while a late probe took the flag.
+        breaker.probing.store(true, Ordering::Release);
+        assert!(!breaker.success(), "it was closed already");
+        // Opened again, then its open period over: one request probes.
+        assert!(breaker.failure(false));
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(breaker.admit(), Admission::Probe);
+    }
+
+    /// An open period past the clock's range opens the breaker for as
+    /// long as the clock counts, without overflowing.
+    #[test]
+    fn a_huge_open_period_saturates() {
+        let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+        let config = BreakerConfig {
+            failure_threshold: 1,
+            open_for: Duration::MAX,
+        };
+        let breaker = CircuitBreaker::with_clock(config, Arc::new(clock.clone()));
+        assert!(breaker.failure(false));
+        assert_eq!(breaker.state(), BreakerState::Open);
     }
 }

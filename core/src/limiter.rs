@@ -399,18 +399,9 @@ impl Limiter {
         };
         // A store error about a shadow policy alone (its key holds foreign
         // data, its key budget is full) does not fail the enforced layers.
-        if let (Err(error), true) = (&answer, self.has_shadow) {
-            if let Some(name) = error.policy() {
-                let named = |l: &Layer| l.policy.name() == name;
-                let only_shadow = self
-                    .layers
-                    .iter()
-                    .filter(|l| named(l))
-                    .all(|l| l.policy.is_shadow());
-                if only_shadow && self.layers.iter().any(named) {
-                    return Box::pin(self.without(ctx, cost, &named)).await;
-                }
-            }
+        if let Some(name) = answer.as_ref().err().and_then(|e| self.shadow_at_fault(e)) {
+            let named = |l: &Layer| l.policy.name() == name;
+            return Box::pin(self.without(ctx, cost, &named)).await;
         }
         match answer {
             Ok(verdicts) => Ok(self.decision_of(&requests, cost, &verdicts)),

@@ -65,7 +65,9 @@ impl Limiter {
             let now = clock.now();
             let waited = Duration::from_micros(now.as_micros().saturating_sub(start.as_micros()));
             let left = max_wait.saturating_sub(waited);
-            if retry_after > left {
+            // (A retry "at once" once no wait is left is no wait either:
+            // a breaker open for 0 s answers one, and would loop.)
+            if retry_after > left || left.is_zero() {
                 return Ok(decision);
             }
             let sleep = (retry_after + jitter(&jitter_seed, attempt, retry_after)).min(left);

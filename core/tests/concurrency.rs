@@ -262,6 +262,40 @@ async fn shadow_layers_never_fail_an_acquisition() {
         .is_allowed());
 }
 
+/// As for `check`: a store error about a shadow policy alone (its key
+/// budget is full) leaves the request to the enforced layers, which hold
+/// their places.
+#[tokio::test]
+async fn a_shadow_policys_store_error_leaves_acquire_to_the_enforced_layers() {
+    let store = MemoryStore::builder()
+        .when_full(tollgate_limiter::WhenFull::Refuse)
+        .build();
+    let trial = Policy::new("trial", Limit::fixed_window(5, LEASE).unwrap())
+        .unwrap()
+        .with_key_budget(
+            tollgate_limiter::KeyBudget::new(1, tollgate_limiter::WhenFull::Refuse).unwrap(),
+        )
+        .shadow();
+    let exports = Policy::new("exports", Limit::concurrency(2, LEASE).unwrap()).unwrap();
+    let limiter = Limiter::builder(Arc::new(store))
+        .layer("in-flight", Scope::Subject, exports)
+        .layer("trial", Scope::Subject, trial)
+        .build()
+        .unwrap();
+    let a = Context::for_subject(Subject::new("a").unwrap());
+    let b = Context::for_subject(Subject::new("b").unwrap());
+    let first = limiter.acquire(&a, 1).await.unwrap();
+    assert!(first.decision.is_allowed() && first.permit.is_some());
+    // The trial policy's one key is a's: b's cannot be stored.
+    let second = limiter.acquire(&b, 1).await.unwrap();
+    assert!(second.decision.is_allowed(), "{:?}", second.decision);
+    assert_eq!(second.decision.store_error(), None);
+    assert!(
+        second.permit.is_some(),
+        "the enforced layer holds b's place"
+    );
+}
+
 /// A permit taken on a runtime that then shut down, dropped outside any
 /// runtime: its release had nowhere to run. The next permit dropped on a
 /// live runtime gives back both places (the queue did not stay stuck

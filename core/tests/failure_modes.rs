@@ -156,6 +156,56 @@ async fn the_breaker_opens_skips_the_store_probes_and_recovers() {
     assert_eq!(limiter.breaker().state(), BreakerState::Closed);
 }
 
+/// A shadow layer whose emergency bucket runs out never lets the
+/// enforced layers' requests through uncharged: they are decided again
+/// without it, as the store decides, and their own bucket runs out.
+#[tokio::test]
+async fn a_shadow_layers_fallback_denial_leaves_the_enforced_buckets_charged() {
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let store = Arc::new(Switchable {
+        inner: MemoryStore::default(),
+        down: AtomicBool::new(true),
+        calls: AtomicUsize::new(0),
+    });
+    let minute = Duration::from_secs(60);
+    let fallback = |limit| {
+        OnStoreFailure::Fallback(Fallback::Limit(Limit::fixed_window(limit, minute).unwrap()))
+    };
+    let limiter = Limiter::builder(store)
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new("k", Limit::fixed_window(3, minute).unwrap())
+                .unwrap()
+                .with_on_failure(fallback(3))
+                .unwrap(),
+        )
+        .layer(
+            "trial",
+            Scope::Global,
+            Policy::new("t", Limit::fixed_window(1, minute).unwrap())
+                .unwrap()
+                .with_on_failure(fallback(1))
+                .unwrap()
+                .shadow(),
+        )
+        .fallback_store(Arc::new(
+            MemoryStore::builder()
+                .clock(Arc::new(clock.clone()))
+                .build(),
+        ))
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap();
+    let mut admitted = 0;
+    for _ in 0..10 {
+        let d = limiter.check(&ctx(), 1).await.unwrap();
+        assert_eq!(d.layers()[0].source, Source::Fallback);
+        admitted += usize::from(d.is_allowed());
+    }
+    assert_eq!(admitted, 3, "the enforced emergency bucket holds 3");
+}
+
 #[tokio::test]
 async fn a_fail_closed_layer_keeps_fallback_layers_uncharged() {
     let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));

@@ -214,7 +214,9 @@ async fn a_concurrency_hold_across_slots_is_all_or_nothing() {
     // The rate layer is spent: denied, and the concurrency layer keeps
     // only the two places already held (the third was given back).
     let (denied, held) = store.acquire(&layers).await.unwrap();
-    assert!(!denied[1].allowed && held.iter().all(Option::is_none));
+    assert!(!denied[1].allowed);
+    assert_eq!(held.len(), layers.len(), "one hold (none) per layer");
+    assert!(held.iter().all(Option::is_none));
     store.release(&layers[..1], &[hold]).await.unwrap();
     let (after, _) = store.acquire(&layers[..1]).await.unwrap();
     assert!(after[0].allowed && after[0].remaining == 0, "{after:?}");

@@ -56,16 +56,7 @@ impl Limiter {
         // (a cost above its capacity, no subject for it) is left out.
         if self.has_shadow && self.layers.iter().any(|l| undecidable(l, ctx, cost)) {
             let left_out = |l: &Layer| undecidable(l, ctx, cost);
-            let (decided, permit) = match self.subset(&left_out) {
-                // Fewer shadow layers each time: the recursion ends.
-                Some(subset) => {
-                    let acquired = Box::pin(subset.acquire_here(ctx, cost)).await?;
-                    (Some(acquired.decision), acquired.permit)
-                }
-                None => (None, None),
-            };
-            let decision = self.with_left_out(decided, &left_out);
-            return Ok(Acquired { decision, permit });
+            return self.acquire_without(ctx, cost, &left_out).await;
         }
         let mut requests = Requests::new();
         self.requests_into(ctx, cost, &mut requests)?;
@@ -85,6 +76,11 @@ impl Limiter {
                 Ok(Acquired { decision, permit })
             }
             Err(error) => {
+                // As in `check`: an error about a shadow policy alone.
+                if let Some(name) = self.shadow_at_fault(&error) {
+                    let named = |l: &Layer| l.policy.name() == name;
+                    return self.acquire_without(ctx, cost, &named).await;
+                }
                 let decision = self.degraded(&requests, &error).await;
                 Ok(Acquired {
                     decision: self.recorded(&requests, cost, decision),
@@ -92,6 +88,26 @@ impl Limiter {
                 })
             }
         }
+    }
+
+    /// [`acquire_here`](Self::acquire_here) without the shadow layers
+    /// `left_out` picks, which are reported as left out.
+    async fn acquire_without(
+        &self,
+        ctx: &Context,
+        cost: u64,
+        left_out: &(dyn Fn(&Layer) -> bool + Sync),
+    ) -> Result<Acquired, Error> {
+        let (decided, permit) = match self.subset(left_out) {
+            // Fewer shadow layers each time: the recursion ends.
+            Some(subset) => {
+                let acquired = Box::pin(subset.acquire_here(ctx, cost)).await?;
+                (Some(acquired.decision), acquired.permit)
+            }
+            None => (None, None),
+        };
+        let decision = self.with_left_out(decided, left_out);
+        Ok(Acquired { decision, permit })
     }
 
     /// The store's acquisition of `requests`, through the breaker.

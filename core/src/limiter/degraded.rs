@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::shadow::{denied_only_by_shadow, past_shadow};
 use super::{ask, Limiter};
 use crate::algorithm::Verdict;
 use crate::decision::{Decision, LayerDecision, Source};
@@ -91,7 +92,18 @@ impl Limiter {
     async fn ask_fallback(&self, fallback: &[(usize, LayerRequest<'_>)]) -> Option<Verdicts> {
         let store = self.fallback.as_ref().filter(|_| !fallback.is_empty())?;
         let batch: Vec<LayerRequest<'_>> = fallback.iter().map(|(_, r)| *r).collect();
-        match ask(&**store, &batch).await {
+        // As the store decides: a request only shadow layers deny is
+        // decided again without them (else the enforced layers would read
+        // admitted, uncharged, and their emergency buckets never run out).
+        let decided = match ask(&**store, &batch).await {
+            Ok(verdicts) if denied_only_by_shadow(&batch, &verdicts) => {
+                past_shadow(&**store, &batch, verdicts, false)
+                    .await
+                    .map(|(verdicts, _)| verdicts)
+            }
+            other => other,
+        };
+        match decided {
             Ok(verdicts) => Some(verdicts),
             Err(_) => {
                 observe::fallback_failed(store.kind());

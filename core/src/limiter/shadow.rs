@@ -38,6 +38,23 @@ impl Limiter {
         Ok(self.with_left_out(decided_kept, left_out))
     }
 
+    /// The shadow policy `error` is about, when it names one that only
+    /// shadow layers use (its key holds foreign data, its key budget is
+    /// full): such an error does not fail the enforced layers.
+    pub(super) fn shadow_at_fault<'e>(&self, error: &'e StoreError) -> Option<&'e str> {
+        if !self.has_shadow {
+            return None;
+        }
+        let name = error.policy()?;
+        let mut named = self
+            .layers
+            .iter()
+            .filter(|l| l.policy.name() == name)
+            .peekable();
+        named.peek()?;
+        named.all(|l| l.policy.is_shadow()).then_some(name)
+    }
+
     /// This limiter without the layers `left_out` picks, with its own
     /// counters (its layers are fewer) and no cached denial of the whole
     /// request answering for it; `None` when no layer is kept.

@@ -132,7 +132,9 @@ impl RedisClusterStore {
         self.deny(request, &groups[denied + 1..], reserved, &mut verdicts)
             .await;
         let verdicts = verdicts.into_iter().map(|v| v.expect("decided")).collect();
-        Ok((verdicts, contended, Vec::new()))
+        // Denied: nothing stays charged, and each layer says so (one
+        // charge per layer, none: a caller pairs them with the layers).
+        Ok((verdicts, contended, vec![(0, 0); layers.len()]))
     }
 
     /// Reserve the layers of one slot `group`: their verdicts and charges.
