@@ -32,7 +32,7 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
     };
     let t = now;
     let base = tat.max(t);
-    let new_tat = base.saturating_add(cost * interval);
+    let new_tat = base.saturating_add(cost.saturating_mul(interval));
     if new_tat - t <= tolerance {
         Transition {
             verdict: Verdict {

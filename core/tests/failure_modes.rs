@@ -206,6 +206,42 @@ async fn a_shadow_layers_fallback_denial_leaves_the_enforced_buckets_charged() {
     assert_eq!(admitted, 3, "the enforced emergency bucket holds 3");
 }
 
+/// A cost the emergency policy can never hold fails the request closed,
+/// whatever the main policy holds (no arithmetic on a cost past the
+/// emergency policy's capacity: a day's interval times 3·10⁸ overflows).
+#[tokio::test]
+async fn a_cost_past_the_emergency_capacity_fails_closed() {
+    let store = Arc::new(Switchable {
+        inner: MemoryStore::default(),
+        down: AtomicBool::new(true),
+        calls: AtomicUsize::new(0),
+    });
+    let day = Duration::from_secs(86_400);
+    let emergency = Arc::new(MemoryStore::default());
+    let limiter = Limiter::builder(store)
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new("k", Limit::gcra(1_000_000_000, day, 1_000_000_000).unwrap())
+                .unwrap()
+                .with_on_failure(OnStoreFailure::Fallback(Fallback::Limit(
+                    Limit::gcra(1, day, 1).unwrap(),
+                )))
+                .unwrap(),
+        )
+        .fallback_store(emergency.clone())
+        .build()
+        .unwrap();
+    let d = limiter.check(&ctx(), 300_000_000).await.unwrap();
+    assert!(!d.is_allowed());
+    assert!(d.failed_closed());
+    assert!(emergency.is_empty(), "nothing charged");
+    // A cost the emergency policy holds is decided by it.
+    let d = limiter.check(&ctx(), 1).await.unwrap();
+    assert_eq!(d.layers()[0].source, Source::Fallback);
+    assert!(d.is_allowed());
+}
+
 #[tokio::test]
 async fn a_fail_closed_layer_keeps_fallback_layers_uncharged() {
     let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));

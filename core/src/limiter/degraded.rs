@@ -57,8 +57,11 @@ impl Limiter {
     }
 
     /// The layers the emergency store decides (with their index), each
-    /// with its fallback policy; none when a layer fails closed: a request
-    /// that cannot pass must not charge the emergency buckets.
+    /// with its fallback policy; none when a layer fails closed, or when
+    /// the request costs more than an enforced layer's emergency policy
+    /// can ever hold: a request that cannot pass must not charge the
+    /// emergency buckets. (A shadow layer that cannot hold the cost is
+    /// left out.)
     fn fallback_requests<'a>(
         &'a self,
         requests: &[LayerRequest<'a>],
@@ -69,22 +72,28 @@ impl Limiter {
         if any_closed {
             return Vec::new();
         }
-        self.layers
-            .iter()
-            .zip(requests)
-            .enumerate()
-            .filter_map(|(i, (layer, r))| {
-                let policy = layer.fallback.as_ref()?;
-                Some((
-                    i,
-                    LayerRequest {
-                        key: r.key,
-                        policy,
-                        cost: r.cost,
-                    },
-                ))
-            })
-            .collect()
+        let mut fallback = Vec::new();
+        for (i, (layer, r)) in self.layers.iter().zip(requests).enumerate() {
+            let Some(policy) = layer.fallback.as_ref() else {
+                continue;
+            };
+            if policy.check_cost(r.cost).is_err() {
+                if layer.policy.is_shadow() {
+                    continue;
+                }
+                return Vec::new();
+            }
+            let key = r.key;
+            fallback.push((
+                i,
+                LayerRequest {
+                    key,
+                    policy,
+                    cost: r.cost,
+                },
+            ));
+        }
+        fallback
     }
 
     /// The emergency store's verdicts for `fallback`, decided together;
