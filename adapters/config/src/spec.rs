@@ -331,27 +331,32 @@ pub(crate) fn de<T: DeserializeOwned>(
     }
 }
 
-/// `message` with every quoted value (`"…"` or `` `…` ``, as serde quotes
-/// what it read) replaced by `…`.
+/// `message` with the value it quotes first (`"…"` or `` `…` ``: serde
+/// quotes what it read first, then what it expected) replaced by `…`;
+/// unchanged when what it quotes is a field's name or one of a field's
+/// named choices (`unknown field`, `unknown variant`), never a secret.
 pub(crate) fn without_values(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    let mut open: Option<char> = None;
-    for c in message.chars() {
-        match open {
-            Some(quote) if c == quote => {
-                out.push(c);
-                open = None;
-            }
-            Some(_) => {}
-            None if c == '"' || c == '`' => {
-                out.push(c);
-                out.push('…');
-                open = Some(c);
-            }
-            None => out.push(c),
-        }
+    let names = [
+        "unknown field",
+        "unknown variant",
+        "missing field",
+        "duplicate field",
+    ];
+    if names.iter().any(|n| message.starts_with(n)) {
+        return message.to_string();
     }
-    out
+    let Some(start) = message.find(['"', '`']) else {
+        return message.to_string();
+    };
+    let quote = &message[start..=start];
+    let after = &message[start + 1..];
+    // (Unclosed, the rest is the value.)
+    let end = after.find(quote).map_or(message.len(), |at| start + 1 + at);
+    format!(
+        "{}{quote}…{quote}{}",
+        &message[..start],
+        message.get(end + 1..).unwrap_or("")
+    )
 }
 
 fn store(errors: &mut Vec<PolicyError>, value: Value, kinds: &StoreKinds) -> Option<StoreSpec> {
@@ -768,6 +773,14 @@ fn layer_policy<'p>(
             format!(
                 "{cost} is more than the capacity {} of policy {name:?} (layers[{i}]): no request could ever pass",
                 policy.capacity(),
+            ),
+        ));
+    } else if let Some(fallback) = policy.fallback_policy().filter(|f| cost > f.capacity()) {
+        errors.push(field_error(
+            &format!("{path}.cost"),
+            format!(
+                "{cost} is more than the capacity {} of policy {name:?}'s emergency limit (its on_failure; layers[{i}]): no request could pass while the store is down",
+                fallback.capacity(),
             ),
         ));
     }

@@ -372,6 +372,29 @@ layers = [{ scope = "subject", policy = "p" }]
     );
 }
 
+/// The emergency limit must hold the cost too: a capacity of 10 shared by
+/// 4 instances is 2 each, less than a cost of 10.
+#[test]
+fn the_cost_must_fit_the_emergency_limit() {
+    let list = errors(
+        r#"
+[policies.p]
+algorithm = "fixed_window"
+limit = 10
+window = "1s"
+on_failure = { fallback_share = 4 }
+
+[routes.r]
+cost = 10
+layers = [{ scope = "subject", policy = "p" }]
+"#,
+    );
+    has(
+        &list,
+        "routes.r.cost: 10 is more than the capacity 2 of policy \"p\"'s emergency limit",
+    );
+}
+
 #[test]
 fn syntax_errors_give_the_line() {
     let err = Config::from_toml_str("[policies.p]\nalgorithm = \n").unwrap_err();
