@@ -372,7 +372,10 @@ impl LiveConfig {
             return Err(ReloadError::MissingRoutes(missing));
         }
         let clock = &self.shared.clock;
-        let store_reopened = !self.shared.given_store && config.store() != running.config.store();
+        let store_reopened = !self.shared.given_store
+            && !config
+                .store()
+                .opens_the_same_store_as(running.config.store());
         let store = if store_reopened {
             config.open_store(clock.clone()).await?
         } else {

@@ -47,6 +47,17 @@ impl StoreSpec {
             StoreSpec::Redis(settings) => settings.kind.name(),
         }
     }
+
+    /// Whether `other` opens the same store: an in-process store's
+    /// settings compared with their defaults filled in (a reload that only
+    /// writes a default out keeps the running store and its counters);
+    /// any other store's as written.
+    pub fn opens_the_same_store_as(&self, other: &StoreSpec) -> bool {
+        match (self, other) {
+            (StoreSpec::Memory(a), StoreSpec::Memory(b)) => a.builds_the_same_store_as(b),
+            _ => self == other,
+        }
+    }
 }
 
 #[derive(Deserialize)]

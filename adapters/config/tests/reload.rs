@@ -218,6 +218,20 @@ async fn bound_routes_stay_unbound_ones_are_reported_and_the_store_is_kept() {
     assert!(admits(&route, &ctx).await);
     assert!(!admits(&route, &ctx).await);
 
+    // Defaults written out are the same store: kept, counters and all.
+    let defaults = extra.replace(
+        "max_keys = 10000",
+        "max_keys = 10000\nshards = 64\nwhen_full = \"evict\"",
+    );
+    assert_ne!(defaults, extra);
+    let report = live
+        .reload_with(Config::from_toml_str(&defaults).unwrap())
+        .await
+        .unwrap();
+    assert!(!report.store_reopened, "only defaults written out");
+    assert!(Arc::ptr_eq(&store, &live.store()));
+    assert!(!admits(&route, &ctx).await, "the counter kept: two of two used");
+
     let bigger = extra.replace("max_keys = 10000", "max_keys = 20000");
     let report = live
         .reload_with(Config::from_toml_str(&bigger).unwrap())

@@ -46,6 +46,25 @@ impl MemorySettings {
         problems
     }
 
+    /// Whether `other` builds the same store as these settings: a setting
+    /// left out is its default, so `shards = 64` written or not is the
+    /// same store (a configuration reload compares with this, and keeps
+    /// the running store and its counters when it says so).
+    ///
+    /// ```
+    /// use tollgate_memory::MemorySettings;
+    /// let unset: MemorySettings = serde_json::from_str("{}")?;
+    /// let default: MemorySettings = serde_json::from_str(r#"{ "shards": 64, "when_full": "evict" }"#)?;
+    /// let smaller: MemorySettings = serde_json::from_str(r#"{ "max_keys": 10 }"#)?;
+    /// assert!(unset.builds_the_same_store_as(&default));
+    /// assert!(!unset.builds_the_same_store_as(&smaller));
+    /// # Ok::<(), serde_json::Error>(())
+    /// ```
+    pub fn builds_the_same_store_as(&self, other: &MemorySettings) -> bool {
+        let builder = || crate::MemoryStore::builder();
+        self.apply(builder()).same_shape(&other.apply(builder()))
+    }
+
     /// `builder` with every setting given here.
     pub fn apply(&self, mut builder: MemoryStoreBuilder) -> MemoryStoreBuilder {
         if let Some(n) = self.max_keys {

@@ -365,6 +365,13 @@ impl MemoryStoreBuilder {
         self
     }
 
+    /// Whether `other` builds a store of the same size and rule when full
+    /// (the clocks aside).
+    pub(crate) fn same_shape(&self, other: &MemoryStoreBuilder) -> bool {
+        (self.max_keys, self.when_full, self.shards)
+            == (other.max_keys, other.when_full, other.shards)
+    }
+
     /// The clock (default: a [`MonotonicClock`], read from the CPU's
     /// time-stamp counter). Tests pass a
     /// [`ManualClock`](tollgate_limiter::ManualClock).
