@@ -230,7 +230,10 @@ async fn bound_routes_stay_unbound_ones_are_reported_and_the_store_is_kept() {
         .unwrap();
     assert!(!report.store_reopened, "only defaults written out");
     assert!(Arc::ptr_eq(&store, &live.store()));
-    assert!(!admits(&route, &ctx).await, "the counter kept: two of two used");
+    assert!(
+        !admits(&route, &ctx).await,
+        "the counter kept: two of two used"
+    );
 
     let bigger = extra.replace("max_keys = 10000", "max_keys = 20000");
     let report = live

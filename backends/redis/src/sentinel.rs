@@ -7,14 +7,18 @@
 //! only if the server itself answers `ROLE` with `master` (during a failover a sentinel may still
 //! name the old primary). A call that finds the connection dead (an I/O
 //! error) or the server demoted (`READONLY`) drops it; the next decision
-//! finds the primary again. Finding it runs in a background task, so a
+//! finds the primary again; so does a connection on which
+//! [`UNANSWERED_MAX`] calls in a row went unanswered past their deadline
+//! (a primary whose host died without closing its sockets answers
+//! nothing, and no error would say so until the kernel gives up on the
+//! connection, many minutes later). Finding it runs in a background task, so a
 //! slow sentinel costs a decision at most its deadline and the search
 //! still completes; while no primary is known decisions fail at once
 //! with [`RedisStoreError::NoPrimary`] (the policy's failure mode
 //! decides), and the sentinels are asked again at most every
 //! [`RETRY_PAUSE`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +36,10 @@ use crate::settings::Settings;
 
 /// The shortest time between two searches for the primary.
 pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Calls in a row abandoned unanswered (their deadline passed) after which
+/// the connection is taken for dead and the sentinels are asked again.
+pub(crate) const UNANSWERED_MAX: u32 = 3;
 
 /// Where the primary of a Sentinel-managed service is found, and how to
 /// log in to it.
@@ -66,6 +74,41 @@ pub(crate) struct Sentinel {
     current: watch::Sender<Current>,
     searching: AtomicBool,
     generation: std::sync::atomic::AtomicU64,
+    /// Calls abandoned unanswered in a row ([`CallWatch`]).
+    unanswered: AtomicU32,
+}
+
+/// One call on the connection of `generation`: dropped before it was
+/// [`answered`](CallWatch::answered) (its deadline passed), it counts as
+/// unanswered, and [`UNANSWERED_MAX`] of them in a row forget the
+/// connection.
+pub(crate) struct CallWatch<'a> {
+    sentinel: &'a Sentinel,
+    generation: u64,
+    answered: bool,
+}
+
+impl CallWatch<'_> {
+    /// The server answered (an error included): the count starts again.
+    pub(crate) fn answered(mut self) {
+        self.answered = true;
+        if self.sentinel.unanswered.load(Ordering::Relaxed) != 0 {
+            self.sentinel.unanswered.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for CallWatch<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let unanswered = self.sentinel.unanswered.fetch_add(1, Ordering::AcqRel) + 1;
+        if unanswered >= UNANSWERED_MAX {
+            self.sentinel.unanswered.store(0, Ordering::Relaxed);
+            self.sentinel.forget(self.generation);
+        }
+    }
 }
 
 impl Sentinel {
@@ -110,6 +153,7 @@ impl Sentinel {
             current: watch::Sender::new(Current::default()),
             searching: AtomicBool::new(false),
             generation: Default::default(),
+            unanswered: AtomicU32::new(0),
         })
     }
 
@@ -167,14 +211,29 @@ impl Sentinel {
                 redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
             );
         if lost {
-            self.current.send_if_modified(|current| {
-                let same = matches!(&current.primary, Some((g, _)) if *g == generation);
-                if same {
-                    current.primary = None;
-                }
-                same
-            });
+            self.forget(generation);
         }
+    }
+
+    /// Watch one call on the connection of `generation`.
+    pub(crate) fn watch(&self, generation: u64) -> CallWatch<'_> {
+        CallWatch {
+            sentinel: self,
+            generation,
+            answered: false,
+        }
+    }
+
+    /// Drop the connection of `generation` (not a newer one): the next
+    /// decision finds the primary again.
+    fn forget(&self, generation: u64) {
+        self.current.send_if_modified(|current| {
+            let same = matches!(&current.primary, Some((g, _)) if *g == generation);
+            if same {
+                current.primary = None;
+            }
+            same
+        });
     }
 
     fn no_primary(&self, detail: String) -> StoreError {

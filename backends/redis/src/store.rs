@@ -485,7 +485,10 @@ impl RedisStore {
             }
             Conn::Sentinel(sentinel) => {
                 let (generation, mut con) = sentinel.connection().await?;
+                // Dropped unanswered when the caller's deadline passes.
+                let watch = sentinel.watch(generation);
                 let result = runner.call(&mut con, &cmd, style, rebuild).await;
+                watch.answered();
                 if let Err(e) = &result {
                     sentinel.check(generation, e);
                 }

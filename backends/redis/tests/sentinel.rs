@@ -112,17 +112,33 @@ async fn sentinel_only_settings_are_refused_on_a_url_store() {
 /// store decides again once the sentinels promoted the replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_fails_over_and_decisions_resume() {
-    fail_over_under_load(ConnectionMode::Multiplexed).await;
+    fail_over_under_load(ConnectionMode::Multiplexed, Stop::Kill).await;
+}
+
+/// A primary frozen (`SIGSTOP`: its sockets stay open, nothing answers, as
+/// when its host dies without a word): no call ever fails with an error,
+/// yet after a few calls unanswered past their deadline the store asks the
+/// sentinels again and finds the promoted replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_primary_fails_over_and_decisions_resume() {
+    fail_over_under_load(ConnectionMode::Multiplexed, Stop::Freeze).await;
+}
+
+/// How the primary stops.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    Kill,
+    Freeze,
 }
 
 /// The same with a pool: its connections to the dead primary are dropped
 /// and new ones reach the promoted replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_primary_fails_over_and_a_pool_resumes() {
-    fail_over_under_load(ConnectionMode::Pool { size: 4 }).await;
+    fail_over_under_load(ConnectionMode::Pool { size: 4 }, Stop::Kill).await;
 }
 
-async fn fail_over_under_load(mode: ConnectionMode) {
+async fn fail_over_under_load(mode: ConnectionMode, stop: Stop) {
     let group = RedisSentinels::start();
     let store = RedisStore::sentinel(group.sentinel_urls(), SERVICE)
         .connection_mode(mode)
@@ -146,7 +162,10 @@ async fn fail_over_under_load(mode: ConnectionMode) {
 
     let load = Load::start(&limiter);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    group.primary().kill();
+    match stop {
+        Stop::Kill => group.primary().kill(),
+        Stop::Freeze => group.primary().pause(),
+    }
     let killed_at = load.now();
     let promotion = tokio::task::spawn_blocking(move || {
         let took = group.wait_for_failover();
@@ -180,7 +199,7 @@ async fn fail_over_under_load(mode: ConnectionMode) {
         .expect("decisions came back from the store");
     let slowest = max_latency(&seen);
     println!(
-        "Sentinel failover, {mode:?} (down-after {DOWN_AFTER_MS} ms): {} decisions; \
+        "Sentinel failover, {mode:?}, {stop:?} (down-after {DOWN_AFTER_MS} ms): {} decisions; \
          the sentinels promoted the replica {promoted_after:?} after the kill was noticed; \
          first store decision {:?} after the kill (last failure-mode decision at {:?}); \
          decisions back {back_after:?} after the promotion; slowest decision {slowest:?}",

@@ -51,7 +51,9 @@ const START_ATTEMPTS: usize = 5;
 
 /// Starts `redis-server` (`$1`) with the arguments after its working
 /// directory (`$2`), prints its pid, and when standard input closes (this
-/// process exited or dropped the handle) stops it and removes the directory.
+/// process exited or dropped the handle) stops it and removes the directory
+/// (`SIGCONT` after the `SIGTERM`: a server a test froze with `SIGSTOP`
+/// acts on it only once continued).
 /// Redis runs in the background of a non-interactive shell, so its own
 /// standard input is `/dev/null`: only the watchdog holds the pipe.
 const WATCHDOG: &str = r#"server="$1"; dir="$2"; shift 2
@@ -60,6 +62,7 @@ pid=$!
 echo "$pid"
 while read -r _; do :; done
 kill "$pid" 2>/dev/null
+kill -CONT "$pid" 2>/dev/null
 wait "$pid"
 rm -rf "$dir"
 "#;
