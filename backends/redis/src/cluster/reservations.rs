@@ -1,7 +1,6 @@
 //! Layers on several slots: reserved group by group, in slot order, and
 //! refunded when a later group denies (see the [module docs](super)).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use redis::cluster_async::ClusterConnection;
@@ -11,7 +10,8 @@ use tollgate_limiter::{LayerRequest, StoreError, Verdict, Verdicts};
 
 use super::redirects::call;
 use super::{group_call, in_group, RedisClusterStore};
-use crate::engine::{CallCommand, Runner};
+use crate::engine::CallCommand;
+use crate::settings::CheckedSettings;
 use crate::holds::Held;
 use crate::script::{parse_reply, Mode, ScriptCall, TimeArgs, LAYER_ARGS};
 use tollgate_redis_protocol::{parse_reserve, Charged};
@@ -201,9 +201,8 @@ impl RedisClusterStore {
     fn reservations(&self, time: &TimeArgs) -> Reservations {
         Reservations {
             conn: self.conn.clone(),
-            runner: self.runner(),
+            checked: self.checked.clone(),
             time: time.clone(),
-            timeout: self.checked.deadline,
             groups: Vec::new(),
         }
     }
@@ -303,9 +302,10 @@ struct ReservedGroup {
 /// when the cluster can still take the refund.
 struct Reservations {
     conn: ClusterConnection,
-    runner: Arc<Runner>,
+    /// The store's settings: its runner, its deadline, its clock.
+    checked: CheckedSettings,
+    /// The decision's time, for a refund when the clock cannot be read.
     time: TimeArgs,
-    timeout: Duration,
     groups: Vec<ReservedGroup>,
 }
 
@@ -316,12 +316,16 @@ impl Reservations {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Vec::new();
         };
+        // A refund gives back what is still ahead of its own instant, not
+        // the decision's (which would give back time others charged since).
+        let time = self.checked.time_args().unwrap_or_else(|_| self.time.clone());
+        let runner = &self.checked.runner;
         std::mem::take(&mut self.groups)
             .into_iter()
             .map(|group| {
-                let cmd = refund_call(&group, &self.time, self.runner.call_command());
+                let cmd = refund_call(&group, &time, runner.call_command());
                 let (conn, runner, timeout) =
-                    (self.conn.clone(), self.runner.clone(), self.timeout);
+                    (self.conn.clone(), runner.clone(), self.checked.deadline);
                 runtime.spawn(async move {
                     // A refund that fails leaves its charge: under-admission
                     // until the state's TTL, never over-admission.
@@ -337,9 +341,8 @@ impl Drop for Reservations {
         if !self.groups.is_empty() {
             let held = Reservations {
                 conn: self.conn.clone(),
-                runner: self.runner.clone(),
+                checked: self.checked.clone(),
                 time: self.time.clone(),
-                timeout: self.timeout,
                 groups: std::mem::take(&mut self.groups),
             };
             drop(held.refund());
