@@ -5,7 +5,9 @@
 //! the request could pass, so it never admits what the store would deny.
 //! It may deny a little longer than needed when this process's clock runs
 //! slower than the store's. An operator's reset, reward or block through
-//! this limiter forgets the entry at once; one made elsewhere (another
+//! this limiter forgets every cached denial at once (a denial the store
+//! made before the operation, answered after it, may still be remembered:
+//! for at most its wait, within [`AT_MOST`]); one made elsewhere (another
 //! process, another limiter, by hand) shows within [`AT_MOST`]: a denial
 //! is repeated for at most that long, then the store is asked again.
 
@@ -158,10 +160,12 @@ impl BlockedCache {
         Some(Decision::new(layers))
     }
 
-    /// Forget the denial of `requests`, if one is cached (after an
-    /// operator changed their state).
-    pub(crate) fn forget(&self, requests: &[LayerRequest<'_>]) {
-        self.cache.invalidate(&self.identity(requests));
+    /// Forget every cached denial (after an operator changed some state:
+    /// the operation may name fewer layers than the requests it affects,
+    /// say a subject's reset for requests that also carry a client
+    /// address, so no single identity can be told).
+    pub(crate) fn forget_all(&self) {
+        self.cache.invalidate_all();
     }
 
     /// Remember `decision` of `requests` when the store denied it for long

@@ -210,15 +210,13 @@ impl Limiter {
         ))
     }
 
-    /// Forget a denial the blocked-key cache holds for `ctx`'s requests.
+    /// Forget the denials the blocked-key cache holds: every one, since
+    /// `ctx` may name fewer layers than the requests it affects.
     fn forget_cached(&self, ctx: &Context) {
         #[cfg(feature = "blocked-cache")]
         if let Some(cache) = self.blocked_cache() {
-            if let Ok(requests) = self.requests(ctx, 1, |_| true) {
-                cache.forget(&requests);
-            }
+            cache.forget_all();
         }
-        #[cfg(not(feature = "blocked-cache"))]
         let _ = ctx;
     }
 

@@ -169,3 +169,45 @@ async fn operators_changes_forget_the_cached_denial() {
         "the block, not the cached window"
     );
 }
+
+/// A reset naming fewer layers than the cached requests carry (the
+/// subject's, not the client address's) still forgets their denial.
+#[tokio::test]
+async fn a_reset_of_one_layer_forgets_denials_of_requests_with_more() {
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let store = Arc::new(
+        MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+    );
+    let window = || Limit::fixed_window(3, Duration::from_secs(10)).unwrap();
+    let limiter = Limiter::builder(store)
+        .layer("key", Scope::Subject, Policy::new("p", window()).unwrap())
+        .layer(
+            "ip",
+            Scope::Attribute("ip".into()),
+            Policy::new(
+                "per-ip",
+                Limit::fixed_window(100, Duration::from_secs(10)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .blocked_cache(BlockedCacheConfig {
+            threshold: Duration::from_secs(1),
+            max_entries: 1000,
+        })
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap();
+    let start = 1_780_000_000_000_000u64;
+    clock.set(Timestamp::from_micros(start - start % 10_000_000));
+    let full = || ctx().with_attribute("ip", Subject::new("10.0.0.1").unwrap());
+    while limiter.check(&full(), 1).await.unwrap().is_allowed() {}
+    let cached = limiter.check(&full(), 1).await.unwrap();
+    assert_eq!(cached.layers()[0].source, Source::Cache, "cached");
+    limiter.reset(&ctx()).await.unwrap();
+    assert!(
+        limiter.check(&full(), 1).await.unwrap().is_allowed(),
+        "reset shows"
+    );
+}

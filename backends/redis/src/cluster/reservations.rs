@@ -11,9 +11,9 @@ use tollgate_limiter::{LayerRequest, StoreError, Verdict, Verdicts};
 use super::redirects::call;
 use super::{group_call, in_group, RedisClusterStore};
 use crate::engine::CallCommand;
-use crate::settings::CheckedSettings;
 use crate::holds::Held;
 use crate::script::{parse_reply, Mode, ScriptCall, TimeArgs, LAYER_ARGS};
+use crate::settings::CheckedSettings;
 use tollgate_redis_protocol::{parse_reserve, Charged};
 
 /// Passes of a cross-slot decision denied only where other decisions of
@@ -318,7 +318,10 @@ impl Reservations {
         };
         // A refund gives back what is still ahead of its own instant, not
         // the decision's (which would give back time others charged since).
-        let time = self.checked.time_args().unwrap_or_else(|_| self.time.clone());
+        let time = self
+            .checked
+            .time_args()
+            .unwrap_or_else(|_| self.time.clone());
         let runner = &self.checked.runner;
         std::mem::take(&mut self.groups)
             .into_iter()
