@@ -100,7 +100,7 @@ pub use store_kind::{CustomStore, StoreKind, StoreKinds};
 pub use tollgate_limiter::DurationSpec;
 #[cfg(feature = "watch")]
 #[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
-pub use watch::{Changes, Watch};
+pub use watch::{Changes, Watch, MIN_EVERY};
 
 /// A validated configuration file; build the limiters with [`Config::build`].
 #[derive(Debug, Clone, PartialEq)]

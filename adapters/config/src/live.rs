@@ -426,12 +426,14 @@ impl LiveConfig {
         self.shared.bound.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Reload whenever the file's contents change, read every `every`,
-    /// once they stayed the same for one more look (a file still being
-    /// written is not applied; see [`Changes`](crate::Changes)), and hand
-    /// each outcome to `report` (an invalid file's errors included);
-    /// stops when the returned handle is dropped. Each change is reloaded
-    /// once: an invalid file is reported once, not at every check.
+    /// Reload whenever the file's contents change, read every `every` (at
+    /// least [`MIN_EVERY`](crate::MIN_EVERY)), once they stayed the same
+    /// for one more look and the file still holds them when the reload's
+    /// turn comes (a file still being written is not applied; see
+    /// [`Changes`](crate::Changes)), and hand each outcome to `report` (an
+    /// invalid file's errors included); stops when the returned handle is
+    /// dropped. Each change is reloaded once: an invalid file is reported
+    /// once, not at every check.
     #[cfg(feature = "watch")]
     #[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
     pub fn watch(
@@ -444,10 +446,38 @@ impl LiveConfig {
         let mut changes = crate::Changes::new(every, move || std::fs::read(&path).ok());
         Ok(crate::Watch::spawn(async move {
             loop {
-                changes.next().await;
-                report(live.reload().await);
+                let settled = changes.next().await;
+                if let Some(outcome) = live.reload_settled(&settled).await {
+                    report(outcome);
+                }
             }
         }))
+    }
+
+    /// Apply the file's contents `settled`, as the watch saw them settle,
+    /// if the file still holds them once this reload's turn comes (read
+    /// again under the reload lock); `None` when it changed since — a
+    /// write begun meanwhile, caught halfway, is never applied, and the
+    /// watch's next looks act on what it becomes.
+    #[cfg(feature = "watch")]
+    async fn reload_settled(&self, settled: &[u8]) -> Option<Result<ReloadReport, ReloadError>> {
+        let _one_at_a_time = self.shared.reloading.lock().await;
+        let path = self.shared.path.as_ref()?;
+        if std::fs::read(path).ok().as_deref() != Some(settled) {
+            return None;
+        }
+        let kinds = self.shared.running.load().config.store_kinds().clone();
+        let config = match std::str::from_utf8(settled) {
+            Ok(text) => Config::from_toml_str_with(text, &kinds).map_err(|e| e.in_file(path)),
+            Err(e) => Err(crate::ConfigError::Read {
+                path: path.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            }),
+        };
+        Some(match config {
+            Ok(config) => self.applied(config).await,
+            Err(e) => Err(reported(e.into())),
+        })
     }
 }
 
@@ -455,4 +485,37 @@ impl LiveConfig {
 fn reported(e: ReloadError) -> ReloadError {
     observe::config_reload(e.class(), Some(&e.to_string()), &[]);
     e
+}
+
+#[cfg(all(test, feature = "watch"))]
+mod tests {
+    use super::*;
+
+    fn limits(limit: u64) -> String {
+        format!(
+            "[policies.api]\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"1m\"\n\n\
+             [routes.api]\nlayers = [{{ scope = \"subject\", policy = \"api\" }}]\n"
+        )
+    }
+
+    /// What the watch saw settle is applied only while the file still
+    /// holds it: a write begun since (caught halfway, perhaps) is left to
+    /// the watch's next looks.
+    #[tokio::test]
+    async fn settled_contents_apply_only_while_the_file_holds_them() {
+        let dir = std::env::temp_dir().join(format!("tollgate-settled-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("limits.toml");
+        std::fs::write(&path, limits(5)).unwrap();
+        let clock = Arc::new(tollgate_limiter::MonotonicClock::new());
+        let live = LiveConfig::load(&path, clock).await.unwrap();
+        std::fs::write(&path, limits(7)).unwrap();
+        let capacity = |live: &LiveConfig| live.config().policy("api").unwrap().capacity();
+        assert!(live.reload_settled(limits(6).as_bytes()).await.is_none());
+        assert_eq!(capacity(&live), 5, "not applied: the file holds 7 now");
+        let applied = live.reload_settled(limits(7).as_bytes()).await;
+        assert!(matches!(applied, Some(Ok(_))), "{applied:?}");
+        assert_eq!(capacity(&live), 7);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

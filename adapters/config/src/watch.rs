@@ -11,6 +11,10 @@
 use std::future::Future;
 use std::time::Duration;
 
+/// The shortest interval between two looks: `every` below it (zero, say)
+/// would read the files in a busy loop.
+pub const MIN_EVERY: Duration = Duration::from_millis(10);
+
 /// The changes of what some files hold, looked at every `every`: the
 /// configuration file for [`LiveConfig::watch`](crate::LiveConfig::watch),
 /// or any files a program reloads itself (the rate limit server's
@@ -38,21 +42,24 @@ pub struct Changes<T, R> {
 
 impl<T: Clone + PartialEq, R: FnMut() -> Option<T>> Changes<T, R> {
     /// Changes of what `read` answers (`None`: unreadable), whose answer
-    /// now is what is already in force. Read here, not at the first look:
-    /// a change made before then is a change.
+    /// now is what is already in force, looked at every `every` (at least
+    /// [`MIN_EVERY`]). Read here, not at the first look: a change made
+    /// before then is a change.
     pub fn new(every: Duration, mut read: R) -> Self {
         let seen = Settled::new(read());
+        let every = every.max(MIN_EVERY);
         Changes { every, read, seen }
     }
 
     /// Wait for the next change: contents that differ from the last ones
-    /// acted on and stayed the same for one more look. An unreadable file
-    /// (say, between a remove and a rename) is never a change.
-    pub async fn next(&mut self) {
+    /// acted on and stayed the same for one more look; they are returned.
+    /// An unreadable file (say, between a remove and a rename) is never a
+    /// change.
+    pub async fn next(&mut self) -> T {
         loop {
             tokio::time::sleep(self.every).await;
-            if self.seen.changed((self.read)()) {
-                return;
+            if let Some(settled) = self.seen.changed((self.read)()) {
+                return settled;
             }
         }
     }
@@ -107,17 +114,17 @@ impl<T: Clone + PartialEq> Settled<T> {
         }
     }
 
-    /// One look at the file: whether to act on `contents` now. An
+    /// One look at the file: the contents to act on now, if any. An
     /// unreadable file (`None`, say between a remove and a rename) is
     /// never acted on.
-    fn changed(&mut self, contents: Option<T>) -> bool {
+    fn changed(&mut self, contents: Option<T>) -> Option<T> {
         let settled = contents.is_some() && contents == self.last_seen;
         let act = settled && contents != self.acted_on;
         if act {
             self.acted_on = contents.clone();
         }
         self.last_seen = contents;
-        act
+        act.then(|| self.acted_on.clone()).flatten()
     }
 }
 
@@ -126,7 +133,7 @@ mod tests {
     use super::*;
 
     fn look(file: &mut Settled<Vec<u8>>, text: &str) -> bool {
-        file.changed(Some(text.as_bytes().to_vec()))
+        file.changed(Some(text.as_bytes().to_vec())).is_some()
     }
 
     #[test]
@@ -160,11 +167,15 @@ mod tests {
     #[test]
     fn an_unreadable_file_is_not_acted_on_and_its_return_is() {
         let mut file = Settled::new(Some(b"limit = 5".to_vec()));
-        assert!(!file.changed(None));
-        assert!(!file.changed(None));
+        assert!(file.changed(None).is_none());
+        assert!(file.changed(None).is_none());
         assert!(!look(&mut file, "limit = 5"), "back as it was");
         assert!(!look(&mut file, "limit = 5"), "nothing to act on");
         assert!(!look(&mut file, "limit = 8"));
-        assert!(look(&mut file, "limit = 8"));
+        assert_eq!(
+            file.changed(Some(b"limit = 8".to_vec())).as_deref(),
+            Some(&b"limit = 8"[..]),
+            "what settled is handed over"
+        );
     }
 }

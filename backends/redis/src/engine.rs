@@ -335,12 +335,16 @@ fn is_other_protocol(e: &RedisError) -> bool {
 /// The detail of [`no_module`], by which `from_redis` knows it.
 pub(crate) const NO_MODULE: &str = "the server has no Tollgate module of this store's protocol";
 
-/// The error of a `Module` store whose server lacks the module.
+/// The error of a `Module` store whose server lacks the module, naming
+/// only the code of the server's answer: its text may repeat the call's
+/// arguments, keys included (`unknown command …, with args beginning
+/// with: …`).
 pub(crate) fn no_module(e: &RedisError) -> RedisError {
+    let answered = e.code().unwrap_or("no error code");
     RedisError::from((
         ErrorKind::Client,
         "Tollgate's Redis module required",
-        format!("{NO_MODULE} ({e})"),
+        format!("{NO_MODULE} (the server answered {answered})"),
     ))
 }
 
