@@ -78,7 +78,7 @@ impl Limiter {
             return Ok(());
         }
         this.store().reset(&requests).await?;
-        this.forget_cached(ctx);
+        this.forget_cached();
         Ok(())
     }
 
@@ -200,7 +200,7 @@ impl Limiter {
                 verdicts.len()
             ))));
         }
-        this.forget_cached(ctx);
+        this.forget_cached();
         Ok(Decision::new(
             this.layers()
                 .iter()
@@ -211,13 +211,13 @@ impl Limiter {
     }
 
     /// Forget the denials the blocked-key cache holds: every one, since
-    /// `ctx` may name fewer layers than the requests it affects.
-    fn forget_cached(&self, ctx: &Context) {
+    /// an operation's context may name fewer layers than the requests it
+    /// affects.
+    fn forget_cached(&self) {
         #[cfg(feature = "blocked-cache")]
         if let Some(cache) = self.blocked_cache() {
             cache.forget_all();
         }
-        let _ = ctx;
     }
 
     /// The request of `cost` for `ctx` of every layer `which` picks.

@@ -140,8 +140,30 @@ pub(crate) enum Answer {
     Plan(u32),
     /// The default plan.
     Default,
-    /// No plan: why (`source_failed`, `source_timeout`, `unknown_plan`).
-    Failed(&'static str),
+    /// No plan: why.
+    Failed(Failure),
+}
+
+/// Why the source gave no plan (one byte: a kept answer fits a cache line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The source named a plan the limiter does not have.
+    UnknownPlan,
+    /// The source returned an error.
+    SourceFailed,
+    /// The source did not answer within the deadline.
+    SourceTimeout,
+}
+
+impl Failure {
+    /// The reason as metrics label it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Failure::UnknownPlan => "unknown_plan",
+            Failure::SourceFailed => "source_failed",
+            Failure::SourceTimeout => "source_timeout",
+        }
+    }
 }
 
 /// A plan source behind its cache.
@@ -189,22 +211,32 @@ impl PlanCache {
             Ok(Ok(None)) => Answer::Default,
             Ok(Ok(Some(plan))) => match index_of(&plan).and_then(|i| u32::try_from(i).ok()) {
                 Some(i) => Answer::Plan(i),
-                None => Answer::Failed("unknown_plan"),
+                None => Answer::Failed(Failure::UnknownPlan),
             },
             Ok(Err(error)) => {
                 #[cfg(feature = "tracing")]
                 tracing::warn!(%error, "the plan source failed; deciding under the default plan");
                 let _ = error;
-                Answer::Failed("source_failed")
+                Answer::Failed(Failure::SourceFailed)
             }
-            Err(_) => Answer::Failed("source_timeout"),
+            Err(_) => Answer::Failed(Failure::SourceTimeout),
         };
         let (ttl, over) = match answer {
-            Answer::Failed("source_failed" | "source_timeout") => {
+            Answer::Failed(Failure::SourceFailed | Failure::SourceTimeout) => {
                 (self.config.failure_ttl, Over::Expired)
             }
             _ => (self.config.ttl, Over::Any),
         };
         self.answers.keep(customer.clone(), answer, ttl, over)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A kept answer is at most 8 bytes: with its customer and expiry it
+    /// fills one cache line of the answer cache.
+    #[test]
+    fn an_answer_is_small() {
+        assert!(std::mem::size_of::<super::Answer>() <= 8);
     }
 }

@@ -57,6 +57,14 @@ impl ConfigError {
         }
     }
 
+    /// The file at `path` could not be read, for `source`.
+    pub(crate) fn read(path: &Path, source: std::io::Error) -> ConfigError {
+        ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+
     pub(crate) fn in_file(self, path: &Path) -> ConfigError {
         ConfigError::InFile {
             path: path.display().to_string(),

@@ -204,11 +204,24 @@ impl Config {
         kinds: &StoreKinds,
     ) -> Result<Config, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
+        let bytes = std::fs::read(path).map_err(|source| ConfigError::read(path, source))?;
+        Config::from_file_bytes(path, &bytes, kinds)
+    }
+
+    /// Parse and validate `bytes`, the contents of the file at `path`
+    /// (which errors name).
+    pub(crate) fn from_file_bytes(
+        path: &Path,
+        bytes: &[u8],
+        kinds: &StoreKinds,
+    ) -> Result<Config, ConfigError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            ConfigError::read(
+                path,
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            )
         })?;
-        Config::from_toml_str_with(&text, kinds).map_err(|e| e.in_file(path))
+        Config::from_toml_str_with(text, kinds).map_err(|e| e.in_file(path))
     }
 
     /// The store kinds the file was read against, besides the built-in

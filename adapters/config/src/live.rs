@@ -324,17 +324,30 @@ impl LiveConfig {
         // The file is read under the reload lock: of two reloads racing (a
         // signal and a file watch), the later read is the one applied last.
         let _one_at_a_time = self.shared.reloading.lock().await;
-        let config = match &self.shared.path {
-            None => Err(ReloadError::NoFile),
-            Some(path) => {
-                // Read against the kinds the running file was read against.
-                let kinds = self.shared.running.load().config.store_kinds().clone();
-                Config::from_file_with(path, &kinds).map_err(ReloadError::from)
-            }
+        let Some(path) = &self.shared.path else {
+            return Err(reported(ReloadError::NoFile));
         };
+        let config = std::fs::read(path)
+            .map_err(|source| ConfigError::read(path, source))
+            .and_then(|bytes| self.parsed(path, &bytes));
+        self.applied_if_parsed(config).await
+    }
+
+    /// `bytes`, the file's contents, parsed against the store kinds the
+    /// running file was read against.
+    fn parsed(&self, path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
+        let running = self.shared.running.load();
+        Config::from_file_bytes(path, bytes, running.config.store_kinds())
+    }
+
+    /// Apply `config` if it parsed; count and log the outcome either way.
+    async fn applied_if_parsed(
+        &self,
+        config: Result<Config, ConfigError>,
+    ) -> Result<ReloadReport, ReloadError> {
         match config {
             Ok(config) => self.applied(config).await,
-            Err(e) => Err(reported(e)),
+            Err(e) => Err(reported(e.into())),
         }
     }
 
@@ -466,18 +479,7 @@ impl LiveConfig {
         if std::fs::read(path).ok().as_deref() != Some(settled) {
             return None;
         }
-        let kinds = self.shared.running.load().config.store_kinds().clone();
-        let config = match std::str::from_utf8(settled) {
-            Ok(text) => Config::from_toml_str_with(text, &kinds).map_err(|e| e.in_file(path)),
-            Err(e) => Err(crate::ConfigError::Read {
-                path: path.display().to_string(),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            }),
-        };
-        Some(match config {
-            Ok(config) => self.applied(config).await,
-            Err(e) => Err(reported(e.into())),
-        })
+        Some(self.applied_if_parsed(self.parsed(path, settled)).await)
     }
 }
 

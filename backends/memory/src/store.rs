@@ -367,6 +367,7 @@ impl MemoryStoreBuilder {
 
     /// Whether `other` builds a store of the same size and rule when full
     /// (the clocks aside).
+    #[cfg(feature = "serde")]
     pub(crate) fn same_shape(&self, other: &MemoryStoreBuilder) -> bool {
         (self.max_keys, self.when_full, self.shards)
             == (other.max_keys, other.when_full, other.shards)

@@ -142,7 +142,7 @@ impl PlanBook {
         match answer {
             Answer::Plan(i) => &self.plans[i as usize].1,
             Answer::Default => self.default_plan("unassigned"),
-            Answer::Failed(reason) => self.default_plan(reason),
+            Answer::Failed(why) => self.default_plan(why.as_str()),
         }
     }
 
