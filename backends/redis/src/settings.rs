@@ -62,6 +62,7 @@ impl Settings {
             replica_ack: self.replica_ack,
             prefix: self.prefix.as_str().into(),
             deadline: self.deadline,
+            connect_timeout: self.connect_timeout,
             clock: self.clock.clone(),
             max_skew: self.max_skew,
             runner: Arc::new(Runner::new(self.engine)),
@@ -195,6 +196,8 @@ impl<T: std::fmt::Debug> std::fmt::Debug for RedisBuilder<T> {
 pub struct CheckedSettings {
     pub(crate) prefix: Arc<str>,
     pub(crate) deadline: Duration,
+    /// What loading the code may take (at connect and on request).
+    pub(crate) connect_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     max_skew: Option<Duration>,
     /// Wait for replicas after a charge (off: `None`).

@@ -234,7 +234,7 @@ impl RedisStoreBuilder {
             checked,
         };
         let preloaded = store.checked.runner.preloaded();
-        let (load, probe) = (store.load_script(), store.check_permissions());
+        let (load, probe) = (store.load_code(), store.check_permissions());
         load_and_probe(preloaded, timeout, load, probe).await?;
         Ok(store)
     }
@@ -361,7 +361,14 @@ impl RedisStore {
     /// [`connect`](RedisStoreBuilder::connect); a decision that finds the
     /// code missing also loads it and is sent again, up to three times in
     /// a row).
+    /// Fails with [`StoreError::Timeout`] past the connect timeout.
     pub async fn load_script(&self) -> Result<(), StoreError> {
+        within(self.checked.connect_timeout, self.load_code()).await?
+    }
+
+    /// [`load_script`](Self::load_script) without its time bound (the
+    /// caller bounds it).
+    async fn load_code(&self) -> Result<(), StoreError> {
         let runner = &self.checked.runner;
         match &self.conn {
             Conn::Multiplexed(manager) => runner.load(&mut manager.clone()).await.map(|_| ()),

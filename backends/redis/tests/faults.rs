@@ -247,3 +247,31 @@ async fn killed_connections_are_reopened() {
     );
     println!("CLIENT KILL: {killed} connections killed; store decisions resumed after {took:?}; {degraded} decisions degraded meanwhile");
 }
+
+/// Loading the code on request is bounded like every other call: a
+/// frozen server costs the connect timeout, then a timeout error, and
+/// the code loads again once the server answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_script_on_a_frozen_server_gives_up_at_the_connect_timeout() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique("fault"))
+        .connect_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connects");
+    server.pause();
+    let started = std::time::Instant::now();
+    let loaded = tokio::time::timeout(Duration::from_secs(10), store.load_script()).await;
+    let took = started.elapsed();
+    server.resume();
+    assert!(
+        matches!(loaded, Ok(Err(tollgate_limiter::StoreError::Timeout(_)))),
+        "{loaded:?}"
+    );
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    store
+        .load_script()
+        .await
+        .expect("loads once the server answers");
+}

@@ -144,7 +144,7 @@ impl RedisClusterStoreBuilder {
             checked,
         };
         let preloaded = store.checked.runner.preloaded();
-        let (load, probe) = (store.load_script(), store.check_permissions());
+        let (load, probe) = (store.load_code(), store.check_permissions());
         load_and_probe(preloaded, timeout, load, probe).await?;
         Ok(store)
     }
@@ -211,7 +211,14 @@ impl RedisClusterStore {
     /// LOAD` of the script (done by
     /// [`connect`](RedisClusterStoreBuilder::connect); nodes that lack it
     /// later get it at their first call).
+    /// Fails with [`StoreError::Timeout`] past the connect timeout.
     pub async fn load_script(&self) -> Result<(), StoreError> {
+        within(self.checked.connect_timeout, self.load_code()).await?
+    }
+
+    /// [`load_script`](Self::load_script) without its time bound (the
+    /// caller bounds it).
+    async fn load_code(&self) -> Result<(), StoreError> {
         let runner = &self.checked.runner;
         if runner.preloaded() {
             return self.check_preloaded().await;
