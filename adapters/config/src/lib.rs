@@ -100,7 +100,7 @@ pub use store_kind::{CustomStore, StoreKind, StoreKinds};
 pub use tollgate_limiter::DurationSpec;
 #[cfg(feature = "watch")]
 #[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
-pub use watch::{Changes, Watch, MIN_EVERY};
+pub use watch::{Changes, Watch, MIN_EVERY, RETRY_AT_MOST_EVERY};
 
 /// A validated configuration file; build the limiters with [`Config::build`].
 #[derive(Debug, Clone, PartialEq)]

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use tollgate_limiter::{Clock, RouteLimits, Store};
+use tollgate_limiter::{Clock, RouteLimits, Store, StoreError};
 
 use crate::observe;
 
@@ -37,6 +37,9 @@ struct Shared {
     bound: Mutex<BTreeSet<String>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// The file's contents the running configuration was read from (or
+    /// last applied from the file): where a watch begins.
+    in_force: Mutex<Option<Vec<u8>>>,
 }
 
 /// A configuration that can be reloaded while the service runs.
@@ -168,6 +171,21 @@ pub enum ReloadError {
 }
 
 impl ReloadError {
+    /// Whether the same file may apply if tried again: its store could
+    /// not be opened for now (unreachable, timed out). A watch tries such
+    /// a file again until it applies or changes.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ReloadError::Build(SetupError::Store {
+                source: StoreError::Timeout(_)
+                    | StoreError::Unavailable(_)
+                    | StoreError::CircuitOpen(_),
+                ..
+            })
+        )
+    }
+
     /// A short label for metrics: `invalid`, `missing_routes`, `build`, `no_file`.
     pub fn class(&self) -> &'static str {
         match self {
@@ -206,9 +224,9 @@ impl LiveConfig {
         kinds: &StoreKinds,
         clock: Arc<dyn Clock>,
     ) -> Result<LiveConfig, ReloadError> {
-        let path = path.as_ref().to_path_buf();
-        let config = Config::from_file_with(&path, kinds)?;
-        LiveConfig::start(Some(path), config, None, clock).await
+        let (path, bytes) = read(path.as_ref())?;
+        let config = Config::from_file_bytes(&path, &bytes, kinds)?;
+        LiveConfig::start(Some((path, bytes)), config, None, clock).await
     }
 
     /// Load the file at `path`, deciding on `store` (a store you opened
@@ -218,9 +236,9 @@ impl LiveConfig {
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
     ) -> Result<LiveConfig, ReloadError> {
-        let path = path.as_ref().to_path_buf();
-        let config = Config::from_file(&path)?;
-        LiveConfig::start(Some(path), config, Some(store), clock).await
+        let (path, bytes) = read(path.as_ref())?;
+        let config = Config::from_file_bytes(&path, &bytes, &StoreKinds::new())?;
+        LiveConfig::start(Some((path, bytes)), config, Some(store), clock).await
     }
 
     /// Run `config` (not from a file: reload with
@@ -229,8 +247,9 @@ impl LiveConfig {
         LiveConfig::start(None, config, None, clock).await
     }
 
+    /// Run `config`, read from `file` (its path and contents) if any.
     async fn start(
-        path: Option<PathBuf>,
+        file: Option<(PathBuf, Vec<u8>)>,
         config: Config,
         given_store: Option<Arc<dyn Store>>,
         clock: Arc<dyn Clock>,
@@ -244,9 +263,11 @@ impl LiveConfig {
         let routes = config.routes_over(&store, &fallback, &clock)?;
         tollgate_limiter::observe::describe();
         observe::describe();
+        let (path, in_force) = file.unzip();
         Ok(LiveConfig {
             shared: Arc::new(Shared {
                 path,
+                in_force: Mutex::new(in_force),
                 clock,
                 given_store: given,
                 running: ArcSwap::from_pointee(Running {
@@ -327,10 +348,27 @@ impl LiveConfig {
         let Some(path) = &self.shared.path else {
             return Err(reported(ReloadError::NoFile));
         };
-        let config = std::fs::read(path)
-            .map_err(|source| ConfigError::read(path, source))
-            .and_then(|bytes| self.parsed(path, &bytes));
-        self.applied_if_parsed(config).await
+        match std::fs::read(path) {
+            Ok(bytes) => self.applied_file(path, bytes).await,
+            Err(source) => Err(reported(ConfigError::read(path, source).into())),
+        }
+    }
+
+    /// Apply the file's contents `bytes`, if they parse; applied, they are
+    /// the contents in force, where a watch started later begins.
+    async fn applied_file(&self, path: &Path, bytes: Vec<u8>) -> Result<ReloadReport, ReloadError> {
+        let outcome = self.applied_if_parsed(self.parsed(path, &bytes)).await;
+        if outcome.is_ok() {
+            *self.in_force() = Some(bytes);
+        }
+        outcome
+    }
+
+    fn in_force(&self) -> std::sync::MutexGuard<'_, Option<Vec<u8>>> {
+        self.shared
+            .in_force
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// `bytes`, the file's contents, parsed against the store kinds the
@@ -445,8 +483,15 @@ impl LiveConfig {
     /// turn comes (a file still being written is not applied; see
     /// [`Changes`](crate::Changes)), and hand each outcome to `report` (an
     /// invalid file's errors included); stops when the returned handle is
-    /// dropped. Each change is reloaded once: an invalid file is reported
-    /// once, not at every check.
+    /// dropped. Changes count from the contents the running configuration
+    /// was read from (an edit made between [`load`](Self::load) and this
+    /// call is applied). Each change is reloaded once — an invalid file is
+    /// reported once, not at every check — unless it failed for a
+    /// transient reason ([`ReloadError::is_transient`]: its store could
+    /// not be opened for now): then it is tried again
+    /// ([`Changes::retry`](crate::Changes::retry): after `every`, then
+    /// twice as long each time up to a minute), each failure reported,
+    /// until it applies or the file changes.
     #[cfg(feature = "watch")]
     #[cfg_attr(docsrs, doc(cfg(feature = "watch")))]
     pub fn watch(
@@ -456,13 +501,18 @@ impl LiveConfig {
     ) -> Result<crate::Watch, ReloadError> {
         let path = self.shared.path.clone().ok_or(ReloadError::NoFile)?;
         let live = self.clone();
-        let mut changes = crate::Changes::new(every, move || std::fs::read(&path).ok());
+        let in_force = self.in_force().clone();
+        let mut changes = crate::Changes::since(every, in_force, move || std::fs::read(&path).ok());
         Ok(crate::Watch::spawn(async move {
             loop {
                 let settled = changes.next().await;
-                if let Some(outcome) = live.reload_settled(&settled).await {
-                    report(outcome);
+                let Some(outcome) = live.reload_settled(settled).await else {
+                    continue;
+                };
+                if outcome.as_ref().is_err_and(ReloadError::is_transient) {
+                    changes.retry();
                 }
+                report(outcome);
             }
         }))
     }
@@ -473,14 +523,20 @@ impl LiveConfig {
     /// write begun meanwhile, caught halfway, is never applied, and the
     /// watch's next looks act on what it becomes.
     #[cfg(feature = "watch")]
-    async fn reload_settled(&self, settled: &[u8]) -> Option<Result<ReloadReport, ReloadError>> {
+    async fn reload_settled(&self, settled: Vec<u8>) -> Option<Result<ReloadReport, ReloadError>> {
         let _one_at_a_time = self.shared.reloading.lock().await;
         let path = self.shared.path.as_ref()?;
-        if std::fs::read(path).ok().as_deref() != Some(settled) {
+        if std::fs::read(path).ok().as_deref() != Some(settled.as_slice()) {
             return None;
         }
-        Some(self.applied_if_parsed(self.parsed(path, settled)).await)
+        Some(self.applied_file(path, settled).await)
     }
+}
+
+/// `path` and the file's contents.
+fn read(path: &Path) -> Result<(PathBuf, Vec<u8>), ConfigError> {
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::read(path, source))?;
+    Ok((path.to_path_buf(), bytes))
 }
 
 /// Count and log a refused reload, once.
@@ -513,9 +569,9 @@ mod tests {
         let live = LiveConfig::load(&path, clock).await.unwrap();
         std::fs::write(&path, limits(7)).unwrap();
         let capacity = |live: &LiveConfig| live.config().policy("api").unwrap().capacity();
-        assert!(live.reload_settled(limits(6).as_bytes()).await.is_none());
+        assert!(live.reload_settled(limits(6).into_bytes()).await.is_none());
         assert_eq!(capacity(&live), 5, "not applied: the file holds 7 now");
-        let applied = live.reload_settled(limits(7).as_bytes()).await;
+        let applied = live.reload_settled(limits(7).into_bytes()).await;
         assert!(matches!(applied, Some(Ok(_))), "{applied:?}");
         assert_eq!(capacity(&live), 7);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -38,7 +38,16 @@ pub struct Changes<T, R> {
     every: Duration,
     read: R,
     seen: Settled<T>,
+    /// The wait before the next look, besides `every`, when the contents
+    /// last handed over are being tried again ([`Changes::retry`]).
+    retry_wait: Option<Duration>,
+    /// The last such wait, while tries follow one another.
+    last_retry_wait: Option<Duration>,
 }
+
+/// The longest wait between two tries of the same contents
+/// ([`Changes::retry`]).
+pub const RETRY_AT_MOST_EVERY: Duration = Duration::from_secs(60);
 
 impl<T: Clone + PartialEq, R: FnMut() -> Option<T>> Changes<T, R> {
     /// Changes of what `read` answers (`None`: unreadable), whose answer
@@ -46,9 +55,37 @@ impl<T: Clone + PartialEq, R: FnMut() -> Option<T>> Changes<T, R> {
     /// [`MIN_EVERY`]). Read here, not at the first look: a change made
     /// before then is a change.
     pub fn new(every: Duration, mut read: R) -> Self {
-        let seen = Settled::new(read());
+        let in_force = read();
+        Changes::since(every, in_force, read)
+    }
+
+    /// Changes of what `read` answers since `in_force` (`None`: nothing
+    /// read yet), the contents already acted on (the ones a configuration
+    /// was loaded from: an edit made between that load and this watch is
+    /// a change), looked at every `every` (at least [`MIN_EVERY`]).
+    pub fn since(every: Duration, in_force: Option<T>, read: R) -> Self {
         let every = every.max(MIN_EVERY);
-        Changes { every, read, seen }
+        let seen = Settled::new(in_force);
+        Changes {
+            every,
+            read,
+            seen,
+            retry_wait: None,
+            last_retry_wait: None,
+        }
+    }
+
+    /// The contents [`next`](Self::next) last handed over did not take
+    /// (a transient failure): it hands them over again if the file still
+    /// holds them, after a wait of `every`, twice as long at each retry in
+    /// a row, at most [`RETRY_AT_MOST_EVERY`].
+    pub fn retry(&mut self) {
+        self.seen.acted_on = None;
+        let wait = self
+            .last_retry_wait
+            .map_or(self.every, |last| (last * 2).min(RETRY_AT_MOST_EVERY));
+        self.retry_wait = Some(wait);
+        self.last_retry_wait = Some(wait);
     }
 
     /// Wait for the next change: contents that differ from the last ones
@@ -56,6 +93,10 @@ impl<T: Clone + PartialEq, R: FnMut() -> Option<T>> Changes<T, R> {
     /// An unreadable file (say, between a remove and a rename) is never a
     /// change.
     pub async fn next(&mut self) -> T {
+        match self.retry_wait.take() {
+            Some(wait) => tokio::time::sleep(wait).await,
+            None => self.last_retry_wait = None,
+        }
         loop {
             tokio::time::sleep(self.every).await;
             if let Some(settled) = self.seen.changed((self.read)()) {
@@ -146,6 +187,41 @@ mod tests {
         );
         assert!(look(&mut file, "limit = 7"), "unchanged for one look");
         assert!(!look(&mut file, "limit = 7"), "acted on once");
+    }
+
+    #[test]
+    fn contents_retried_are_acted_on_again_at_the_next_look() {
+        let mut file = Settled::new(Some(b"limit = 5".to_vec()));
+        look(&mut file, "limit = 7");
+        assert!(look(&mut file, "limit = 7"));
+        file.acted_on = None; // Changes::retry
+        assert!(look(&mut file, "limit = 7"), "handed over again");
+        assert!(!look(&mut file, "limit = 7"), "once");
+    }
+
+    /// Retries in a row wait `every`, then twice as long each time (up to
+    /// a minute).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn retries_wait_longer_each_time_in_a_row() {
+        let every = Duration::from_secs(1);
+        let mut changes = Changes::since(every, None, || Some(1));
+        async fn handed_over_after<R: FnMut() -> Option<u8>>(c: &mut Changes<u8, R>) -> Duration {
+            let started = tokio::time::Instant::now();
+            c.next().await;
+            started.elapsed()
+        }
+        assert_eq!(
+            handed_over_after(&mut changes).await,
+            2 * every,
+            "seen, then settled"
+        );
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            changes.retry();
+            waits.push(handed_over_after(&mut changes).await - every);
+        }
+        let secs: Vec<u64> = waits.iter().map(Duration::as_secs).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60]);
     }
 
     #[test]

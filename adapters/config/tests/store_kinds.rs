@@ -18,6 +18,8 @@ const START: Timestamp = Timestamp::from_micros(1_780_000_000_000_000);
 #[derive(Default, Clone)]
 struct CountedMemory {
     opened: Arc<AtomicUsize>,
+    /// Opens that fail (unavailable) before one succeeds.
+    failing: Arc<AtomicUsize>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -41,7 +43,10 @@ impl StoreKind for CountedMemory {
         settings: &CountedSettings,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<dyn Store>, StoreError> {
-        if settings.fail {
+        let failing = self
+            .failing
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if settings.fail || failing.is_ok() {
             return Err(StoreError::Unavailable("asked to fail".into()));
         }
         self.opened.fetch_add(1, Ordering::SeqCst);
@@ -214,5 +219,52 @@ async fn a_reload_reads_the_registered_kinds_and_reopens_only_on_change() {
         2,
         "a changed [store]: opened again"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A watched file whose store cannot be opened for now is tried again
+/// (each failure reported) until it applies; an edit made between the
+/// load and the watch is applied too.
+#[cfg(feature = "watch")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_watch_tries_a_transient_failure_again_and_starts_from_the_load() {
+    let dir = std::env::temp_dir().join(format!("tollgate-kinds-watch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    std::fs::write(&path, file(COUNTED, 2)).unwrap();
+    let counted = CountedMemory::default();
+    let kinds = StoreKinds::new().with(counted.clone());
+    let live = LiveConfig::load_with(&path, &kinds, Arc::new(ManualClock::new(START)))
+        .await
+        .unwrap();
+    let capacity = |live: &LiveConfig| live.config().policy("api").unwrap().capacity();
+    // Edited before the watch starts.
+    std::fs::write(&path, file(COUNTED, 3)).unwrap();
+    let (tx, mut reports) = tokio::sync::mpsc::unbounded_channel();
+    let every = std::time::Duration::from_secs(1);
+    let _watch = live
+        .watch(every, move |r| {
+            let _ = tx.send(r.map_err(|e| e.is_transient()));
+        })
+        .unwrap();
+    tokio::time::sleep(3 * every).await; // paused time: instant
+    assert_eq!(capacity(&live), 3, "the edit made before the watch");
+    assert!(matches!(reports.try_recv(), Ok(Ok(_))));
+    // A new store that fails to open twice, then opens.
+    counted.failing.store(2, Ordering::SeqCst);
+    std::fs::write(&path, file("kind = \"counted-memory\"\nmax_keys = 200", 7)).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..600 {
+        tokio::time::sleep(every).await;
+        while let Ok(report) = reports.try_recv() {
+            seen.push(report.map(drop));
+        }
+    }
+    assert_eq!(
+        seen,
+        [Err(true), Err(true), Ok(())],
+        "tried until it applied"
+    );
+    assert_eq!(capacity(&live), 7);
     let _ = std::fs::remove_dir_all(&dir);
 }

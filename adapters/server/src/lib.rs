@@ -598,7 +598,9 @@ impl Server {
     /// once they have stayed the same for one more look, so a file still
     /// being written is not applied ([`Changes`]: the configuration
     /// library's rule), reporting each outcome; stops when the returned
-    /// guard is dropped.
+    /// guard is dropped. A reload whose store could not be opened for now
+    /// is tried again as the library's watch does
+    /// ([`Changes::retry`]).
     pub fn watch(
         &self,
         every: Duration,
@@ -610,7 +612,11 @@ impl Server {
         Watch::spawn(async move {
             loop {
                 files.next().await;
-                report(shared.reload().await);
+                let outcome = shared.reload().await;
+                if matches!(&outcome, Err(ServerError::Config(e)) if e.is_transient()) {
+                    files.retry();
+                }
+                report(outcome);
             }
         })
     }
