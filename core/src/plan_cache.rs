@@ -74,13 +74,15 @@ pub(crate) enum Over {
     Expired,
 }
 
-/// Answers per customer, each until its own expiry, at most about
-/// `max_entries` (when a shard is full, its expired answers go, then an
-/// arbitrary one).
+/// Answers per customer, each until its own expiry, at most `max_entries`
+/// (when a shard is full, its expired answers go, then an arbitrary one).
 pub(crate) struct AnswerCache<V> {
     shards: Box<[RwLock<HashTable<Kept<V>>>]>,
     hasher: RandomState,
+    /// Each shard's room: `per_shard`, one more for the first `one_more`
+    /// shards (together exactly `max_entries`).
     per_shard: usize,
+    one_more: usize,
     /// The time-stamp counter and its reading when the cache was made:
     /// an expiry is checked on every read, and the counter read directly
     /// costs a fraction of `quanta::Instant::now` (which looks for a
@@ -91,14 +93,14 @@ pub(crate) struct AnswerCache<V> {
 
 impl<V: Copy> AnswerCache<V> {
     pub(crate) fn new(max_entries: u64) -> Self {
-        let per_shard = usize::try_from(max_entries.div_ceil(SHARDS as u64))
-            .unwrap_or(usize::MAX)
-            .max(1);
+        let per_shard = usize::try_from(max_entries / SHARDS as u64).unwrap_or(usize::MAX);
+        let one_more = (max_entries % SHARDS as u64) as usize;
         let clock = quanta::Clock::new();
         AnswerCache {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             hasher: RandomState::default(),
             per_shard,
+            one_more,
             start: clock.raw(),
             clock,
         }
@@ -130,16 +132,21 @@ impl<V: Copy> AnswerCache<V> {
     pub(crate) fn keep(&self, customer: Subject, answer: V, ttl: Duration, over: Over) -> V {
         let now = self.now();
         let hash = self.hash(&customer);
-        let mut shard = write(self.shard(hash));
+        let index = Self::shard_index(hash);
+        let room = self.per_shard + usize::from(index < self.one_more);
+        if room == 0 {
+            return answer;
+        }
+        let mut shard = write(&self.shards[index]);
         let rehash = |k: &Kept<V>| self.hash_text(k.customer.text());
         if let Ok(found) = shard.find_entry(hash, |k| k.customer.is(&customer)) {
             if over == Over::Expired && found.get().expires > now {
                 return found.get().answer;
             }
             found.remove();
-        } else if shard.len() >= self.per_shard {
+        } else if shard.len() >= room {
             shard.retain(|k| k.expires > now);
-            if shard.len() >= self.per_shard {
+            if shard.len() >= room {
                 if let Some(some) = shard.iter().next().map(|k| k.customer.text().to_vec()) {
                     let some_hash = self.hash_text(&some);
                     if let Ok(found) = shard.find_entry(some_hash, |k| k.customer.text() == some) {
@@ -185,7 +192,12 @@ impl<V: Copy> AnswerCache<V> {
     /// entries apart, and a probe compared names it should have skipped).
     #[inline]
     fn shard(&self, hash: u64) -> &RwLock<HashTable<Kept<V>>> {
-        &self.shards[(hash >> 32) as usize % SHARDS]
+        &self.shards[Self::shard_index(hash)]
+    }
+
+    #[inline]
+    fn shard_index(hash: u64) -> usize {
+        (hash >> 32) as usize % SHARDS
     }
 }
 
@@ -220,10 +232,24 @@ mod tests {
         for n in 0..10_000 {
             cache.insert(subject(n), 1, Duration::from_secs(60));
         }
-        // Two per shard.
-        assert!(cache.len() <= 128, "{}", cache.len());
+        assert_eq!(cache.len(), 128, "two per shard");
         cache.insert(subject(3), 9, Duration::from_secs(60));
         assert_eq!(cache.get(&subject(3)), Some(9), "the newest is kept");
+    }
+
+    /// At most `max_entries` answers, however few: none for zero.
+    #[test]
+    fn fewer_entries_than_shards_are_a_bound_too() {
+        for max in [0, 1, 10, 100] {
+            let cache = AnswerCache::new(max);
+            for n in 0..10_000 {
+                cache.insert(subject(n), 1u32, Duration::from_secs(60));
+            }
+            assert!(cache.len() as u64 <= max, "{} kept of {max}", cache.len());
+        }
+        let none = AnswerCache::new(0);
+        none.insert(subject(0), 1u32, Duration::from_secs(60));
+        assert_eq!(none.get(&subject(0)), None);
     }
 
     /// A failure keeps an answer fetched meanwhile, unless it expired; a

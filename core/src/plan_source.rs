@@ -73,7 +73,8 @@ pub struct PlanCacheConfig {
     /// customer is decided under the default plan without asking again.
     pub failure_ttl: Duration,
     /// The most answers kept (default 100,000); when full, expired answers
-    /// make room first, then arbitrary ones.
+    /// make room first, then arbitrary ones. Zero keeps none: every
+    /// decision whose plan nothing else gives asks the source.
     pub max_entries: u64,
     /// How long a decision waits for the source (default 50 ms).
     pub deadline: Duration,
