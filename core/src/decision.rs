@@ -49,6 +49,8 @@ pub(crate) struct LayerInfo {
     pub(crate) policy: Box<str>,
     pub(crate) shadow: bool,
     pub(crate) window: Option<Duration>,
+    /// Whether the layer limits requests in flight rather than over time.
+    pub(crate) in_flight: bool,
     /// The plan whose limit the layer decides by, if the limiter has plans.
     pub(crate) plan: Option<Box<str>>,
 }
@@ -124,6 +126,34 @@ impl LayerDecision {
     /// The window the policy announces ([`Limit::window`](crate::Limit::window)).
     pub fn window(&self) -> Option<Duration> {
         self.info.window
+    }
+
+    /// Whether the layer limits requests in flight
+    /// ([`Limit::concurrency`](crate::Limit::concurrency)), not requests
+    /// over time: its limit is a number of places, its window a lease.
+    pub fn is_concurrency(&self) -> bool {
+        self.info.in_flight
+    }
+
+    /// How long until the layer admits again when it denies (its
+    /// `retry_after`, else the time until it is full again), until it is
+    /// full again when it admits.
+    pub fn wait(&self) -> Duration {
+        self.verdict.retry_after.unwrap_or(self.verdict.reset_after)
+    }
+
+    /// The order in which headers report layers, tightest first: enforced
+    /// before shadow, denying before admitting; among denying layers the
+    /// longest wait first (so a single `Reset` agrees with `Retry-After`),
+    /// among admitting ones the fewest remaining units first.
+    pub fn tightness(&self) -> impl Ord {
+        let wait = std::cmp::Reverse(self.wait());
+        let remaining = if self.verdict.allowed {
+            self.verdict.remaining
+        } else {
+            0
+        };
+        (self.is_shadow(), self.verdict.allowed, remaining, wait)
     }
 
     /// The plan whose limit decided this layer, when the limiter has
@@ -236,19 +266,19 @@ impl Decision {
             .filter(|l| !l.verdict.allowed && !l.is_shadow())
     }
 
-    /// When denied: the longest wait among the denying layers (`None` when admitted).
+    /// When denied: the longest wait among the denying layers
+    /// ([`LayerDecision::wait`]; `None` when admitted).
     pub fn retry_after(&self) -> Option<Duration> {
-        self.denied_layers()
-            .filter_map(|l| l.verdict.retry_after)
-            .max()
+        self.denied_layers().map(LayerDecision::wait).max()
     }
 
-    /// The enforced layer with the fewest remaining units (the one headers
-    /// report first).
+    /// The enforced layer headers report first
+    /// ([`LayerDecision::tightness`]): when denied, the denying layer with
+    /// the longest wait; else the one with the fewest remaining units.
     pub fn tightest(&self) -> Option<&LayerDecision> {
         self.layers
             .iter()
             .filter(|l| !l.is_shadow())
-            .min_by_key(|l| (l.verdict.allowed, l.verdict.remaining))
+            .min_by_key(|l| l.tightness())
     }
 }

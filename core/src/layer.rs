@@ -87,6 +87,7 @@ impl Layer {
             policy: policy.name().into(),
             shadow: policy.is_shadow(),
             window: policy.limit().window(),
+            in_flight: matches!(policy.limit(), Limit::Concurrency(_)),
             plan: None,
         });
         let middle = KeyMiddle::new(&policy, scope.key_label());

@@ -45,12 +45,7 @@ fn announced(window: Duration) -> u64 {
 /// Seconds a layer announces as `t`: until it admits again when it denies,
 /// until it is full again otherwise.
 pub fn layer_t(layer: &LayerDecision) -> u64 {
-    ceil_secs(
-        layer
-            .verdict
-            .retry_after
-            .unwrap_or(layer.verdict.reset_after),
-    )
+    ceil_secs(layer.wait())
 }
 
 /// Whether a layer appears in the headers: enforced layers always, shadow
@@ -62,14 +57,18 @@ pub fn is_shown(layer: &LayerDecision, shadow: bool) -> bool {
 
 /// The `RateLimit-Policy` value: `"<policy>";q=<quota>;w=<window seconds>`
 /// per layer shown ([`is_shown`]; `w` omitted when unknown, see
-/// [`window_secs`]).
+/// [`window_secs`]); a concurrency limit is
+/// `"<policy>";q=<places>;qu="concurrent-requests"` (its lease is no
+/// window: read as one, `q` would be a rate).
 pub fn rate_limit_policy(decision: &Decision, shadow: bool) -> String {
     let mut out = String::new();
     let shown = decision.layers().iter().filter(|l| is_shown(l, shadow));
     for (i, layer) in shown.enumerate() {
         let sep = if i == 0 { "" } else { ", " };
         let _ = write!(out, "{sep}\"{}\";q={}", layer.policy(), layer.verdict.limit);
-        if let Some(w) = layer.window().map(announced) {
+        if layer.is_concurrency() {
+            out.push_str(";qu=\"concurrent-requests\"");
+        } else if let Some(w) = layer.window().map(announced) {
             let _ = write!(out, ";w={w}");
         }
     }

@@ -128,7 +128,7 @@ pub fn decision_headers(decision: &Decision, style: HeaderStyle) -> Headers {
         .layers()
         .iter()
         .filter(|l| headers::is_counted(l) && headers::is_shown(l, style.shadow))
-        .min_by_key(|l| (l.verdict.allowed, l.verdict.remaining));
+        .min_by_key(|l| l.tightness());
     if let Some(layer) = tightest {
         let t = headers::layer_t(layer).to_string();
         if style.legacy {
@@ -573,6 +573,69 @@ mod tests {
         assert!(get(&shown, names::RATELIMIT)
             .unwrap()
             .contains(r#""trial";r=0"#));
+    }
+
+    /// The single-value headers describe the enforced layer a client must
+    /// wait for longest when denied (its `Reset` is the `Retry-After`),
+    /// never a shadow layer's limit.
+    #[test]
+    fn single_value_headers_name_the_longest_wait_and_no_shadow_layer() {
+        let denied = |name: &str, retry_secs: u64| {
+            let mut l = layer(name, false, 0, Source::Store);
+            l.verdict.retry_after = Some(Duration::from_secs(retry_secs));
+            l.verdict.reset_after = Duration::from_secs(retry_secs);
+            l
+        };
+        let get = |h: &Headers, n: &str| h.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone());
+        let style = HeaderStyle::default().legacy(true).x_ratelimit(true);
+        let d = Decision::new(vec![denied("burst", 1), denied("daily", 3_600)]);
+        let h = decision_headers(&d, style);
+        assert_eq!(get(&h, names::RETRY_AFTER).unwrap(), "3600");
+        assert_eq!(get(&h, names::RATELIMIT_RESET).unwrap(), "3600");
+        assert_eq!(get(&h, names::X_RATELIMIT_RESET).unwrap(), "3600");
+        let trial = layer_of("trial", false, 0, Source::Store, true);
+        let d = Decision::new(vec![layer("per-key", true, 3, Source::Store), trial]);
+        let h = decision_headers(&d, style.shadow(true));
+        assert_eq!(get(&h, names::RATELIMIT_REMAINING).unwrap(), "3");
+        assert_eq!(d.tightest().unwrap().policy(), "per-key");
+        // A denial without its own retry time (a custom algorithm's) waits
+        // until the layer is full again, in every answer.
+        let mut full_again = denied("custom", 60);
+        full_again.verdict.retry_after = None;
+        let d = Decision::new(vec![denied("burst", 1), full_again]);
+        assert_eq!(d.retry_after(), Some(Duration::from_secs(60)));
+        assert_eq!(
+            get(&decision_headers(&d, style), names::RETRY_AFTER).unwrap(),
+            "60"
+        );
+    }
+
+    /// A concurrency limit is announced as places, not as a rate over its
+    /// lease.
+    #[test]
+    fn a_concurrency_limit_is_announced_as_concurrent_requests() {
+        let policy = Policy::new(
+            "inflight",
+            Limit::concurrency(5, Duration::from_secs(30)).unwrap(),
+        )
+        .unwrap();
+        let verdict = Verdict {
+            allowed: true,
+            limit: 5,
+            remaining: 4,
+            reset_after: Duration::from_secs(30),
+            retry_after: None,
+        };
+        let layer = Layer::new("inflight", Scope::Subject, policy);
+        let d = Decision::new(vec![LayerDecision::new(&layer, verdict, Source::Store)]);
+        let h = decision_headers(&d, HeaderStyle::default());
+        let policy = &h
+            .iter()
+            .find(|(k, _)| *k == names::RATELIMIT_POLICY)
+            .unwrap()
+            .1;
+        assert_eq!(policy, r#""inflight";q=5;qu="concurrent-requests""#);
+        sfv::Parser::new(policy).parse::<sfv::List>().unwrap();
     }
 
     #[test]

@@ -1103,8 +1103,7 @@ impl Rules {
             let layers = &decision.layers()[range.clone()];
             let enforced = || layers.iter().filter(|l| !l.is_shadow());
             let tightest = |ls: &mut dyn Iterator<Item = &LayerDecision>| {
-                ls.min_by_key(|l| (l.verdict.allowed, l.verdict.remaining))
-                    .copied()
+                ls.min_by_key(|l| l.tightness()).copied()
             };
             statuses[d].ok = enforced().all(|l| l.verdict.allowed);
             // A rule whose layers are all in shadow mode still reports
