@@ -2,6 +2,7 @@
 
 #[cfg(feature = "concurrency")]
 mod acquire;
+mod at_fault;
 mod builder;
 mod check;
 mod degraded;
@@ -402,6 +403,12 @@ impl Limiter {
         if let Some(name) = answer.as_ref().err().and_then(|e| self.shadow_at_fault(e)) {
             let named = |l: &Layer| l.policy.name() == name;
             return Box::pin(self.without(ctx, cost, &named)).await;
+        }
+        // One about an enforced policy fails its layers alone.
+        if let Err(error) = &answer {
+            if let Some(name) = self.enforced_at_fault(error) {
+                return Box::pin(self.despite_fault(ctx, cost, &requests, name, error)).await;
+            }
         }
         match answer {
             Ok(verdicts) => Ok(self.decision_of(&requests, cost, &verdicts)),

@@ -403,3 +403,51 @@ fn a_probe_answered_with_a_non_outage_error_closes_the_breaker() {
         "the store is asked again"
     );
 }
+
+/// A full key budget fails its own policy's layers alone: the other
+/// layers are still decided (and charged) by the store, so a subject
+/// rotating through addresses whose budget is full stays limited by its
+/// own layer, even when both policies fail open.
+#[tokio::test]
+async fn a_full_budget_fails_its_own_policy_alone() {
+    use tollgate_limiter::{KeyBudget, WhenFull};
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let store = Arc::new(
+        MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+    );
+    let window = |n| Limit::fixed_window(n, Duration::from_secs(60)).unwrap();
+    let open = |p: Policy| p.with_on_failure(OnStoreFailure::FailOpen).unwrap();
+    let per_address = Policy::new("ip", window(100))
+        .unwrap()
+        .with_key_budget(KeyBudget::new(1, WhenFull::Refuse).unwrap());
+    let limiter = Limiter::builder(store)
+        .clock(Arc::new(clock.clone()))
+        .layer(
+            "user",
+            Scope::Subject,
+            open(Policy::new("user", window(2)).unwrap()),
+        )
+        .layer("ip", Scope::Attribute("ip".into()), open(per_address))
+        .build()
+        .unwrap();
+    let ctx = |ip: &str| {
+        Context::for_subject(Subject::new("u").unwrap())
+            .with_attribute("ip", Subject::new(ip).unwrap())
+    };
+    let first = limiter.check(&ctx("a"), 1).await.unwrap();
+    assert!(first.is_allowed() && first.store_error().is_none());
+    // Address b's key does not fit the budget: that layer fails open, the
+    // user layer decides in the store.
+    let second = limiter.check(&ctx("b"), 1).await.unwrap();
+    assert!(second.is_allowed());
+    assert_eq!(second.store_error(), Some("full"));
+    assert_eq!(second.layers()[0].source, Source::Store);
+    assert_eq!(second.layers()[0].verdict.remaining, 0, "{second:?}");
+    assert_eq!(second.layers()[1].source, Source::FailOpen);
+    let third = limiter.check(&ctx("c"), 1).await.unwrap();
+    assert!(!third.is_allowed(), "the user's own limit: {third:?}");
+    assert_eq!(third.denied_layers().next().unwrap().source, Source::Store);
+    assert!(!third.failed_closed(), "a 429, not a 503");
+}
