@@ -9,7 +9,6 @@ use smallvec::SmallVec;
 
 use super::check::Check;
 use super::Limiter;
-use crate::algorithm::Verdict;
 use crate::context::Context;
 use crate::decision::{Decision, LayerDecision, Source};
 use crate::error::{Error, StoreError};
@@ -80,17 +79,9 @@ impl Limiter {
 /// A layer of the failing policy in a request other layers denied: not
 /// charged, not asked; it reports what its failure mode would offer.
 fn not_asked(layer: &Layer) -> LayerDecision {
-    let capacity = layer.policy.capacity();
-    let v = Verdict {
-        allowed: true,
-        limit: capacity,
-        remaining: capacity,
-        reset_after: std::time::Duration::ZERO,
-        retry_after: None,
-    };
-    let source = match layer.policy.on_failure() {
-        OnStoreFailure::Fallback(_) => Source::Fallback,
-        _ => Source::FailOpen,
-    };
-    LayerDecision::new(layer, v, source)
+    let mut offered = super::degraded::fail_open(layer);
+    if let OnStoreFailure::Fallback(_) = layer.policy.on_failure() {
+        offered.source = Source::Fallback;
+    }
+    offered
 }

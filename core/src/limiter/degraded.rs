@@ -135,7 +135,7 @@ fn fail_closed(layer: &Layer, wait: Duration) -> LayerDecision {
 }
 
 /// A layer failing open: admitted, its whole capacity reported.
-fn fail_open(layer: &Layer) -> LayerDecision {
+pub(super) fn fail_open(layer: &Layer) -> LayerDecision {
     let v = Verdict {
         allowed: true,
         limit: layer.policy.capacity(),
