@@ -16,6 +16,9 @@ use crate::error::Error;
 use crate::limiter::Limiter;
 use crate::time::duration_micros;
 
+/// The shortest sleep between two tries of [`Limiter::wait`].
+const MIN_SLEEP: Duration = Duration::from_millis(1);
+
 impl Limiter {
     /// Decide a request of `cost` units for `ctx`, waiting for capacity:
     /// while it is denied, sleep until the layers say it may pass (plus a
@@ -54,6 +57,9 @@ impl Limiter {
         let start = clock.now();
         let jitter_seed = RandomState::new();
         let mut attempt = 0u32;
+        // The sleeps asked for: a lower bound of the time waited that a
+        // clock stepping back cannot undo.
+        let mut slept = Duration::ZERO;
         loop {
             let decision = self.check(ctx, cost).await?;
             if decision.is_allowed() {
@@ -63,15 +69,21 @@ impl Limiter {
                 return Ok(decision);
             };
             let now = clock.now();
-            let waited = Duration::from_micros(now.as_micros().saturating_sub(start.as_micros()));
-            let left = max_wait.saturating_sub(waited);
+            let elapsed = Duration::from_micros(now.as_micros().saturating_sub(start.as_micros()));
+            let left = max_wait.saturating_sub(elapsed.max(slept));
             // (A retry "at once" once no wait is left is no wait either:
             // a breaker open for 0 s answers one, and would loop.)
             if retry_after > left || left.is_zero() {
                 return Ok(decision);
             }
-            let sleep = (retry_after + jitter(&jitter_seed, attempt, retry_after)).min(left);
+            // At least a millisecond: a retry "at once" (a breaker open
+            // for 0 s) would otherwise ask again in a busy loop.
+            let sleep = retry_after
+                .saturating_add(jitter(&jitter_seed, attempt, retry_after))
+                .max(MIN_SLEEP)
+                .min(left);
             clock.sleep_until(now.saturating_add(sleep)).await;
+            slept = slept.saturating_add(sleep);
             attempt = attempt.wrapping_add(1);
         }
     }

@@ -10,7 +10,8 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use tollgate_limiter::{
-    Clock, Context, Limit, Limiter, ManualClock, Policy, Scope, Subject, Timestamp, WhenLimited,
+    async_trait, Clock, Context, Decide, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope,
+    Store, Subject, Timestamp, Verdict, Verdicts, WhenLimited,
 };
 use tollgate_memory::MemoryStore;
 
@@ -171,4 +172,116 @@ fn a_sleep_is_one_entry_and_leaves_none_when_dropped() {
     assert!(sleep.as_mut().poll(&mut cx).is_pending());
     clock.advance(Duration::from_millis(1));
     assert!(sleep.as_mut().poll(&mut cx).is_ready());
+}
+
+/// A store that denies every request, saying to retry after its wait
+/// ("at once": as a breaker open for 0 s answers), yielding before each
+/// answer; given a clock, it steps the clock back an hour at its first
+/// answer.
+#[derive(Debug)]
+struct RetryAfter(Duration, Option<ManualClock>);
+
+#[async_trait]
+impl Store for RetryAfter {
+    fn kind(&self) -> &'static str {
+        "retry-after"
+    }
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        Decide::Later(Box::pin(async move {
+            tokio::task::yield_now().await;
+            if let Some(clock) = &self.1 {
+                if clock.now() >= START {
+                    clock.rewind(Duration::from_secs(3_600));
+                }
+            }
+            for _ in layers {
+                verdicts.push(Verdict {
+                    allowed: false,
+                    limit: 1,
+                    remaining: 0,
+                    reset_after: Duration::ZERO,
+                    retry_after: Some(self.0),
+                });
+            }
+            Ok(())
+        }))
+    }
+}
+
+/// A denial that says "retry at once" is retried after a sleep on the
+/// clock, not in a busy loop asking the store again and again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_retry_at_once_sleeps_on_the_clock() {
+    let clock = ManualClock::new(START);
+    let limiter = denying(&clock, Duration::ZERO);
+    let waiter = {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limiter.wait(&ctx(), 1, Duration::from_secs(10)).await })
+    };
+    until_asleep(&clock).await;
+    clock.advance(Duration::from_secs(10));
+    let decision = waiter.await.unwrap().unwrap();
+    assert!(!decision.is_allowed(), "denied once no wait is left");
+}
+
+/// A limiter on a store that denies, saying to retry after `retry_after`.
+fn denying(clock: &ManualClock, retry_after: Duration) -> Limiter {
+    on(Arc::new(RetryAfter(retry_after, None)), clock)
+}
+
+/// A one-layer limiter on `store` and `clock`.
+fn on(store: Arc<dyn Store>, clock: &ManualClock) -> Limiter {
+    Limiter::builder(store)
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new(
+                "api",
+                Limit::fixed_window(1, Duration::from_secs(60)).unwrap(),
+            )
+            .unwrap(),
+        )
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap()
+}
+
+/// The longest waits add up without overflow: the waiter sleeps.
+#[tokio::test(flavor = "current_thread")]
+async fn the_longest_waits_do_not_overflow() {
+    let clock = ManualClock::new(START);
+    let limiter = denying(&clock, Duration::MAX);
+    let waiter = tokio::spawn(async move { limiter.wait(&ctx(), 1, Duration::MAX).await });
+    until_asleep(&clock).await;
+    assert!(!waiter.is_finished(), "asleep, not panicked");
+    waiter.abort();
+}
+
+/// A clock stepping back does not give the waiter its bound again: the
+/// sleeps it took count, and it gives up once they reach `max_wait`.
+#[tokio::test(flavor = "current_thread")]
+async fn a_clock_stepping_back_does_not_extend_the_wait() {
+    let clock = ManualClock::new(START);
+    // Stepped back an hour during the first try: the clock stays behind
+    // the wait's start for every later one.
+    let store = Arc::new(RetryAfter(Duration::from_secs(1), Some(clock.clone())));
+    let limiter = on(store, &clock);
+    let waiter = tokio::spawn(async move { limiter.wait(&ctx(), 1, Duration::from_secs(3)).await });
+    let mut wakes = 0;
+    while !waiter.is_finished() && wakes < 10 {
+        clock.advance(Duration::from_secs(2));
+        wakes += 1;
+        for _ in 0..1_000 {
+            tokio::task::yield_now().await;
+            if waiter.is_finished() {
+                break;
+            }
+        }
+    }
+    assert!(waiter.is_finished(), "still waiting after {wakes} wakes");
+    assert!(wakes <= 4, "{wakes} wakes for a 3 s bound of 1 s sleeps");
 }
