@@ -145,7 +145,20 @@ impl CircuitBreaker {
         }
         let now = self.clock.now().as_micros();
         if now < until {
-            return Admission::Skip(Duration::from_micros(until - now));
+            let open_for = duration_micros(self.config.open_for);
+            if until - now <= open_for {
+                return Admission::Skip(Duration::from_micros(until - now));
+            }
+            // The clock stepped back: the period ends at most `open_for`
+            // from now, not an hour later for an hour's step.
+            let capped = now.saturating_add(open_for).max(1);
+            let _ = self.open_until.compare_exchange(
+                until,
+                capped,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            return Admission::Skip(Duration::from_micros(capped.saturating_sub(now)));
         }
         if self
             .probing
@@ -247,6 +260,24 @@ mod tests {
         assert!(breaker.failure(false));
         clock.advance(Duration::from_secs(2));
         assert_eq!(breaker.admit(), Admission::Probe);
+    }
+
+    /// A clock stepping back does not stretch an open period: it ends at
+    /// most `open_for` after the step.
+    #[test]
+    fn a_clock_stepping_back_does_not_stretch_the_open_period() {
+        let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+        let config = BreakerConfig {
+            failure_threshold: 1,
+            open_for: Duration::from_secs(1),
+        };
+        let breaker = CircuitBreaker::with_clock(config, Arc::new(clock.clone()));
+        assert!(breaker.failure(false));
+        clock.rewind(Duration::from_secs(3_600));
+        assert!(matches!(breaker.admit(), Admission::Skip(d) if d == Duration::from_secs(1)));
+        clock.advance(Duration::from_secs(2));
+        assert!(matches!(breaker.admit(), Admission::Probe));
+        assert_eq!(breaker.state(), BreakerState::HalfOpen);
     }
 
     /// An open period past the clock's range opens the breaker for as
