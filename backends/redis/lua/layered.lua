@@ -230,8 +230,15 @@ local function text_log(v)
   return log
 end
 
+-- A list log's entry as a time: plain digits only (tonumber alone would
+-- take ' 12', '1e5' or '0x1f'); nil for anything else.
+local function list_entry(v)
+  return v and tonumber(match(v, '^%d+$'))
+end
+
 -- The log in the list at `key`, as read_log answers it. Another type
--- fails the LLEN with WRONGTYPE.
+-- fails the LLEN with WRONGTYPE. Its ends must be times in range, in
+-- order, as a text log's are: a list of other numbers is someone else's.
 local function read_list_log(key)
   local n = redis.call('LLEN', key)
   local log
@@ -246,7 +253,7 @@ local function read_list_log(key)
         return { n = 0, blocked = u, at = function() return nil end }
       end
     end
-    log = { n = n, at = function(i) return tonumber(items[i]) end }
+    log = { n = n, at = function(i) return list_entry(items[i]) end }
   else
     local seen = {}
     log = {
@@ -254,15 +261,18 @@ local function read_list_log(key)
       at = function(i)
         local v = seen[i]
         if not v then
-          v = tonumber(redis.call('LINDEX', key, i - 1))
+          v = list_entry(redis.call('LINDEX', key, i - 1))
           seen[i] = v
         end
         return v
       end,
     }
   end
-  if n > 0 and not (log.at(1) and log.at(n)) then
-    return false
+  if n > 0 then
+    local first, last = log.at(1), log.at(n)
+    if not (first and last) or first < EARLIEST or last >= LATEST or first > last then
+      return false
+    end
   end
   return log
 end

@@ -100,7 +100,7 @@ where
     C: redis::aio::ConnectionLike + Clone + Send + Sync,
 {
     fn kinds(&self) -> Vec<&'static str> {
-        vec!["string", "numbers", "list", "hash", "set"]
+        vec!["string", "numbers", "list", "number-list", "hash", "set"]
     }
 
     async fn plant(&self, key: &tollgate_limiter::StoreKey<'_>, kind: &str) {
@@ -109,7 +109,7 @@ where
         let mut cmd = match kind {
             "string" => redis::cmd("SET"),
             "numbers" => redis::cmd("SET"),
-            "list" => redis::cmd("RPUSH"),
+            "list" | "number-list" => redis::cmd("RPUSH"),
             "hash" => redis::cmd("HSET"),
             _ => redis::cmd("SADD"),
         };
@@ -119,6 +119,8 @@ where
             // Two numbers: close to a counter state, but not one.
             "numbers" => cmd.arg("12 34"),
             "list" => cmd.arg("x").arg("y"),
+            // Numbers, but not times: close to a sliding log, but not one.
+            "number-list" => cmd.arg("1").arg("2").arg("3"),
             "hash" => cmd.arg("field").arg("value"),
             _ => cmd.arg("member"),
         };
@@ -139,7 +141,7 @@ where
                 .query_async(&mut con)
                 .await
                 .expect("GET")],
-            "list" => redis::cmd("LRANGE")
+            "list" | "number-list" => redis::cmd("LRANGE")
                 .arg(&key)
                 .arg(0)
                 .arg(-1)
@@ -161,6 +163,7 @@ where
             "string" => &["garbage"],
             "numbers" => &["12 34"],
             "list" => &["x", "y"],
+            "number-list" => &["1", "2", "3"],
             "hash" => &["field", "value"],
             _ => &["member"],
         };
