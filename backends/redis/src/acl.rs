@@ -40,6 +40,7 @@ pub struct AclRule {
     engine: Engine,
     replica_ack: bool,
     cluster: bool,
+    sentinel: bool,
 }
 
 impl AclRule {
@@ -51,6 +52,7 @@ impl AclRule {
             engine: Engine::Auto,
             replica_ack: false,
             cluster: false,
+            sentinel: false,
         }
     }
 
@@ -75,6 +77,15 @@ impl AclRule {
     /// with the script form (how a node that lacks the script gets it).
     pub fn cluster(mut self, on: bool) -> Self {
         self.cluster = on;
+        self
+    }
+
+    /// For a store found through Sentinel
+    /// ([`RedisStore::sentinel`](crate::RedisStore::sentinel)): adds
+    /// `ROLE`, with which the store checks that the server the sentinels
+    /// name is a primary before it decides there.
+    pub fn sentinel(mut self, on: bool) -> Self {
+        self.sentinel = on;
         self
     }
 }
@@ -102,6 +113,9 @@ impl fmt::Display for AclRule {
         }
         if self.cluster {
             f.write_str(" +cluster|slots +asking")?;
+        }
+        if self.sentinel {
+            f.write_str(" +role")?;
         }
         Ok(())
     }

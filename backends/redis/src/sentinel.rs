@@ -321,7 +321,13 @@ impl Sentinel {
         let role: Vec<Value> = redis::cmd("ROLE")
             .query_async(&mut con)
             .await
-            .map_err(|e| format!("ROLE at {host}:{port} failed ({e})"))?;
+            .map_err(|e| match client::is_no_permission(&e) {
+                true => format!(
+                    "ROLE at {host}:{port} was refused: the store's Redis user needs +role \
+                     (AclRule::sentinel(true)) ({e})"
+                ),
+                false => format!("ROLE at {host}:{port} failed ({e})"),
+            })?;
         match role.first() {
             Some(Value::BulkString(word)) if word == b"master" => Ok(con),
             _ => Err(format!(

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tollgate_limiter::{
     Clock, Limit, Limiter, ManualClock, OnStoreFailure, Policy, Scope, Source, Store,
 };
-use tollgate_redis::{ConnectionMode, RedisStore, RedisStoreError};
+use tollgate_redis::{AclRule, ConnectionMode, RedisStore, RedisStoreError};
 use tollgate_testkit::conformance::unique;
 use tollgate_testkit::redis_sentinel::{RedisSentinels, DOWN_AFTER_MS, SERVICE};
 
@@ -71,6 +71,48 @@ async fn an_unknown_service_is_named_in_the_error() {
         }
         _ => panic!("expected NoPrimary, got {error:?}"),
     }
+}
+
+/// A Redis user with exactly the least-privilege rule for Sentinel
+/// decides through the primary; one without `+role` is told so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_least_privilege_rule_for_sentinel_decides() {
+    // Its own group: the failover tests move the shared one's primary.
+    let group = RedisSentinels::start();
+    let set_user = |user: &str, rule: AclRule| {
+        let mut args = vec!["ACL", "SETUSER", user, "reset", "on", ">pw"];
+        let rule = rule.to_string();
+        args.extend(rule.split_whitespace());
+        let reply = group.primary().command(&args);
+        assert_eq!(reply, tollgate_testkit::resp::Reply::Status("OK".into()));
+    };
+    set_user("tollgate", AclRule::new("acl").sentinel(true));
+    set_user("no-role", AclRule::new("acl"));
+    let connect = |user: &'static str| {
+        RedisStore::sentinel(group.sentinel_urls(), SERVICE)
+            .prefix(unique("acl:s"))
+            .primary_auth(Some(user), "pw")
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+    };
+    let store = connect("tollgate").await.expect("the rule suffices");
+    let policy = Policy::new(
+        "api",
+        Limit::fixed_window(2, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let limiter = Limiter::builder(Arc::new(store))
+        .layer("key", Scope::Subject, policy)
+        .build()
+        .unwrap();
+    let ctx = tollgate_limiter::Context::for_subject(tollgate_limiter::Subject::new("s").unwrap());
+    let decision = limiter.check(&ctx, 1).await.unwrap();
+    assert_eq!(decision.layers()[0].source, Source::Store);
+    let error = connect("no-role").await.expect_err("ROLE is refused");
+    assert!(
+        format!("{error}").contains("AclRule::sentinel(true)"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
