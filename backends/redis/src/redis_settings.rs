@@ -385,6 +385,12 @@ impl RedisSettings {
                 "missing; write the name the sentinels monitor (service = \"mymaster\")",
             );
         }
+        problems.refuse(
+            "username",
+            self.username.is_some() && self.password.is_none(),
+            "needs a password: the store logs in to the primary as username with password \
+             (write password = \"…\", or leave username out to log in as the default user)",
+        );
     }
 
     /// `kind = "redis-cluster"`: some of the cluster's nodes.

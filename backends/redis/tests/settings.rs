@@ -42,6 +42,13 @@ fn each_kind_takes_its_own_fields_and_refuses_the_others() {
     );
     let problems = format!("{:?} {standalone:?}", standalone.problems());
     assert!(!problems.contains("secret"), "{problems}");
+    // A username alone would be dropped: the store would log in as the
+    // default user.
+    let unpaired = settings(
+        r#"{ "kind": "redis-sentinel", "sentinels": ["redis://10.0.0.1:26379"],
+             "service": "mymaster", "username": "tollgate" }"#,
+    );
+    assert_eq!(fields(&unpaired), ["username"]);
     let cluster = settings(r#"{ "kind": "redis-cluster", "nodes": ["redis://a/"], "lazy": true }"#);
     assert_eq!(fields(&cluster), ["lazy"]);
     let fine = settings(
