@@ -13,13 +13,30 @@ pub(crate) fn open(url: &str, settings: &Settings) -> Result<Client, StoreError>
     open_info(info, settings)
 }
 
+/// Whether `url` asks for TLS: `rediss://` or `valkeys://`, in any case
+/// (as the URL parser reads them).
+pub(crate) fn is_tls_url(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+}
+
+/// How `info` connects: with TLS or not, and with TLS whether without
+/// verifying the server's name (`#insecure`).
+pub(crate) fn tls_mode(info: &ConnectionInfo) -> (bool, bool) {
+    match info.addr() {
+        #[cfg(feature = "tls")]
+        redis::ConnectionAddr::TcpTls { insecure, .. } => (true, *insecure),
+        _ => (false, false),
+    }
+}
+
 /// The parsed URL, checked against the TLS settings. The parser's message
 /// does not repeat the URL (it may hold a password).
 pub(crate) fn connection_info(
     url: &str,
     settings: &Settings,
 ) -> Result<ConnectionInfo, StoreError> {
-    let tls_url = url.starts_with("rediss://");
+    let tls_url = is_tls_url(url);
     if tls_url && !cfg!(feature = "tls") {
         return Err(RedisStoreError::InvalidUrl(
             "rediss:// URLs need TLS: enable the `tls` feature of tollgate-redis (`redis-tls` of tollgate)".into(),
@@ -110,4 +127,22 @@ fn is_tls_failure(e: &RedisError) -> bool {
         ]
         .iter()
         .any(|w| text.contains(w))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tls_urls_are_told_by_their_scheme_in_any_case() {
+        for url in [
+            "rediss://a/",
+            "REDISS://a/",
+            "valkeys://a/",
+            "Valkeys://a:1/#insecure",
+        ] {
+            assert!(super::is_tls_url(url), "{url}");
+        }
+        for url in ["redis://a/", "valkey://a/", "redis+unix:///s", "rediss", ""] {
+            assert!(!super::is_tls_url(url), "{url}");
+        }
+    }
 }

@@ -67,6 +67,9 @@ pub(crate) struct Sentinel {
     sentinels: Vec<Client>,
     /// Whether the sentinels (and so the primary) speak TLS.
     tls: bool,
+    /// With TLS, whether the sentinels' URLs said `#insecure` (the
+    /// primary is then not verified either).
+    insecure: bool,
     service: String,
     node: RedisConnectionInfo,
     settings: Settings,
@@ -135,7 +138,21 @@ impl Sentinel {
             .iter()
             .map(|url| client::open(url, settings))
             .collect::<Result<Vec<_>, _>>()?;
-        let tls = target.sentinels.iter().any(|u| u.starts_with("rediss://"));
+        // The primary is reached as the sentinels are: all alike.
+        let modes: Vec<(bool, bool)> = sentinels
+            .iter()
+            .map(|c| client::tls_mode(c.get_connection_info()))
+            .collect();
+        if modes.windows(2).any(|pair| pair[0] != pair[1]) {
+            return Err(RedisStoreError::InvalidSetting(
+                "the sentinel URLs mix TLS (rediss://) and plain (redis://) connections, or \
+                 #insecure and verified ones: write them all alike (the primary is reached \
+                 the same way)"
+                    .into(),
+            )
+            .into());
+        }
+        let (tls, insecure) = modes.first().copied().unwrap_or_default();
         let mut node = RedisConnectionInfo::default().set_db(target.db);
         if let Some(username) = &target.username {
             node = node.set_username(username);
@@ -146,6 +163,7 @@ impl Sentinel {
         Ok(Sentinel {
             sentinels,
             tls,
+            insecure,
             service: target.service.clone(),
             node,
             settings: settings.clone(),
@@ -303,7 +321,7 @@ impl Sentinel {
             ConnectionAddr::TcpTls {
                 host: host.clone(),
                 port,
-                insecure: false,
+                insecure: self.insecure,
                 tls_params: None,
             }
         } else {

@@ -137,6 +137,30 @@ async fn unreachable_sentinels_fail_within_the_connect_timeout() {
     );
 }
 
+/// The primary is reached as the sentinels are, so they must all be
+/// alike: a list mixing TLS and plain (in any spelling) is refused.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_mixing_tls_and_plain_are_refused() {
+    for tls in [
+        "rediss://127.0.0.1:1/",
+        "REDISS://127.0.0.1:1/",
+        "valkeys://127.0.0.1:1/",
+    ] {
+        let error = RedisStore::sentinel([tls, "redis://127.0.0.1:2/"], SERVICE)
+            .connect()
+            .await
+            .expect_err("mixed");
+        assert!(
+            matches!(
+                RedisStoreError::of(&error),
+                Some(RedisStoreError::InvalidSetting(why)) if why.contains("mix TLS")
+            ),
+            "{tls}: {error:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_only_settings_are_refused_on_a_url_store() {
     let error = RedisStore::builder("redis://127.0.0.1:6379/")
