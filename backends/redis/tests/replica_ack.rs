@@ -266,3 +266,56 @@ async fn acknowledged_charges_survive_a_cluster_failover() {
         "the promoted replica holds every acknowledged charge: {decision:?}"
     );
 }
+
+/// On the Cluster, a renewed or released hold is acknowledged by the
+/// replicas as a charge is: a renewal a failover undid would let a second
+/// holder in while the first still works.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_renewals_and_releases_wait_for_replicas() {
+    use tollgate_redis::cluster::RedisClusterStore;
+    use tollgate_testkit::command_stats::command_stats;
+    use tollgate_testkit::redis_cluster::RedisCluster;
+
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let store = RedisClusterStore::builder(cluster.urls())
+        .prefix(unique("ackr"))
+        .deadline(Duration::from_secs(5))
+        .replica_ack(1, PATIENT_ACK)
+        .connect()
+        .await
+        .expect("connect to the cluster");
+    let policy = Policy::new(
+        "inflight",
+        Limit::concurrency(2, Duration::from_secs(30)).unwrap(),
+    )
+    .unwrap();
+    let scope = Scope::Subject.key_label();
+    let key = StoreKey::new("erin", &policy, &scope, "erin");
+    let master = cluster.master_for_slot(cluster.keyslot(&store.settings().redis_key(&key)));
+    let layers = [LayerRequest {
+        key,
+        policy: &policy,
+        cost: 1,
+    }];
+    let waits = || match cluster.command(master, &["INFO", "commandstats"]) {
+        Ok(Reply::Bulk(Some(info))) => command_stats(&String::from_utf8_lossy(&info))
+            .get("wait")
+            .map_or(0, |s| s.calls),
+        other => panic!("INFO: {other:?}"),
+    };
+    let (_, held) = store.acquire(&layers).await.expect("acquired");
+    let holds: Vec<_> = held.into_iter().map(|h| h.expect("held")).collect();
+    let before = waits();
+    let renewed = store.renew(&layers, &holds).await.expect("renewed");
+    assert!(waits() > before, "the renewal was acknowledged");
+    let holds: Vec<_> = renewed
+        .into_iter()
+        .map(|h| h.expect("still held"))
+        .collect();
+    let before = waits();
+    store.release(&layers, &holds).await.expect("released");
+    assert!(waits() > before, "the release was acknowledged");
+}

@@ -619,25 +619,28 @@ impl Store for RedisClusterStore {
     }
 
     /// Atomic per slot group (each group's holds are given back in one
-    /// call).
+    /// call); with `replica_ack`, acknowledged by the replicas.
     async fn release(&self, layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
         check_holds(layers, holds)?;
         let prepared = self.call_of(layers)?;
         // Every group is given back, whatever another answered.
         let mut failed = Ok(());
+        let mut answered = Vec::new();
         for group in &prepared.groups {
             let reply =
                 self.slot_group_reply(&prepared, layers, group, (Mode::Refund, None), holds);
-            if let Err(e) = reply.await {
-                failed = Err(e);
+            match reply.await {
+                Ok(_) => answered.extend(group.iter().map(|&i| prepared.keys[i].clone())),
+                Err(e) => failed = Err(e),
             }
         }
-        failed
+        failed.and(self.acknowledged(&answered).await)
     }
 
     /// Atomic per slot group. A group whose call failed keeps the holds it
     /// had (its entries did not move, unless the call ran after its
-    /// deadline); the call fails only when every group did.
+    /// deadline); the call fails only when every group did, or, with
+    /// `replica_ack`, when the replicas did not acknowledge it.
     async fn renew(
         &self,
         layers: &[LayerRequest<'_>],
@@ -647,7 +650,7 @@ impl Store for RedisClusterStore {
         let prepared = self.call_of(layers)?;
         let mut renewed: HeldUnits = holds.iter().copied().map(Some).collect();
         let mut failure = None;
-        let mut answered = false;
+        let mut answered = Vec::new();
         for group in &prepared.groups {
             let reply = self.slot_group_reply(&prepared, layers, group, (Mode::Renew, None), holds);
             let reply = match reply.await {
@@ -657,15 +660,17 @@ impl Store for RedisClusterStore {
                     continue;
                 }
             };
-            answered = true;
+            answered.extend(group.iter().map(|&i| prepared.keys[i].clone()));
             let costs: Vec<u64> = group.iter().map(|&i| holds[i].cost).collect();
             for (&i, hold) in group.iter().zip(parse_renewed(&reply, &costs)?) {
                 renewed[i] = hold;
             }
         }
         match failure {
-            Some(e) if !answered => Err(e),
-            _ => Ok(renewed),
+            Some(e) if answered.is_empty() => Err(e),
+            // A renewal a failover could undo would let a second holder
+            // in while the first still works: acknowledged first.
+            _ => self.acknowledged(&answered).await.map(|()| renewed),
         }
     }
 
