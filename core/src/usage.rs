@@ -27,13 +27,17 @@ pub struct LayerUsage {
     pub remaining: u64,
     /// Until the layer is back to full: a window's end (for a fixed
     /// window, when the count starts again), a bucket's time to refill.
+    /// For a sliding log or a sliding window counter, an upper bound: when
+    /// it would be full again had one more unit been used now (what it
+    /// holds is read through a one-unit peek).
     pub resets_in: Duration,
 }
 
 /// A customer's usage, layer by layer in the limiter's order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Usage {
-    /// Every layer the request's context has a subject for.
+    /// Every layer the request's context has a subject for (a layer
+    /// counting per tenant is left out for a context without a tenant).
     pub layers: Vec<LayerUsage>,
 }
 
@@ -59,6 +63,9 @@ impl Limiter {
     /// ```
     pub async fn usage(&self, ctx: &Context) -> Result<Usage, Error> {
         let this = self.planned(ctx).await;
+        let Some(this) = this.subset(&|layer| ctx.key_for(layer).is_none()) else {
+            return Ok(Usage { layers: Vec::new() });
+        };
         let decision = this.peek(ctx, 1).await?;
         // A peek reports what a layer has now, and when it would be full
         // again had the one-unit request been charged: a bucket's reset

@@ -152,6 +152,22 @@ async fn usage_reports_each_layer_without_charging() {
     assert_eq!((usage.used, usage.resets_in), (2, Duration::from_secs(720)));
 }
 
+/// A layer the context has no subject for is left out of its usage
+/// (a per-tenant layer, for a context without a tenant).
+#[tokio::test]
+async fn usage_leaves_out_the_layers_a_context_cannot_name() {
+    let store = Arc::new(MemoryStore::builder().build());
+    let policy = |name| Policy::new(name, Limit::fixed_window(10, HOUR).unwrap()).unwrap();
+    let limiter = Limiter::builder(store)
+        .layer("key", Scope::Subject, policy("quota"))
+        .layer("tenant", Scope::Tenant, policy("tenant"))
+        .build()
+        .unwrap();
+    let usage = limiter.usage(&customer("k")).await.unwrap();
+    let layers: Vec<_> = usage.layers.iter().map(|l| (l.layer, l.used)).collect();
+    assert_eq!(layers, [("key", 0)]);
+}
+
 #[test]
 fn plans_that_cannot_work_are_refused_when_built() {
     let clock = clock();

@@ -58,7 +58,7 @@ impl Limiter {
     /// This limiter without the layers `left_out` picks, with its own
     /// counters (its layers are fewer) and no cached denial of the whole
     /// request answering for it; `None` when no layer is kept.
-    pub(super) fn subset(&self, left_out: &(dyn Fn(&Layer) -> bool + Sync)) -> Option<Limiter> {
+    pub(crate) fn subset(&self, left_out: &(dyn Fn(&Layer) -> bool + Sync)) -> Option<Limiter> {
         let kept: Arc<[Layer]> = self
             .layers
             .iter()
