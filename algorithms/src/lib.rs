@@ -61,7 +61,15 @@ pub use layered::{decide_layers, LayerLimit, Layered, Writes, WritesIntoIter};
 /// assert!(!second.verdict.allowed);
 /// assert_eq!(second.verdict.retry_after, Some(Duration::from_secs(1)));
 /// ```
+///
+/// A cost of 0 or above the limit's capacity (which
+/// [`Policy::check_cost`](tollgate_limiter::Policy::check_cost) refuses
+/// before any store) is denied, never to be admitted (`retry_after:
+/// None`), and writes nothing.
 pub fn decide(limit: &Limit, state: Option<&State>, now: Timestamp, cost: u64) -> Transition {
+    if cost == 0 || cost > limit.capacity() {
+        return never_admitted(limit);
+    }
     // A block denies until its end; from then on the layer starts new.
     let state = match state {
         Some(State::Blocked(until)) if *until > now.as_micros() => {
@@ -74,6 +82,21 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Timestamp, cost: u64) -
         other => other,
     };
     builtin::decide(limit, state, now, cost)
+}
+
+/// The answer to a cost no state can ever admit.
+#[cold]
+fn never_admitted(limit: &Limit) -> Transition {
+    Transition {
+        verdict: tollgate_limiter::Verdict {
+            allowed: false,
+            limit: limit.capacity(),
+            remaining: 0,
+            reset_after: std::time::Duration::ZERO,
+            retry_after: None,
+        },
+        next: None,
+    }
 }
 
 /// Whether the reference can take the counter `state` read from a store

@@ -366,3 +366,27 @@ fn clocks_at_the_extremes_neither_panic_nor_over_admit() {
         }
     }
 }
+
+/// A cost no state can admit (0, or above the capacity) is denied for
+/// good and writes nothing, on every algorithm: never a panic, never a
+/// wrapped number (the sliding log indexed an empty log; the sliding
+/// window's `limit − cost` underflowed).
+#[test]
+fn a_cost_no_state_can_admit_is_denied_for_good() {
+    let s = Duration::from_secs(1);
+    let limits = [
+        Limit::fixed_window(3, s).unwrap(),
+        Limit::sliding_window(3, s).unwrap(),
+        Limit::sliding_log(3, s).unwrap(),
+        Limit::token_bucket(3, 1, s).unwrap(),
+        Limit::gcra(3, s, 3).unwrap(),
+    ];
+    for limit in limits {
+        for cost in [0, 4, u64::MAX] {
+            let t = tollgate_algorithms::decide(&limit, None, Timestamp::from_micros(T0), cost);
+            assert!(!t.verdict.allowed, "{limit:?} cost {cost}");
+            assert_eq!(t.verdict.retry_after, None, "{limit:?} cost {cost}");
+            assert!(t.next.is_none(), "{limit:?} cost {cost}");
+        }
+    }
+}
