@@ -63,9 +63,10 @@ pub fn is_shown(layer: &LayerDecision, shadow: bool) -> bool {
 pub fn rate_limit_policy(decision: &Decision, shadow: bool) -> String {
     let mut out = String::new();
     let shown = decision.layers().iter().filter(|l| is_shown(l, shadow));
-    for (i, layer) in shown.enumerate() {
+    for (i, layer) in shown.clone().enumerate() {
         let sep = if i == 0 { "" } else { ", " };
-        let _ = write!(out, "{sep}\"{}\";q={}", layer.policy(), layer.verdict.limit);
+        let name = item_name(layer, shown.clone());
+        let _ = write!(out, "{sep}\"{name}\";q={}", layer.verdict.limit);
         if layer.is_concurrency() {
             out.push_str(";qu=\"concurrent-requests\"");
         } else if let Some(w) = layer.window().map(announced) {
@@ -73,6 +74,23 @@ pub fn rate_limit_policy(decision: &Decision, shadow: bool) -> String {
         }
     }
     out
+}
+
+/// The name a layer's items carry in both lists: its policy's, unless
+/// another layer `shown` beside it decides by the same policy (one per
+/// subject, one per tenant): then the layer's own, when it is a plain
+/// name (as policy names are), so that each item names one limit.
+fn item_name<'a>(
+    layer: &LayerDecision,
+    shown: impl Iterator<Item = &'a LayerDecision>,
+) -> &'static str {
+    let policy = layer.policy();
+    let shared = shown.filter(|l| l.policy() == policy).count() > 1;
+    if shared && tollgate_limiter::check_name("layer", layer.layer()).is_ok() {
+        layer.layer()
+    } else {
+        policy
+    }
 }
 
 /// Whether a layer's numbers come from counting (the store, the emergency
@@ -88,16 +106,14 @@ pub fn is_counted(layer: &LayerDecision) -> bool {
 /// none.
 pub fn rate_limit(decision: &Decision, shadow: bool) -> String {
     let mut out = String::new();
-    let shown = decision
-        .layers()
-        .iter()
-        .filter(|l| is_counted(l) && is_shown(l, shadow));
+    let named = decision.layers().iter().filter(|l| is_shown(l, shadow));
+    let shown = named.clone().filter(|l| is_counted(l));
     for (i, layer) in shown.enumerate() {
         let sep = if i == 0 { "" } else { ", " };
         let _ = write!(
             out,
             "{sep}\"{}\";r={};t={}",
-            layer.policy(),
+            item_name(layer, named.clone()),
             layer.verdict.remaining,
             layer_t(layer)
         );

@@ -610,6 +610,40 @@ mod tests {
         );
     }
 
+    /// Two layers deciding by one policy (per subject and per tenant) are
+    /// told apart by their layer names: each item names one limit.
+    #[test]
+    fn layers_sharing_a_policy_are_named_by_layer() {
+        let policy = Policy::new(
+            "api",
+            Limit::fixed_window(5, Duration::from_secs(60)).unwrap(),
+        )
+        .unwrap();
+        let verdict = |remaining| Verdict {
+            allowed: true,
+            limit: 5,
+            remaining,
+            reset_after: Duration::from_secs(30),
+            retry_after: None,
+        };
+        let per_key = Layer::new("per-key", Scope::Subject, policy.clone());
+        let per_tenant = Layer::new("per-tenant", Scope::Tenant, policy);
+        let d = Decision::new(vec![
+            LayerDecision::new(&per_key, verdict(0), Source::Store),
+            LayerDecision::new(&per_tenant, verdict(4), Source::Store),
+        ]);
+        let h = decision_headers(&d, HeaderStyle::default());
+        let get = |n: &str| h.iter().find(|(k, _)| *k == n).unwrap().1.clone();
+        assert_eq!(
+            get(names::RATELIMIT),
+            r#""per-key";r=0;t=30, "per-tenant";r=4;t=30"#
+        );
+        assert_eq!(
+            get(names::RATELIMIT_POLICY),
+            r#""per-key";q=5;w=60, "per-tenant";q=5;w=60"#
+        );
+    }
+
     /// A concurrency limit is announced as places, not as a rate over its
     /// lease.
     #[test]
