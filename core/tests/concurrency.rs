@@ -296,6 +296,43 @@ async fn a_shadow_policys_store_error_leaves_acquire_to_the_enforced_layers() {
     );
 }
 
+/// A full key budget of an enforced policy that fails open fails that
+/// policy alone: the concurrency layer still holds (or refuses) places in
+/// the store, so a request from a new address cannot pass a full
+/// concurrency limit.
+#[tokio::test]
+async fn a_full_budget_leaves_acquire_to_the_other_layers() {
+    use tollgate_limiter::{KeyBudget, Source, WhenFull};
+    let store = MemoryStore::builder().build();
+    let per_address = Policy::new("ip", Limit::fixed_window(100, LEASE).unwrap())
+        .unwrap()
+        .with_key_budget(KeyBudget::new(1, WhenFull::Refuse).unwrap())
+        .with_on_failure(OnStoreFailure::FailOpen)
+        .unwrap();
+    let exports = Policy::new("exports", Limit::concurrency(1, LEASE).unwrap())
+        .unwrap()
+        .with_on_failure(OnStoreFailure::FailOpen)
+        .unwrap();
+    let limiter = Limiter::builder(Arc::new(store))
+        .layer("in-flight", Scope::Subject, exports)
+        .layer("ip", Scope::Attribute("ip".into()), per_address)
+        .build()
+        .unwrap();
+    let from = |ip: &str| customer().with_attribute("ip", Subject::new(ip).unwrap());
+    let first = limiter.acquire(&from("a"), 1).await.unwrap();
+    assert!(first.decision.is_allowed() && first.permit.is_some());
+    // Address b's key does not fit: the ip layer fails open, the
+    // concurrency layer is decided in the store, where its place is taken.
+    let second = limiter.acquire(&from("b"), 1).await.unwrap();
+    assert!(!second.decision.is_allowed(), "{:?}", second.decision);
+    assert!(second.permit.is_none());
+    assert_eq!(second.decision.layers()[0].source, Source::Store);
+    drop(first);
+    let third = eventually_admitted(&limiter, &from("c"), 100).await;
+    let third = third.expect("the place given back is taken");
+    drop(third);
+}
+
 /// A permit taken on a runtime that then shut down, dropped outside any
 /// runtime: its release had nowhere to run. The next permit dropped on a
 /// live runtime gives back both places (the queue did not stay stuck

@@ -51,7 +51,7 @@ impl Limiter {
     }
 
     /// [`acquire`](Self::acquire) under this limiter's own layers.
-    async fn acquire_here(&self, ctx: &Context, cost: u64) -> Result<Acquired, Error> {
+    pub(super) async fn acquire_here(&self, ctx: &Context, cost: u64) -> Result<Acquired, Error> {
         // A shadow layer never fails a request: one that cannot be decided
         // (a cost above its capacity, no subject for it) is left out.
         if self.has_shadow && self.layers.iter().any(|l| undecidable(l, ctx, cost)) {
@@ -80,6 +80,11 @@ impl Limiter {
                 if let Some(name) = self.shadow_at_fault(&error) {
                     let named = |l: &Layer| l.policy.name() == name;
                     return self.acquire_without(ctx, cost, &named).await;
+                }
+                // One about an enforced policy fails its layers alone.
+                if let Some(name) = self.enforced_at_fault(&error) {
+                    let fault = self.acquire_despite_fault(ctx, cost, &requests, name, &error);
+                    return Box::pin(fault).await;
                 }
                 let decision = self.degraded(&requests, &error).await;
                 Ok(Acquired {

@@ -47,7 +47,51 @@ impl Limiter {
         let named = |l: &Layer| l.policy.name() == name;
         let others = self.subset(&named).expect("other layers remain");
         let theirs = Check::new(&others, ctx, cost).await?;
+        let mine = self
+            .own_answer(&named, requests, cost, error, theirs.is_allowed())
+            .await;
+        Ok(self.merged(&named, theirs, mine, error))
+    }
+
+    /// [`despite_fault`](Self::despite_fault) for `acquire`: the other
+    /// layers acquire their places; they are given back when the failing
+    /// policy's emergency bucket denies.
+    #[cfg(feature = "concurrency")]
+    pub(super) async fn acquire_despite_fault(
+        &self,
+        ctx: &Context,
+        cost: u64,
+        requests: &[LayerRequest<'_>],
+        name: &str,
+        error: &StoreError,
+    ) -> Result<super::acquire::Acquired, Error> {
+        let named = |l: &Layer| l.policy.name() == name;
+        let others = self.subset(&named).expect("other layers remain");
+        let theirs = Box::pin(others.acquire_here(ctx, cost)).await?;
+        let allowed = theirs.decision.is_allowed();
+        let mine = self
+            .own_answer(&named, requests, cost, error, allowed)
+            .await;
+        let decision = self.merged(&named, theirs.decision, mine, error);
+        // Dropped, the permit gives the places back.
+        let permit = theirs.permit.filter(|_| decision.is_allowed());
+        Ok(super::acquire::Acquired { decision, permit })
+    }
+
+    /// The failing policy's layers (`named`): decided by their failure
+    /// mode when the other layers admitted, else not asked.
+    async fn own_answer(
+        &self,
+        named: &(dyn Fn(&Layer) -> bool + Sync),
+        requests: &[LayerRequest<'_>],
+        cost: u64,
+        error: &StoreError,
+        others_admit: bool,
+    ) -> Decision {
         let own = self.subset(&|l| !named(l)).expect("the policy has layers");
+        if !others_admit {
+            return Decision::new(own.layers.iter().map(not_asked));
+        }
         let own_requests: SmallVec<[LayerRequest<'_>; 4]> = self
             .layers
             .iter()
@@ -55,12 +99,19 @@ impl Limiter {
             .filter(|(l, _)| named(l))
             .map(|(_, r)| *r)
             .collect();
-        let mine = if theirs.is_allowed() {
-            let mine = own.degraded(&own_requests, error).await;
-            own.recorded(&own_requests, cost, mine)
-        } else {
-            Decision::new(own.layers.iter().map(not_asked))
-        };
+        let mine = own.degraded(&own_requests, error).await;
+        own.recorded(&own_requests, cost, mine)
+    }
+
+    /// The whole decision: `mine` for the `named` layers, `theirs` for the
+    /// others, in the limiter's order.
+    fn merged(
+        &self,
+        named: &(dyn Fn(&Layer) -> bool + Sync),
+        theirs: Decision,
+        mine: Decision,
+        error: &StoreError,
+    ) -> Decision {
         let (mut theirs, _) = theirs.into_parts();
         let (mut mine, _) = mine.into_parts();
         let (mut theirs, mut mine) = (theirs.drain(..), mine.drain(..));
@@ -72,7 +123,7 @@ impl Limiter {
                 false => theirs.next().expect("one decision per other layer"),
             })
             .collect();
-        Ok(Decision::degraded(layers, error.class()))
+        Decision::degraded(layers, error.class())
     }
 }
 
