@@ -206,7 +206,22 @@ async fn check_refuses_concurrency_layers_and_fallbacks_are_refused() {
         .unwrap();
     let built = Limiter::builder(Arc::new(MemoryStore::default()))
         .fallback_store(Arc::new(MemoryStore::default()))
-        .layer("in-flight", Scope::Subject, policy)
+        .layer("in-flight", Scope::Subject, policy.clone())
+        .build();
+    assert_eq!(
+        built.unwrap_err(),
+        BuildError::ConcurrencyFallback("in-flight".into())
+    );
+    // Behind a rate layer that falls back too: every layer is checked.
+    let share = OnStoreFailure::Fallback(Fallback::Share { instances: 2 });
+    let rate = Policy::new("rate", Limit::fixed_window(10, LEASE).unwrap())
+        .unwrap()
+        .with_on_failure(share.clone())
+        .unwrap();
+    let built = Limiter::builder(Arc::new(MemoryStore::default()))
+        .fallback_store(Arc::new(MemoryStore::default()))
+        .layer("rate", Scope::Subject, rate)
+        .layer("in-flight", Scope::Subject, policy.clone())
         .build();
     assert_eq!(
         built.unwrap_err(),

@@ -6,6 +6,7 @@ use super::{planned, Limiter};
 use crate::error::BuildError;
 use crate::failure::{BreakerConfig, CircuitBreaker};
 use crate::layer::{duplicate_names, shared_counters, Layer, Scope};
+use crate::limit::Limit;
 use crate::observe::{self, LimiterMetrics};
 use crate::plan::Plans;
 use crate::policy::Policy;
@@ -117,8 +118,13 @@ impl LimiterBuilder {
         if let Some((_, conflict)) = first_conflict {
             return Err(conflict);
         }
-        if let Some(layer) = self.layers.iter().find(|l| l.fallback.is_some()) {
-            if layer.is_concurrency() {
+        // Every layer falling back, not the first: a concurrency limit's
+        // place taken in the emergency store would never be given back.
+        for layer in self.layers.iter() {
+            let Some(fallback) = &layer.fallback else {
+                continue;
+            };
+            if layer.is_concurrency() || matches!(fallback.limit(), Limit::Concurrency(_)) {
                 return Err(BuildError::ConcurrencyFallback(layer.name.to_string()));
             }
             if self.fallback.is_none() {
