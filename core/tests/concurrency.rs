@@ -229,6 +229,26 @@ async fn check_refuses_concurrency_layers_and_fallbacks_are_refused() {
     );
 }
 
+/// A plan may change how many places a concurrency limit has, not how
+/// long they are held: every plan's places share one count, and a shorter
+/// lease would read the others' as gone.
+#[test]
+fn a_plan_cannot_change_a_concurrency_lease() {
+    use tollgate_limiter::{Plan, Plans};
+    let build = |limit: Limit| {
+        let policy = Policy::new("exports", Limit::concurrency(2, LEASE).unwrap()).unwrap();
+        let plans = Plans::new(Plan::new("free").unwrap())
+            .plan(Plan::new("pro").unwrap().limit("exports", limit));
+        Limiter::builder(Arc::new(MemoryStore::default()))
+            .layer("in-flight", Scope::Subject, policy)
+            .plans(plans)
+            .build()
+    };
+    assert!(build(Limit::concurrency(10, LEASE).unwrap()).is_ok());
+    let shorter = build(Limit::concurrency(10, Duration::from_secs(10)).unwrap()).unwrap_err();
+    assert!(shorter.to_string().contains("not how long"), "{shorter}");
+}
+
 /// Shadow layers never fail an acquisition: one the request cannot be
 /// decided by (no tenant for it) is left out, one that denies is counted
 /// and passed; the concurrency layer holds its place either way.
