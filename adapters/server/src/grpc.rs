@@ -61,8 +61,8 @@ pub(crate) fn response(rules: &Rules, outcome: &Answer) -> RateLimitResponse {
     } else {
         Code::OverLimit
     };
-    let response_headers_to_add = match (headers, outcome.decisions.first()) {
-        (true, Some(decision)) => decision_headers(decision, HeaderStyle::default())
+    let response_headers_to_add = match (headers, outcome.for_headers()) {
+        (true, Some(decision)) => decision_headers(&decision, HeaderStyle::default())
             .into_iter()
             .map(|(key, value)| HeaderValue {
                 key: key.to_string(),

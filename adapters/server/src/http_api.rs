@@ -196,10 +196,10 @@ async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response 
         "application/json",
         json!({ "overall": overall, "statuses": statuses }).to_string(),
     );
-    let decision = outcome.decisions.first();
+    let decision = outcome.for_headers();
     if let (true, Some(decision)) = (rules.settings().response_headers, decision) {
         apply_headers(
-            &decision_headers(decision, HeaderStyle::default()),
+            &decision_headers(&decision, HeaderStyle::default()),
             response.headers_mut(),
         );
     }

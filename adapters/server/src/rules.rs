@@ -161,8 +161,8 @@ pub struct Status {
 pub struct Answer {
     /// One status per descriptor, in order.
     pub statuses: Vec<Status>,
-    /// The decisions made (one per round, usually one), for the headers:
-    /// the denying one first when there is one.
+    /// The decisions made (one per round, usually one); the headers
+    /// describe them as one ([`Answer::for_headers`]).
     pub decisions: Vec<Decision>,
 }
 
@@ -170,15 +170,7 @@ impl Status {
     /// How long until its tightest layer changes its answer: when over the
     /// limit, the wait until a retry passes; else until the layer is full.
     pub fn until_reset(&self) -> Option<std::time::Duration> {
-        let layer = self.tightest.as_ref()?;
-        Some(if layer.verdict.allowed {
-            layer.verdict.reset_after
-        } else {
-            layer
-                .verdict
-                .retry_after
-                .unwrap_or(layer.verdict.reset_after)
-        })
+        Some(self.tightest.as_ref()?.wait())
     }
 }
 
@@ -191,6 +183,21 @@ impl Answer {
     /// Whether a denial came from a store failure (fail-closed).
     pub fn failed_closed(&self) -> bool {
         self.decisions.iter().any(Decision::failed_closed)
+    }
+
+    /// Every round's layers as one decision, for the headers: the
+    /// tightest layer and `Retry-After` are then taken over all rounds (a
+    /// request denied by a daily and a per-second limit waits for the
+    /// day); `None` when nothing was decided.
+    pub fn for_headers(&self) -> Option<Decision> {
+        if self.decisions.is_empty() {
+            return None;
+        }
+        let layers = self
+            .decisions
+            .iter()
+            .flat_map(|d| d.layers().iter().copied());
+        Some(Decision::new(layers))
     }
 }
 
@@ -1032,10 +1039,8 @@ impl Rules {
             };
             if !decision.is_allowed() {
                 denied = together;
-                decisions.insert(0, decision);
-            } else {
-                decisions.push(decision);
             }
+            decisions.push(decision);
         }
         Ok(Answer {
             statuses,

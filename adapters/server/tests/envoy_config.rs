@@ -738,3 +738,48 @@ async fn months_count_as_the_reference_counts_them_and_calendar_months_by_policy
     }
     server.shutdown().await;
 }
+
+/// A request over a daily and a per-second limit at once is told to come
+/// back in a day: `Retry-After` is the longest wait of every descriptor
+/// that denied, whichever order they come in.
+#[tokio::test]
+async fn retry_after_is_the_longest_wait_of_every_denial() {
+    const TWO: &str = r#"
+domain: two_limits
+descriptors:
+  - key: user_id
+    rate_limit:
+      unit: day
+      requests_per_unit: 1
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 5
+"#;
+    let (_dir, server, _clock) = serve(&[("two.yaml", TWO)]).await;
+    let user: &[(&str, &str)] = &[("user_id", "u")];
+    let address: &[(&str, &str)] = &[("remote_address", "10.0.0.1")];
+    assert_eq!(admitted(&server, "two_limits", user, 1).await, 1);
+    assert_eq!(admitted(&server, "two_limits", address, 5).await, 5);
+    for order in [[user, address], [address, user]] {
+        let r = ask(&server, "two_limits", &order).await;
+        assert_eq!(codes(&r), (OVER, vec![OVER, OVER]));
+        let longest = r
+            .statuses
+            .iter()
+            .filter_map(|s| s.duration_until_reset.as_ref())
+            .map(|d| d.seconds)
+            .max()
+            .expect("waits");
+        let retry: i64 = r
+            .response_headers_to_add
+            .iter()
+            .find(|h| h.key == "retry-after")
+            .expect("a retry-after")
+            .value
+            .parse()
+            .unwrap();
+        assert!(retry >= longest, "retry-after {retry} < {longest}");
+        assert!(retry > 3_600, "a day's wait, not a second's: {retry}");
+    }
+}
