@@ -118,7 +118,33 @@ impl Shared {
     /// `tollgate_config_reloads_total{result}`.
     async fn reload(&self) -> Result<(), ServerError> {
         let _one = self.reloading.lock().await;
-        let (config, domains) = self.checked_file().inspect_err(|e| {
+        let checked = self.checked_file();
+        self.apply(checked).await
+    }
+
+    /// Reload as the file watch saw the files settle: only while they still
+    /// hold `settled` — before and after they are read — so that a write
+    /// caught halfway is never applied (the watch's next looks act on what
+    /// it becomes); `None` when they changed.
+    async fn reload_settled(&self, settled: &[u8]) -> Option<Result<(), ServerError>> {
+        let _one = self.reloading.lock().await;
+        if self.watched().as_deref() != Some(settled) {
+            return None;
+        }
+        let checked = self.checked_file();
+        if self.watched().as_deref() != Some(settled) {
+            return None;
+        }
+        Some(self.apply(checked).await)
+    }
+
+    /// Apply what [`checked_file`](Self::checked_file) read (the reload
+    /// lock held), counting a refusal.
+    async fn apply(
+        &self,
+        checked: Result<(Config, envoy_config::Domains), ServerError>,
+    ) -> Result<(), ServerError> {
+        let (config, domains) = checked.inspect_err(|e| {
             tollgate_config::observe::config_reload(e.class(), Some(&e.to_string()), &[]);
         })?;
         // Counts its own outcome.
@@ -611,8 +637,10 @@ impl Server {
         let mut files = Changes::new(every, move || watched.watched());
         Watch::spawn(async move {
             loop {
-                files.next().await;
-                let outcome = shared.reload().await;
+                let settled = files.next().await;
+                let Some(outcome) = shared.reload_settled(&settled).await else {
+                    continue;
+                };
                 if matches!(&outcome, Err(ServerError::Config(e)) if e.is_transient()) {
                     files.retry();
                 }
@@ -650,5 +678,49 @@ impl Server {
         if let Some(tracer) = &self.shared.tracer {
             tracer.flush(Duration::from_secs(5)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(limit: u64) -> String {
+        format!(
+            "[policies.per-user]\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"1m\"\n\n\
+             [routes.api]\nlayers = [{{ name = \"user\", scope = \"subject\", policy = \"per-user\" }}]\n\n\
+             [server]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\n\
+             [[server.rules]]\nname = \"api\"\ndomain = \"edge\"\nroute = \"api\"\n\
+             entries = {{ user_id = \"subject\" }}\n"
+        )
+    }
+
+    /// What the watch saw settle is applied only while the file still
+    /// holds it: a write begun since (caught halfway, perhaps) is left to
+    /// the watch's next looks.
+    #[tokio::test]
+    async fn settled_files_apply_only_while_they_hold_what_settled() {
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-server-settled-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("server.toml");
+        std::fs::write(&path, file(5)).unwrap();
+        let clock = Arc::new(tollgate_limiter::ManualClock::new(
+            tollgate_limiter::Timestamp::from_micros(1_780_000_000_000_000),
+        ));
+        let server = Server::start(&path, clock).await.unwrap();
+        let capacity = |s: &Server| s.rules().policy("per-user").unwrap().capacity();
+        std::fs::write(&path, file(7)).unwrap();
+        assert!(server
+            .shared
+            .reload_settled(file(6).as_bytes())
+            .await
+            .is_none());
+        assert_eq!(capacity(&server), 5, "not applied: the file holds 7 now");
+        let applied = server.shared.reload_settled(file(7).as_bytes()).await;
+        assert!(matches!(applied, Some(Ok(()))), "{applied:?}");
+        assert_eq!(capacity(&server), 7);
+        server.shutdown().await;
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
