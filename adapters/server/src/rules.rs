@@ -425,7 +425,8 @@ fn bounded_label(domain: &str, label: String) -> Option<String> {
 }
 
 /// Most descriptors one request may carry; a request with more is over
-/// the limit (nothing is decided), as is one naming an entry twice.
+/// the limit (nothing is decided). A descriptor naming an entry twice
+/// matches no rule (it is unknown, answered as unknown ones are).
 pub const MAX_DESCRIPTORS: usize = 64;
 
 /// Most limiters kept for combinations of rules; past it, a new

@@ -102,6 +102,15 @@ impl RuleSpec {
         if let Some(both) = self.entries.keys().find(|k| self.values.contains_key(*k)) {
             return Err(format!("entry {both:?} is in both entries and values"));
         }
+        // Two entries filling one role: only the last one sent would
+        // count, and a client choosing the other could pass unlimited.
+        for (i, (first, role)) in self.entries.iter().enumerate() {
+            if let Some((second, _)) = self.entries.iter().skip(i + 1).find(|(_, r)| *r == role) {
+                return Err(format!(
+                    "entries {first:?} and {second:?} both fill the {role:?} role: only one would count; give each its own role (an attribute) and layer"
+                ));
+            }
+        }
         if let Some(stray) = self.hashed.iter().find(|k| !self.entries.contains_key(*k)) {
             return Err(format!("hashed entry {stray:?} is not one of its entries"));
         }
@@ -254,6 +263,30 @@ fn concurrency_policy<'c>(config: &'c Config, route: &str) -> Option<&'c str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two entries filling one role are refused: only the last one sent
+    /// would count.
+    #[test]
+    fn two_entries_filling_one_role_are_refused() {
+        let file = r#"
+[policies.per-user]
+algorithm = "fixed_window"
+limit = 5
+window = "1m"
+
+[routes.api]
+layers = [{ name = "user", scope = "subject", policy = "per-user" }]
+
+[[server.rules]]
+name = "api"
+domain = "edge"
+route = "api"
+entries = { user_id = "subject", session = "subject" }
+"#;
+        let config = Config::from_toml_str(file).unwrap();
+        let refused = Settings::of(&config).unwrap_err().to_string();
+        assert!(refused.contains("both fill the Subject role"), "{refused}");
+    }
 
     /// Envoy cannot give a place back: a rule over a concurrency limit is
     /// refused when the file is read, naming the policy.
