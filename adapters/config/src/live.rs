@@ -422,6 +422,9 @@ impl LiveConfig {
         if !missing.is_empty() {
             return Err(ReloadError::MissingRoutes(missing));
         }
+        if let Some(error) = lease_changed(&running.config, &config) {
+            return Err(ReloadError::Invalid(ConfigError::Invalid(vec![error])));
+        }
         let clock = &self.shared.clock;
         let store_reopened = !self.shared.given_store
             && !config
@@ -531,6 +534,32 @@ impl LiveConfig {
         }
         Some(self.applied_file(path, settled).await)
     }
+}
+
+/// A concurrency limit of `new` whose lease differs from the running
+/// one's under the same version: its places, kept in the same keys, would
+/// be read with the new lease (a shorter one counts the older places as
+/// gone, and admits past the limit). A lease changes with the version.
+fn lease_changed(running: &Config, new: &Config) -> Option<tollgate_limiter::PolicyError> {
+    use tollgate_limiter::Limit;
+    new.policies().iter().find_map(|(name, policy)| {
+        let old = running.policy(name)?;
+        match (old.limit(), policy.limit()) {
+            (Limit::Concurrency(was), Limit::Concurrency(now))
+                if was.lease() != now.lease() && old.version() == policy.version() =>
+            {
+                Some(tollgate_limiter::PolicyError::new(
+                    format!("policies.{name}.lease"),
+                    format!(
+                        "changes from {:?} to {:?} under the same version: bump `version` (places held now are kept under the old lease until they end)",
+                        was.lease(),
+                        now.lease()
+                    ),
+                ))
+            }
+            _ => None,
+        }
+    })
 }
 
 /// `path` and the file's contents.

@@ -67,3 +67,31 @@ fn a_bad_concurrency_policy_names_its_field() {
         assert!(error.contains(field), "{bad}: {error}");
     }
 }
+
+/// A reload may change a concurrency limit's places, and its lease only
+/// with its version: places held now live in the same keys, and a shorter
+/// lease would count them as gone.
+#[tokio::test]
+async fn a_reload_changes_a_lease_only_with_the_version() {
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let live = LiveConfig::new(Config::from_toml_str(FILE).unwrap(), Arc::new(clock))
+        .await
+        .unwrap();
+    let edited = |from: &str, to: &str| Config::from_toml_str(&FILE.replace(from, to)).unwrap();
+    let refused = live
+        .reload_with(edited("lease = \"30s\"", "lease = \"10s\""))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("policies.exports.lease"),
+        "{refused}"
+    );
+    let more_places = edited("limit = 2", "limit = 3");
+    live.reload_with(more_places)
+        .await
+        .expect("places may change");
+    let bumped = edited("lease = \"30s\"", "lease = \"10s\"\nversion = 2");
+    live.reload_with(bumped)
+        .await
+        .expect("a new version may change the lease");
+}
