@@ -121,4 +121,9 @@ impl Reference for Gcra {
             _ => None,
         }
     }
+    /// [TAT, interval]: the interval one GCRA records (a longer one would
+    /// read a used-up state as nearly full).
+    fn within_reach(&self, [_, rate, _]: [u64; 3]) -> bool {
+        Gcra::is_recorded_rate(rate)
+    }
 }

@@ -189,8 +189,9 @@ impl Reference for TokenBucket {
             _ => None,
         }
     }
-    /// [full at, remainder]: the remainder within exact integers.
-    fn within_reach(&self, [_, remainder, _]: [u64; 3]) -> bool {
-        remainder <= MAX_EXACT
+    /// [full at, remainder, rate]: the remainder within exact integers,
+    /// the rate one a bucket records (a zero period would divide by zero).
+    fn within_reach(&self, [_, remainder, rate]: [u64; 3]) -> bool {
+        remainder <= MAX_EXACT && TokenBucket::is_recorded_rate(rate)
     }
 }

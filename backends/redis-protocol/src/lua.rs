@@ -13,7 +13,8 @@ use crate::{
 /// `TTL_MARGIN_MS`, `PUSH_CHUNK`, `LOG_ENTRY_DIGITS`, `TEXT_LOG_MAX`, and the
 /// strides of calls and replies
 /// (`LAYER_ARGS`, `REFUND_LAYER_ARGS`, `REPLY_FIELDS`, `RESERVE_FIELDS`),
-/// and `KEEPS_UNITS`, the flag added to an algorithm's code.
+/// `KEEPS_UNITS`, the flag added to an algorithm's code, and the bounds of
+/// a recorded rate (`MAX_WINDOW_US`, `MAX_RECORDED_REFILL`).
 /// The Redis store puts them before its Lua files.
 ///
 /// ```
@@ -34,6 +35,11 @@ pub fn lua_constants() -> String {
         ("REPLY_FIELDS", REPLY_FIELDS as u64),
         ("RESERVE_FIELDS", RESERVE_FIELDS as u64),
         ("KEEPS_UNITS", u64::from(crate::KEEPS_UNITS)),
+        (
+            "MAX_WINDOW_US",
+            tollgate_limiter::duration_micros(tollgate_limiter::MAX_WINDOW),
+        ),
+        ("MAX_RECORDED_REFILL", tollgate_limiter::MAX_RECORDED_REFILL),
         (
             "ENDED_RETRY_US",
             tollgate_limiter::duration_micros(tollgate_limiter::CALENDAR_ENDED_RETRY),

@@ -32,6 +32,13 @@ local function rebased_tat(burst, interval, tat, rate, now, keep)
   return now + min(cdiv(tat - now, rate), burst) * interval
 end
 
+-- Whether the cells' recorded interval is one GCRA writes: 0 or up to
+-- the longest window (Rust: Gcra::is_recorded_rate). Any other is data
+-- Tollgate did not write.
+local function gcra_understood(_, rate, _)
+  return rate <= MAX_WINDOW_US
+end
+
 local function gcra(burst, interval, _, tat, rate, _, now, cost, keep)
   tat = rebased_tat(burst, interval, tat, rate, now, keep)
   local tolerance = burst * interval

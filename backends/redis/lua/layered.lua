@@ -115,6 +115,10 @@ end
 -- A key of another type fails the GET with WRONGTYPE before anything is
 -- written, which the store reports as a conflict too (no pcall on this
 -- path).
+-- The algorithms whose cells hold more than numbers in range: a recorded
+-- rate (Rust: each reference's within_reach).
+local UNDERSTOOD = { [GCRA] = gcra_understood, [TOKEN_BUCKET] = token_bucket_understood }
+
 local function read_cells(key, code)
   local v = redis.call('GET', key)
   if not v then
@@ -137,6 +141,10 @@ local function read_cells(key, code)
   a, b, c = tonumber(a), tonumber(b or 0), tonumber(c or 0)
   local at = (t == 1 and a) or (t == 2 and b) or c
   if at < EARLIEST or at >= LATEST then
+    return false
+  end
+  local understood = UNDERSTOOD[code]
+  if understood and not understood(a, b, c) then
     return false
   end
   return a, b, c

@@ -35,6 +35,19 @@ local function token_bucket_rate(refill, period, keep)
   return 0
 end
 
+-- Whether the cells' recorded rate is one a bucket writes: 0, or a
+-- refill of 1 to MAX_RECORDED_REFILL per a period of 1 µs to the longest
+-- window (Rust: TokenBucket::is_recorded_rate). Any other is data Tollgate
+-- did not write (a zero period would divide by zero).
+local function token_bucket_understood(_, _, rate)
+  if rate == 0 then
+    return true
+  end
+  local refill = fdiv(rate, RATE_PERIOD)
+  local period = rate - refill * RATE_PERIOD
+  return refill >= 1 and refill <= MAX_RECORDED_REFILL and period >= 1 and period <= MAX_WINDOW_US
+end
+
 -- The units a bucket full again in `until_full` µs (with `remainder`) has
 -- used at the rate `rate` records, rounded up; by whole periods first, so
 -- every product stays below 2^53 (Rust: units_used).

@@ -120,3 +120,87 @@ async fn foreign_values_are_conflicts() {
     };
     tollgate_testkit::conformance::foreign_values_are_conflicts(Arc::new(store), &foreign).await;
 }
+
+/// A GCRA or token-bucket state that records a rate no policy has (a zero
+/// period, a refill of 0, an interval beyond the longest window) was not
+/// written by Tollgate: every engine reports a conflict and leaves it as it
+/// was. (A layer that keeps units reads the recorded rate: before, the
+/// module failed on a division by zero, and the Lua read a used-up bucket
+/// as full.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_rates_no_policy_has_are_conflicts() {
+    use std::time::Duration;
+    use tollgate_limiter::{LayerRequest, Limit, Policy, Scope, StoreError, StoreKey};
+    use tollgate_redis::Engine;
+    use tollgate_testkit::conformance::START;
+
+    let t = START.as_micros();
+    let future = t + 60_000_000;
+    // Ten days: beyond the longest window, within a recorded period's bits.
+    let far = 10 * 24 * 3600 * 1_000_000u64;
+    let limits = [
+        (
+            Limit::gcra(10, Duration::from_secs(10), 10).unwrap(),
+            vec![format!("{future} {far}")],
+        ),
+        (
+            Limit::token_bucket(10, 1, Duration::from_secs(1)).unwrap(),
+            // A period of 0 (refill 1); a refill of 0; a period beyond the
+            // longest window.
+            vec![
+                format!("{future} 0 {}", 1u64 << 40),
+                format!("{future} 0 5"),
+                format!("{future} 0 {}", (1u64 << 40) + far),
+            ],
+        ),
+    ];
+    let servers = [
+        (RedisServer::shared(), Engine::Eval),
+        (RedisServer::shared(), Engine::Functions),
+        (RedisServer::shared_with_module(), Engine::Module),
+    ];
+    for (server, engine) in servers {
+        let store = common::store_with(
+            server.url(),
+            ManualClock::new(START),
+            ConnectionMode::Multiplexed,
+            engine,
+        )
+        .await;
+        let mut con = common::raw(server.url()).await;
+        for (limit, values) in &limits {
+            for (n, value) in values.iter().enumerate() {
+                let policy = Policy::new(format!("rate{n}"), limit.keeping_units()).unwrap();
+                let subject = tollgate_testkit::conformance::unique("subject");
+                let scope = Scope::Subject.key_label();
+                let key = StoreKey::new(&subject, &policy, &scope, &subject);
+                let full = format!("{}:{key}", store.settings().prefix());
+                let _: () = redis::cmd("SET")
+                    .arg(&full)
+                    .arg(value)
+                    .arg("PX")
+                    .arg(600_000)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                let request = LayerRequest {
+                    key,
+                    policy: &policy,
+                    cost: 1,
+                };
+                let answer = tollgate_limiter::ask(&store, &[request]).await;
+                assert!(
+                    matches!(answer, Err(StoreError::Conflict { .. })),
+                    "{engine:?}, {}, {value}: {answer:?}",
+                    limit.algorithm_name()
+                );
+                let after: String = redis::cmd("GET")
+                    .arg(&full)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                assert_eq!(&after, value, "{engine:?}: left as it was");
+            }
+        }
+    }
+}

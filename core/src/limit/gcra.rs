@@ -94,6 +94,18 @@ impl Gcra {
             0
         }
     }
+    /// Whether a state's recorded interval is one GCRA writes: 0 (none
+    /// recorded) or 1 µs to [`MAX_WINDOW`](crate::MAX_WINDOW). Any other
+    /// is data Tollgate did not write.
+    ///
+    /// ```
+    /// # use tollgate_limiter::Gcra;
+    /// assert!(Gcra::is_recorded_rate(0) && Gcra::is_recorded_rate(1_000_000));
+    /// assert!(!Gcra::is_recorded_rate(u64::MAX));
+    /// ```
+    pub fn is_recorded_rate(record: u64) -> bool {
+        record <= crate::time::duration_micros(crate::MAX_WINDOW)
+    }
 }
 
 #[cfg(feature = "serde")]

@@ -224,6 +224,7 @@ macro_rules! define_limit {
     };
 }
 crate::builtin_algorithms!(define_limit);
+pub use token_bucket::MAX_RECORDED_REFILL;
 
 impl Limit {
     /// A user-supplied algorithm.

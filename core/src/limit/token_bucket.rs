@@ -143,6 +143,27 @@ impl TokenBucket {
             record & ((1 << RECORDED_PERIOD_BITS) - 1),
         )
     }
+    /// Whether a state's recorded rate is one a token bucket writes: 0 (no
+    /// rate recorded), or a refill of 1 to [`MAX_RECORDED_REFILL`] per a
+    /// period of 1 µs to [`MAX_WINDOW`](crate::MAX_WINDOW). Any other is
+    /// data Tollgate did not write (a zero period would divide by zero).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tollgate_limiter::{Limit, TokenBucket};
+    /// let Limit::TokenBucket(b) = Limit::token_bucket(10, 10, Duration::from_secs(3600))?.keeping_units() else { unreachable!() };
+    /// assert!(TokenBucket::is_recorded_rate(b.recorded_rate()));
+    /// assert!(TokenBucket::is_recorded_rate(0));
+    /// assert!(!TokenBucket::is_recorded_rate(1 << 40)); // a period of 0
+    /// assert!(!TokenBucket::is_recorded_rate(5)); // a refill of 0
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
+    /// ```
+    pub fn is_recorded_rate(record: u64) -> bool {
+        let (refill, period_us) = Self::rate_of_record(record);
+        record == 0
+            || ((1..=MAX_RECORDED_REFILL).contains(&refill)
+                && (1..=duration_micros(crate::MAX_WINDOW)).contains(&period_us))
+    }
 }
 
 #[cfg(feature = "serde")]
