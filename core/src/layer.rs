@@ -113,10 +113,6 @@ impl Layer {
     /// carries over from plan to plan, in units
     /// ([`Limit::keeping_units`]).
     pub(crate) fn under_plan(&self, plan: &Plan) -> Result<Layer, PolicyError> {
-        let own_lease = match self.policy.limit() {
-            Limit::Concurrency(c) => Some(c.lease()),
-            _ => None,
-        };
         let mut layer = match plan.limit_of(self.policy.name()) {
             Some(limit) if matches!(limit, Limit::Concurrency(_)) != self.is_concurrency() => {
                 return Err(PolicyError::new(
@@ -137,15 +133,13 @@ impl Layer {
                     ),
                 ));
             }
-            // Places live as long as the lease: one plan reading them
-            // with a shorter lease would count another's as gone.
-            Some(Limit::Concurrency(theirs)) if own_lease.is_some_and(|l| l != theirs.lease()) => {
+            Some(theirs) if self.policy.limit().lease_change(theirs).is_some() => {
                 return Err(PolicyError::new(
                     "limit",
                     format!(
                         "policy {:?} holds places for {:?}: a plan can change how many, not how long (the places of every plan share one count)",
                         self.policy.name(),
-                        own_lease.unwrap_or_default(),
+                        self.policy.limit().window().unwrap_or_default(),
                     ),
                 ));
             }

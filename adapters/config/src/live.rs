@@ -541,24 +541,17 @@ impl LiveConfig {
 /// be read with the new lease (a shorter one counts the older places as
 /// gone, and admits past the limit). A lease changes with the version.
 fn lease_changed(running: &Config, new: &Config) -> Option<tollgate_limiter::PolicyError> {
-    use tollgate_limiter::Limit;
     new.policies().iter().find_map(|(name, policy)| {
         let old = running.policy(name)?;
-        match (old.limit(), policy.limit()) {
-            (Limit::Concurrency(was), Limit::Concurrency(now))
-                if was.lease() != now.lease() && old.version() == policy.version() =>
-            {
-                Some(tollgate_limiter::PolicyError::new(
-                    format!("policies.{name}.lease"),
-                    format!(
-                        "changes from {:?} to {:?} under the same version: bump `version` (places held now are kept under the old lease until they end)",
-                        was.lease(),
-                        now.lease()
-                    ),
-                ))
-            }
-            _ => None,
-        }
+        let (was, now) = old.limit().lease_change(policy.limit())?;
+        (old.version() == policy.version()).then(|| {
+            tollgate_limiter::PolicyError::new(
+                format!("policies.{name}.lease"),
+                format!(
+                    "changes from {was:?} to {now:?} under the same version: bump `version` (places held now are kept under the old lease until they end)"
+                ),
+            )
+        })
     })
 }
 

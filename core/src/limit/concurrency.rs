@@ -45,6 +45,30 @@ impl Limit {
     pub fn concurrency(limit: u64, lease: Duration) -> Result<Self, PolicyError> {
         Concurrency::new(limit, lease).map(Limit::Concurrency)
     }
+
+    /// The leases of `self` and `next`, when both are concurrency limits
+    /// whose places last differently. Places of one count must be read
+    /// with one lease: a shorter one would count the places held under the
+    /// longer as gone, and admit past the limit. So a plan may not change a
+    /// lease, and a reload only with the policy's version (new keys).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use tollgate_limiter::Limit;
+    /// let (s30, s60) = (Duration::from_secs(30), Duration::from_secs(60));
+    /// let half_minute = Limit::concurrency(5, s30)?;
+    /// assert_eq!(half_minute.lease_change(&Limit::concurrency(9, s60)?), Some((s30, s60)));
+    /// assert_eq!(half_minute.lease_change(&Limit::concurrency(9, s30)?), None);
+    /// # Ok::<(), tollgate_limiter::PolicyError>(())
+    /// ```
+    pub fn lease_change(&self, next: &Limit) -> Option<(Duration, Duration)> {
+        match (self, next) {
+            (Limit::Concurrency(was), Limit::Concurrency(now)) if was.lease() != now.lease() => {
+                Some((was.lease(), now.lease()))
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Concurrency limit parameters: units in flight, and the lease after
