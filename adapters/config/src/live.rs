@@ -304,6 +304,14 @@ impl LiveConfig {
         })
     }
 
+    /// The limits of route `name` in the running configuration, without
+    /// binding it (a reload may still drop it): for a caller that decides
+    /// once and keeps nothing, such as an HTTP API naming routes per call.
+    /// `None` when the configuration has no such route.
+    pub fn route_limits(&self, name: &str) -> Option<Arc<RouteLimits>> {
+        self.shared.running.load().routes.get(name).cloned()
+    }
+
     /// Routes of the running configuration no code is bound to.
     pub fn unbound_routes(&self) -> Vec<String> {
         let bound = self.bound();

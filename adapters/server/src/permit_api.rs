@@ -13,7 +13,7 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::json;
 use tollgate_http::{apply_headers, decision_headers, HeaderStyle};
-use tollgate_limiter::{Context, ReloadableRoute as _, Subject};
+use tollgate_limiter::{Context, Subject};
 
 use crate::http_api::{authorized, error, json_body, reply, unauthorized};
 use crate::permits::Renewed;
@@ -29,16 +29,12 @@ struct AcquireRequest {
     route: String,
     subject: Option<String>,
     tenant: Option<String>,
-    #[serde(default = "one")]
-    cost: u64,
+    /// The route's cost when not given.
+    cost: Option<u64>,
     /// Hash the subject and tenant with the server's hash key (they are
     /// secrets, such as API keys).
     #[serde(default)]
     hashed: bool,
-}
-
-fn one() -> u64 {
-    1
 }
 
 pub(crate) async fn acquire(State(shared): State<Arc<Shared>>, request: Request) -> Response {
@@ -50,14 +46,15 @@ pub(crate) async fn acquire(State(shared): State<Arc<Shared>>, request: Request)
         Err(answer) => return answer,
     };
     release_expired(&shared).await;
-    let Ok(route) = shared.live.route(&asked.route) else {
+    // Not bound: a client naming a route must not stop a reload that
+    // drops it (a held permit keeps its own limiter).
+    let Some(route) = shared.live.route_limits(&asked.route) else {
         let why = format!(
             "route {:?} is not a [routes.<name>] of the file",
             asked.route
         );
         return error(StatusCode::BAD_REQUEST, &why);
     };
-    let route = route.current();
     let limiter = route.limiter();
     if !limiter.has_concurrency() {
         let why = "the route has no concurrency limit: decide with /v1/check";
@@ -67,7 +64,8 @@ pub(crate) async fn acquire(State(shared): State<Arc<Shared>>, request: Request)
         Ok(ctx) => ctx,
         Err(why) => return error(StatusCode::BAD_REQUEST, &why),
     };
-    let acquired = match limiter.acquire(&ctx, asked.cost).await {
+    let cost = asked.cost.unwrap_or(route.cost());
+    let acquired = match limiter.acquire(&ctx, cost).await {
         Ok(acquired) => acquired,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
     };

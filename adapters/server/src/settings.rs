@@ -90,6 +90,13 @@ impl RuleSpec {
                 self.route
             ));
         }
+        let cost = config.route(&self.route).map_or(1, |r| r.cost());
+        if cost != 1 {
+            return Err(format!(
+                "route {:?} costs {cost} units a request, which the server would not charge: it charges each descriptor Envoy's hits_addend (1 unless set); give the route no cost and send hits_addend",
+                self.route
+            ));
+        }
         if let Some(held) = concurrency_policy(config, &self.route) {
             return Err(format!(
                 "route {:?} has a concurrency limit (policy {held:?}): Envoy's rate limit protocol cannot give a place back, so it would stay taken until its lease ran out; hold places through the HTTP API (POST /v1/acquire) or in the application (the HTTP adapters hold a place until the response is sent)",
@@ -215,6 +222,7 @@ impl Settings {
         let settings: Settings = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| ServerError::Settings(e.message().to_string()))?;
+        unapplied_sections(config)?;
         let mut names = std::collections::BTreeSet::new();
         for (i, rule) in settings.rules.iter().enumerate() {
             let at = format!("server.rules[{i}] ({:?})", rule.name);
@@ -248,6 +256,23 @@ impl Settings {
         }
         Ok(settings)
     }
+}
+
+/// The library's sections the server does not apply, refused rather than
+/// read as nothing: `[plans]` (its limits would not be enforced, and every
+/// customer would get the base policy's) and `[access]` (the HTTP
+/// adapters' rules).
+fn unapplied_sections(config: &Config) -> Result<(), ServerError> {
+    let section = if config.plans().is_some() {
+        "[plans]"
+    } else if config.access() != &tollgate_http::AccessRules::default() {
+        "[access]"
+    } else {
+        return Ok(());
+    };
+    Err(ServerError::Settings(format!(
+        "{section}: the rate limit server does not apply this section (it serves the policies and routes of the file); remove it, or decide in the application through the library"
+    )))
 }
 
 /// The name of the first concurrency policy among `route`'s layers.
@@ -286,6 +311,68 @@ entries = { user_id = "subject", session = "subject" }
         let config = Config::from_toml_str(file).unwrap();
         let refused = Settings::of(&config).unwrap_err().to_string();
         assert!(refused.contains("both fill the Subject role"), "{refused}");
+    }
+
+    /// A route's cost is not what the server charges (Envoy's hits_addend
+    /// is): a rule over a route costing 5 would admit five times its
+    /// limit, so it is refused.
+    #[test]
+    fn a_rule_over_a_route_with_a_cost_is_refused() {
+        let file = r#"
+[policies.per-user]
+algorithm = "fixed_window"
+limit = 5
+window = "1m"
+
+[routes.api]
+cost = 5
+layers = [{ name = "user", scope = "subject", policy = "per-user" }]
+
+[[server.rules]]
+name = "api"
+domain = "edge"
+route = "api"
+entries = { user_id = "subject" }
+"#;
+        let config = Config::from_toml_str(file).unwrap();
+        let refused = Settings::of(&config).unwrap_err().to_string();
+        assert!(refused.contains("costs 5 units"), "{refused}");
+        let config = Config::from_toml_str(&file.replace("cost = 5\n", "")).unwrap();
+        assert!(Settings::of(&config).is_ok());
+    }
+
+    /// Sections the server does not apply are refused, not read as
+    /// nothing: a plan's lower limit would not be enforced.
+    #[test]
+    fn plans_and_access_rules_are_refused() {
+        let base = r#"
+[policies.per-user]
+algorithm = "fixed_window"
+limit = 1000
+window = "1m"
+
+[routes.api]
+layers = [{ name = "user", scope = "subject", policy = "per-user" }]
+"#;
+        let plans = r#"
+[plans]
+default = "free"
+
+[plans.limits.pro.per-user]
+algorithm = "fixed_window"
+limit = 10
+window = "1m"
+"#;
+        let access = r#"
+[access]
+deny_subjects = ["someone"]
+"#;
+        assert!(Settings::of(&Config::from_toml_str(base).unwrap()).is_ok());
+        for (extra, section) in [(plans, "[plans]"), (access, "[access]")] {
+            let config = Config::from_toml_str(&format!("{base}{extra}")).unwrap();
+            let refused = Settings::of(&config).unwrap_err().to_string();
+            assert!(refused.contains(section), "{refused}");
+        }
     }
 
     /// Envoy cannot give a place back: a rule over a concurrency limit is

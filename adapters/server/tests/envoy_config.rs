@@ -519,6 +519,16 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
             vec![("a.yaml", format!("domain: d\ndescriptors:\n  - key: k\n    colour: red\n    {limit}\n"))],
             "config error, unknown key 'colour'",
         ),
+        // Tollgate's extension's fields outside `tollgate:` would mean
+        // nothing (a descriptor left without its policy): unknown there.
+        (
+            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    policy: smooth\n".into())],
+            "config error, unknown key 'policy'",
+        ),
+        (
+            vec![("a.yaml", "domain: d\nall_or_nothing: true\ndescriptors: []\n".into())],
+            "config error, unknown key 'all_or_nothing'",
+        ),
         (
             vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: fortnight, requests_per_unit: 1 }\n".into())],
             "invalid rate limit unit 'fortnight'",

@@ -1293,5 +1293,19 @@ async fn the_http_api_holds_places_until_released_or_abandoned() {
     let (status, text) = acquire("api").await;
     assert_eq!(status, 400, "a route without a concurrency limit: {text}");
     assert_eq!(acquire("nowhere").await.0, 400);
+
+    // Naming a route in a call does not bind it: a reload may drop it
+    // (a place still held keeps its own limiter), and then a call naming
+    // it answers 400.
+    let without_export = LIMITS
+        .split("[policies.exports]")
+        .next()
+        .expect("the limits before exports");
+    std::fs::write(&file.0, format!("{without_export}{}", server_section(""))).unwrap();
+    server
+        .reload()
+        .await
+        .expect("a route only named by calls is not kept");
+    assert_eq!(acquire("export").await.0, 400);
     server.shutdown().await;
 }

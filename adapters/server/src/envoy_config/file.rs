@@ -13,7 +13,7 @@
 use serde::Deserialize;
 
 /// The keys the reference knows, and Tollgate's extension's.
-const KNOWN_KEYS: [&str; 19] = [
+const KNOWN_KEYS: [&str; 17] = [
     "domain",
     "key",
     "value",
@@ -31,13 +31,12 @@ const KNOWN_KEYS: [&str; 19] = [
     "share_threshold",
     "metadata",
     "tollgate",
-    "all_or_nothing",
-    "policy",
 ];
 
 /// The reference's check of a file's keys: every key of every mapping is
-/// one it knows (`metadata`'s contents excepted), and every list holds
-/// mappings.
+/// one it knows (`metadata`'s contents excepted, and `tollgate`'s, which
+/// its own types check strictly: its keys anywhere else would be read as
+/// nothing), and every list holds mappings.
 pub(super) fn check_keys(value: &serde_norway::Value) -> Result<(), String> {
     use serde_norway::Value;
     match value {
@@ -49,7 +48,7 @@ pub(super) fn check_keys(value: &serde_norway::Value) -> Result<(), String> {
                 if !KNOWN_KEYS.contains(&key.as_str()) {
                     return Err(format!("config error, unknown key '{key}'"));
                 }
-                if key != "metadata" {
+                if key != "metadata" && key != "tollgate" {
                     check_keys(value)?;
                 }
             }
