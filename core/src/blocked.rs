@@ -59,7 +59,8 @@ struct Blocked {
     /// When the denial was made and when it ends, on this process's clock (µs).
     denied_at: u64,
     until: u64,
-    /// The cost that was denied: a cheaper request may pass sooner.
+    /// The cost that was denied: a cheaper request may pass sooner, and a
+    /// costlier one later than this denial's wait (each asks the store).
     cost: u64,
     decision: Arc<Decision>,
 }
@@ -132,7 +133,7 @@ impl BlockedCache {
                 .iter()
                 .zip(blocked.keys.iter())
                 .all(|(r, k)| r.key.matches(k));
-        if !same || now >= blocked.until || cost < blocked.cost {
+        if !same || now >= blocked.until || cost != blocked.cost {
             return None;
         }
         // Denied under the same limits: a customer whose plan changed since

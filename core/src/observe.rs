@@ -187,12 +187,24 @@ fn store_error(store: &'static str, error: &StoreError) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_store_errors_total", "store" => store, "class" => error.class())
         .increment(1);
+    // An outage warns: the breaker bounds how often. An error about one
+    // key or budget is a client's doing as much as the store's (a client
+    // rotating subjects fills a budget on every request): it is counted,
+    // and logged at debug level, so no client sets the warnings' pace.
     #[cfg(feature = "tracing")]
-    tracing::warn!(
-        store,
-        error_class = error.class(),
-        "rate-limit store failed; applying each policy's failure mode"
-    );
+    if error.is_outage() {
+        tracing::warn!(
+            store,
+            error_class = error.class(),
+            "rate-limit store failed; applying each policy's failure mode"
+        );
+    } else {
+        tracing::debug!(
+            store,
+            error_class = error.class(),
+            "rate-limit store refused a request; applying its policy's failure mode"
+        );
+    }
     let _ = (store, error);
 }
 

@@ -107,7 +107,7 @@ async fn long_denials_are_answered_locally_until_the_retry_time() {
 }
 
 #[tokio::test]
-async fn a_cheaper_request_and_a_short_denial_still_ask_the_store() {
+async fn other_costs_and_a_short_denial_still_ask_the_store() {
     // 10 tokens, one per second: cost 5 with 4 left waits 1s, cost 1 passes.
     let (_, store, limiter) = setup(Limit::token_bucket(10, 1, Duration::from_secs(1)).unwrap());
     assert!(limiter.check(&ctx(), 6).await.unwrap().is_allowed());
@@ -120,6 +120,15 @@ async fn a_cheaper_request_and_a_short_denial_still_ask_the_store() {
         "the cache must not deny a cheaper request the store admits"
     );
     assert_eq!(store.calls.load(Ordering::SeqCst), calls + 1);
+    // A costlier request is denied for longer: the store tells how long
+    // (the cached wait would send the client back too early).
+    let (_, _, limiter) = setup(Limit::token_bucket(10, 1, Duration::from_secs(1)).unwrap());
+    assert!(limiter.check(&ctx(), 10).await.unwrap().is_allowed());
+    let denied = limiter.check(&ctx(), 2).await.unwrap();
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(2)));
+    let costlier = limiter.check(&ctx(), 8).await.unwrap();
+    assert_eq!(costlier.retry_after(), Some(Duration::from_secs(8)));
+    assert_eq!(costlier.layers()[0].source, Source::Store);
     // A denial shorter than the threshold is not cached.
     let (_, store, limiter) = setup(Limit::gcra(10, Duration::from_secs(1), 1).unwrap());
     limiter.check(&ctx(), 1).await.unwrap();

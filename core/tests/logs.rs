@@ -93,3 +93,46 @@ fn store_failures_are_logged_with_policy_and_class_but_no_key() {
         "a subject reached the logs: {lines:#?}"
     );
 }
+
+/// An error about a key budget is not an outage: a client rotating
+/// subjects through a full budget makes one on every request, so it is a
+/// debug event, never a warning per request.
+#[test]
+fn errors_a_client_can_cause_do_not_warn_per_request() {
+    use tollgate_limiter::{KeyBudget, OnStoreFailure, WhenFull};
+    let lines = Arc::new(Lines::default());
+    let policy = Policy::new(
+        "search",
+        Limit::fixed_window(5, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap()
+    .with_key_budget(KeyBudget::new(1, WhenFull::Refuse).unwrap())
+    .with_on_failure(OnStoreFailure::FailOpen)
+    .unwrap();
+    let store = Arc::new(tollgate_memory::MemoryStore::builder().build());
+    let limiter = Limiter::builder(store)
+        .layer("key", Scope::Subject, policy)
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(lines.clone(), || {
+        for n in 0..20 {
+            let ctx = Context::for_subject(Subject::new(format!("client-{n}")).unwrap());
+            let d = ready(limiter.check(&ctx, 1)).unwrap();
+            assert!(d.is_allowed());
+        }
+    });
+    let lines = lines.0.lock().unwrap().clone();
+    let full = |level: &str| {
+        lines
+            .iter()
+            .filter(|l| l.starts_with(level) && l.contains("error_class=\"full\""))
+            .count()
+    };
+    assert_eq!(full("WARN"), 0, "{lines:#?}");
+    // The refusal, and the degraded decision it led to.
+    assert_eq!(
+        full("DEBUG"),
+        2 * 19,
+        "each refusal is still logged: {lines:#?}"
+    );
+}

@@ -24,9 +24,17 @@ use std::time::Duration;
 
 use tollgate_limiter::{Decision, LayerDecision, Limit, Source};
 
-/// Whole seconds in `d`, rounded up.
+/// Whole seconds in `d`, rounded up (at most `u64::MAX`: a wait of
+/// [`Duration::MAX`], a breaker open for good, stays the longest).
+///
+/// ```
+/// # use std::time::Duration;
+/// use tollgate_http::headers::ceil_secs;
+/// assert_eq!(ceil_secs(Duration::from_millis(1_001)), 2);
+/// assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+/// ```
 pub fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// The window `w` a policy announces, in whole seconds (rounded up, at
