@@ -87,6 +87,6 @@ impl Reference for Calendar {
     /// [count, start, end]: the count within exact integers, a span
     /// [`Calendar::is_span`] accepts.
     fn within_reach(&self, [count, start, end]: [u64; 3]) -> bool {
-        count <= MAX_EXACT && Calendar::is_span(start, end)
+        count < MAX_EXACT && Calendar::is_span(start, end)
     }
 }

@@ -59,6 +59,6 @@ impl Reference for FixedWindow {
     }
     /// [count, last]: the count within exact integers.
     fn within_reach(&self, [count, _, _]: [u64; 3]) -> bool {
-        count <= MAX_EXACT
+        count < MAX_EXACT
     }
 }

@@ -192,6 +192,6 @@ impl Reference for TokenBucket {
     /// [full at, remainder, rate]: the remainder within exact integers,
     /// the rate one a bucket records (a zero period would divide by zero).
     fn within_reach(&self, [_, remainder, rate]: [u64; 3]) -> bool {
-        remainder <= MAX_EXACT && TokenBucket::is_recorded_rate(rate)
+        remainder < MAX_EXACT && TokenBucket::is_recorded_rate(rate)
     }
 }

@@ -102,7 +102,7 @@ fn read_log(ctx: &Context, key: &RedisString, i: usize) -> Result<State, RedisEr
             return Err(conflict(i, "not_a_state"));
         }
     }
-    Ok(log.finish())
+    log.finish().ok_or_else(|| conflict(i, "not_a_state"))
 }
 
 /// The remaining TTL of `key` in ms (-1: none, -2: missing).

@@ -120,6 +120,9 @@ pub(crate) struct ListLog<'k> {
     ) -> *mut raw::RedisModuleString,
     /// An item read that is no entry Tollgate wrote.
     foreign: Cell<bool>,
+    /// The oldest and the newest entry, once read: a log whose ends are
+    /// out of order is no log Tollgate wrote (the Lua's rule).
+    ends: Cell<(Option<u64>, Option<u64>)>,
 }
 
 impl<'k> ListLog<'k> {
@@ -144,6 +147,7 @@ impl<'k> ListLog<'k> {
             len: 0,
             list_get,
             foreign: Cell::new(false),
+            ends: Cell::new((None, None)),
         };
         if handle.is_null() {
             // A key opened for reading that does not exist: no entries
@@ -196,10 +200,12 @@ impl<'k> ListLog<'k> {
         (!handle.is_null()).then_some(())
     }
 
-    /// Whether an entry read was no entry Tollgate wrote (the decision
-    /// made on them is void: a conflict, nothing written).
+    /// Whether an entry read was no entry Tollgate wrote, or the ends read
+    /// are out of order (the decision made on them is void: a conflict,
+    /// nothing written).
     pub(crate) fn foreign(&self) -> bool {
-        self.foreign.get()
+        let out_of_order = matches!(self.ends.get(), (Some(first), Some(last)) if first > last);
+        self.foreign.get() || out_of_order
     }
 }
 
@@ -209,13 +215,19 @@ impl LogView for ListLog<'_> {
     }
 
     fn at(&self, i: usize) -> u64 {
-        match self.item(i).and_then(|item| log_entry(item.as_slice())) {
-            Some(at) => at,
-            None => {
-                self.foreign.set(true);
-                0
-            }
+        let Some(at) = self.item(i).and_then(|item| log_entry(item.as_slice())) else {
+            self.foreign.set(true);
+            return 0;
+        };
+        let (mut first, mut last) = self.ends.get();
+        if i == 0 {
+            first = Some(at);
         }
+        if i + 1 == self.len {
+            last = Some(at);
+        }
+        self.ends.set((first, last));
+        at
     }
 }
 

@@ -80,10 +80,11 @@
 //! more than [`TEXT_LOG_MAX`] entries; a block is the string
 //! `b<µs>`, or a list of that one item for the sliding log
 //! ([`block_text`]). Only values whose
-//! times lie in [`STORED_TIMES`] are states, and of a GCRA or a token
-//! bucket only those whose recorded rate one of them writes
-//! (`Gcra::is_recorded_rate`, `TokenBucket::is_recorded_rate`): anything
-//! else is someone else's data, never overwritten.
+//! times lie in [`STORED_TIMES`] are states, a log's oldest entry not
+//! after its newest, and a counter's only when its algorithm could have
+//! written its cells (`tollgate_algorithms::within_reach`: counts below
+//! 2^53, a recorded rate a policy has, a calendar span): anything else is
+//! someone else's data, never overwritten.
 
 mod call;
 mod expiry;

@@ -14,7 +14,8 @@ use crate::{
 /// strides of calls and replies
 /// (`LAYER_ARGS`, `REFUND_LAYER_ARGS`, `REPLY_FIELDS`, `RESERVE_FIELDS`),
 /// `KEEPS_UNITS`, the flag added to an algorithm's code, and the bounds of
-/// a recorded rate (`MAX_WINDOW_US`, `MAX_RECORDED_REFILL`).
+/// a state Tollgate writes (`MAX_WINDOW_US`, `MAX_RECORDED_REFILL`,
+/// `MAX_EXACT`, `MAX_CALENDAR_SPAN_US`).
 /// The Redis store puts them before its Lua files.
 ///
 /// ```
@@ -40,6 +41,11 @@ pub fn lua_constants() -> String {
             tollgate_limiter::duration_micros(tollgate_limiter::MAX_WINDOW),
         ),
         ("MAX_RECORDED_REFILL", tollgate_limiter::MAX_RECORDED_REFILL),
+        ("MAX_EXACT", tollgate_limiter::MAX_EXACT),
+        (
+            "MAX_CALENDAR_SPAN_US",
+            tollgate_limiter::MAX_CALENDAR_SPAN_US,
+        ),
         (
             "ENDED_RETRY_US",
             tollgate_limiter::duration_micros(tollgate_limiter::CALENDAR_ENDED_RETRY),

@@ -260,12 +260,15 @@ impl LogReader {
         }
     }
 
-    /// The state of the items taken.
+    /// The state of the items taken; `None` when the log's ends are out
+    /// of order (its oldest entry after its newest: no log Tollgate wrote,
+    /// and the Lua's rule for a list's ends).
     #[must_use]
-    pub fn finish(self) -> State {
+    pub fn finish(self) -> Option<State> {
         match self.block {
-            Some(until) => State::Blocked(until),
-            None => State::Log(self.entries),
+            Some(until) => Some(State::Blocked(until)),
+            None if self.entries.front() > self.entries.back() => None,
+            None => Some(State::Log(self.entries)),
         }
     }
 }
@@ -277,10 +280,10 @@ mod tests {
     /// The state of the list `items`, or `None` when it is not one.
     fn read_log(items: &[Vec<u8>]) -> Option<State> {
         let mut log = LogReader::with_capacity(items.len());
-        items
-            .iter()
-            .all(|item| log.push(item))
-            .then(|| log.finish())
+        if !items.iter().all(|item| log.push(item)) {
+            return None;
+        }
+        log.finish()
     }
 
     const T: u64 = 1_780_000_000_000_000;

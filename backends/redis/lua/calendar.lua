@@ -16,6 +16,13 @@
 --   ahead of the caller's clock) admits nothing, writes nothing, and says
 --   retry in a millisecond.
 -- Returns: as fixed_window.lua.
+-- Whether the cells are a state a calendar quota writes: a count below
+-- 2^53 and a span of 1 µs to MAX_CALENDAR_SPAN_US (Rust: within_reach,
+-- Calendar::is_span). Any other is data Tollgate did not write.
+local function calendar_understood(count, start, stop)
+  return count < MAX_EXACT and start < stop and stop - start <= MAX_CALENDAR_SPAN_US
+end
+
 local function calendar(limit, span_start, span_end, stored, start, stop, now, cost)
   local count = 0
   if stored and start >= span_end then

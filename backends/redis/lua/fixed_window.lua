@@ -15,6 +15,12 @@
 -- Returns: allowed (boolean), limit, remaining, reset_after µs,
 --   retry_after µs (-1 when admitted), and when admitted the TTL in
 --   milliseconds and the next cells (a, b, c). No table is built.
+-- Whether the cells are a state a fixed window writes: a count below
+-- 2^53 (Rust: within_reach). Any other is data Tollgate did not write.
+local function fixed_window_understood(count, _, _)
+  return count < MAX_EXACT
+end
+
 local function fixed_window(limit, w, _, stored, last, _, now, cost)
   if not stored then
     stored, last = 0, now

@@ -115,9 +115,17 @@ end
 -- A key of another type fails the GET with WRONGTYPE before anything is
 -- written, which the store reports as a conflict too (no pcall on this
 -- path).
--- The algorithms whose cells hold more than numbers in range: a recorded
--- rate (Rust: each reference's within_reach).
-local UNDERSTOOD = { [GCRA] = gcra_understood, [TOKEN_BUCKET] = token_bucket_understood }
+-- What each algorithm's cells must hold besides a time in range (Rust:
+-- each reference's within_reach): counts below 2^53, a recorded rate, a
+-- calendar span. The sliding window's bound depends on the layer's window
+-- and is not checked here (the module refuses counts past it; the Lua
+-- reads them as a window far past its limit).
+local UNDERSTOOD = {
+  [TOKEN_BUCKET] = token_bucket_understood,
+  [GCRA] = gcra_understood,
+  [FIXED_WINDOW] = fixed_window_understood,
+  [CALENDAR] = calendar_understood,
+}
 
 local function read_cells(key, code)
   local v = redis.call('GET', key)

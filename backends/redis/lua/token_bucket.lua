@@ -35,11 +35,15 @@ local function token_bucket_rate(refill, period, keep)
   return 0
 end
 
--- Whether the cells' recorded rate is one a bucket writes: 0, or a
--- refill of 1 to MAX_RECORDED_REFILL per a period of 1 µs to the longest
--- window (Rust: TokenBucket::is_recorded_rate). Any other is data Tollgate
--- did not write (a zero period would divide by zero).
-local function token_bucket_understood(_, _, rate)
+-- Whether the cells are a state a bucket writes (Rust: within_reach):
+-- a remainder below 2^53, and a recorded rate of 0 or a refill of 1 to
+-- MAX_RECORDED_REFILL per a period of 1 µs to the longest window. Any
+-- other is data Tollgate did not write (a zero period would divide by
+-- zero).
+local function token_bucket_understood(_, remainder, rate)
+  if remainder >= MAX_EXACT then
+    return false
+  end
   if rate == 0 then
     return true
   end

@@ -121,16 +121,19 @@ async fn foreign_values_are_conflicts() {
     tollgate_testkit::conformance::foreign_values_are_conflicts(Arc::new(store), &foreign).await;
 }
 
-/// A GCRA or token-bucket state that records a rate no policy has (a zero
-/// period, a refill of 0, an interval beyond the longest window) was not
-/// written by Tollgate: every engine reports a conflict and leaves it as it
-/// was. (A layer that keeps units reads the recorded rate: before, the
-/// module failed on a division by zero, and the Lua read a used-up bucket
-/// as full.)
+/// Counter states no policy writes, with a time in range beside them (a
+/// recorded rate with a zero period, a refill of 0 or an interval beyond
+/// the longest window; a count or remainder of 2^53 or more; a calendar
+/// span that is none) were not written by Tollgate: every engine reports a
+/// conflict and leaves them as they were. (Before, the module failed on a
+/// zero period, and the Lua read a used-up bucket as full, or wrote its own
+/// state over the value.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recorded_rates_no_policy_has_are_conflicts() {
+async fn states_no_policy_writes_are_conflicts() {
     use std::time::Duration;
-    use tollgate_limiter::{LayerRequest, Limit, Policy, Scope, StoreError, StoreKey};
+    use tollgate_limiter::{
+        CalendarUnit, LayerRequest, Limit, Policy, Recurrence, Scope, StoreError, StoreKey,
+    };
     use tollgate_redis::Engine;
     use tollgate_testkit::conformance::START;
 
@@ -151,7 +154,22 @@ async fn recorded_rates_no_policy_has_are_conflicts() {
                 format!("{future} 0 {}", 1u64 << 40),
                 format!("{future} 0 5"),
                 format!("{future} 0 {}", (1u64 << 40) + far),
+                format!("{future} {}", u64::MAX),
+                format!("{future} {}", 1u64 << 53),
             ],
+        ),
+        (
+            Limit::fixed_window(10, Duration::from_secs(60)).unwrap(),
+            vec![format!("{} {t}", (1u64 << 53) + 1)],
+        ),
+        (
+            Limit::calendar(
+                10,
+                Recurrence::new(CalendarUnit::Month, "UTC", "2025-01-01T00:00").unwrap(),
+            )
+            .unwrap(),
+            // No end; a span ending before it starts.
+            vec![format!("5 {t}"), format!("5 {t} {}", t - 1)],
         ),
     ];
     let servers = [
@@ -170,7 +188,7 @@ async fn recorded_rates_no_policy_has_are_conflicts() {
         let mut con = common::raw(server.url()).await;
         for (limit, values) in &limits {
             for (n, value) in values.iter().enumerate() {
-                let policy = Policy::new(format!("rate{n}"), limit.keeping_units()).unwrap();
+                let policy = Policy::new(format!("state{n}"), limit.keeping_units()).unwrap();
                 let subject = tollgate_testkit::conformance::unique("subject");
                 let scope = Scope::Subject.key_label();
                 let key = StoreKey::new(&subject, &policy, &scope, &subject);

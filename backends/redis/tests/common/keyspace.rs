@@ -76,7 +76,7 @@ pub fn state_of(layout: Layout, raw: &Raw) -> Option<State> {
         Raw::List(items) => {
             let mut log = LogReader::with_capacity(items.len());
             assert!(items.iter().all(|i| log.push(i)), "a log Tollgate wrote");
-            Some(log.finish())
+            Some(log.finish().expect("a log Tollgate wrote, oldest first"))
         }
     }
 }

@@ -100,7 +100,15 @@ where
     C: redis::aio::ConnectionLike + Clone + Send + Sync,
 {
     fn kinds(&self) -> Vec<&'static str> {
-        vec!["string", "numbers", "list", "number-list", "hash", "set"]
+        vec![
+            "string",
+            "numbers",
+            "list",
+            "number-list",
+            "descending-times",
+            "hash",
+            "set",
+        ]
     }
 
     async fn plant(&self, key: &tollgate_limiter::StoreKey<'_>, kind: &str) {
@@ -109,7 +117,7 @@ where
         let mut cmd = match kind {
             "string" => redis::cmd("SET"),
             "numbers" => redis::cmd("SET"),
-            "list" | "number-list" => redis::cmd("RPUSH"),
+            "list" | "number-list" | "descending-times" => redis::cmd("RPUSH"),
             "hash" => redis::cmd("HSET"),
             _ => redis::cmd("SADD"),
         };
@@ -121,6 +129,9 @@ where
             "list" => cmd.arg("x").arg("y"),
             // Numbers, but not times: close to a sliding log, but not one.
             "number-list" => cmd.arg("1").arg("2").arg("3"),
+            // Times in range, newest first: close to a sliding log, but
+            // its ends are out of order.
+            "descending-times" => cmd.arg(DESCENDING[0]).arg(DESCENDING[1]),
             "hash" => cmd.arg("field").arg("value"),
             _ => cmd.arg("member"),
         };
@@ -141,7 +152,7 @@ where
                 .query_async(&mut con)
                 .await
                 .expect("GET")],
-            "list" | "number-list" => redis::cmd("LRANGE")
+            "list" | "number-list" | "descending-times" => redis::cmd("LRANGE")
                 .arg(&key)
                 .arg(0)
                 .arg(-1)
@@ -164,12 +175,16 @@ where
             "numbers" => &["12 34"],
             "list" => &["x", "y"],
             "number-list" => &["1", "2", "3"],
+            "descending-times" => &DESCENDING,
             "hash" => &["field", "value"],
             _ => &["member"],
         };
         ttl == -1 && value == expected
     }
 }
+
+/// The items of the `descending-times` kind.
+const DESCENDING: [&str; 2] = ["1800000000000009", "1800000000000000"];
 
 /// The time scale of a built-in policy: its period, window, or burst ×
 /// interval (µs).
