@@ -67,17 +67,17 @@ impl Limiter {
             return Ok(Usage { layers: Vec::new() });
         };
         let decision = this.peek(ctx, 1).await?;
-        // A peek reports what a layer has now, and when it would be full
-        // again had the one-unit request been charged: a bucket's reset
-        // is one unit's time sooner.
-        let all_admit = decision.is_allowed();
+        // A peek reports what a layer has now and, where the layer admits
+        // the one-unit request (whatever the others say), when it would be
+        // full again had that unit been charged: its reset is one unit's
+        // time sooner. A layer that denies reports its own reset.
         let layers = this
             .layers()
             .iter()
             .zip(decision.layers())
             .map(|(layer, d)| {
                 let verdict = d.verdict;
-                let resets_in = if all_admit {
+                let resets_in = if verdict.allowed {
                     verdict
                         .reset_after
                         .saturating_sub(unit_time(layer.policy().limit()))

@@ -152,6 +152,42 @@ async fn usage_reports_each_layer_without_charging() {
     assert_eq!((usage.used, usage.resets_in), (2, Duration::from_secs(720)));
 }
 
+/// Each layer's reset is its own, when another layer denies: a bucket
+/// that admits is full again one unit's time sooner than its peek says (as
+/// if the unit were charged), whatever the other layer says.
+#[tokio::test]
+async fn usage_resets_are_each_layers_own_when_another_denies() {
+    let clock = clock();
+    let store = Arc::new(
+        MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+    );
+    let limiter = Limiter::builder(store)
+        .layer(
+            "burst",
+            Scope::Subject,
+            Policy::new("burst", Limit::gcra(10, HOUR, 10).unwrap()).unwrap(),
+        )
+        .layer(
+            "daily",
+            Scope::Subject,
+            Policy::new("daily", Limit::fixed_window(1, 24 * HOUR).unwrap()).unwrap(),
+        )
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap();
+    let ctx = customer("k");
+    assert_eq!(admitted(&limiter, &ctx, 1).await, 1);
+    clock.advance(Duration::from_secs(360));
+    let usage = limiter.usage(&ctx).await.unwrap();
+    let burst = usage.layers[0];
+    assert_eq!((burst.used, burst.remaining), (0, 10));
+    assert_eq!(burst.resets_in, Duration::ZERO, "the bucket is full");
+    let daily = usage.layers[1];
+    assert_eq!((daily.used, daily.remaining), (1, 0));
+}
+
 /// A layer the context has no subject for is left out of its usage
 /// (a per-tenant layer, for a context without a tenant).
 #[tokio::test]
