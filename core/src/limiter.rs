@@ -130,6 +130,11 @@ impl Limiter {
         }
     }
 
+    /// Every plan's limiter (none without plans).
+    pub(crate) fn plan_limiters(&self) -> impl Iterator<Item = &Limiter> {
+        self.plans.iter().flat_map(|book| book.limiters())
+    }
+
     /// Whether a layer is a concurrency limit: such a limiter decides with
     /// `Limiter::acquire` (feature `concurrency`), whose permit gives the
     /// places back; [`check`](Self::check) refuses it. Plans keep this

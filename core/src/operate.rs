@@ -58,7 +58,9 @@ impl Limiter {
     /// holding data Tollgate did not write is left as it was and the call
     /// fails with [`StoreError::Conflict`](crate::StoreError::Conflict),
     /// removing nothing. A denial the blocked-key cache holds for `ctx` is
-    /// forgotten, so the reset shows at once.
+    /// forgotten, so the reset shows at once. With plans, the keys of every
+    /// plan go (a plan giving a policy another algorithm counts it under
+    /// another key).
     ///
     /// ```no_run
     /// # async fn f(limiter: tollgate_limiter::Limiter) -> Result<(), tollgate_limiter::Error> {
@@ -70,10 +72,12 @@ impl Limiter {
         self.reset_in(ctx, &Scope::Subject).await
     }
 
-    /// [`reset`](Limiter::reset) on `ctx`'s layers counted per `scope`.
+    /// [`reset`](Limiter::reset) on `ctx`'s layers counted per `scope`,
+    /// under every plan.
     pub(crate) async fn reset_in(&self, ctx: &Context, scope: &Scope) -> Result<(), Error> {
         let this = self.planned(ctx).await;
-        let requests = this.requests(ctx, 1, |l| l.scope == *scope)?;
+        let mut requests = this.requests(ctx, 1, |l| l.scope == *scope)?;
+        self.add_other_plans(this, ctx, scope, &mut requests)?;
         if requests.is_empty() {
             return Ok(());
         }
@@ -132,8 +136,10 @@ impl Limiter {
     /// whatever their algorithm: each answers denied with the block's end
     /// as its retry-after, exactly, and starts full when it ends. A block
     /// never shortens a longer one already in place;
-    /// [`reset`](Limiter::reset) lifts it. Answers the blocked verdicts;
-    /// the same layers and errors as [`penalize`](Limiter::penalize).
+    /// [`reset`](Limiter::reset) lifts it. With plans, the keys of every
+    /// plan are blocked, so a customer whose plan changes stays blocked.
+    /// Answers the blocked verdicts of `ctx`'s plan; the same layers and
+    /// errors as [`penalize`](Limiter::penalize).
     ///
     /// ```no_run
     /// # async fn f(limiter: tollgate_limiter::Limiter) -> Result<(), tollgate_limiter::Error> {
@@ -182,6 +188,10 @@ impl Limiter {
         }
         let this = self.planned(ctx).await;
         let mut requests = this.requests(ctx, 1, |l| l.scope == *scope)?;
+        let own = requests.len();
+        if matches!(adjustment, Adjustment::Block(_)) {
+            self.add_other_plans(this, ctx, scope, &mut requests)?;
+        }
         if requests.is_empty() {
             let reason = match scope {
                 Scope::Subject => "the limiter has no per-subject layer (Scope::Subject); only a client's own layers are changed".into(),
@@ -201,13 +211,38 @@ impl Limiter {
             ))));
         }
         this.forget_cached();
+        // The plan's own layers answer (other plans' keys come after).
         Ok(Decision::new(
             this.layers()
                 .iter()
                 .filter(|l| l.scope == *scope)
-                .zip(verdicts)
+                .zip(verdicts.into_iter().take(own))
                 .map(|(layer, verdict)| LayerDecision::new(layer, verdict, Source::Store)),
         ))
+    }
+
+    /// Add to `requests` (those of `this`, `ctx`'s plan) the keys of
+    /// `ctx`'s layers counted per `scope` under every other plan: a plan
+    /// that gives a policy another algorithm counts it under another key.
+    /// A block or a reset reaches them all, so a customer whose plan
+    /// changes (a plan source failing over to the default, a downgrade)
+    /// is still blocked, and starts afresh everywhere. Penalties and
+    /// rewards stay with the plan that counts them.
+    fn add_other_plans<'a>(
+        &'a self,
+        this: &'a Limiter,
+        ctx: &'a Context,
+        scope: &Scope,
+        requests: &mut Requests<'a>,
+    ) -> Result<(), Error> {
+        for other in self.plan_limiters().filter(|l| !std::ptr::eq(*l, this)) {
+            for request in other.requests(ctx, 1, |l| l.scope == *scope)? {
+                if !requests.iter().any(|r| r.key == request.key) {
+                    requests.push(request);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Forget the denials the blocked-key cache holds: every one, since

@@ -152,6 +152,38 @@ async fn usage_reports_each_layer_without_charging() {
     assert_eq!((usage.used, usage.resets_in), (2, Duration::from_secs(720)));
 }
 
+/// A plan that gives a policy another algorithm counts it under another
+/// key; a block and a reset reach the customer's keys under every plan,
+/// so a customer whose plan changes is still blocked (a plan source
+/// failing over to the default, a downgrade), and a reset starts them
+/// afresh everywhere.
+#[tokio::test]
+async fn blocks_and_resets_reach_every_plans_keys() {
+    let clock = clock();
+    let plans = Plans::new(Plan::new("free").unwrap()).plan(
+        Plan::new("pro")
+            .unwrap()
+            .limit("quota", Limit::fixed_window(5_000, HOUR).unwrap()),
+    );
+    let limiter = limiter(Limit::gcra(1_000, HOUR, 1_000).unwrap(), plans, &clock);
+    let pro = customer("k").with_plan(plan("pro"));
+    let blocked = limiter.block(&pro, HOUR).await.unwrap();
+    assert_eq!(blocked.layers().len(), 1, "the plan's own layers answer");
+    assert_eq!(blocked.layers()[0].plan(), Some("pro"));
+    assert!(!limiter.check(&pro, 1).await.unwrap().is_allowed());
+    let free = customer("k");
+    assert!(
+        !limiter.check(&free, 1).await.unwrap().is_allowed(),
+        "blocked under the default plan too"
+    );
+    limiter.reset(&free).await.unwrap();
+    assert!(
+        limiter.check(&pro, 1).await.unwrap().is_allowed(),
+        "reset everywhere"
+    );
+    assert!(limiter.check(&free, 1).await.unwrap().is_allowed());
+}
+
 /// Each layer's reset is its own, when another layer denies: a bucket
 /// that admits is full again one unit's time sooner than its peek says (as
 /// if the unit were charged), whatever the other layer says.

@@ -82,6 +82,11 @@ impl PlanBook {
         })
     }
 
+    /// Every plan's limiter, the default's included.
+    pub(crate) fn limiters(&self) -> impl Iterator<Item = &Limiter> {
+        self.plans.iter().map(|(_, limiter)| limiter)
+    }
+
     /// The limiter of `ctx`'s plan, when it is known without waiting: the
     /// context's plan, the static table's, a cached answer of the plan
     /// source, or the default.
