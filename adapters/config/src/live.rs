@@ -518,6 +518,7 @@ impl LiveConfig {
             loop {
                 let settled = changes.next().await;
                 let Some(outcome) = live.reload_settled(settled).await else {
+                    changes.not_applied();
                     continue;
                 };
                 if outcome.as_ref().is_err_and(ReloadError::is_transient) {
@@ -604,6 +605,45 @@ mod tests {
         let applied = live.reload_settled(limits(7).into_bytes()).await;
         assert!(matches!(applied, Some(Ok(_))), "{applied:?}");
         assert_eq!(capacity(&live), 7);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Contents the watch saw settle but could not apply (the file changed
+    /// while the reload waited its turn) are applied when the file holds
+    /// them again: a write that ended where it began is not lost.
+    #[tokio::test(start_paused = true)]
+    async fn contents_not_applied_are_applied_when_they_return() {
+        let dir = std::env::temp_dir().join(format!("tollgate-returned-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("limits.toml");
+        std::fs::write(&path, limits(5)).unwrap();
+        let clock = Arc::new(tollgate_limiter::MonotonicClock::new());
+        let live = LiveConfig::load(&path, clock).await.unwrap();
+        let capacity = |live: &LiveConfig| live.config().policy("api").unwrap().capacity();
+        let every = crate::MIN_EVERY;
+        let _watch = live.watch(every, |_| {}).unwrap();
+        let look = || async {
+            tokio::time::sleep(every).await;
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        };
+        // Another reload holds the turn while 7 settles.
+        let turn = live.shared.reloading.lock().await;
+        std::fs::write(&path, limits(7)).unwrap();
+        look().await;
+        look().await;
+        // The file is rewritten: caught halfway when the turn comes.
+        std::fs::write(&path, "[policies.api]\n").unwrap();
+        drop(turn);
+        look().await;
+        assert_eq!(capacity(&live), 5, "nothing applied yet");
+        // The write ends with 7 again.
+        std::fs::write(&path, limits(7)).unwrap();
+        look().await;
+        look().await;
+        look().await;
+        assert_eq!(capacity(&live), 7, "7 applied once it settled again");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

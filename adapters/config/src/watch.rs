@@ -88,6 +88,15 @@ impl<T: Clone + PartialEq, R: FnMut() -> Option<T>> Changes<T, R> {
         self.last_retry_wait = Some(wait);
     }
 
+    /// The contents [`next`](Self::next) last handed over were not applied:
+    /// the file no longer held them when their turn came (a write begun
+    /// since). They are no longer taken as acted on, so the next contents
+    /// that settle are handed over, even the same ones again (a write that
+    /// ends where it began).
+    pub fn not_applied(&mut self) {
+        self.seen.acted_on = None;
+    }
+
     /// Wait for the next change: contents that differ from the last ones
     /// acted on and stayed the same for one more look; they are returned.
     /// An unreadable file (say, between a remove and a rename) is never a

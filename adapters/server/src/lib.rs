@@ -639,6 +639,7 @@ impl Server {
             loop {
                 let settled = files.next().await;
                 let Some(outcome) = shared.reload_settled(&settled).await else {
+                    files.not_applied();
                     continue;
                 };
                 if matches!(&outcome, Err(ServerError::Config(e)) if e.is_transient()) {

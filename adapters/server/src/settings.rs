@@ -219,9 +219,16 @@ impl Settings {
     /// The `[server]` section of `config`, checked against its routes.
     pub fn of(config: &Config) -> Result<Settings, ServerError> {
         let table = config.server_section().cloned().unwrap_or_default();
-        let settings: Settings = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| ServerError::Settings(e.message().to_string()))?;
+        // With the field's path: "grpc_listen: invalid socket address".
+        let settings: Settings = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| {
+                let path = e.path().to_string();
+                let message = e.into_inner().message().to_string();
+                ServerError::Settings(match path.as_str() {
+                    "." => message,
+                    _ => format!("{path}: {message}"),
+                })
+            })?;
         unapplied_sections(config)?;
         let mut names = std::collections::BTreeSet::new();
         for (i, rule) in settings.rules.iter().enumerate() {
@@ -339,6 +346,18 @@ entries = { user_id = "subject" }
         assert!(refused.contains("costs 5 units"), "{refused}");
         let config = Config::from_toml_str(&file.replace("cost = 5\n", "")).unwrap();
         assert!(Settings::of(&config).is_ok());
+    }
+
+    /// A bad field of `[server]` is named in the error.
+    #[test]
+    fn a_bad_server_field_is_named() {
+        let file = r#"
+[server]
+grpc_listen = "localhost:8081"
+"#;
+        let config = Config::from_toml_str(file).unwrap();
+        let refused = Settings::of(&config).unwrap_err().to_string();
+        assert!(refused.contains("grpc_listen"), "{refused}");
     }
 
     /// Sections the server does not apply are refused, not read as
