@@ -139,8 +139,11 @@ pub(super) struct Replaces {
 }
 
 /// The text of a scalar: the reference reads `value: 429` or `value: true`
-/// into its text fields as text, so a number or a boolean is its text (a
-/// number as its value reads: `1.50` is `1.5`).
+/// into its text fields as text, so a number or a boolean is its text.
+/// The file was read as a YAML value first (merge keys applied), so it is
+/// the text of what the scalar reads as: `1.50` is `1.5`, `True` is
+/// `true`, where the reference keeps the text as written (docs/server.md
+/// says to quote such values).
 fn scalar_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     optional_scalar_text(d)?
         .ok_or_else(|| serde::de::Error::custom("expected text, found nothing (null)"))
