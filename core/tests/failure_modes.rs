@@ -451,3 +451,67 @@ async fn a_full_budget_fails_its_own_policy_alone() {
     assert_eq!(third.denied_layers().next().unwrap().source, Source::Store);
     assert!(!third.failed_closed(), "a 429, not a 503");
 }
+
+/// The in-process store, but any request naming policy `ip` finds data
+/// it cannot read there (as a Redis key holding someone else's value).
+#[derive(Debug)]
+struct ForeignAtIp(MemoryStore);
+
+#[async_trait]
+impl Store for ForeignAtIp {
+    fn kind(&self) -> &'static str {
+        "foreign-at-ip"
+    }
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        if layers.iter().any(|l| l.policy.name() == "ip") {
+            return Decide::Now(Err(StoreError::Conflict {
+                policy: "ip".into(),
+                found: "a string".into(),
+            }));
+        }
+        self.0.decide(layers, verdicts)
+    }
+}
+
+/// When the other layers deny, the failing policy's layers are not asked:
+/// nothing counted them, so they say so (`FailOpen`, no `RateLimit` item
+/// in headers), even when the policy falls back to an emergency bucket
+/// (which would have announced a full quota).
+#[tokio::test]
+async fn a_failing_policy_not_asked_counts_nothing() {
+    let store = Arc::new(ForeignAtIp(MemoryStore::builder().build()));
+    let window = |n| Limit::fixed_window(n, Duration::from_secs(60)).unwrap();
+    let per_address = Policy::new("ip", window(100))
+        .unwrap()
+        .with_on_failure(OnStoreFailure::Fallback(Fallback::Limit(window(100))))
+        .unwrap();
+    let limiter = Limiter::builder(store)
+        .layer(
+            "user",
+            Scope::Subject,
+            Policy::new("user", window(1)).unwrap(),
+        )
+        .layer("ip", Scope::Attribute("ip".into()), per_address)
+        .fallback_store(Arc::new(MemoryStore::builder().build()))
+        .build()
+        .unwrap();
+    let ctx = |ip: &str| {
+        Context::for_subject(Subject::new("u").unwrap())
+            .with_attribute("ip", Subject::new(ip).unwrap())
+    };
+    let first = limiter.check(&ctx("a"), 1).await.unwrap();
+    assert!(first.is_allowed(), "{first:?}");
+    assert_eq!(
+        first.layers()[1].source,
+        Source::Fallback,
+        "asked: its bucket"
+    );
+    let denied = limiter.check(&ctx("b"), 1).await.unwrap();
+    assert!(!denied.is_allowed(), "the user's own limit: {denied:?}");
+    assert_eq!(denied.store_error(), Some("conflict"));
+    assert_eq!(denied.layers()[1].source, Source::FailOpen, "{denied:?}");
+}

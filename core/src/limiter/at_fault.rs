@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use super::check::Check;
 use super::Limiter;
 use crate::context::Context;
-use crate::decision::{Decision, LayerDecision, Source};
+use crate::decision::{Decision, LayerDecision};
 use crate::error::{Error, StoreError};
 use crate::failure::OnStoreFailure;
 use crate::layer::Layer;
@@ -128,11 +128,9 @@ impl Limiter {
 }
 
 /// A layer of the failing policy in a request other layers denied: not
-/// charged, not asked; it reports what its failure mode would offer.
+/// charged, not asked, not counted (`FailOpen`: headers give it no
+/// `RateLimit` item, where an emergency bucket's answer would announce a
+/// full quota nothing counted).
 fn not_asked(layer: &Layer) -> LayerDecision {
-    let mut offered = super::degraded::fail_open(layer);
-    if let OnStoreFailure::Fallback(_) = layer.policy.on_failure() {
-        offered.source = Source::Fallback;
-    }
-    offered
+    super::degraded::fail_open(layer)
 }
