@@ -594,7 +594,7 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
         if self.gate.challenge.is_empty() {
             self.gate.challenge = self.gate.identity.challenge().into();
         }
-        if http::HeaderValue::from_str(&self.gate.challenge).is_err() {
+        if !crate::response::is_header_text(&self.gate.challenge) {
             return Err(GateError::Challenge(self.gate.challenge.to_string()));
         }
         Ok(Out::from(self.gate))
@@ -960,6 +960,16 @@ mod tests {
             Reply::new(429, vec![("x-note", "a\nb".into())], ""),
             Err(ReplyError::HeaderValue { name: "x-note", .. })
         ));
+        assert!(matches!(
+            Reply::new(429, vec![("x-note", "café".into())], ""),
+            Err(ReplyError::HeaderValue { name: "x-note", .. })
+        ));
+        assert!(Reply::new(429, vec![("x-note", "a\tb c".into())], "").is_ok());
+        let store = Arc::new(tollgate_memory::MemoryStore::default());
+        let challenge = extension_gate(limiter(store, OnStoreFailure::FailClosed))
+            .unauthorized_challenge("Bearer realm=\"café\"")
+            .build();
+        assert!(matches!(challenge, Err(GateError::Challenge(_))));
         assert_eq!(
             Reply::new(429, vec![("content-length", "3".into())], "abc"),
             Err(ReplyError::FramingHeader("content-length"))

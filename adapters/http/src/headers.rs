@@ -88,7 +88,7 @@ pub fn rate_limit_policy(decision: &Decision, shadow: bool) -> String {
 /// another layer `shown` beside it decides by the same policy (one per
 /// subject, one per tenant): then the layer's own, when it is a plain
 /// name (as policy names are), so that each item names one limit.
-fn item_name<'a>(
+pub(crate) fn item_name<'a>(
     layer: &LayerDecision,
     shown: impl Iterator<Item = &'a LayerDecision>,
 ) -> &'static str {

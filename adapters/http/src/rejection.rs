@@ -94,12 +94,14 @@ pub(crate) fn reply(
     hook: Option<&RejectHook>,
 ) -> Reply {
     let (problem, headers): (Problem, Headers) = match (kind, decision) {
-        (RejectionKind::Limited, Some(d)) => {
-            (response::too_many_requests(d), decision_headers(d, style))
-        }
-        (RejectionKind::FailedClosed, Some(d)) => {
-            (response::failed_closed(d), decision_headers(d, style))
-        }
+        (RejectionKind::Limited, Some(d)) => (
+            response::too_many_requests(d, style),
+            decision_headers(d, style),
+        ),
+        (RejectionKind::FailedClosed, Some(d)) => (
+            response::failed_closed(d, style),
+            decision_headers(d, style),
+        ),
         (RejectionKind::Unidentified, _) => (
             response::unidentified(),
             response::challenge_header(challenge),

@@ -295,7 +295,7 @@ impl Reply {
             if FRAMING.contains(name) {
                 return Err(ReplyError::FramingHeader(name));
             }
-            if http::HeaderValue::from_str(value).is_err() {
+            if !is_header_text(value) {
                 return Err(ReplyError::HeaderValue {
                     name,
                     value: value.clone(),
@@ -364,7 +364,7 @@ impl Reply {
     /// layers' policies.
     pub fn too_many_requests(decision: &Decision, style: HeaderStyle) -> Self {
         Reply::problem(
-            &too_many_requests(decision),
+            &too_many_requests(decision, style),
             decision_headers(decision, style),
         )
     }
@@ -373,7 +373,10 @@ impl Reply {
     /// policy fails closed: a `temporary-reduced-capacity` problem naming
     /// those layers' policies (a client did nothing wrong, so not 429).
     pub fn failed_closed(decision: &Decision, style: HeaderStyle) -> Self {
-        Reply::problem(&failed_closed(decision), decision_headers(decision, style))
+        Reply::problem(
+            &failed_closed(decision, style),
+            decision_headers(decision, style),
+        )
     }
 
     /// 503 when the store failed and no failure mode produced a decision.
@@ -422,7 +425,7 @@ impl Reply {
 }
 
 /// The problem of a decision denied by its limits (429).
-pub(crate) fn too_many_requests(decision: &Decision) -> Problem {
+pub(crate) fn too_many_requests(decision: &Decision, style: HeaderStyle) -> Problem {
     let retry = headers::retry_after_secs(decision).unwrap_or(1);
     Problem {
         kind: QUOTA_EXCEEDED,
@@ -431,18 +434,20 @@ pub(crate) fn too_many_requests(decision: &Decision) -> Problem {
         detail: format!(
             "Request cannot be satisfied as assigned quota has been exceeded; retry in {retry} s"
         ),
-        violated_policies: policy_names(decision, |_| true),
+        violated_policies: policy_names(decision, style, |_| true),
     }
 }
 
 /// The problem of a decision a failing store denied (503).
-pub(crate) fn failed_closed(decision: &Decision) -> Problem {
+pub(crate) fn failed_closed(decision: &Decision, style: HeaderStyle) -> Problem {
     Problem {
         kind: TEMPORARY_REDUCED_CAPACITY,
         title: "Temporary Reduced Capacity",
         status: 503,
         detail: "The rate limiter's store is unavailable and this policy rejects requests until it is back".into(),
-        violated_policies: policy_names(decision, |l| l.source == tollgate_limiter::Source::FailClosed),
+        violated_policies: policy_names(decision, style, |l| {
+            l.source == tollgate_limiter::Source::FailClosed
+        }),
     }
 }
 
@@ -484,14 +489,23 @@ pub(crate) fn challenge_header(challenge: &str) -> Headers {
     vec![(names::WWW_AUTHENTICATE, challenge.to_string())]
 }
 
-/// Names of the denying layers' policies that match `keep`, each once, in order.
+/// The names of the denying layers that match `keep`, each once, in order,
+/// as `RateLimit-Policy` names them (by policy, or by layer where two
+/// layers shown decide by one policy).
 fn policy_names(
     decision: &Decision,
+    style: HeaderStyle,
     keep: impl Fn(&tollgate_limiter::LayerDecision) -> bool,
 ) -> Vec<String> {
+    let shown = || {
+        decision
+            .layers()
+            .iter()
+            .filter(|l| headers::is_shown(l, style.shadow))
+    };
     let mut names: Vec<String> = Vec::new();
     for layer in decision.denied_layers().filter(|l| keep(l)) {
-        let name = layer.policy();
+        let name = headers::item_name(layer, shown());
         if !names.iter().any(|n| n == name) {
             names.push(name.to_string());
         }
@@ -520,6 +534,15 @@ pub fn apply_headers(headers: &[(&'static str, String)], map: &mut http::HeaderM
             map.insert(name, value);
         }
     }
+}
+
+/// Whether `value` is a header value of visible ASCII (tabs and spaces
+/// allowed): `HeaderValue::from_str` also takes bytes above 0x7f, which
+/// clients may refuse or read in another encoding.
+pub(crate) fn is_header_text(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
 }
 
 #[cfg(test)]
@@ -642,6 +665,19 @@ mod tests {
             get(names::RATELIMIT_POLICY),
             r#""per-key";q=5;w=60, "per-tenant";q=5;w=60"#
         );
+        // The problem names the denying layer as the headers do.
+        let denied = Verdict {
+            allowed: false,
+            retry_after: Some(Duration::from_secs(30)),
+            ..verdict(0)
+        };
+        let d = Decision::new(vec![
+            LayerDecision::new(&per_key, denied, Source::Store),
+            LayerDecision::new(&per_tenant, verdict(4), Source::Store),
+        ]);
+        let r = Reply::too_many_requests(&d, HeaderStyle::default());
+        let body: serde_json::Value = serde_json::from_str(r.body()).unwrap();
+        assert_eq!(body["violated-policies"], serde_json::json!(["per-key"]));
     }
 
     /// A concurrency limit is announced as places, not as a rate over its

@@ -149,7 +149,14 @@ impl RequestView for View<'_> {
     fn method(&self) -> &str {
         self.0.method.as_str()
     }
+    /// The path as sent: under an axum router nested at a prefix, the
+    /// request reaching this layer has the prefix stripped, and a path
+    /// rule (`skip_path("/metrics")`) would match `/v1/metrics` too.
     fn path(&self) -> &str {
+        #[cfg(feature = "axum")]
+        if let Some(original) = self.0.extensions.get::<axum::extract::OriginalUri>() {
+            return original.0.path();
+        }
         self.0.uri.path()
     }
     fn header_values(&self, name: &str) -> Vec<&[u8]> {

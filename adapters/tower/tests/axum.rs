@@ -411,3 +411,28 @@ async fn access_rules_exempt_deny_and_skip() {
         .layer(layer);
     common::assert_access_rules(&serve(app).await).await;
 }
+
+/// Under a router nested at `/v1`, path rules see the path as sent: a
+/// skip rule for `/metrics` does not skip `/v1/metrics` (axum strips the
+/// prefix before the layer; the layer reads `OriginalUri`).
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn path_rules_see_the_path_as_sent_under_a_nested_router() {
+    let (_clock, store) = memory_store();
+    let layer = RateLimitLayer::builder(per_minute(store, "api", 1))
+        .identity(Identity::new().api_key("x-api-key", common::api_key()))
+        .access(tollgate_tower::AccessRules::new().skip_path("/metrics"))
+        .build()
+        .unwrap();
+    let nested = Router::new()
+        .route("/metrics", get(|| async { "expensive" }))
+        .layer(layer);
+    let http = serve(Router::new().nest("/v1", nested)).await;
+    let key = [("x-api-key", "k-1")];
+    assert_eq!(http.get("/v1/metrics", &key).await.status, StatusCode::OK);
+    assert_eq!(
+        http.get("/v1/metrics", &key).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "/v1/metrics is not /metrics"
+    );
+}
