@@ -886,3 +886,57 @@ async fn a_master_killed_under_load_is_survived_by_failover() {
         "the store denied (capacity is huge)"
     );
 }
+
+/// A decision across slots dropped after its first group was charged, on
+/// a thread outside any runtime (a future handed to a plain thread): its
+/// refund still goes out, on the runtime the decision started on (before,
+/// the refund found no runtime and its drop called itself until the stack
+/// overflowed).
+#[test]
+fn a_decision_dropped_off_its_runtime_refunds_its_charges() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cluster = RedisCluster::start();
+    let store: Arc<dyn Store> = Arc::new(runtime.block_on(store_on(&cluster, None)));
+    let low = cluster.master_for_slot(0);
+    let tenant = find_tag("tenant", |slot| cluster.master_for_slot(slot) == low);
+    let tenant_slot = cluster.keyslot(&tenant);
+    let away = find_tag("g", |slot| {
+        slot > tenant_slot && cluster.master_for_slot(slot) != low
+    });
+    let paused = cluster.master_for_slot(cluster.keyslot(&away));
+    let minute = Duration::from_secs(60);
+    let per_tenant = Policy::new(unique("t"), Limit::fixed_window(5, minute).unwrap()).unwrap();
+    let per_region = Policy::new(unique("r"), Limit::fixed_window(5, minute).unwrap()).unwrap();
+    let limiter = Limiter::builder(store.clone())
+        .layer("tenant", Scope::Tenant, per_tenant.clone())
+        .layer("region", Scope::Attribute("region".into()), per_region)
+        .build()
+        .unwrap();
+    let ctx = Context::for_subject(Subject::new("k-1").unwrap())
+        .with_tenant(Subject::new(tenant.clone()).unwrap())
+        .with_attribute("region", Subject::new(away).unwrap());
+    // The second group's master answers nothing for a while: the decision
+    // waits there, its first group charged.
+    let pause = cluster.command(paused, &["CLIENT", "PAUSE", "1500", "ALL"]);
+    assert_eq!(pause, Ok(Reply::Status("OK".into())));
+    let owned = ctx.clone();
+    let mut decision = Box::pin(async move { limiter.check(&owned, 1).await });
+    let waited = runtime
+        .block_on(async { tokio::time::timeout(Duration::from_millis(300), &mut decision).await });
+    assert!(waited.is_err(), "still waiting on the paused master");
+    std::thread::spawn(move || drop(decision))
+        .join()
+        .expect("dropped without a runtime");
+    runtime.block_on(async {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert_eq!(
+            left(&store, Scope::Tenant, &per_tenant, &ctx).await,
+            5,
+            "the tenant's charge was given back"
+        );
+    });
+}

@@ -204,6 +204,8 @@ impl RedisClusterStore {
             checked: self.checked.clone(),
             time: time.clone(),
             groups: Vec::new(),
+            // Decisions run on a runtime; the future may be dropped off it.
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
@@ -307,13 +309,19 @@ struct Reservations {
     /// The decision's time, for a refund when the clock cannot be read.
     time: TimeArgs,
     groups: Vec<ReservedGroup>,
+    /// The runtime the decision started on: its refunds run there even
+    /// when the decision's future is dropped on a thread outside it.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Reservations {
     /// Start one refund per group (concurrently, as spawned tasks bounded
-    /// by the deadline) and hand back their handles.
+    /// by the deadline) and hand back their handles. Without a runtime
+    /// the charges stay (under-admission until their states expire).
     fn refund(mut self) -> Vec<JoinHandle<()>> {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let groups = std::mem::take(&mut self.groups);
+        let runtime = self.runtime.clone();
+        let Some(runtime) = runtime.or_else(|| tokio::runtime::Handle::try_current().ok()) else {
             return Vec::new();
         };
         // A refund gives back what is still ahead of its own instant, not
@@ -323,7 +331,7 @@ impl Reservations {
             .time_args()
             .unwrap_or_else(|_| self.time.clone());
         let runner = &self.checked.runner;
-        std::mem::take(&mut self.groups)
+        groups
             .into_iter()
             .map(|group| {
                 let cmd = refund_call(&group, &time, runner.call_command());
@@ -347,6 +355,7 @@ impl Drop for Reservations {
                 checked: self.checked.clone(),
                 time: self.time.clone(),
                 groups: std::mem::take(&mut self.groups),
+                runtime: self.runtime.clone(),
             };
             drop(held.refund());
         }
