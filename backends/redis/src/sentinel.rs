@@ -18,8 +18,11 @@
 //! decides), and the sentinels are asked again at most every
 //! [`RETRY_PAUSE`].
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
@@ -285,19 +288,45 @@ impl Sentinel {
         });
     }
 
-    /// Ask each sentinel in turn; the first primary that confirms its role wins.
+    /// Ask every sentinel at once, within the connect timeout; the first
+    /// primary that confirms its role wins. (Asked in turn, a sentinel
+    /// whose host drops packets took the whole timeout, and the others
+    /// were never asked.)
     async fn find(&self) -> Result<MultiplexedConnection, String> {
+        type Ask<'s> =
+            Pin<Box<dyn Future<Output = Result<MultiplexedConnection, String>> + Send + 's>>;
         let timeout = self.settings.connect_timeout;
-        let mut last = String::new();
-        for (i, sentinel) in self.sentinels.iter().enumerate() {
-            let asked = tokio::time::timeout(timeout, self.ask(sentinel)).await;
-            match asked {
-                Ok(Ok(con)) => return Ok(con),
-                Ok(Err(e)) => last = format!("sentinel {}: {e}", i + 1),
-                Err(_) => last = format!("sentinel {}: no answer within {timeout:?}", i + 1),
+        let mut asks: Vec<Option<Ask<'_>>> = self
+            .sentinels
+            .iter()
+            .map(|sentinel| Some(Box::pin(self.ask(sentinel)) as Ask<'_>))
+            .collect();
+        let mut failures: Vec<String> = Vec::new();
+        let first = std::future::poll_fn(|cx| {
+            for (i, slot) in asks.iter_mut().enumerate() {
+                let Some(ask) = slot else { continue };
+                match ask.as_mut().poll(cx) {
+                    Poll::Ready(Ok(con)) => return Poll::Ready(Some(con)),
+                    Poll::Ready(Err(e)) => {
+                        failures.push(format!("sentinel {}: {e}", i + 1));
+                        *slot = None;
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            match asks.iter().any(Option::is_some) {
+                true => Poll::Pending,
+                false => Poll::Ready(None),
+            }
+        });
+        match tokio::time::timeout(timeout, first).await {
+            Ok(Some(con)) => Ok(con),
+            Ok(None) => Err(failures.join("; ")),
+            Err(_) => {
+                failures.push(format!("no other answer within {timeout:?}"));
+                Err(failures.join("; "))
             }
         }
-        Err(last)
     }
 
     async fn ask(&self, sentinel: &Client) -> Result<MultiplexedConnection, String> {

@@ -115,6 +115,34 @@ async fn the_least_privilege_rule_for_sentinel_decides() {
     );
 }
 
+/// A sentinel that accepts connections and never answers (its host
+/// hung) costs nothing when the others answer: they are asked at once,
+/// not after it timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_sentinel_does_not_hide_the_others() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut urls = vec![format!("redis://{}/", silent.local_addr().unwrap())];
+    urls.extend(group().sentinel_urls());
+    let store = RedisStore::sentinel(urls, SERVICE)
+        .prefix(unique("silent"))
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("the other sentinels name the primary");
+    let policy = Policy::new(
+        unique("p"),
+        Limit::fixed_window(1, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let limiter = Limiter::builder(Arc::new(store))
+        .layer("key", Scope::Subject, policy)
+        .build()
+        .unwrap();
+    let ctx = tollgate_limiter::Context::for_subject(tollgate_limiter::Subject::new("k").unwrap());
+    assert!(limiter.check(&ctx, 1).await.unwrap().is_allowed());
+    drop(silent);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_sentinels_fail_within_the_connect_timeout() {
     let started = std::time::Instant::now();
