@@ -504,6 +504,44 @@ impl RedisStore {
         }
     }
 
+    /// A reservation that replicas did not acknowledge is reported failed,
+    /// so no permit will release its concurrency holds: give them back now,
+    /// on the connection that wrote them (best effort: a hold this fails
+    /// to release is forgotten at its lease's end). Rate layers keep their
+    /// charge, as any failed decision's may.
+    async fn give_back_holds<C: ConnectionLike + Send>(
+        &self,
+        con: &mut C,
+        layers: &[LayerRequest<'_>],
+        reply: &[i64],
+    ) {
+        let Ok((_, charges)) = parse_reserve(reply, layers.len()) else {
+            return;
+        };
+        let (held_layers, holds): (Vec<LayerRequest<'_>>, Vec<Hold>) = layers
+            .iter()
+            .zip(holds_of(layers, &charges))
+            .filter_map(|(layer, hold)| Some((*layer, hold?)))
+            .unzip();
+        let Ok(time) = self.checked.time_args() else {
+            return;
+        };
+        if holds.is_empty() {
+            return;
+        }
+        let runner = &*self.checked.runner;
+        let style = runner.call_command();
+        let refund = (Mode::Refund, None);
+        let Ok(cmd) = self.command(style, &held_layers, &time, refund, &holds) else {
+            return;
+        };
+        let rebuild = |style| {
+            self.command(style, &held_layers, &time, refund, &holds)
+                .unwrap_or_else(|_| cmd.clone())
+        };
+        let _ = runner.call(con, &cmd, style, rebuild).await;
+    }
+
     /// A call's reply, once replicas acknowledged what it wrote, or its
     /// error with the conflicting layer named.
     async fn answer<C: ConnectionLike + Send>(
@@ -529,7 +567,12 @@ impl RedisStore {
                         _ => true,
                     };
                     if wrote {
-                        ack.wait(con).await?;
+                        if let Err(e) = ack.wait(con).await {
+                            if mode == Mode::Reserve {
+                                self.give_back_holds(con, layers, &reply).await;
+                            }
+                            return Err(e);
+                        }
                     }
                 }
                 Ok(reply)

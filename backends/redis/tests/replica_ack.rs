@@ -177,6 +177,51 @@ async fn unacknowledged_charges_are_lost_and_acknowledgement_refuses_them() {
     );
 }
 
+/// A concurrency hold the replicas did not acknowledge is reported failed,
+/// so no permit will give it back: the store gives it back itself (before,
+/// every acquire during a replica's lag took a place until its lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_hold_is_given_back() {
+    let (primary, replica) = primary_and_replica();
+    let reply = replica.command(&["REPLICAOF", "127.0.0.1", "1"]);
+    assert_eq!(reply, Reply::Status("OK".into()));
+    let prefix = unique("hold");
+    let store = |ack: bool| {
+        let mut builder = RedisStore::builder(primary.url())
+            .prefix(&prefix)
+            .deadline(Duration::from_secs(2));
+        if ack {
+            builder = builder.replica_ack(1, Duration::from_millis(50));
+        }
+        builder.connect()
+    };
+    let (acked, plain) = (store(true).await.unwrap(), store(false).await.unwrap());
+    let policy = Policy::new(
+        "exports",
+        Limit::concurrency(1, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let request = [LayerRequest {
+        key: StoreKey::new("dave", &policy, "subject", "dave"),
+        policy: &policy,
+        cost: 1,
+    }];
+    let error = acked.acquire(&request).await.expect_err("not acknowledged");
+    assert!(
+        matches!(
+            RedisStoreError::of(&error),
+            Some(RedisStoreError::NotReplicated { .. })
+        ),
+        "{error:?}"
+    );
+    let (verdicts, holds) = plain.acquire(&request).await.unwrap();
+    assert!(
+        verdicts[0].allowed,
+        "the place was given back: {verdicts:?}"
+    );
+    plain.release(&request, &[holds[0].unwrap()]).await.unwrap();
+}
+
 #[test]
 fn settings_that_cannot_be_honoured_are_refused() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -277,7 +322,7 @@ async fn cluster_renewals_and_releases_wait_for_replicas() {
     use tollgate_testkit::command_stats::command_stats;
     use tollgate_testkit::redis_cluster::RedisCluster;
 
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+    let mut cluster = tokio::task::spawn_blocking(RedisCluster::start)
         .await
         .unwrap();
     let store = RedisClusterStore::builder(cluster.urls())
@@ -318,4 +363,38 @@ async fn cluster_renewals_and_releases_wait_for_replicas() {
     let before = waits();
     store.release(&layers, &holds).await.expect("released");
     assert!(waits() > before, "the release was acknowledged");
+
+    // A hold the replicas do not acknowledge is reported failed, and given
+    // back: no permit would release it.
+    let replica = cluster.replica_of(master).expect("the master's replica");
+    cluster.kill(replica);
+    let prefix = store.settings().prefix().to_string();
+    let on_prefix = |ack: Option<Duration>| {
+        let mut builder = RedisClusterStore::builder(cluster.urls())
+            .prefix(&prefix)
+            .deadline(Duration::from_secs(5));
+        if let Some(timeout) = ack {
+            builder = builder.replica_ack(1, timeout);
+        }
+        builder.connect()
+    };
+    let impatient = on_prefix(Some(Duration::from_millis(50))).await.unwrap();
+    for _ in 0..2 {
+        let error = impatient
+            .acquire(&layers)
+            .await
+            .expect_err("not acknowledged");
+        assert!(
+            matches!(
+                tollgate_redis::RedisStoreError::of(&error),
+                Some(tollgate_redis::RedisStoreError::NotReplicated { .. })
+            ),
+            "{error:?}"
+        );
+    }
+    let plain = on_prefix(None).await.unwrap();
+    for place in 0..2 {
+        let (verdicts, _) = plain.acquire(&layers).await.unwrap();
+        assert!(verdicts[0].allowed, "place {place} was given back");
+    }
 }

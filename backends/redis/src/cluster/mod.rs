@@ -545,13 +545,23 @@ impl RedisClusterStore {
         };
         let result = match (result, &self.checked.replica_ack) {
             // Admitted: every group was charged on its master.
-            (Ok((verdicts, charges)), Some(ack)) if verdicts.iter().all(|v| v.allowed) => self
-                .until(
-                    prepared.deadline,
-                    self.acknowledge(ack, &prepared.keys, &prepared.groups),
-                )
-                .await?
-                .map(|()| (verdicts, charges)),
+            (Ok((verdicts, charges)), Some(ack)) if verdicts.iter().all(|v| v.allowed) => {
+                let acked = self
+                    .until(
+                        prepared.deadline,
+                        self.acknowledge(ack, &prepared.keys, &prepared.groups),
+                    )
+                    .await
+                    .and_then(|acked| acked);
+                if let Err(e) = acked {
+                    // Reported failed, no permit will release its holds.
+                    if mode == Mode::Reserve {
+                        self.give_back_holds(layers, &charges).await;
+                    }
+                    return Err(e);
+                }
+                Ok((verdicts, charges))
+            }
             (other, _) => other,
         };
         let charges = match &result {
@@ -562,6 +572,24 @@ impl RedisClusterStore {
             .locate_conflict(result.map(|(v, _)| v), layers, prepared.deadline)
             .await?;
         Ok((verdicts, charges))
+    }
+}
+
+impl RedisClusterStore {
+    /// A reservation that replicas did not acknowledge is reported failed,
+    /// so no permit will release its concurrency holds: give them back now
+    /// (best effort: a hold this fails to release is forgotten at its
+    /// lease's end). Rate layers keep their charge, as any failed
+    /// decision's may.
+    async fn give_back_holds(&self, layers: &[LayerRequest<'_>], charges: &[Charged]) {
+        let (held_layers, holds): (Vec<LayerRequest<'_>>, Vec<Hold>) = layers
+            .iter()
+            .zip(holds_of(layers, charges))
+            .filter_map(|(layer, hold)| Some((*layer, hold?)))
+            .unzip();
+        if !holds.is_empty() {
+            let _ = Store::release(self, &held_layers, &holds).await;
+        }
     }
 }
 
