@@ -24,14 +24,15 @@ use crate::limit::Limit;
 ///   one store call per request, as without a lease. When a batch is
 ///   denied, the request that asked for it is decided again at its own
 ///   cost, and the key asks for no batch until the store said it would fit.
-/// - **A lease ends** after [`duration`](Self::duration) (default 1 s), or
-///   earlier: a window's lease ends when the window it was charged in
-///   ends (counted from when the call was sent, so never after the store's
-///   window). What a token bucket or GCRA did not use is given back to the
+/// - **A lease ends** after [`duration`](Self::duration) (default 1 s) for
+///   a token bucket or GCRA; what it did not use is given back to the
 ///   store (a reward) when its lease ends, the limiter is dropped or
-///   [`Limiter::return_leases`](crate::Limiter::return_leases) is called;
-///   a window's is not, since a give-back arriving after its window ended
-///   would count in the next one — its units end with their window.
+///   [`Limiter::return_leases`](crate::Limiter::return_leases) is called.
+///   A window's units are not given back, since a give-back arriving after
+///   its window ended would count in the next one: its lease lasts until
+///   the window it was charged in ends (counted from when the call was
+///   sent, so never after the store's window), and its units are used
+///   until then.
 /// - **A process that dies holding a batch** loses it: a token bucket's or
 ///   GCRA's batch is at most what the limit refills in one lease's
 ///   duration, so the store has it back by refill within that time; a

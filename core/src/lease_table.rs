@@ -249,12 +249,17 @@ impl LeaseTable {
             .policy
             .lease()
             .map_or(0, |l| duration_micros(l.duration()));
-        let mut ends = sent.saturating_add(duration);
-        if let Some(LeaseKind::Window { before_reset }) = LeaseKind::of(request.policy.limit()) {
-            let window_end =
-                sent.saturating_add(reset.saturating_sub(duration_micros(before_reset)));
-            ends = ends.min(window_end);
-        }
+        // A window's units cannot be given back (a give-back arriving after
+        // its window ended would count in the next one): its lease holds
+        // them until the window ends, so none is lost while it lasts. A
+        // lease of a limit that refills ends after its duration, and gives
+        // back what it did not use.
+        let ends = match LeaseKind::of(request.policy.limit()) {
+            Some(LeaseKind::Window { before_reset }) => {
+                sent.saturating_add(reset.saturating_sub(duration_micros(before_reset)))
+            }
+            _ => sent.saturating_add(duration),
+        };
         held.units = batch - request.cost;
         held.ends = ends;
         held.limit = verdict.limit;

@@ -409,3 +409,33 @@ fn only_leasable_limits_are_leased() {
     assert!(Lease::new(Duration::from_millis(5)).is_err());
     assert!(Lease::default().with_max_batch(0).is_err());
 }
+
+/// A window's lease holds its units until the window ends: none is lost
+/// when traffic pauses longer than the lease's duration (before, each
+/// pause dropped what the batch still held, and the window denied before
+/// its limit).
+#[tokio::test]
+async fn a_window_lease_keeps_its_units_until_its_window_ends() {
+    let clock = ManualClock::new(Timestamp::from_micros(
+        START.as_micros() - START.as_micros() % 3_600_000_000,
+    ));
+    let store = remote(&clock);
+    let window = Limit::fixed_window(100, Duration::from_secs(3_600)).unwrap();
+    let lease = Lease::new(Duration::from_secs(1))
+        .unwrap()
+        .with_max_batch(10)
+        .unwrap();
+    let policy = Policy::new("hourly", window)
+        .unwrap()
+        .leased(lease)
+        .unwrap();
+    let limiter = limiter(store.clone(), &clock, policy);
+    let ctx = Context::new();
+    let mut admitted_in_all = 0;
+    for _ in 0..10 {
+        admitted_in_all += admitted(&limiter, &ctx, 18).await;
+        clock.advance(Duration::from_secs(2));
+    }
+    assert_eq!(admitted_in_all, 100, "the window's whole limit");
+    assert_eq!(remaining(&limiter).await, 0);
+}
