@@ -23,7 +23,8 @@ use crate::limit::Limit;
 ///   than eight times its cost in a period is not leased: it is decided by
 ///   one store call per request, as without a lease. When a batch is
 ///   denied, the request that asked for it is decided again at its own
-///   cost, and the key asks for no batch until the store said it would fit.
+///   cost, and the key asks for no batch until the store said it would fit,
+///   or one lease's duration, whichever comes first.
 /// - **A lease ends** after [`duration`](Self::duration) (default 1 s) for
 ///   a token bucket or GCRA; what it did not use is given back to the
 ///   store (a reward) when its lease ends, the limiter is dropped or

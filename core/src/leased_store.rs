@@ -245,7 +245,15 @@ impl Pending<'_, '_> {
         let mut table = self.store.table();
         for (i, verdict) in asked {
             if let Step::Batch { lease, .. } = self.steps[i] {
-                let wait = duration_micros(verdict.retry_after.unwrap_or_default());
+                // At most one lease: a window's retry is its end (hours,
+                // a month), and the table keeps a key while it waits, so
+                // keys near their limit would fill it and leave no room
+                // for hot ones. Asking again after a lease costs one call.
+                let most = self.layers[i]
+                    .policy
+                    .lease()
+                    .map_or(0, |l| duration_micros(l.duration()));
+                let wait = duration_micros(verdict.retry_after.unwrap_or_default()).min(most);
                 table.not_charged(&self.layers[i], lease, Some(sent.saturating_add(wait)));
                 self.steps[i] = Step::Forward;
             }

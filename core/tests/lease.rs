@@ -439,3 +439,43 @@ async fn a_window_lease_keeps_its_units_until_its_window_ends() {
     assert_eq!(admitted_in_all, 100, "the window's whole limit");
     assert_eq!(remaining(&limiter).await, 0);
 }
+
+/// A key whose batch was denied (its window near its limit) waits at
+/// most one lease before asking again, so keys near the end of their
+/// quota do not fill the table of leased keys until their windows end and
+/// leave hot keys without batches.
+#[tokio::test]
+async fn keys_denied_a_batch_do_not_crowd_out_hot_ones() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let window = Limit::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    let lease = Lease::new(Duration::from_secs(1))
+        .unwrap()
+        .with_max_batch(50)
+        .unwrap();
+    let policy = Policy::new("hourly", window)
+        .unwrap()
+        .leased(lease)
+        .unwrap();
+    let limiter = Limiter::builder(store.clone())
+        .clock(Arc::new(clock.clone()))
+        .layer("key", Scope::Subject, policy)
+        .build()
+        .unwrap();
+    let customer = |n: usize| Context::for_subject(Subject::new(format!("c-{n}")).unwrap());
+    // As many keys as the table holds, each one unit from its limit: hot,
+    // and denied the batch it asks for.
+    for n in 0..4_096 {
+        let ctx = customer(n);
+        limiter.penalize(&ctx, 999).await.unwrap();
+        admitted(&limiter, &ctx, 8).await;
+    }
+    clock.advance(Duration::from_secs(2));
+    let before = store.decides.load(Ordering::SeqCst);
+    assert_eq!(admitted(&limiter, &customer(5_000), 200).await, 200);
+    let calls = store.decides.load(Ordering::SeqCst) - before;
+    assert!(
+        calls < 100,
+        "a hot key is decided from batches: {calls} calls"
+    );
+}
