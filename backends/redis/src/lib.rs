@@ -116,6 +116,7 @@ mod client;
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub mod cluster;
 mod conflicts;
+mod connect_failures;
 mod engine;
 mod error;
 #[cfg(feature = "cluster")]

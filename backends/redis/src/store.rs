@@ -3,6 +3,8 @@
 //! deadline.
 
 use std::fmt;
+use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,6 +23,7 @@ use tollgate_redis_protocol::{
 
 use crate::client::{self, connect_error};
 use crate::conflicts;
+use crate::connect_failures::{self, ConnectFailures};
 use crate::engine::CallCommand;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
@@ -63,7 +66,7 @@ pub struct RedisStore {
 #[derive(Clone)]
 enum Conn {
     Multiplexed(ConnectionManager),
-    Pool(bb8::Pool<PoolManager>),
+    Pool(bb8::Pool<PoolManager>, ConnectFailures),
     Sentinel(Arc<Sentinel>),
 }
 
@@ -200,14 +203,18 @@ impl RedisStoreBuilder {
                 Conn::Sentinel(sentinel)
             }
             (source, ConnectionMode::Pool { size }) => {
+                let failures = ConnectFailures::new();
                 let pool = self
-                    .pool_builder(size)
+                    .pool_builder(size, &failures)
                     .min_idle(Some(size.max(1)))
                     .build(PoolManager {
                         source,
                         config: self.connection_config(),
                     });
-                Conn::Pool(within(timeout, pool).await?.map_err(connect_error)?)
+                Conn::Pool(
+                    within(timeout, pool).await?.map_err(connect_error)?,
+                    failures,
+                )
             }
             (Source::Client(client), ConnectionMode::Multiplexed) => {
                 let manager =
@@ -252,10 +259,14 @@ impl RedisStoreBuilder {
                     .map_err(from_redis)?,
             ),
             (source, ConnectionMode::Pool { size }) => {
-                Conn::Pool(self.pool_builder(size).build_unchecked(PoolManager {
-                    source,
-                    config: self.connection_config(),
-                }))
+                let failures = ConnectFailures::new();
+                let pool = self
+                    .pool_builder(size, &failures)
+                    .build_unchecked(PoolManager {
+                        source,
+                        config: self.connection_config(),
+                    });
+                Conn::Pool(pool, failures)
             }
         };
         Ok(RedisStore {
@@ -265,8 +276,9 @@ impl RedisStoreBuilder {
         })
     }
 
-    fn pool_builder(&self, size: u32) -> bb8::Builder<PoolManager> {
+    fn pool_builder(&self, size: u32, failures: &ConnectFailures) -> bb8::Builder<PoolManager> {
         bb8::Pool::builder()
+            .error_sink(failures.sink())
             .max_size(size.max(1))
             // A PING per checkout would double the round trips; broken
             // connections are found by has_broken instead.
@@ -275,7 +287,8 @@ impl RedisStoreBuilder {
             // A failed connect is reported at once, as itself: retried
             // until the timeout, a wrong CA or password would read as "the
             // store did not answer in time". The breaker and the next
-            // decision retry.
+            // decision retry. (Waiting decisions hear of it through the
+            // error sink: `checkout`.)
             .retry_connection(false)
     }
 }
@@ -372,8 +385,8 @@ impl RedisStore {
         let runner = &self.checked.runner;
         match &self.conn {
             Conn::Multiplexed(manager) => runner.load(&mut manager.clone()).await.map(|_| ()),
-            Conn::Pool(pool) => {
-                let mut pooled = self.checkout(pool).await?;
+            Conn::Pool(pool, failures) => {
+                let mut pooled = self.checkout(pool, failures).await?;
                 let result = runner.load(&mut pooled.con).await.map(|_| ());
                 pooled.check(&result);
                 result
@@ -400,8 +413,8 @@ impl RedisStore {
         }
         let answers: RedisResult<Vec<RedisResult<redis::Value>>> = match &self.conn {
             Conn::Multiplexed(manager) => pipe.query_async(&mut manager.clone()).await,
-            Conn::Pool(pool) => {
-                let mut pooled = self.checkout(pool).await?;
+            Conn::Pool(pool, failures) => {
+                let mut pooled = self.checkout(pool, failures).await?;
                 pipe.query_async(&mut pooled.con).await
             }
             Conn::Sentinel(sentinel) => {
@@ -436,14 +449,26 @@ impl RedisStore {
         Ok(call.mode(mode))
     }
 
+    /// A connection of the pool, or why none came: the pool's connect
+    /// error as it happens (bb8 tells only its error sink: a waiter would
+    /// wait out the deadline and report a timeout), else a timeout.
     async fn checkout<'a>(
         &self,
         pool: &'a bb8::Pool<PoolManager>,
+        failures: &ConnectFailures,
     ) -> Result<bb8::PooledConnection<'a, PoolManager>, StoreError> {
-        pool.get().await.map_err(|e| match e {
-            bb8::RunError::TimedOut => StoreError::Timeout(self.checked.deadline),
-            bb8::RunError::User(e) => from_redis(e),
+        let mut failed = std::pin::pin!(connect_failures::next_failure(failures.watch()));
+        let mut got = std::pin::pin!(pool.get());
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(got) = got.as_mut().poll(cx) {
+                return Poll::Ready(got.map_err(|e| match e {
+                    bb8::RunError::TimedOut => StoreError::Timeout(self.checked.deadline),
+                    bb8::RunError::User(e) => from_redis(e),
+                }));
+            }
+            failed.as_mut().poll(cx).map(Err)
         })
+        .await
     }
 
     /// Decide `layers` in one call in `mode` (`block`: a block's length in
@@ -484,8 +509,8 @@ impl RedisStore {
                 let result = runner.call(&mut con, &cmd, style, rebuild).await;
                 self.answer(&mut con, result, layers, mode).await
             }
-            Conn::Pool(pool) => {
-                let mut pooled = self.checkout(pool).await?;
+            Conn::Pool(pool, failures) => {
+                let mut pooled = self.checkout(pool, failures).await?;
                 let result = runner.call(&mut pooled.con, &cmd, style, rebuild).await;
                 pooled.check(&result);
                 self.answer(&mut pooled.con, result, layers, mode).await

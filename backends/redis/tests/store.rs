@@ -674,6 +674,35 @@ async fn an_unreachable_server_fails_fast() {
     }
 }
 
+/// A pool that cannot connect says so at once, and why: a decision waiting
+/// for a connection hears of the failed connect (bb8 tells only its error
+/// sink), rather than waiting out its deadline for a timeout.
+#[tokio::test]
+async fn a_pool_that_cannot_connect_says_so_at_once() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{port}/"))
+        .connection_mode(ConnectionMode::Pool { size: 2 })
+        .deadline(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let policy = policy(Limit::gcra(1, Duration::from_secs(1), 1).unwrap());
+    for _ in 0..2 {
+        let started = Instant::now();
+        let err = decide_one(&store, &policy, "s", 1)
+            .await
+            .expect_err("nothing listens");
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}
+
 /// A caller-supplied time before 2020 or after 2100 is refused, never used.
 #[tokio::test]
 async fn implausible_caller_time_is_refused() {
