@@ -187,12 +187,14 @@ fn store_error(store: &'static str, error: &StoreError) {
     #[cfg(feature = "metrics")]
     metrics::counter!("tollgate_store_errors_total", "store" => store, "class" => error.class())
         .increment(1);
-    // An outage warns: the breaker bounds how often. An error about one
-    // key or budget is a client's doing as much as the store's (a client
-    // rotating subjects fills a budget on every request): it is counted,
-    // and logged at debug level, so no client sets the warnings' pace.
+    // An error about one key or budget is a client's doing as much as the
+    // store's (a client rotating subjects fills a budget on every
+    // request): it is counted, and logged at debug level, so no client
+    // sets the warnings' pace. Any other warns (an outage's bounded by the
+    // breaker; a wrong clock or an unsupported limit is the operator's to
+    // see).
     #[cfg(feature = "tracing")]
-    if error.is_outage() {
+    if !matches!(error, StoreError::Full { .. } | StoreError::Conflict { .. }) {
         tracing::warn!(
             store,
             error_class = error.class(),
