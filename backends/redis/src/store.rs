@@ -449,24 +449,34 @@ impl RedisStore {
         Ok(call.mode(mode))
     }
 
-    /// A connection of the pool, or why none came: the pool's connect
-    /// error as it happens (bb8 tells only its error sink: a waiter would
-    /// wait out the deadline and report a timeout), else a timeout.
+    /// A connection of the pool, or why none came: when the pool holds
+    /// no connection at all, its connect error as it happens (bb8 tells
+    /// only its error sink: a waiter would wait out the deadline and
+    /// report a timeout), else a timeout. A pool that still holds
+    /// connections is waited on: one of them comes back.
     async fn checkout<'a>(
         &self,
         pool: &'a bb8::Pool<PoolManager>,
         failures: &ConnectFailures,
     ) -> Result<bb8::PooledConnection<'a, PoolManager>, StoreError> {
-        let mut failed = std::pin::pin!(connect_failures::next_failure(failures.watch()));
         let mut got = std::pin::pin!(pool.get());
-        std::future::poll_fn(|cx| {
+        // Watched only once the pool made this checkout wait.
+        let mut failed = None;
+        std::future::poll_fn(|cx| loop {
             if let Poll::Ready(got) = got.as_mut().poll(cx) {
                 return Poll::Ready(got.map_err(|e| match e {
                     bb8::RunError::TimedOut => StoreError::Timeout(self.checked.deadline),
                     bb8::RunError::User(e) => from_redis(e),
                 }));
             }
-            failed.as_mut().poll(cx).map(Err)
+            let watch = failed
+                .get_or_insert_with(|| Box::pin(connect_failures::next_failure(failures.watch())));
+            match watch.as_mut().poll(cx) {
+                Poll::Ready(e) if pool.state().connections == 0 => return Poll::Ready(Err(e)),
+                // Connections remain: wait for one, and for the next failure.
+                Poll::Ready(_) => failed = None,
+                Poll::Pending => return Poll::Pending,
+            }
         })
         .await
     }
