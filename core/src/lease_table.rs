@@ -59,6 +59,10 @@ struct Held {
     remaining: u64,
     /// When the store said the layer resets (the limiter's clock, µs).
     reset_at: u64,
+    /// When a request last took from the batch, or it was charged (µs): a
+    /// window's lease idle for a lease's duration makes room when the
+    /// table is full.
+    last_take: u64,
 }
 
 /// Units to give back to the store (a token bucket's or GCRA's).
@@ -134,6 +138,7 @@ impl LeaseTable {
             self.heat.add(hash, request.cost, now);
             let held = self.covering(hash, request, now).expect("covered above");
             held.units -= request.cost;
+            held.last_take = now;
             verdicts.push(held.verdict(now));
         }
         true
@@ -168,6 +173,7 @@ impl LeaseTable {
         let heat = self.heat.add(hash, request.cost, now);
         if let Some(held) = self.covering(hash, request, now) {
             held.units -= request.cost;
+            held.last_take = now;
             let verdict = held.verdict(now);
             return Step::Local {
                 verdict,
@@ -184,6 +190,9 @@ impl LeaseTable {
         }
         if self.held.len() >= MAX_LEASED_KEYS && !self.held.contains_key(&hash) {
             unused.extend(self.sweep(now, false));
+            if self.held.len() >= MAX_LEASED_KEYS {
+                self.end_idle_windows(now);
+            }
         }
         let full = self.held.len() >= MAX_LEASED_KEYS;
         let lease_number = self.new_lease();
@@ -262,6 +271,7 @@ impl LeaseTable {
         };
         held.units = batch - request.cost;
         held.ends = ends;
+        held.last_take = sent;
         held.limit = verdict.limit;
         held.remaining = verdict.remaining;
         held.reset_at = sent.saturating_add(reset);
@@ -312,6 +322,22 @@ impl LeaseTable {
         }
     }
 
+    /// Make room in a full table: end the window leases nobody took from
+    /// for a lease's duration (their units, which cannot be given back,
+    /// are lost: under-admission, as before leases held them to their
+    /// window's end), and drop their entries.
+    fn end_idle_windows(&mut self, now: u64) {
+        self.held.retain(|_, h| {
+            let policy = h.layer.policy();
+            let idle_for = policy.lease().map_or(0, |l| duration_micros(l.duration()));
+            let window = matches!(
+                LeaseKind::of(policy.limit()),
+                Some(LeaseKind::Window { .. })
+            );
+            h.refilling || !window || now < h.last_take.saturating_add(idle_for)
+        });
+    }
+
     /// End every lease that is over at `now` — or every lease, with
     /// `all` — and drop entries with nothing held, nothing pending and no
     /// wait for a batch: the units to give back.
@@ -344,6 +370,7 @@ impl Held {
             limit: request.policy.capacity(),
             remaining: 0,
             reset_at: 0,
+            last_take: 0,
         }
     }
 

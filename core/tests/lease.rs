@@ -479,3 +479,41 @@ async fn keys_denied_a_batch_do_not_crowd_out_hot_ones() {
         "a hot key is decided from batches: {calls} calls"
     );
 }
+
+/// Window leases hold their units until their window ends, but when the
+/// table of leased keys is full, those nobody took from for a lease's
+/// duration make room: keys that were hot once do not keep hot ones from
+/// batches for the rest of their window.
+#[tokio::test]
+async fn idle_window_leases_make_room_for_hot_keys() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let window = Limit::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
+    let lease = Lease::new(Duration::from_secs(1))
+        .unwrap()
+        .with_max_batch(50)
+        .unwrap();
+    let policy = Policy::new("hourly", window)
+        .unwrap()
+        .leased(lease)
+        .unwrap();
+    let limiter = Limiter::builder(store.clone())
+        .clock(Arc::new(clock.clone()))
+        .layer("key", Scope::Subject, policy)
+        .build()
+        .unwrap();
+    let customer = |n: usize| Context::for_subject(Subject::new(format!("c-{n}")).unwrap());
+    // More keys than the table holds, each hot once: a batch each, most
+    // with units left.
+    for n in 0..4_400 {
+        assert_eq!(admitted(&limiter, &customer(n), 10).await, 10);
+    }
+    clock.advance(Duration::from_secs(2));
+    let before = store.decides.load(Ordering::SeqCst);
+    assert_eq!(admitted(&limiter, &customer(5_000), 200).await, 200);
+    let calls = store.decides.load(Ordering::SeqCst) - before;
+    assert!(
+        calls < 100,
+        "a hot key is decided from batches: {calls} calls"
+    );
+}
