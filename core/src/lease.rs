@@ -33,7 +33,8 @@ use crate::limit::Limit;
 ///   its window ended would count in the next one: its lease lasts until
 ///   the window it was charged in ends (counted from when the call was
 ///   sent, so never after the store's window), and its units are used
-///   until then.
+///   until then (unless the table of leased keys is full and nobody took
+///   from it for a lease's duration: it then ends to make room).
 /// - **A process that dies holding a batch** loses it: a token bucket's or
 ///   GCRA's batch is at most what the limit refills in one lease's
 ///   duration, so the store has it back by refill within that time; a
