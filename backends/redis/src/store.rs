@@ -553,17 +553,13 @@ impl RedisStore {
         let Ok((_, charges)) = parse_reserve(reply, layers.len()) else {
             return;
         };
-        let (held_layers, holds): (Vec<LayerRequest<'_>>, Vec<Hold>) = layers
-            .iter()
-            .zip(holds_of(layers, &charges))
-            .filter_map(|(layer, hold)| Some((*layer, hold?)))
-            .unzip();
-        let Ok(time) = self.checked.time_args() else {
-            return;
-        };
+        let (held_layers, holds) = held_layers(layers, &charges);
         if holds.is_empty() {
             return;
         }
+        let Ok(time) = self.checked.time_args() else {
+            return;
+        };
         let runner = &*self.checked.runner;
         let style = runner.call_command();
         let refund = (Mode::Refund, None);
@@ -731,6 +727,19 @@ pub(crate) fn holds_of(layers: &[LayerRequest<'_>], charges: &[Charged]) -> Hold
             })
         })
         .collect()
+}
+
+/// The layers a reservation of `layers` holds places of, each with its
+/// hold: what a release of that reservation names.
+pub(crate) fn held_layers<'a>(
+    layers: &[LayerRequest<'a>],
+    charges: &[Charged],
+) -> (Vec<LayerRequest<'a>>, Vec<Hold>) {
+    layers
+        .iter()
+        .zip(holds_of(layers, charges))
+        .filter_map(|(layer, hold)| Some((*layer, hold?)))
+        .unzip()
 }
 
 /// A release or renewal names one hold per layer, each of the layer's

@@ -69,7 +69,7 @@ use tollgate_limiter::{
 use tollgate_limiter::Holds as HeldUnits;
 use tollgate_redis_protocol::{parse_renewed, parse_reserve, Charged};
 
-use crate::store::{check_holds, holds_of};
+use crate::store::{check_holds, held_layers, holds_of};
 
 use crate::client::connect_error;
 use crate::conflicts;
@@ -582,11 +582,7 @@ impl RedisClusterStore {
     /// lease's end). Rate layers keep their charge, as any failed
     /// decision's may.
     async fn give_back_holds(&self, layers: &[LayerRequest<'_>], charges: &[Charged]) {
-        let (held_layers, holds): (Vec<LayerRequest<'_>>, Vec<Hold>) = layers
-            .iter()
-            .zip(holds_of(layers, charges))
-            .filter_map(|(layer, hold)| Some((*layer, hold?)))
-            .unzip();
+        let (held_layers, holds) = held_layers(layers, charges);
         if !holds.is_empty() {
             let _ = Store::release(self, &held_layers, &holds).await;
         }
