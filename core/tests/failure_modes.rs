@@ -404,6 +404,11 @@ fn a_probe_answered_with_a_non_outage_error_closes_the_breaker() {
     );
 }
 
+/// User `u` at the client address `ip` (an attribute).
+fn user_at(ip: &str) -> Context {
+    Context::for_subject(Subject::new("u").unwrap()).with_attribute("ip", Subject::new(ip).unwrap())
+}
+
 /// A full key budget fails its own policy's layers alone: the other
 /// layers are still decided (and charged) by the store, so a subject
 /// rotating through addresses whose budget is full stays limited by its
@@ -432,21 +437,17 @@ async fn a_full_budget_fails_its_own_policy_alone() {
         .layer("ip", Scope::Attribute("ip".into()), open(per_address))
         .build()
         .unwrap();
-    let ctx = |ip: &str| {
-        Context::for_subject(Subject::new("u").unwrap())
-            .with_attribute("ip", Subject::new(ip).unwrap())
-    };
-    let first = limiter.check(&ctx("a"), 1).await.unwrap();
+    let first = limiter.check(&user_at("a"), 1).await.unwrap();
     assert!(first.is_allowed() && first.store_error().is_none());
     // Address b's key does not fit the budget: that layer fails open, the
     // user layer decides in the store.
-    let second = limiter.check(&ctx("b"), 1).await.unwrap();
+    let second = limiter.check(&user_at("b"), 1).await.unwrap();
     assert!(second.is_allowed());
     assert_eq!(second.store_error(), Some("full"));
     assert_eq!(second.layers()[0].source, Source::Store);
     assert_eq!(second.layers()[0].verdict.remaining, 0, "{second:?}");
     assert_eq!(second.layers()[1].source, Source::FailOpen);
-    let third = limiter.check(&ctx("c"), 1).await.unwrap();
+    let third = limiter.check(&user_at("c"), 1).await.unwrap();
     assert!(!third.is_allowed(), "the user's own limit: {third:?}");
     assert_eq!(third.denied_layers().next().unwrap().source, Source::Store);
     assert!(!third.failed_closed(), "a 429, not a 503");
@@ -499,18 +500,14 @@ async fn a_failing_policy_not_asked_counts_nothing() {
         .fallback_store(Arc::new(MemoryStore::builder().build()))
         .build()
         .unwrap();
-    let ctx = |ip: &str| {
-        Context::for_subject(Subject::new("u").unwrap())
-            .with_attribute("ip", Subject::new(ip).unwrap())
-    };
-    let first = limiter.check(&ctx("a"), 1).await.unwrap();
+    let first = limiter.check(&user_at("a"), 1).await.unwrap();
     assert!(first.is_allowed(), "{first:?}");
     assert_eq!(
         first.layers()[1].source,
         Source::Fallback,
         "asked: its bucket"
     );
-    let denied = limiter.check(&ctx("b"), 1).await.unwrap();
+    let denied = limiter.check(&user_at("b"), 1).await.unwrap();
     assert!(!denied.is_allowed(), "the user's own limit: {denied:?}");
     assert_eq!(denied.store_error(), Some("conflict"));
     assert_eq!(denied.layers()[1].source, Source::FailOpen, "{denied:?}");

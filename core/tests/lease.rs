@@ -440,14 +440,9 @@ async fn a_window_lease_keeps_its_units_until_its_window_ends() {
     assert_eq!(remaining(&limiter).await, 0);
 }
 
-/// A key whose batch was denied (its window near its limit) waits at
-/// most one lease before asking again, so keys near the end of their
-/// quota do not fill the table of leased keys until their windows end and
-/// leave hot keys without batches.
-#[tokio::test]
-async fn keys_denied_a_batch_do_not_crowd_out_hot_ones() {
-    let clock = ManualClock::new(START);
-    let store = remote(&clock);
+/// A leased per-key window of 1,000 an hour (leases of 1 s, batches of
+/// at most 50), on `store`.
+fn hourly_per_key(store: Arc<Remote>, clock: &ManualClock) -> Limiter {
     let window = Limit::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
     let lease = Lease::new(Duration::from_secs(1))
         .unwrap()
@@ -457,12 +452,35 @@ async fn keys_denied_a_batch_do_not_crowd_out_hot_ones() {
         .unwrap()
         .leased(lease)
         .unwrap();
-    let limiter = Limiter::builder(store.clone())
+    Limiter::builder(store)
         .clock(Arc::new(clock.clone()))
         .layer("key", Scope::Subject, policy)
         .build()
-        .unwrap();
-    let customer = |n: usize| Context::for_subject(Subject::new(format!("c-{n}")).unwrap());
+        .unwrap()
+}
+
+fn customer(n: usize) -> Context {
+    Context::for_subject(Subject::new(format!("c-{n}")).unwrap())
+}
+
+/// Two seconds on (past every lease), the store calls 200 decisions of a
+/// new hot key take: far fewer than 200 when it gets batches.
+async fn calls_of_a_new_hot_key(limiter: &Limiter, store: &Remote, clock: &ManualClock) -> usize {
+    clock.advance(Duration::from_secs(2));
+    let before = store.decides.load(Ordering::SeqCst);
+    assert_eq!(admitted(limiter, &customer(5_000), 200).await, 200);
+    store.decides.load(Ordering::SeqCst) - before
+}
+
+/// A key whose batch was denied (its window near its limit) waits at
+/// most one lease before asking again, so keys near the end of their
+/// quota do not fill the table of leased keys until their windows end and
+/// leave hot keys without batches.
+#[tokio::test]
+async fn keys_denied_a_batch_do_not_crowd_out_hot_ones() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let limiter = hourly_per_key(store.clone(), &clock);
     // As many keys as the table holds, each one unit from its limit: hot,
     // and denied the batch it asks for.
     for n in 0..4_096 {
@@ -470,10 +488,7 @@ async fn keys_denied_a_batch_do_not_crowd_out_hot_ones() {
         limiter.penalize(&ctx, 999).await.unwrap();
         admitted(&limiter, &ctx, 8).await;
     }
-    clock.advance(Duration::from_secs(2));
-    let before = store.decides.load(Ordering::SeqCst);
-    assert_eq!(admitted(&limiter, &customer(5_000), 200).await, 200);
-    let calls = store.decides.load(Ordering::SeqCst) - before;
+    let calls = calls_of_a_new_hot_key(&limiter, &store, &clock).await;
     assert!(
         calls < 100,
         "a hot key is decided from batches: {calls} calls"
@@ -488,30 +503,13 @@ async fn keys_denied_a_batch_do_not_crowd_out_hot_ones() {
 async fn idle_window_leases_make_room_for_hot_keys() {
     let clock = ManualClock::new(START);
     let store = remote(&clock);
-    let window = Limit::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
-    let lease = Lease::new(Duration::from_secs(1))
-        .unwrap()
-        .with_max_batch(50)
-        .unwrap();
-    let policy = Policy::new("hourly", window)
-        .unwrap()
-        .leased(lease)
-        .unwrap();
-    let limiter = Limiter::builder(store.clone())
-        .clock(Arc::new(clock.clone()))
-        .layer("key", Scope::Subject, policy)
-        .build()
-        .unwrap();
-    let customer = |n: usize| Context::for_subject(Subject::new(format!("c-{n}")).unwrap());
+    let limiter = hourly_per_key(store.clone(), &clock);
     // More keys than the table holds, each hot once: a batch each, most
     // with units left.
     for n in 0..4_400 {
         assert_eq!(admitted(&limiter, &customer(n), 10).await, 10);
     }
-    clock.advance(Duration::from_secs(2));
-    let before = store.decides.load(Ordering::SeqCst);
-    assert_eq!(admitted(&limiter, &customer(5_000), 200).await, 200);
-    let calls = store.decides.load(Ordering::SeqCst) - before;
+    let calls = calls_of_a_new_hot_key(&limiter, &store, &clock).await;
     assert!(
         calls < 100,
         "a hot key is decided from batches: {calls} calls"

@@ -296,26 +296,34 @@ fn concurrency_policy<'c>(config: &'c Config, route: &str) -> Option<&'c str> {
 mod tests {
     use super::*;
 
-    /// Two entries filling one role are refused: only the last one sent
-    /// would count.
-    #[test]
-    fn two_entries_filling_one_role_are_refused() {
-        let file = r#"
+    /// A per-user policy of 5 a minute, its route `api` (`route_extra`:
+    /// more lines of `[routes.api]`), and a rule over it with `entries`.
+    fn per_user_api(route_extra: &str, entries: &str) -> String {
+        format!(
+            r#"
 [policies.per-user]
 algorithm = "fixed_window"
 limit = 5
 window = "1m"
 
 [routes.api]
-layers = [{ name = "user", scope = "subject", policy = "per-user" }]
+{route_extra}layers = [{{ name = "user", scope = "subject", policy = "per-user" }}]
 
 [[server.rules]]
 name = "api"
 domain = "edge"
 route = "api"
-entries = { user_id = "subject", session = "subject" }
-"#;
-        let config = Config::from_toml_str(file).unwrap();
+entries = {entries}
+"#
+        )
+    }
+
+    /// Two entries filling one role are refused: only the last one sent
+    /// would count.
+    #[test]
+    fn two_entries_filling_one_role_are_refused() {
+        let file = per_user_api("", r#"{ user_id = "subject", session = "subject" }"#);
+        let config = Config::from_toml_str(&file).unwrap();
         let refused = Settings::of(&config).unwrap_err().to_string();
         assert!(refused.contains("both fill the Subject role"), "{refused}");
     }
@@ -325,26 +333,11 @@ entries = { user_id = "subject", session = "subject" }
     /// limit, so it is refused.
     #[test]
     fn a_rule_over_a_route_with_a_cost_is_refused() {
-        let file = r#"
-[policies.per-user]
-algorithm = "fixed_window"
-limit = 5
-window = "1m"
-
-[routes.api]
-cost = 5
-layers = [{ name = "user", scope = "subject", policy = "per-user" }]
-
-[[server.rules]]
-name = "api"
-domain = "edge"
-route = "api"
-entries = { user_id = "subject" }
-"#;
-        let config = Config::from_toml_str(file).unwrap();
+        let entries = r#"{ user_id = "subject" }"#;
+        let config = Config::from_toml_str(&per_user_api("cost = 5\n", entries)).unwrap();
         let refused = Settings::of(&config).unwrap_err().to_string();
         assert!(refused.contains("costs 5 units"), "{refused}");
-        let config = Config::from_toml_str(&file.replace("cost = 5\n", "")).unwrap();
+        let config = Config::from_toml_str(&per_user_api("", entries)).unwrap();
         assert!(Settings::of(&config).is_ok());
     }
 
@@ -364,29 +357,21 @@ grpc_listen = "localhost:8081"
     /// nothing: a plan's lower limit would not be enforced.
     #[test]
     fn plans_and_access_rules_are_refused() {
-        let base = r#"
-[policies.per-user]
-algorithm = "fixed_window"
-limit = 1000
-window = "1m"
-
-[routes.api]
-layers = [{ name = "user", scope = "subject", policy = "per-user" }]
-"#;
+        let base = per_user_api("", r#"{ user_id = "subject" }"#);
         let plans = r#"
 [plans]
 default = "free"
 
 [plans.limits.pro.per-user]
 algorithm = "fixed_window"
-limit = 10
+limit = 2
 window = "1m"
 "#;
         let access = r#"
 [access]
 deny_subjects = ["someone"]
 "#;
-        assert!(Settings::of(&Config::from_toml_str(base).unwrap()).is_ok());
+        assert!(Settings::of(&Config::from_toml_str(&base).unwrap()).is_ok());
         for (extra, section) in [(plans, "[plans]"), (access, "[access]")] {
             let config = Config::from_toml_str(&format!("{base}{extra}")).unwrap();
             let refused = Settings::of(&config).unwrap_err().to_string();
