@@ -1,7 +1,7 @@
 //! Who a request is: the subjects its layers count by, and the store key
 //! each layer's state lives under.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::layer::{Layer, Scope};
 use crate::plan::PlanName;
@@ -85,27 +85,79 @@ impl Context {
         let (tag, subject) = match &layer.scope {
             Scope::Subject => {
                 let subject = self.subject.as_ref()?;
-                (
-                    self.tenant.as_ref().unwrap_or(subject).as_str(),
-                    subject.as_str(),
-                )
+                (self.tenant.as_ref().unwrap_or(subject), subject)
             }
             Scope::Tenant => {
-                let tenant = self.tenant.as_ref()?.as_str();
+                let tenant = self.tenant.as_ref()?;
                 (tenant, tenant)
             }
-            Scope::Global => ("global", "global"),
+            Scope::Global => {
+                let global = global();
+                (global, global)
+            }
             Scope::Attribute(name) => {
-                let value = self.get_attribute(name)?.as_str();
+                let value = self.get_attribute(name)?;
                 (value, value)
             }
         };
+        let parts = |s: &'a Subject| (s.as_str(), s.text_hash());
         Some(StoreKey::of_layer(
-            tag,
+            parts(tag),
             &layer.policy,
             scope,
-            subject,
+            parts(subject),
             &layer.middle,
         ))
+    }
+}
+
+/// The subject of every [`Scope::Global`] layer's key, made once.
+fn global() -> &'static Subject {
+    static GLOBAL: OnceLock<Subject> = OnceLock::new();
+    GLOBAL.get_or_init(Subject::global)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::limit::Limit;
+    use crate::policy::Policy;
+
+    /// A layer's key for a request, made from the subjects' stored hashes,
+    /// is the key made from its text parts (as a released permit or a
+    /// lease rebuilds it): equal, hashed alike, rendered alike.
+    #[test]
+    fn a_layers_key_is_the_key_of_its_text() {
+        let policy =
+            Policy::new("api", Limit::gcra(5, Duration::from_secs(1), 5).unwrap()).unwrap();
+        let ctx = Context::for_subject(Subject::new("key-7").unwrap())
+            .with_tenant(Subject::new("acme").unwrap())
+            .with_attribute("route", Subject::new("/search").unwrap());
+        let alone = Context::for_subject(Subject::new("key-7").unwrap());
+        let hasher = foldhash::fast::RandomState::default();
+        let cases = [
+            (&ctx, Scope::Subject, ("acme", "s", "key-7")),
+            (&alone, Scope::Subject, ("key-7", "s", "key-7")),
+            (&ctx, Scope::Tenant, ("acme", "t", "acme")),
+            (&ctx, Scope::Global, ("global", "g", "global")),
+            (
+                &ctx,
+                Scope::Attribute("route".into()),
+                ("/search", "a.route", "/search"),
+            ),
+        ];
+        for (ctx, scope, (tag, label, subject)) in cases {
+            let layer = Layer::new("l", scope, policy.clone());
+            let key = ctx
+                .key_for(&layer)
+                .expect("the context has the layer's subject");
+            let plain = StoreKey::new(tag, &policy, label, subject);
+            assert_eq!(key, plain);
+            assert_eq!(hasher.hash_one(key), hasher.hash_one(plain), "{plain}");
+            assert_eq!(key.render(), plain.render());
+        }
     }
 }

@@ -19,6 +19,7 @@ mod decision;
 mod error;
 mod failure;
 mod hold;
+mod key_hash;
 mod layer;
 #[cfg(feature = "lease")]
 mod lease;

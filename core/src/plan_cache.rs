@@ -1,16 +1,16 @@
 //! The answers of a plan source, kept in-process: bounded, each answer
-//! for its own time, and read on every decision, so a read is one hash, a
-//! shard's read lock and a cycle-counter read (a general-purpose cache that
+//! for its own time, and read on every decision, so a read is a shard's
+//! read lock and a cycle-counter read (the customer's hash is the one its
+//! subject took when it was made) (a general-purpose cache that
 //! records every read for its eviction policy cost a decision three times
 //! as much as the decision itself).
 
-use std::hash::BuildHasher;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
+use crate::key_hash::text_hash;
 use crate::subject::Subject;
 
 /// Shards of the map: concurrent decisions seldom meet on one lock.
@@ -59,6 +59,11 @@ impl Customer {
         }
     }
 
+    /// The text's hash, as its subject's (for a table that grows).
+    fn text_hash(&self) -> u64 {
+        text_hash(std::str::from_utf8(self.text()).expect("a subject's text"))
+    }
+
     fn is(&self, subject: &Subject) -> bool {
         self.text() == subject.as_str().as_bytes()
     }
@@ -78,7 +83,6 @@ pub(crate) enum Over {
 /// (when a shard is full, its expired answers go, then an arbitrary one).
 pub(crate) struct AnswerCache<V> {
     shards: Box<[RwLock<HashTable<Kept<V>>>]>,
-    hasher: RandomState,
     /// Each shard's room: `per_shard`, one more for the first `one_more`
     /// shards (together exactly `max_entries`).
     per_shard: usize,
@@ -98,7 +102,6 @@ impl<V: Copy> AnswerCache<V> {
         let clock = quanta::Clock::new();
         AnswerCache {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
-            hasher: RandomState::default(),
             per_shard,
             one_more,
             start: clock.raw(),
@@ -138,7 +141,7 @@ impl<V: Copy> AnswerCache<V> {
             return answer;
         }
         let mut shard = write(&self.shards[index]);
-        let rehash = |k: &Kept<V>| self.hash_text(k.customer.text());
+        let rehash = |k: &Kept<V>| k.customer.text_hash();
         if let Ok(found) = shard.find_entry(hash, |k| k.customer.is(&customer)) {
             if over == Over::Expired && found.get().expires > now {
                 return found.get().answer;
@@ -147,16 +150,16 @@ impl<V: Copy> AnswerCache<V> {
         } else if shard.len() >= room {
             shard.retain(|k| k.expires > now);
             if shard.len() >= room {
-                if let Some(some) = shard.iter().next().map(|k| k.customer.text().to_vec()) {
-                    let some_hash = self.hash_text(&some);
+                let some = shard.iter().next();
+                if let Some((some, some_hash)) =
+                    some.map(|k| (k.customer.text().to_vec(), k.customer.text_hash()))
+                {
                     if let Ok(found) = shard.find_entry(some_hash, |k| k.customer.text() == some) {
                         found.remove();
                     }
                 }
             }
         }
-        // (A TTL past what the clock can count, "keep it forever", is
-        // kept as long as it can: a century.)
         // (A TTL past 584 years, "keep it forever", is kept that long.)
         let expires = now.saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX));
         shard.insert_unique(
@@ -176,14 +179,10 @@ impl<V: Copy> AnswerCache<V> {
         self.shards.iter().map(|s| read(s).len()).sum()
     }
 
+    /// The hash the subject took of its text when it was made.
     #[inline]
     fn hash(&self, customer: &Subject) -> u64 {
-        self.hash_text(customer.as_str().as_bytes())
-    }
-
-    #[inline]
-    fn hash_text(&self, text: &[u8]) -> u64 {
-        self.hasher.hash_one(text)
+        customer.text_hash()
     }
 
     /// The shard of `hash`, by its middle bits: the table probes by the

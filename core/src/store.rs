@@ -9,6 +9,7 @@ use crate::adjustment::Adjustment;
 use crate::decide::Decide;
 use crate::error::StoreError;
 use crate::hold::{Hold, Holds};
+use crate::key_hash::{key_hash, text_hash};
 use crate::limit::Limit;
 use crate::policy::Policy;
 use crate::verdicts::Verdicts;
@@ -55,9 +56,11 @@ pub struct StoreKey<'a> {
     policy: &'a Policy,
     scope: &'a str,
     subject: &'a str,
-    /// A hash of the parts that are the same for every key of a layer
-    /// (policy, version, algorithm, scope): [`layer_hash`].
-    layer_hash: u64,
+    /// The key's hash: [`layer_hash`] (the parts every key of a layer
+    /// shares) combined with the text hashes of the tag and the subject
+    /// ([`key_hash`]); a layer's key takes them from its subjects, which
+    /// hashed their text once.
+    hash: u64,
     /// Those parts rendered (`:<policy>:v<version>:<algorithm>:<scope>`),
     /// when the key's layer has them ready: comparing a key is then three
     /// comparisons.
@@ -82,7 +85,13 @@ impl KeyMiddle {
         // the middle.
         KeyMiddle {
             text: rendered["{}".len()..].into(),
-            hash: key.layer_hash,
+            hash: layer_hash(
+                policy.name(),
+                policy.version(),
+                key.algorithm(),
+                key.custom(),
+                &scope,
+            ),
             scope: scope.into(),
         }
     }
@@ -118,23 +127,25 @@ fn layer_hash(policy: &str, version: u32, algorithm: &str, custom: bool, scope: 
 
 impl PartialEq for StoreKey<'_> {
     fn eq(&self, other: &Self) -> bool {
-        (
-            self.tag,
-            self.policy.name(),
-            self.policy.version(),
-            self.algorithm(),
-            self.custom(),
-            self.scope,
-            self.subject,
-        ) == (
-            other.tag,
-            other.policy.name(),
-            other.policy.version(),
-            other.algorithm(),
-            other.custom(),
-            other.scope,
-            other.subject,
-        )
+        // Equal keys hash alike: most unequal ones differ here already.
+        self.hash == other.hash
+            && (
+                self.tag,
+                self.policy.name(),
+                self.policy.version(),
+                self.algorithm(),
+                self.custom(),
+                self.scope,
+                self.subject,
+            ) == (
+                other.tag,
+                other.policy.name(),
+                other.policy.version(),
+                other.algorithm(),
+                other.custom(),
+                other.scope,
+                other.subject,
+            )
     }
 }
 
@@ -142,9 +153,7 @@ impl Eq for StoreKey<'_> {}
 
 impl Hash for StoreKey<'_> {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.layer_hash);
-        self.tag.hash(state);
-        self.subject.hash(state);
+        state.write_u64(self.hash);
     }
 }
 
@@ -159,17 +168,22 @@ impl<'a> StoreKey<'a> {
             policy,
             scope,
             subject,
-            layer_hash: layer_hash(policy.name(), policy.version(), algorithm, custom, scope),
+            hash: key_hash(
+                layer_hash(policy.name(), policy.version(), algorithm, custom, scope),
+                text_hash(tag),
+                text_hash(subject),
+            ),
             middle: None,
         }
     }
 
-    /// A key of a layer whose middle part is ready.
+    /// A key of a layer whose middle part is ready, of its `tag` and
+    /// `subject` (each with its text's hash, taken when it was made).
     pub(crate) fn of_layer(
-        tag: &'a str,
+        (tag, tag_hash): (&'a str, u64),
         policy: &'a Policy,
         scope: &'a str,
-        subject: &'a str,
+        (subject, subject_hash): (&'a str, u64),
         middle: &'a KeyMiddle,
     ) -> Self {
         StoreKey {
@@ -177,7 +191,7 @@ impl<'a> StoreKey<'a> {
             policy,
             scope,
             subject,
-            layer_hash: middle.hash,
+            hash: key_hash(middle.hash, tag_hash, subject_hash),
             middle: Some(&middle.text),
         }
     }
@@ -529,7 +543,8 @@ mod tests {
             .flat_map(|m| pairs.iter().map(move |p| (m, p)))
         {
             let plain = StoreKey::new(tag, policy, scope, subject);
-            let layered = StoreKey::of_layer(tag, policy, scope, subject, middle);
+            let parts = |text: &'static str| (text, text_hash(text));
+            let layered = StoreKey::of_layer(parts(tag), policy, scope, parts(subject), middle);
             assert_eq!(plain, layered);
             assert_eq!(hasher.hash_one(plain), hasher.hash_one(layered));
             let text = plain.render();

@@ -1,12 +1,15 @@
 //! Subjects: who owns a counter (an API-key id, a user, a tenant, an IP prefix).
 
+use std::cmp::Ordering;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::error::SubjectError;
+use crate::key_hash::text_hash;
 
 /// A validated, normalized identifier that owns a counter.
 ///
@@ -28,8 +31,13 @@ use crate::error::SubjectError;
 /// assert!(!hashed.as_str().contains("sk_live"));
 /// # Ok::<(), tollgate_limiter::SubjectError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Subject(Arc<str>);
+#[derive(Clone)]
+pub struct Subject {
+    text: Arc<str>,
+    /// The text's hash ([`text_hash`]), taken once: the store keys of every
+    /// decision combine it instead of hashing the text again.
+    hash: u64,
+}
 
 impl Subject {
     /// Longest accepted subject, in bytes.
@@ -50,7 +58,7 @@ impl Subject {
         {
             return Err(SubjectError::BadCharacter(c));
         }
-        Ok(Subject(value.into()))
+        Ok(Subject::of(value.into()))
     }
 
     /// A subject derived from a secret by a keyed hash (HMAC-SHA-256, 128 bits
@@ -66,29 +74,70 @@ impl Subject {
             text.push(char::from_digit(u32::from(byte >> 4), 16).expect("nibble"));
             text.push(char::from_digit(u32::from(byte & 15), 16).expect("nibble"));
         }
-        Subject(text.into())
+        Subject::of(text.into())
     }
 
     /// The subject everyone shares, for global layers.
     pub fn global() -> Self {
-        Subject("global".into())
+        Subject::of("global".into())
+    }
+
+    /// A subject of `text`, checked by the caller.
+    fn of(text: Arc<str>) -> Self {
+        let hash = text_hash(&text);
+        Subject { text, hash }
     }
 
     /// The normalized text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
+    }
+
+    /// The text's hash, for store keys.
+    pub(crate) fn text_hash(&self) -> u64 {
+        self.hash
+    }
+}
+
+impl PartialEq for Subject {
+    fn eq(&self, other: &Self) -> bool {
+        // Equal texts hash alike: most unequal subjects differ here already.
+        self.hash == other.hash && self.text == other.text
+    }
+}
+
+impl Eq for Subject {}
+
+/// The text's hash, taken when the subject was made: a table of subjects
+/// hashes eight bytes, not the text.
+impl Hash for Subject {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// By text.
+impl Ord for Subject {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.text.cmp(&other.text)
+    }
+}
+
+impl PartialOrd for Subject {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
     }
 }
 
 impl fmt::Debug for Subject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Subject({:?})", &*self.0)
+        write!(f, "Subject({:?})", &*self.text)
     }
 }
 
 impl fmt::Display for Subject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
@@ -111,5 +160,30 @@ impl HashKey {
 impl fmt::Debug for HashKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("HashKey(<hidden>)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    /// Subjects made apart from one text are one subject (equal, hashed
+    /// alike, found in a set); other texts are others; order is the text's.
+    #[test]
+    fn a_subject_is_its_text() {
+        let a = Subject::new("user-42").unwrap();
+        let again = Subject::new(" user-42").unwrap();
+        let b = Subject::new("user-43").unwrap();
+        assert_eq!(a, again);
+        assert_eq!(a.text_hash(), again.text_hash());
+        assert_ne!(a, b);
+        assert_ne!(a.text_hash(), b.text_hash());
+        let set: HashSet<Subject> = [a.clone(), again, b.clone()].into_iter().collect();
+        assert_eq!(set.len(), 2);
+        assert!(set.contains(&Subject::new("user-43").unwrap()));
+        assert!(a < b && Subject::new("a").unwrap() < Subject::new("b").unwrap());
+        assert_eq!(Subject::global(), Subject::new("global").unwrap());
     }
 }
