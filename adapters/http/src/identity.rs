@@ -253,18 +253,22 @@ impl<R: ?Sized> Identity<R> {
 
     /// The identity of `request` (`view` is the same request seen through
     /// [`RequestView`]); `None` when no source answers and there is no
-    /// fallback.
+    /// fallback, or when a credential header is sent more than once: an
+    /// authentication layer may have checked either value, so neither a
+    /// later source nor the fallback may count the request instead.
     pub fn identify(&self, request: &R, view: &dyn RequestView) -> Option<Context> {
-        self.sources
-            .iter()
-            .find_map(|source| match source {
+        for source in &self.sources {
+            let found = match source {
                 Source::Extension => view.extension_context(),
                 Source::ApiKey {
                     header,
                     bearer,
                     key,
-                } => api_key(view, header, *bearer)
-                    .map(|k| Context::for_subject(Subject::hashed(k, key))),
+                } => match credential(view, header, *bearer) {
+                    Credential::One(k) => Some(Context::for_subject(Subject::hashed(k, key))),
+                    Credential::None => None,
+                    Credential::Several => return None,
+                },
                 Source::ClientIp(config) => {
                     let forwarded = view.header_values("x-forwarded-for");
                     config
@@ -272,8 +276,12 @@ impl<R: ?Sized> Identity<R> {
                         .map(|ip| Context::for_subject(config.subject(ip)))
                 }
                 Source::Custom(f) => f(request),
-            })
-            .or_else(|| self.fallback.clone().map(Context::for_subject))
+            };
+            if found.is_some() {
+                return found;
+            }
+        }
+        self.fallback.clone().map(Context::for_subject)
     }
 }
 
@@ -345,27 +353,46 @@ impl<R: ?Sized> Identity<R> {
 /// assert_eq!(tollgate_http::single_header_value(&parts, "x-api-key"), None);
 /// ```
 pub fn single_header_value<'a>(view: &'a dyn RequestView, header: &str) -> Option<&'a [u8]> {
-    api_key(view, header, false)
+    match credential(view, header, false) {
+        Credential::One(value) => Some(value),
+        Credential::None | Credential::Several => None,
+    }
+}
+
+/// What a credential header holds.
+enum Credential<'a> {
+    /// No secret: no such header, an empty one, or (for a bearer token)
+    /// another scheme. The next source may identify the request.
+    None,
+    /// One secret.
+    One(&'a [u8]),
+    /// The header on more than one field line: ambiguous, since an auth
+    /// layer might check one value while the limiter counts another.
+    Several,
 }
 
 /// The secret in `header`: exactly one field line, non-empty after trimming,
 /// and after `Bearer ` (any case) when `bearer`.
-fn api_key<'a>(view: &'a dyn RequestView, header: &str, bearer: bool) -> Option<&'a [u8]> {
+fn credential<'a>(view: &'a dyn RequestView, header: &str, bearer: bool) -> Credential<'a> {
     let values = view.header_values(header);
-    // Two values would be ambiguous: an auth layer might check one while the
-    // limiter counts the other, letting a client rotate buckets at will.
-    let [value] = values.as_slice() else {
-        return None;
+    let value = match values.as_slice() {
+        [] => return Credential::None,
+        [value] => value.trim_ascii(),
+        _ => return Credential::Several,
     };
-    let mut value = value.trim_ascii();
-    if bearer {
-        let (scheme, rest) = value.split_at_checked(7)?;
-        if !scheme.eq_ignore_ascii_case(b"bearer ") {
-            return None;
+    let secret = if bearer {
+        match value.split_at_checked(7) {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case(b"bearer ") => rest.trim_ascii(),
+            _ => return Credential::None,
         }
-        value = rest.trim_ascii();
+    } else {
+        value
+    };
+    if secret.is_empty() {
+        Credential::None
+    } else {
+        Credential::One(secret)
     }
-    (!value.is_empty()).then_some(value)
 }
 
 impl<R: ?Sized> Default for Identity<R> {
@@ -445,6 +472,35 @@ mod tests {
         assert_eq!(who(&id, &parts(&[("x-api-key", "  ")], None)), None);
         let two = parts(&[("x-api-key", "a"), ("x-api-key", "b")], None);
         assert_eq!(who(&id, &two), None);
+    }
+
+    /// A key sent twice ends identification: an auth layer may have
+    /// accepted the first, so the request may not fall to the client's
+    /// address (or the fallback) and be counted in another bucket. A
+    /// missing or empty key passes to the next source.
+    #[test]
+    fn a_repeated_key_is_not_passed_to_the_next_source() {
+        let id: Identity<Parts> = Identity::new()
+            .api_key("x-api-key", key())
+            .client_ip(ClientIp::direct())
+            .fallback(Subject::new("anon").unwrap());
+        let peer = Some("192.0.2.1:5000");
+        let twice = parts(&[("x-api-key", "stolen"), ("x-api-key", "stolen")], peer);
+        assert_eq!(who(&id, &twice), None);
+        let bearer: Identity<Parts> = Identity::new()
+            .bearer_token(key())
+            .client_ip(ClientIp::direct());
+        let twice = parts(
+            &[("authorization", "Bearer a"), ("authorization", "Basic b")],
+            peer,
+        );
+        assert_eq!(who(&bearer, &twice), None);
+        for (name, value) in [("x-api-key", " "), ("other", "x")] {
+            let p = parts(&[(name, value)], peer);
+            assert_eq!(who(&id, &p).as_deref(), Some("ip:192.0.2.1/32"));
+        }
+        let basic = parts(&[("authorization", "Basic dXNlcg==")], peer);
+        assert_eq!(who(&bearer, &basic).as_deref(), Some("ip:192.0.2.1/32"));
         let a = who(&id, &parts(&[("x-api-key", " a ")], None));
         assert_eq!(a, who(&id, &parts(&[("x-api-key", "a")], None)));
     }
