@@ -160,6 +160,12 @@ impl AccessRules {
         !(self.exempt_networks.is_empty() && self.denied_networks.is_empty())
     }
 
+    /// Whether any network is denied (then a request whose address is
+    /// unknown is refused too).
+    pub(crate) fn has_denied_networks(&self) -> bool {
+        !self.denied_networks.is_empty()
+    }
+
     /// Whether a client at `ip` is in a denied network.
     pub(crate) fn denies_network(&self, ip: IpAddr) -> bool {
         self.denied_networks.iter().any(|n| n.contains(ip))

@@ -230,7 +230,13 @@ impl<R: ?Sized> Gate<R> {
         };
         // A denied network is refused before anything else: no skip rule
         // (nor a request shaped like a CORS preflight) lets it through.
-        if ip.is_some_and(|ip| self.access.denies_network(ip)) {
+        // Nor does an unknown address (the server recorded no peer): it
+        // cannot be shown to lie outside the denied networks.
+        let denied_network = match ip {
+            Some(ip) => self.access.denies_network(ip),
+            None => self.access.has_denied_networks(),
+        };
+        if denied_network {
             return Some(Prepared {
                 denied: true,
                 grpc: is_grpc(view),
@@ -1036,7 +1042,7 @@ mod tests {
             "2 - this check's unit"
         );
         // A denied network is refused even on a skipped path.
-        let gate: Gate<http::request::Parts> = Gate::builder(limiter)
+        let gate: Gate<http::request::Parts> = Gate::builder(limiter.clone())
             .identity(Identity::new().client_ip(ClientIp::direct()))
             .access(
                 crate::AccessRules::new()
@@ -1050,6 +1056,26 @@ mod tests {
             .extensions
             .insert(crate::PeerAddr("198.51.100.9:5000".parse().unwrap()));
         let prepared = gate.prepare(&health, &health).expect("denied, not skipped");
+        assert_eq!(status(&gate.decide(&prepared).await), 403);
+        // So is a request whose address is unknown (no peer recorded: a
+        // Unix socket, a server without connect info), even one an API key
+        // identifies.
+        let key = tollgate_limiter::HashKey::new(b"0123456789abcdef").unwrap();
+        let gate: Gate<http::request::Parts> = Gate::builder(limiter)
+            .identity(
+                Identity::new()
+                    .api_key("x-api-key", key)
+                    .client_ip(ClientIp::direct()),
+            )
+            .access(crate::AccessRules::new().deny_network("198.51.100.0/24".parse().unwrap()))
+            .build()
+            .unwrap();
+        let (unknown, ()) = http::Request::get("/")
+            .header("x-api-key", "k")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let prepared = gate.prepare(&unknown, &unknown).expect("denied");
         assert_eq!(status(&gate.decide(&prepared).await), 403);
     }
 
