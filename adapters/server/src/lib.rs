@@ -86,6 +86,11 @@ pub struct Shared {
     started: Settings,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// What the running rules were read from ([`watched`](Self::watched)'s
+    /// form, read before the rules were): where a file watch starts, so an
+    /// edit made while the server started, or since the last reload, is a
+    /// change.
+    in_force: std::sync::Mutex<Option<Vec<u8>>>,
     /// Concurrency limits' places held for HTTP clients.
     permits: permits::Permits,
 }
@@ -118,8 +123,11 @@ impl Shared {
     /// `tollgate_config_reloads_total{result}`.
     async fn reload(&self) -> Result<(), ServerError> {
         let _one = self.reloading.lock().await;
+        let before = self.watched();
         let checked = self.checked_file();
-        self.apply(checked).await
+        self.apply(checked).await?;
+        self.set_in_force(before);
+        Ok(())
     }
 
     /// Reload as the file watch saw the files settle: only while they still
@@ -135,7 +143,22 @@ impl Shared {
         if self.watched().as_deref() != Some(settled) {
             return None;
         }
-        Some(self.apply(checked).await)
+        let applied = self.apply(checked).await;
+        if applied.is_ok() {
+            self.set_in_force(Some(settled.to_vec()));
+        }
+        Some(applied)
+    }
+
+    fn set_in_force(&self, contents: Option<Vec<u8>>) {
+        *self.in_force.lock().unwrap_or_else(|p| p.into_inner()) = contents;
+    }
+
+    fn in_force(&self) -> Option<Vec<u8>> {
+        self.in_force
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Apply what [`checked_file`](Self::checked_file) read (the reload
@@ -171,12 +194,12 @@ impl Shared {
     /// running rules read envoyproxy/ratelimit's configuration, its
     /// directory's (`None` when either cannot be read).
     fn watched(&self) -> Option<Vec<u8>> {
-        let mut contents = std::fs::read(self.live.path()?).ok()?;
-        if let Some(dir) = &self.rules().settings().envoy_config_dir {
-            contents.push(0);
-            contents.extend(envoy_config::contents(&self.base().join(dir))?);
-        }
-        Some(contents)
+        let file = std::fs::read(self.live.path()?).ok();
+        let dir = self.rules().settings().envoy_config_dir.clone();
+        watched_of(
+            file,
+            dir.map(|d| envoy_config::contents(&self.base().join(d))),
+        )
     }
 
     /// The file (and envoyproxy/ratelimit's directory, if it names one),
@@ -374,13 +397,19 @@ async fn prepare(
     clock: Arc<dyn Clock>,
 ) -> Result<(Arc<Shared>, Option<Certificates>), ServerError> {
     let metrics = metrics();
+    // Read before the configuration is: an edit made while the server
+    // starts (its store connecting) is a change for the file watch.
+    let file_before = std::fs::read(path.as_ref()).ok();
     let live = LiveConfig::load(&path, clock.clone()).await?;
     let config = live.config();
     let fallback = live.fallback_store();
     let base = base_of(path.as_ref());
     let runtime_stores = RuntimeStoreSlot::new();
     let store = runtime_stores.over(live.store(), &config);
+    let envoy_dir = Settings::of(&config)?.envoy_config_dir;
+    let dir_before = envoy_dir.map(|dir| envoy_config::contents(&base.join(dir)));
     let rules = Rules::new(config, &base, store, fallback, clock.clone())?;
+    let in_force = watched_of(file_before, dir_before);
     let settings = rules.settings().clone();
     let token = settings
         .api_token_env
@@ -418,9 +447,23 @@ async fn prepare(
         runtime_stores,
         started: settings,
         reloading: tokio::sync::Mutex::new(()),
+        in_force: std::sync::Mutex::new(in_force),
         permits: permits::Permits::default(),
     });
     Ok((shared, certificates))
+}
+
+/// What the file watch compares ([`Shared::watched`]): the file's
+/// contents (`file`) and, when the rules read envoyproxy/ratelimit's
+/// directory, a 0 and the directory's (`envoy_dir`); `None` when either
+/// could not be read.
+fn watched_of(file: Option<Vec<u8>>, envoy_dir: Option<Option<Vec<u8>>>) -> Option<Vec<u8>> {
+    let mut contents = file?;
+    if let Some(dir) = envoy_dir {
+        contents.push(0);
+        contents.extend(dir?);
+    }
+    Some(contents)
 }
 
 /// The directory a configuration file's relative paths start from: its
@@ -487,12 +530,17 @@ struct Certificates {
     settings: TlsSettings,
     grpc: incoming::Acceptor,
     http: incoming::Acceptor,
+    /// The files' contents, read before the acceptors were made: where
+    /// the watch starts, so a rotation made while the server started is a
+    /// change.
+    loaded_from: tls::Contents,
 }
 
 impl Certificates {
     /// Read the files now: a server with TLS settings it cannot use does
     /// not start.
     fn load(settings: &TlsSettings) -> Result<Certificates, ServerError> {
+        let loaded_from = settings.contents();
         let acceptor = |listener| {
             let config = settings.server_config(listener)?;
             Ok::<_, ServerError>(Arc::new(RwLock::new(TlsAcceptor::from(config))))
@@ -501,6 +549,7 @@ impl Certificates {
             grpc: acceptor(tls::Listener::Grpc)?,
             http: acceptor(tls::Listener::Http)?,
             settings: settings.clone(),
+            loaded_from,
         })
     }
 
@@ -511,7 +560,8 @@ impl Certificates {
     /// certificates, said on standard error.
     fn watch(self, every: Duration) -> Watch {
         let settings = self.settings.clone();
-        let mut files = Changes::new(every, move || Some(settings.contents()));
+        let loaded_from = Some(self.loaded_from.clone());
+        let mut files = Changes::since(every, loaded_from, move || Some(settings.contents()));
         Watch::spawn(async move {
             loop {
                 files.next().await;
@@ -634,7 +684,8 @@ impl Server {
     ) -> Watch {
         let shared = self.shared.clone();
         let watched = self.shared.clone();
-        let mut files = Changes::new(every, move || watched.watched());
+        let in_force = self.shared.in_force();
+        let mut files = Changes::since(every, in_force, move || watched.watched());
         Watch::spawn(async move {
             loop {
                 let settled = files.next().await;
@@ -721,6 +772,33 @@ mod tests {
         let applied = server.shared.reload_settled(file(7).as_bytes()).await;
         assert!(matches!(applied, Some(Ok(()))), "{applied:?}");
         assert_eq!(capacity(&server), 7);
+        server.shutdown().await;
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An edit made after the file was read at start, before the watch
+    /// begins (while the store connected, say), is a change the watch
+    /// applies, not the baseline it starts from.
+    #[tokio::test]
+    async fn an_edit_made_while_starting_is_applied_by_the_watch() {
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-server-starting-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("server.toml");
+        std::fs::write(&path, file(5)).unwrap();
+        let clock = Arc::new(tollgate_limiter::ManualClock::new(
+            tollgate_limiter::Timestamp::from_micros(1_780_000_000_000_000),
+        ));
+        let server = Server::start(&path, clock).await.unwrap();
+        std::fs::write(&path, file(7)).unwrap();
+        let (reports, mut reported) = tokio::sync::mpsc::unbounded_channel();
+        let watch = server.watch(Duration::from_millis(10), move |outcome| {
+            let _ = reports.send(outcome.map_err(|e| e.to_string()));
+        });
+        let outcome = tokio::time::timeout(Duration::from_secs(5), reported.recv()).await;
+        assert!(matches!(outcome, Ok(Some(Ok(())))), "{outcome:?}");
+        assert_eq!(server.rules().policy("per-user").unwrap().capacity(), 7);
+        drop(watch);
         server.shutdown().await;
         std::fs::remove_dir_all(&dir).unwrap();
     }
