@@ -18,7 +18,10 @@ pub(crate) fn bearer_matches(header: Option<&HeaderValue>, token: &str) -> bool 
             == 0
 }
 
-/// The token in the environment variable `name`: set and not empty.
+/// The token in the environment variable `name`: set, not empty, and
+/// what a client can send: visible ASCII without spaces (a token that
+/// no request can match would refuse every client, and Envoy, failing
+/// open, would then admit everything unlimited).
 pub(crate) fn token_from_env(name: &str, holds: &str) -> Result<String, crate::ServerError> {
     let env = |reason: String| crate::ServerError::Env {
         name: name.to_string(),
@@ -27,6 +30,20 @@ pub(crate) fn token_from_env(name: &str, holds: &str) -> Result<String, crate::S
     let token = std::env::var(name).map_err(|_| env(format!("not set (it holds {holds})")))?;
     if token.is_empty() {
         return Err(env("empty".into()));
+    }
+    if token.trim() != token {
+        return Err(env(
+            "has white space around it (a secret read from a file often ends in a newline): \
+             remove it, no client can send it"
+                .into(),
+        ));
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(env(
+            "holds a space, a control character or non-ASCII text: a bearer token is \
+             visible ASCII"
+                .into(),
+        ));
     }
     Ok(token)
 }
@@ -50,5 +67,23 @@ mod tests {
             assert!(!bearer_matches(Some(&v(wrong)), "s3cret"), "{wrong:?}");
         }
         assert!(!bearer_matches(None, "s3cret"));
+    }
+
+    /// A token no client could send is refused when it is read, saying
+    /// why; one a client can send is taken as it is.
+    #[test]
+    fn tokens_no_client_can_send_are_refused() {
+        let name = "TOLLGATE_TEST_TOKEN_FROM_ENV";
+        let read = |value: &str| {
+            std::env::set_var(name, value);
+            token_from_env(name, "a test token").map_err(|e| e.to_string())
+        };
+        assert_eq!(read("s3cret-._~+/="), Ok("s3cret-._~+/=".to_string()));
+        let newline = read("s3cret\n").unwrap_err();
+        assert!(newline.contains("white space around it"), "{newline}");
+        let inner = read("s3 cret").unwrap_err();
+        assert!(inner.contains("visible ASCII"), "{inner}");
+        assert!(read("s3crét").is_err());
+        std::env::remove_var(name);
     }
 }
