@@ -107,6 +107,14 @@ impl Permits {
                 let lease = renewing.lease();
                 let until = clock.now().saturating_add(lease).as_micros();
                 held.until.fetch_max(until, Ordering::Relaxed);
+                // The client's lease may have ended while the store
+                // renewed: a sweep took the permit out then, and gives
+                // its place back once this renewal lets go. (A sweep
+                // after this look reads the new end, under the table's
+                // lock, and keeps it.)
+                if !self.table().get(id).is_some_and(|h| Arc::ptr_eq(h, &held)) {
+                    return Renewed::Gone;
+                }
                 Renewed::Held(lease)
             }
             // Lost in the store: the client acquires again.
@@ -246,10 +254,66 @@ mod tests {
             tokio::task::yield_now().await;
         }
         store.gate.notify_one();
-        assert!(matches!(renewing.await.unwrap(), Renewed::Held(_)));
+        // The release took the permit out first: the renewal says so.
+        assert!(matches!(renewing.await.unwrap(), Renewed::Gone));
         releasing.await.unwrap().expect("released");
         let again = limiter.acquire(&ctx, 1).await.unwrap();
         assert!(again.decision.is_allowed(), "the place came back");
         assert!(matches!(permits.renew(&id, &*clock).await, Renewed::Gone));
+    }
+
+    /// A renewal whose store call outlasts the client's lease, while a
+    /// sweep takes the permit out and gives its place back, answers that
+    /// the permit is gone: it used to answer "held" for a place another
+    /// client could then take.
+    #[tokio::test]
+    async fn a_renewal_outlasted_by_its_lease_is_not_held() {
+        let store = Arc::new(Stalling::default());
+        let policy = Policy::new(
+            "jobs",
+            Limit::concurrency(1, Duration::from_secs(30)).unwrap(),
+        )
+        .unwrap();
+        let limiter = Limiter::builder(store.clone())
+            .layer("in-flight", Scope::Subject, policy)
+            .build()
+            .unwrap();
+        let ctx = Context::for_subject(Subject::new("acme").unwrap());
+        let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
+            1_780_000_000_000_000,
+        )));
+        let permits = Arc::new(Permits::default());
+        let permit = limiter.acquire(&ctx, 1).await.unwrap().permit.unwrap();
+        let id = permits.insert(permit, clock.now());
+        let renewing = {
+            let (permits, id, clock) = (permits.clone(), id.clone(), clock.clone());
+            tokio::spawn(async move { permits.renew(&id, &*clock).await })
+        };
+        for _ in 0..10 {
+            tokio::task::yield_now().await; // the renewal waits for the store
+        }
+        clock.advance(Duration::from_secs(31));
+        let sweeping = {
+            let (permits, now) = (permits.clone(), clock.now());
+            tokio::spawn(async move {
+                for held in permits.expired(now) {
+                    if let Some(permit) = held.take().await {
+                        permit.release().await.expect("released");
+                    }
+                }
+            })
+        };
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        store.gate.notify_one();
+        let renewed = renewing.await.unwrap();
+        sweeping.await.unwrap();
+        let other = limiter.acquire(&ctx, 1).await.unwrap();
+        assert!(
+            !(matches!(renewed, Renewed::Held(_)) && other.decision.is_allowed()),
+            "the renewal answered held, and the place went to another client"
+        );
+        assert!(matches!(renewed, Renewed::Gone));
     }
 }
