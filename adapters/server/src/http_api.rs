@@ -112,14 +112,19 @@ pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
     request: Request,
 ) -> Result<T, Response> {
     let limit = shared.started.max_body_bytes;
-    let body = axum::body::to_bytes(request.into_body(), limit)
-        .await
-        .map_err(|_| {
-            error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("the body is over {limit} bytes (server.max_body_bytes)"),
-            )
-        })?;
+    let within = crate::http_serve::BODY_WITHIN;
+    let read = tokio::time::timeout(within, axum::body::to_bytes(request.into_body(), limit));
+    let body = match read.await {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => {
+            let why = format!("the body is over {limit} bytes (server.max_body_bytes)");
+            return Err(error(StatusCode::PAYLOAD_TOO_LARGE, &why));
+        }
+        Err(_) => {
+            let why = format!("the body did not arrive within {within:?}");
+            return Err(error(StatusCode::REQUEST_TIMEOUT, &why));
+        }
+    };
     serde_json::from_slice(&body)
         .map_err(|e| error(StatusCode::BAD_REQUEST, &format!("the request body: {e}")))
 }

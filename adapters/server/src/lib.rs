@@ -33,6 +33,7 @@ mod error;
 mod grpc;
 mod grpc_runtimes;
 mod http_api;
+mod http_serve;
 mod incoming;
 mod operations;
 mod permit_api;
@@ -489,7 +490,7 @@ pub(crate) async fn until_stopped(mut stopped: watch::Receiver<bool>) {
 }
 
 /// Serve the HTTP API on `listener`, through TLS when `tls` is set, until
-/// stopped.
+/// stopped ([`http_serve`]: with a deadline for each request's head).
 async fn serve_http(
     listener: TcpListener,
     tls: Option<incoming::Acceptor>,
@@ -497,28 +498,21 @@ async fn serve_http(
     stopped: watch::Receiver<bool>,
 ) {
     use axum::serve::ListenerExt;
-    let served = match tls {
+    match tls {
         Some(acceptor) => {
             match incoming::Incoming::start(incoming::Tcp::Listener(listener), acceptor) {
                 Ok(incoming) => {
-                    axum::serve(incoming, app)
-                        .with_graceful_shutdown(until_stopped(stopped))
-                        .await
+                    http_serve::serve(incoming, app, stopped, http_serve::HEAD_WITHIN).await
                 }
-                Err(e) => Err(e),
+                Err(e) => eprintln!("HTTP server stopped: {e}"),
             }
         }
         None => {
             let listener = listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             });
-            axum::serve(listener, app)
-                .with_graceful_shutdown(until_stopped(stopped))
-                .await
+            http_serve::serve(listener, app, stopped, http_serve::HEAD_WITHIN).await;
         }
-    };
-    if let Err(e) = served {
-        eprintln!("HTTP server stopped: {e}");
     }
 }
 
