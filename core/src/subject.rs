@@ -11,6 +11,12 @@ use sha2::Sha256;
 use crate::error::SubjectError;
 use crate::key_hash::text_hash;
 
+/// What begins every [`Subject::hashed`] subject.
+const HASHED_PREFIX: &str = "h.";
+
+/// Hex digits after the prefix (128 bits).
+const HASHED_DIGITS: usize = 32;
+
 /// A validated, normalized identifier that owns a counter.
 ///
 /// Subjects end up inside store keys, so they are checked: surrounding white
@@ -68,13 +74,33 @@ impl Subject {
         let mut mac = Hmac::<Sha256>::new_from_slice(&key.0).expect("HMAC accepts any key length");
         mac.update(secret.as_ref());
         let digest = mac.finalize().into_bytes();
-        let mut text = String::with_capacity(34);
-        text.push_str("h.");
-        for byte in &digest[..16] {
+        let mut text = String::with_capacity(HASHED_PREFIX.len() + HASHED_DIGITS);
+        text.push_str(HASHED_PREFIX);
+        for byte in &digest[..HASHED_DIGITS / 2] {
             text.push(char::from_digit(u32::from(byte >> 4), 16).expect("nibble"));
             text.push(char::from_digit(u32::from(byte & 15), 16).expect("nibble"));
         }
         Subject::of(text.into())
+    }
+
+    /// Whether `text` has the form [`Subject::hashed`] writes: `h.` and 32
+    /// lower-case hex digits. A list of hashed subjects (a deny list, say)
+    /// checks its entries with it: any other text after `h.` matches no
+    /// request.
+    ///
+    /// ```
+    /// use tollgate_limiter::{HashKey, Subject};
+    /// let key = HashKey::new(b"a server-side secret of 16+ bytes").unwrap();
+    /// assert!(Subject::is_hashed_form(Subject::hashed("sk_live", &key).as_str()));
+    /// assert!(!Subject::is_hashed_form("h.9F811E4CF32DC31E6F422DAAE9C8C27A"));
+    /// ```
+    pub fn is_hashed_form(text: &str) -> bool {
+        text.strip_prefix(HASHED_PREFIX).is_some_and(|digits| {
+            digits.len() == HASHED_DIGITS
+                && digits
+                    .bytes()
+                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
     }
 
     /// The subject everyone shares, for global layers.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use tollgate_http::{check_method, check_path, AccessRules, Cidr};
+use tollgate_http::{check_method, check_path, check_subject, AccessRules, Cidr};
 use tollgate_limiter::{
     check_name, duplicate_names, shared_counters, BreakerConfig, DurationSpec, FieldKind,
     KeyBudget, Layer, Lease, Limit, LimitSpec, ModeSpec, OnFailureSpec, Policy, PolicyError, Scope,
@@ -260,11 +260,14 @@ fn access(errors: &mut Vec<PolicyError>, spec: AccessSpec) -> AccessRules {
         values
             .into_iter()
             .enumerate()
-            .filter_map(|(i, v)| match Subject::new(&v) {
-                Ok(subject) => Some(subject),
-                Err(e) => {
-                    errors.push(field_error(&format!("access.{field}[{i}]"), e.to_string()));
-                    None
+            .filter_map(|(i, v)| {
+                let checked = Subject::new(&v).map_err(|e| e.to_string());
+                match checked.and_then(|s| check_subject(s.as_str()).map(|()| s)) {
+                    Ok(subject) => Some(subject),
+                    Err(why) => {
+                        errors.push(field_error(&format!("access.{field}[{i}]"), why));
+                        None
+                    }
                 }
             })
             .collect::<Vec<_>>()

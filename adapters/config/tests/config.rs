@@ -819,4 +819,22 @@ skip_paths = ["health", "/a*/b", "/café", "/é*"]
     has(&list, "access.skip_paths[1]");
     let list = errors("[access]\nallow = [\"x\"]\n");
     has(&list, "access");
+    // Subjects no identity writes would match no request: refused.
+    let list = errors(
+        r#"
+[access]
+deny_subjects = ["h.9F811E4CF32DC31E6F422DAAE9C8C27A", "ip:198.51.100.7", "h.9f811e4cf32dc31e6f422daae9c8c27a"]
+exempt_subjects = ["ip:2001:DB8:1:2::/64", "ip:192.0.2.1/24", "ip:192.0.2.0/24"]
+"#,
+    );
+    has(&list, "access.deny_subjects[0]");
+    has(&list, "access.deny_subjects[1]");
+    has(&list, "ip:2001:db8:1:2::/64");
+    has(&list, "ip:192.0.2.0/24");
+    assert!(
+        !list
+            .iter()
+            .any(|e| e.contains("deny_subjects[2]") || e.contains("exempt_subjects[2]")),
+        "{list:#?}"
+    );
 }

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use tollgate_limiter::Subject;
 
-use crate::client_ip::{Cidr, ClientIp};
+use crate::client_ip::{network_subject_error, Cidr, ClientIp};
 
 /// Allow lists, deny lists and skip rules, in code
 /// ([`GateBuilder::access`](crate::GateBuilder::access)) or from the
@@ -185,6 +185,34 @@ impl AccessRules {
         } else {
             None
         }
+    }
+}
+
+/// A subject an access rule can name so that a request can match it: a
+/// hashed API key as [`Subject::hashed`] writes it (`h.` and 32
+/// lower-case hex digits), a client's network as
+/// [`ClientIp::subject`](crate::ClientIp::subject) writes it
+/// (`ip:<network>/<bits>`, the network in its canonical text); any other
+/// subject as it is.
+///
+/// ```
+/// use tollgate_http::check_subject;
+/// assert!(check_subject("ip:198.51.100.7/32").is_ok());
+/// assert!(check_subject("ip:198.51.100.7").is_err());
+/// assert!(check_subject("ip:2001:DB8::/64").is_err()); // ip:2001:db8::/64
+/// assert!(check_subject("h.9F811E4CF32DC31E6F422DAAE9C8C27A").is_err());
+/// assert!(check_subject("user-42").is_ok());
+/// ```
+pub fn check_subject(subject: &str) -> Result<(), String> {
+    if subject.starts_with("h.") && !Subject::is_hashed_form(subject) {
+        return Err(format!(
+            "{subject:?} is not a hashed subject: those are h. and 32 lower-case hex digits, \
+             as the identity writes them (this entry would match no request)"
+        ));
+    }
+    match subject.strip_prefix("ip:").and_then(network_subject_error) {
+        Some(why) => Err(format!("{subject:?}: {why}")),
+        None => Ok(()),
     }
 }
 

@@ -171,6 +171,30 @@ impl ClientIp {
     }
 }
 
+/// What is wrong with `network` (a subject after `ip:`) as a client's
+/// network, when [`ClientIp::subject`] would never write it: it writes
+/// `<address>/<bits>`, the address masked to its bits, in its canonical
+/// text (IPv4 for an IPv4-mapped IPv6 address).
+pub(crate) fn network_subject_error(network: &str) -> Option<String> {
+    let canonical = network.split_once('/').and_then(|(address, bits)| {
+        let ip = address.parse::<IpAddr>().ok()?.to_canonical();
+        let bits = bits.parse::<u8>().ok()?;
+        let most = if ip.is_ipv4() { 32 } else { 128 };
+        (bits <= most).then(|| format!("{}/{bits}", mask(ip, bits)))
+    });
+    match canonical {
+        Some(canonical) if canonical == network => None,
+        Some(canonical) => Some(format!(
+            "a client's network is written ip:{canonical}: this entry would match no request"
+        )),
+        None => Some(
+            "a client's network is written ip:<address>/<prefix bits>, as ClientIp names it \
+             (ip:203.0.113.7/32): this entry would match no request"
+                .to_string(),
+        ),
+    }
+}
+
 impl Default for ClientIp {
     fn default() -> Self {
         ClientIp::direct()
@@ -344,6 +368,39 @@ mod tests {
             c.client_addr(Some(ip("10.0.0.1")), &[b"10.9.9.9"]),
             Some(ip("10.9.9.9"))
         );
+    }
+
+    #[test]
+    fn access_rules_accept_only_the_networks_subjects_name() {
+        let clients = [
+            "192.0.2.1",
+            "::ffff:192.0.2.1",
+            "2001:db8:a:b:c:d:e:f",
+            "::1",
+        ];
+        for (v4, v6) in [(32, 64), (24, 48), (0, 0), (32, 128)] {
+            let c = ClientIp::direct()
+                .ipv4_prefix(v4)
+                .unwrap()
+                .ipv6_prefix(v6)
+                .unwrap();
+            for client in clients {
+                let subject = c.subject(ip(client));
+                let network = subject.as_str().strip_prefix("ip:").unwrap();
+                assert_eq!(network_subject_error(network), None, "{subject}");
+            }
+        }
+        for odd in [
+            "198.51.100.7",
+            "198.51.100.7/33",
+            "198.51.100.7/24",
+            "2001:DB8::/64",
+            "::ffff:192.0.2.1/128",
+            "192.0.2.1/x",
+            "",
+        ] {
+            assert!(network_subject_error(odd).is_some(), "{odd}");
+        }
     }
 
     #[test]

@@ -44,7 +44,7 @@ mod rejection;
 mod response;
 mod skip;
 
-pub use access::{check_method, check_path, AccessRules};
+pub use access::{check_method, check_path, check_subject, AccessRules};
 pub use client_ip::{Cidr, ClientIp, TrustedProxies};
 pub use gate::{Gate, GateBuilder, GateError, Outcome, Prepared};
 pub use grpc::{
