@@ -112,9 +112,42 @@ impl LeaseTable {
     /// entry holds the cost, its lease has not ended, and it was charged
     /// under the same limit (a plan change ends it).
     fn covering(&mut self, hash: u64, request: &LayerRequest<'_>, now: u64) -> Option<&mut Held> {
+        self.live(hash, request, now)
+            .filter(|held| held.units >= request.cost)
+    }
+
+    /// `request`'s batch at `now`, if its lease has not ended and it was
+    /// charged under the same limit (whatever it still holds).
+    fn live(&mut self, hash: u64, request: &LayerRequest<'_>, now: u64) -> Option<&mut Held> {
         let held = self.entry(hash, request)?;
         let same_limit = held.layer.policy().limit() == request.policy.limit();
-        (held.units >= request.cost && now < held.ends && same_limit).then_some(held)
+        (now < held.ends && same_limit).then_some(held)
+    }
+
+    /// Add to each of a peek's `verdicts` what its layer's live batch
+    /// still holds at `now`: the store counts a batch as used, but its
+    /// units are this process's to admit (as an admission from it
+    /// reports), and a batch that covers the cost admits.
+    pub(crate) fn add_held(
+        &mut self,
+        requests: &[LayerRequest<'_>],
+        now: u64,
+        verdicts: &mut [Verdict],
+    ) {
+        for (request, verdict) in requests.iter().zip(verdicts) {
+            let hash = self.hash(request);
+            let Some(held) = self.live(hash, request, now) else {
+                continue;
+            };
+            verdict.remaining = verdict
+                .remaining
+                .saturating_add(held.units)
+                .min(verdict.limit);
+            if !verdict.allowed && held.units >= request.cost {
+                verdict.allowed = true;
+                verdict.retry_after = None;
+            }
+        }
     }
 
     /// Admit every request from its batch at `now`, writing one verdict

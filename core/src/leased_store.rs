@@ -156,8 +156,12 @@ impl Store for LeasedStore {
         Decide::later(verdicts, self.decide_through(layers))
     }
 
+    /// The store's answer, with what this process's batches still hold
+    /// added (as `check` reports it when it admits from them).
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.inner.peek(layers).await
+        let mut verdicts = self.inner.peek(layers).await?;
+        self.table().add_held(layers, self.now(), &mut verdicts);
+        Ok(verdicts)
     }
 
     async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {

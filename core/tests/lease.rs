@@ -101,6 +101,20 @@ async fn admitted(limiter: &Limiter, ctx: &Context, n: usize) -> usize {
     admitted
 }
 
+/// What the store itself holds of the leased bucket's key for `ctx`
+/// (`scope`), without this process's batches: peeked by a limiter without
+/// the lease, over the same counter.
+async fn in_store(store: &Arc<Remote>, scope: Scope, ctx: &Context) -> u64 {
+    let bucket = Limit::token_bucket(1_000, 100, Duration::from_secs(1)).unwrap();
+    let plain = Limiter::builder(store.clone())
+        .layer("plain", scope, Policy::new("hot", bucket).unwrap())
+        .build()
+        .unwrap();
+    plain.peek(ctx, 1).await.unwrap().layers()[0]
+        .verdict
+        .remaining
+}
+
 async fn remaining(limiter: &Limiter) -> u64 {
     limiter.peek(&Context::new(), 1).await.unwrap().layers()[0]
         .verdict
@@ -149,8 +163,9 @@ async fn ended_leases_give_back_their_units() {
     let limiter = limiter(store.clone(), &clock, leased_bucket(50));
     let ctx = Context::new();
     assert_eq!(admitted(&limiter, &ctx, 300).await, 300);
-    let held = 700 - remaining(&limiter).await;
+    let held = 700 - in_store(&store, Scope::Global, &ctx).await;
     assert!(held > 0, "a batch is held");
+    assert_eq!(remaining(&limiter).await, 700, "its units are no one's yet");
     clock.advance(Duration::from_millis(1_001));
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(store.rewards.load(Ordering::SeqCst), 1, "one give-back");
@@ -193,7 +208,7 @@ async fn a_failing_store_admits_only_what_was_charged() {
     let limiter = limiter(store.clone(), &clock, policy);
     let ctx = Context::new();
     assert_eq!(admitted(&limiter, &ctx, 200).await, 200);
-    let held = 800 - remaining(&limiter).await;
+    let held = 800 - in_store(&store, Scope::Global, &ctx).await;
     assert!(held > 0, "a batch is held");
     store.down.store(true, Ordering::SeqCst);
     let mut admitted_after = 0;
@@ -228,8 +243,7 @@ async fn batches_do_not_hide_a_failing_store_from_the_breaker() {
     let hot = Context::for_subject(Subject::new("hot").unwrap());
     let cold = Context::for_subject(Subject::new("cold").unwrap());
     assert_eq!(admitted(&limiter, &hot, 200).await, 200);
-    let peeked = limiter.peek(&hot, 1).await.unwrap();
-    let held = 800 - peeked.layers()[0].verdict.remaining;
+    let held = 800 - in_store(&store, Scope::Subject, &hot).await;
     store.down.store(true, Ordering::SeqCst);
     let calls = store.decides.load(Ordering::SeqCst);
     let mut hot_admitted = 0;
@@ -514,4 +528,22 @@ async fn idle_window_leases_make_room_for_hot_keys() {
         calls < 100,
         "a hot key is decided from batches: {calls} calls"
     );
+}
+
+/// What a customer's usage reads agrees with what its decisions report:
+/// the units of a batch this process holds and has not admitted are not
+/// used (the store counts them as used when the batch is charged).
+#[tokio::test]
+async fn usage_does_not_count_a_held_batch_as_used() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let limiter = hourly_per_key(store, &clock);
+    let ctx = customer(1);
+    assert_eq!(admitted(&limiter, &ctx, 300).await, 300);
+    let decision = limiter.check(&ctx, 1).await.unwrap();
+    assert!(decision.is_allowed());
+    let usage = limiter.usage(&ctx).await.unwrap();
+    let (used, remaining) = (usage.layers[0].used, usage.layers[0].remaining);
+    assert_eq!(used, 301, "301 admitted");
+    assert_eq!(remaining, decision.layers()[0].verdict.remaining);
 }
