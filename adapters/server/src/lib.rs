@@ -695,14 +695,20 @@ impl Server {
         })
     }
 
-    /// Stop accepting, let the requests in flight finish (for at most
-    /// [`SHUTDOWN_WITHIN`]), and return.
+    /// Tell health checks `NOT_SERVING`, keep serving for
+    /// `shutdown_drain` (when set), then stop accepting, let the requests
+    /// in flight finish (for at most [`SHUTDOWN_WITHIN`]), and return.
     pub async fn shutdown(self) {
-        // Health checks see the shutdown first, so Envoy stops sending.
+        // Health checks see the shutdown first and, for `shutdown_drain`,
+        // while everything is still served, so Envoy stops sending before
+        // the listeners close.
         self.health
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;
         self.health.set_not_serving::<grpc::Service>().await;
+        if let Some(drain) = self.shared.rules().settings().shutdown_drain {
+            tokio::time::sleep(drain.0).await;
+        }
         // The certificates' watch ends now: it would never end itself.
         drop(self.certificates);
         let _ = self.stop.send(true);

@@ -188,6 +188,13 @@ pub struct Settings {
     /// envoyproxy/ratelimit").
     #[serde(default)]
     pub envoy_config_dir: Option<std::path::PathBuf>,
+    /// How long the server keeps serving at shutdown after telling health
+    /// checks `NOT_SERVING`, so Envoy (and Kubernetes) stop sending to it
+    /// before its listeners close: about what they take to notice (Envoy:
+    /// its health check's `interval` × `unhealthy_threshold`). Default:
+    /// none, the listeners close at once. At most 5 minutes.
+    #[serde(default)]
+    pub shutdown_drain: Option<tollgate_limiter::DurationSpec>,
     /// The rules, in the order they are tried.
     #[serde(default)]
     pub rules: Vec<RuleSpec>,
@@ -260,6 +267,15 @@ impl Settings {
             return Err(ServerError::Settings(
                 "server.max_body_bytes must be > 0".into(),
             ));
+        }
+        let drain_at_most = std::time::Duration::from_secs(300);
+        if let Some(problem) = settings
+            .shutdown_drain
+            .and_then(|d| d.problem(drain_at_most))
+        {
+            return Err(ServerError::Settings(format!(
+                "server.shutdown_drain {problem} (leave it out to close at once)"
+            )));
         }
         Ok(settings)
     }

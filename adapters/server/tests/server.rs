@@ -876,6 +876,34 @@ async fn grpc_health_is_served() {
     server.shutdown().await;
 }
 
+/// With `shutdown_drain`, a health check made after the shutdown began
+/// is answered NOT_SERVING, and calls are still served meanwhile: Envoy
+/// sees the server leave before its listeners close.
+#[tokio::test]
+async fn a_drained_shutdown_tells_health_checks_first() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let (_file, server) = start_with("shutdown_drain = \"2s\"\n").await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr()))
+        .expect("a URI")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel);
+    let stopping = tokio::spawn(server.shutdown());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let answer = health
+        .check(HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        })
+        .await
+        .expect("answered while draining")
+        .into_inner();
+    assert_eq!(answer.status, ServingStatus::NotServing as i32);
+    stopping.await.unwrap();
+}
+
 /// The value of a Prometheus line of `/metrics` (0 when absent).
 async fn metric(base: &str, line_start: &str) -> f64 {
     let (_, text) = get(&format!("{base}/metrics")).await;
