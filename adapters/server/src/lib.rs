@@ -181,7 +181,8 @@ impl Shared {
             self.runtime_stores.over(self.live.store(), &config),
             self.live.fallback_store(),
             self.clock.clone(),
-        )?;
+        )?
+        .keeping_overrides_of(&self.rules());
         *self.rules.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(rules);
         Ok(())
     }

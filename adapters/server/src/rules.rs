@@ -295,8 +295,9 @@ pub struct Rules {
     clock: Arc<dyn Clock>,
     hash_key: Option<HashKey>,
     combined: RwLock<HashMap<Vec<RuleUse>, Arc<Combined>>>,
-    /// The distinct limit overrides counted ([`Rules::counts_override`]).
-    overrides: std::sync::Mutex<BTreeSet<LimitOverride>>,
+    /// The distinct limit overrides counted ([`Rules::counts_override`]),
+    /// shared with the rules a reload replaces these with.
+    overrides: Arc<std::sync::Mutex<BTreeSet<LimitOverride>>>,
 }
 
 impl Rules {
@@ -433,8 +434,9 @@ pub const MAX_DESCRIPTORS: usize = 64;
 /// combination gets a limiter of its own for that request only.
 const MAX_CACHED: usize = 4096;
 
-/// Distinct limit overrides one configuration counts (see
-/// `Rules::counts_override`); a route's overrides are a handful.
+/// Distinct limit overrides the server counts in its life, reloads
+/// included (see `Rules::counts_override`); a route's overrides are a
+/// handful.
 const MAX_OVERRIDES: usize = 1024;
 
 /// Whether `item` is in `seen`, or added to it while it holds fewer than
@@ -661,7 +663,7 @@ impl Rules {
             clock,
             hash_key,
             combined: RwLock::new(HashMap::new()),
-            overrides: std::sync::Mutex::new(BTreeSet::new()),
+            overrides: Arc::default(),
         };
         for (i, rule) in rules.rules.iter().enumerate() {
             rules
@@ -868,9 +870,18 @@ impl Rules {
     /// are kept for good, so a caller sending ever new overrides would grow
     /// them without bound. The first [`MAX_OVERRIDES`] distinct ones seen
     /// are counted; a new one past them makes its descriptor over the limit.
+    /// A reload keeps the count ([`keeping_overrides_of`](Self::keeping_overrides_of)):
+    /// what it bounds lives as long as the process.
     fn counts_override(&self, limit: LimitOverride) -> bool {
         let mut seen = self.overrides.lock().unwrap_or_else(|p| p.into_inner());
         admit_distinct(&mut seen, limit, MAX_OVERRIDES)
+    }
+
+    /// These rules, counting the limit overrides `running` counted: the
+    /// rules a reload puts in their place.
+    pub(crate) fn keeping_overrides_of(mut self, running: &Rules) -> Rules {
+        self.overrides = running.overrides.clone();
+        self
     }
 
     /// The limiter of a combination of rules, each with its descriptor's

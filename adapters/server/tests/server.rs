@@ -840,6 +840,16 @@ async fn distinct_overrides_are_bounded() {
     )
     .await;
     assert_eq!(r.overall_code, OK, "an override already counted");
+    // A reload keeps the count: the overrides' policies and metric series
+    // live as long as the process.
+    server.reload().await.expect("reloaded");
+    let r = ask(
+        &mut c,
+        vec![with_override(user("b1", "b-acme"), 1_026, second)],
+        0,
+    )
+    .await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]), "still past the bound");
     server.shutdown().await;
 }
 
