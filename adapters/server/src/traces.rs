@@ -247,6 +247,24 @@ impl Tracer {
     }
 }
 
+/// Longest domain a span carries, in bytes: Envoy's domains are names
+/// from its configuration, while the request's is the caller's and may be
+/// megabytes (a span is kept in memory until it is sent).
+const DOMAIN_AT_MOST: usize = 256;
+
+/// `domain`, cut to [`DOMAIN_AT_MOST`] bytes (at a character's start) and
+/// marked `…` when cut.
+fn bounded(domain: &str) -> std::borrow::Cow<'_, str> {
+    if domain.len() <= DOMAIN_AT_MOST {
+        return domain.into();
+    }
+    let mut end = DOMAIN_AT_MOST;
+    while !domain.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &domain[..end]).into()
+}
+
 /// The attributes of a decision's span: its domain, how many descriptors,
 /// the rules that decided them, the overall code, and whether a store
 /// failure failed it closed (`outcome` is `None` for a request refused as
@@ -257,7 +275,7 @@ pub(crate) fn decision_attributes(
     outcome: Option<&crate::Answer>,
 ) -> Vec<(&'static str, Value)> {
     let mut attributes = vec![
-        ("ratelimit.domain", json!(domain)),
+        ("ratelimit.domain", json!(bounded(domain))),
         ("ratelimit.descriptors", json!(descriptors)),
     ];
     let Some(outcome) = outcome else {
@@ -388,6 +406,22 @@ fn attribute(key: &str, value: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A caller's domain of any size is carried at most 256 bytes long
+    /// (cut at a character), a configured one as it is.
+    #[test]
+    fn a_spans_domain_is_bounded() {
+        let domain = |attributes: Vec<(&str, Value)>| attributes[0].1.as_str().unwrap().to_string();
+        assert_eq!(domain(decision_attributes("edge", 1, None)), "edge");
+        let huge = "é".repeat(1 << 20);
+        let carried = domain(decision_attributes(&huge, 1, None));
+        assert!(
+            carried.len() <= DOMAIN_AT_MOST + "…".len(),
+            "{}",
+            carried.len()
+        );
+        assert!(carried.ends_with('…') && carried.starts_with("éé"));
+    }
 
     fn header(text: &str) -> Option<TraceContext> {
         TraceContext::parse(Some(&http::HeaderValue::from_str(text).unwrap()))
