@@ -31,9 +31,13 @@ use crate::verdicts::Verdicts;
 ///
 /// The `{tag}` is a Redis Cluster hash tag: keys with the same tag share a
 /// slot, so layers keyed on one tenant are decided by a single script call.
-/// A key borrows its parts, so building one costs nothing; stores render it
-/// (or compare against a rendered key with [`StoreKey::matches`]) only when
-/// they need text.
+/// A key borrows its parts; a layer builds one for a request from its
+/// subjects' hashes, taken when they were made, while [`StoreKey::new`]
+/// hashes the tag's and the subject's text. Stores render it (or compare
+/// against a rendered key with [`StoreKey::matches`]) only when they need
+/// text. Its `Hash` (and a [`Subject`](crate::Subject)'s) is seeded at
+/// random once per process: never a value to keep or share across
+/// processes (shard by the rendered key instead).
 ///
 /// ```
 /// # use std::time::Duration;
@@ -103,9 +107,10 @@ impl KeyMiddle {
 }
 
 /// A fixed hash (FNV-1a) of a key's layer parts: the same for a key made by
-/// [`StoreKey::new`] and by a layer, so both find the same entry. Stores
-/// hash it again with their own keyed hasher, together with the tag and
-/// subject (which clients choose).
+/// [`StoreKey::new`] and by a layer, so both find the same entry. A key's
+/// hash combines it with the tag's and the subject's text hashes (which
+/// clients choose, hashed with the process's random seed: [`key_hash`]);
+/// stores hash that again with their own hasher.
 fn layer_hash(policy: &str, version: u32, algorithm: &str, custom: bool, scope: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {

@@ -211,9 +211,12 @@ async fn check(State(shared): State<Arc<Shared>>, request: Request) -> Response 
     response
 }
 
-/// Ready when the store answers a peek within two seconds and no circuit
-/// breaker is open.
+/// Ready when no shutdown has begun, the store answers a peek within two
+/// seconds and no circuit breaker is open.
 async fn ready(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
+    }
     let rules = shared.rules();
     if !rules.breakers_closed() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "a circuit breaker is open");

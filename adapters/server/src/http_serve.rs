@@ -15,12 +15,15 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 /// How long a connection may take to send a request's head, or stay idle
-/// between requests.
-pub(crate) const HEAD_WITHIN: Duration = Duration::from_secs(10);
+/// between requests (hyper's one deadline for both; its own default). A
+/// pooled client reusing a connection at the very instant it closes sees
+/// its request fail, so the deadline is well above a renewal loop's
+/// period.
+pub(crate) const HEAD_WITHIN: Duration = Duration::from_secs(30);
 
 /// How long a request may take to send its body (read by the handlers
 /// that take one: [`json_body`](crate::http_api::json_body)).
-pub(crate) const BODY_WITHIN: Duration = Duration::from_secs(10);
+pub(crate) const BODY_WITHIN: Duration = Duration::from_secs(30);
 
 /// Serve `app` on the connections `listener` accepts until `stopped`,
 /// then let the requests in flight finish; a connection that sends no

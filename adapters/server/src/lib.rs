@@ -94,6 +94,8 @@ pub struct Shared {
     in_force: std::sync::Mutex<Option<Vec<u8>>>,
     /// Concurrency limits' places held for HTTP clients.
     permits: permits::Permits,
+    /// A shutdown began: `/readyz` answers 503 from then on.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {
@@ -451,6 +453,7 @@ async fn prepare(
         reloading: tokio::sync::Mutex::new(()),
         in_force: std::sync::Mutex::new(in_force),
         permits: permits::Permits::default(),
+        stopping: std::sync::atomic::AtomicBool::new(false),
     });
     Ok((shared, certificates))
 }
@@ -700,9 +703,12 @@ impl Server {
     /// `shutdown_drain` (when set), then stop accepting, let the requests
     /// in flight finish (for at most [`SHUTDOWN_WITHIN`]), and return.
     pub async fn shutdown(self) {
-        // Health checks see the shutdown first and, for `shutdown_drain`,
-        // while everything is still served, so Envoy stops sending before
-        // the listeners close.
+        // Health checks (gRPC's and `/readyz`) see the shutdown first
+        // and, for `shutdown_drain`, while everything is still served, so
+        // Envoy and Kubernetes stop sending before the listeners close.
+        self.shared
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.health
             .set_service_status("", tonic_health::ServingStatus::NotServing)
             .await;

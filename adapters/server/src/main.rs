@@ -94,7 +94,12 @@ async fn run(config: &PathBuf) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     eprintln!("stopping: finishing the requests in flight");
-    server.shutdown().await;
+    // A second signal stops at once (a drain can last minutes).
+    tokio::select! {
+        () = server.shutdown() => {}
+        _ = terminate.recv() => eprintln!("stopped at once: a second signal"),
+        _ = tokio::signal::ctrl_c() => eprintln!("stopped at once: a second signal"),
+    }
     Ok(())
 }
 

@@ -887,14 +887,16 @@ async fn grpc_health_is_served() {
 }
 
 /// With `shutdown_drain`, a health check made after the shutdown began
-/// is answered NOT_SERVING, and calls are still served meanwhile: Envoy
-/// sees the server leave before its listeners close.
+/// is answered NOT_SERVING (gRPC) and 503 (`/readyz`), and calls are still
+/// served meanwhile: Envoy and Kubernetes see the server leave before its
+/// listeners close.
 #[tokio::test]
 async fn a_drained_shutdown_tells_health_checks_first() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
     let (_file, server) = start_with("shutdown_drain = \"2s\"\n").await;
+    let (http, grpc) = (server.http_addr(), server.grpc_addr());
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr()))
         .expect("a URI")
         .connect()
@@ -911,6 +913,11 @@ async fn a_drained_shutdown_tells_health_checks_first() {
         .expect("answered while draining")
         .into_inner();
     assert_eq!(answer.status, ServingStatus::NotServing as i32);
+    let (status, _) = get(&format!("http://{http}/readyz")).await;
+    assert_eq!(status, 503, "not ready while draining");
+    let mut c = client(grpc).await;
+    let r = ask(&mut c, vec![user("drain", "acme")], 1).await;
+    assert_eq!(r.overall_code, OK, "calls still served while draining");
     stopping.await.unwrap();
 }
 
