@@ -98,15 +98,15 @@ fn steady_state_decisions_allocate_nothing() {
             for ctx in &contexts {
                 assert!(ready(limiter.check(ctx, 1)).unwrap().is_allowed());
             }
-            let region = Region::new(GLOBAL);
-            for round in 0..10 {
-                clock.advance(Duration::from_millis(1));
-                for ctx in &contexts {
-                    let d = ready(limiter.check(ctx, 1)).unwrap();
-                    assert!(d.is_allowed(), "{name}, {layers} layers, round {round}");
-                }
+            // The allocator's counts are the process's: the test harness's
+            // own thread, delayed on a loaded machine, once allocated in the
+            // first region measured. A decision's allocation comes back in
+            // every region; another thread's one-off does not, so a region
+            // that saw some is measured once more.
+            let mut stats = rounds(&limiter, &contexts, &clock, name, layers);
+            if (stats.allocations, stats.reallocations) != (0, 0) {
+                stats = rounds(&limiter, &contexts, &clock, name, layers);
             }
-            let stats = region.change();
             assert_eq!(
                 (stats.allocations, stats.reallocations),
                 (0, 0),
@@ -118,4 +118,23 @@ fn steady_state_decisions_allocate_nothing() {
             );
         }
     }
+}
+
+/// Ten rounds of a decision for every context, measured.
+fn rounds(
+    limiter: &Limiter,
+    contexts: &[Context],
+    clock: &ManualClock,
+    name: &str,
+    layers: usize,
+) -> stats_alloc::Stats {
+    let region = Region::new(GLOBAL);
+    for round in 0..10 {
+        clock.advance(Duration::from_millis(1));
+        for ctx in contexts {
+            let d = ready(limiter.check(ctx, 1)).unwrap();
+            assert!(d.is_allowed(), "{name}, {layers} layers, round {round}");
+        }
+    }
+    region.change()
 }
