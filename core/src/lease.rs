@@ -12,9 +12,11 @@ use crate::limit::Limit;
 /// the request's other layers, as any decision) and admits the next
 /// requests from that batch without a store call, until the batch is used
 /// or its lease ends. A unit is charged in the store before it is admitted
-/// anywhere, so a lease never over-admits; what it costs is
-/// under-admission: units other processes hold and do not use, at most
-/// their batches.
+/// anywhere, so a lease never over-admits a window, and a bucket keeps
+/// its rate; what it costs is under-admission (units other processes hold
+/// and do not use, at most their batches) and, for a token bucket or
+/// GCRA, bursts above the capacity by at most the units batches hold (the
+/// store's bucket refills to full while they are held).
 ///
 /// - **The batch** is a quarter of what this process asked of the key in
 ///   the last period (the shortest lease among the limiter's leased

@@ -213,6 +213,9 @@ impl LeaseTable {
                 lease: held.lease,
             };
         }
+        if self.held_under_another_limit(hash, request, now) {
+            return Step::Forward;
+        }
         // What the batch holds cannot cover this request: it ends.
         self.end(hash, request, unused);
         // A quarter of the units asked in the heat's period (the shortest
@@ -251,6 +254,31 @@ impl LeaseTable {
             units: batch,
             lease: held.lease,
         }
+    }
+
+    /// Whether `request`'s key holds a batch charged under another limit
+    /// (another plan's, on a key plans share) that is still in use at
+    /// `now`: taken from within a lease's duration, or being charged.
+    /// Ending it would throw its units away (a window's cannot be given
+    /// back), and two plans taking turns on one key would end each
+    /// other's batches on every switch, so the request goes to the store
+    /// instead. A batch nobody took from for a lease (its plan no longer
+    /// used: a customer upgraded) ends, and the next is the new limit's.
+    fn held_under_another_limit(
+        &mut self,
+        hash: u64,
+        request: &LayerRequest<'_>,
+        now: u64,
+    ) -> bool {
+        let Some(held) = self.entry(hash, request) else {
+            return false;
+        };
+        let policy = held.layer.policy();
+        if policy.limit() == request.policy.limit() {
+            return false;
+        }
+        let idle_after = policy.lease().map_or(0, |l| duration_micros(l.duration()));
+        held.refilling || (now < held.ends && now < held.last_take.saturating_add(idle_after))
     }
 
     /// End the lease of `hash`: its units, when a token bucket's or

@@ -341,6 +341,102 @@ async fn a_plan_change_ends_the_batch() {
     }
 }
 
+/// A leased bucket's burst exceeds its capacity by at most what its batch
+/// holds (docs/leases.md): the store's bucket refills to full while the
+/// batch still holds units charged before.
+#[tokio::test]
+async fn a_buckets_burst_exceeds_its_capacity_by_at_most_its_batch() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let bucket = || Limit::token_bucket(100, 1_000, Duration::from_secs(1)).unwrap();
+    let lease = Lease::new(Duration::from_secs(1))
+        .unwrap()
+        .with_max_batch(25)
+        .unwrap();
+    let policy = Policy::new("burst", bucket())
+        .unwrap()
+        .leased(lease)
+        .unwrap();
+    let limiter = limiter(store.clone(), &clock, policy);
+    let ctx = Context::new();
+    assert_eq!(admitted(&limiter, &ctx, 80).await, 80);
+    let plain = limiter_of(store, Policy::new("burst", bucket()).unwrap());
+    let in_store = plain.peek(&ctx, 1).await.unwrap().layers()[0]
+        .verdict
+        .remaining;
+    let held = 100 - in_store - 80;
+    assert!(
+        held > 0,
+        "the batch holds units ({in_store} left in the store)"
+    );
+    clock.advance(Duration::from_millis(200));
+    let burst = admitted(&limiter, &ctx, 300).await as u64;
+    assert!(
+        (100..=100 + held).contains(&burst),
+        "a burst of {burst} from a full bucket of 100 and a batch of {held}"
+    );
+}
+
+/// A limiter with `policy` on one global layer, without a lease: it reads
+/// what the store holds.
+fn limiter_of(store: Arc<Remote>, policy: Policy) -> Limiter {
+    Limiter::builder(store)
+        .layer("all", Scope::Global, policy)
+        .build()
+        .unwrap()
+}
+
+/// Two plans taking turns on a key they share (a global layer whose
+/// limit depends on the customer's plan): each plan's batch serves its own
+/// requests, and the other plan's go to the store. Before, each switch
+/// ended the other plan's batch, and a window's units, which cannot be
+/// given back, were lost: after a few hundred switches the window was
+/// spent on units nobody admitted.
+#[tokio::test]
+async fn plans_sharing_a_key_keep_each_others_batches() {
+    let clock = ManualClock::new(Timestamp::from_micros(
+        START.as_micros() - START.as_micros() % 3_600_000_000,
+    ));
+    let store = remote(&clock);
+    let hourly = |limit| Limit::fixed_window(limit, Duration::from_secs(3_600)).unwrap();
+    let lease = Lease::new(Duration::from_secs(1))
+        .unwrap()
+        .with_max_batch(50)
+        .unwrap();
+    let policy = Policy::new("hourly", hourly(4_000))
+        .unwrap()
+        .leased(lease)
+        .unwrap();
+    let plans = Plans::new(Plan::new("pro").unwrap())
+        .plan(Plan::new("free").unwrap().limit("hourly", hourly(3_000)));
+    let limiter = Limiter::builder(store.clone())
+        .clock(Arc::new(clock.clone()))
+        .layer("all", Scope::Global, policy)
+        .plans(plans)
+        .build()
+        .unwrap();
+    let as_plan = |name: &str| Context::new().with_plan(PlanName::new(name).unwrap());
+    let (pro, free) = (as_plan("pro"), as_plan("free"));
+    let mut admitted_in_all = 0;
+    for _ in 0..1_000 {
+        admitted_in_all += admitted(&limiter, &pro, 1).await;
+        admitted_in_all += admitted(&limiter, &free, 1).await;
+    }
+    assert_eq!(
+        admitted_in_all, 2_000,
+        "every request, far below both limits"
+    );
+    let plain = limiter_of(store, Policy::new("hourly", hourly(4_000)).unwrap());
+    let used = 4_000
+        - plain.peek(&Context::new(), 1).await.unwrap().layers()[0]
+            .verdict
+            .remaining;
+    assert!(
+        used <= 2_000 + 2 * 50,
+        "charged {used} for 2,000 admitted: at most a batch held by each plan"
+    );
+}
+
 /// The task that ends quiet leases ran on a runtime that shut down: the
 /// next decision, on another runtime, starts it again, and the quiet
 /// lease's units come back.
