@@ -754,13 +754,11 @@ mod tests {
         )
     }
 
-    /// What the watch saw settle is applied only while the file still
-    /// holds it: a write begun since (caught halfway, perhaps) is left to
-    /// the watch's next looks.
-    #[tokio::test]
-    async fn settled_files_apply_only_while_they_hold_what_settled() {
+    /// A server started from a file of limit 5 in a directory of its own
+    /// (`name`'s): the directory, the file and the server.
+    async fn started(name: &str) -> (std::path::PathBuf, std::path::PathBuf, Server) {
         let dir =
-            std::env::temp_dir().join(format!("tollgate-server-settled-{}", std::process::id()));
+            std::env::temp_dir().join(format!("tollgate-server-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("server.toml");
         std::fs::write(&path, file(5)).unwrap();
@@ -768,6 +766,15 @@ mod tests {
             tollgate_limiter::Timestamp::from_micros(1_780_000_000_000_000),
         ));
         let server = Server::start(&path, clock).await.unwrap();
+        (dir, path, server)
+    }
+
+    /// What the watch saw settle is applied only while the file still
+    /// holds it: a write begun since (caught halfway, perhaps) is left to
+    /// the watch's next looks.
+    #[tokio::test]
+    async fn settled_files_apply_only_while_they_hold_what_settled() {
+        let (dir, path, server) = started("settled").await;
         let capacity = |s: &Server| s.rules().policy("per-user").unwrap().capacity();
         std::fs::write(&path, file(7)).unwrap();
         assert!(server
@@ -788,15 +795,7 @@ mod tests {
     /// applies, not the baseline it starts from.
     #[tokio::test]
     async fn an_edit_made_while_starting_is_applied_by_the_watch() {
-        let dir =
-            std::env::temp_dir().join(format!("tollgate-server-starting-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("server.toml");
-        std::fs::write(&path, file(5)).unwrap();
-        let clock = Arc::new(tollgate_limiter::ManualClock::new(
-            tollgate_limiter::Timestamp::from_micros(1_780_000_000_000_000),
-        ));
-        let server = Server::start(&path, clock).await.unwrap();
+        let (dir, path, server) = started("starting").await;
         std::fs::write(&path, file(7)).unwrap();
         let (reports, mut reported) = tokio::sync::mpsc::unbounded_channel();
         let watch = server.watch(Duration::from_millis(10), move |outcome| {

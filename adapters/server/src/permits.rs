@@ -210,11 +210,19 @@ mod tests {
         }
     }
 
-    /// A release that comes while the same permit's renewal waits for the
-    /// store gives the place back once the renewal ends (it used to find
-    /// no such permit, and the renewal put it back for another lease).
-    #[tokio::test]
-    async fn a_release_during_a_renewal_gives_the_place_back() {
+    /// One client's permit of a limit of one place, in the table, and its
+    /// renewal started: the store holds it until `store.gate` opens.
+    struct Renewing {
+        store: Arc<Stalling>,
+        limiter: Limiter,
+        ctx: Context,
+        clock: Arc<ManualClock>,
+        permits: Arc<Permits>,
+        id: String,
+        renewing: tokio::task::JoinHandle<Renewed>,
+    }
+
+    async fn renewing() -> Renewing {
         let store = Arc::new(Stalling::default());
         let policy = Policy::new(
             "jobs",
@@ -236,6 +244,31 @@ mod tests {
             let (permits, id, clock) = (permits.clone(), id.clone(), clock.clone());
             tokio::spawn(async move { permits.renew(&id, &*clock).await })
         };
+        Renewing {
+            store,
+            limiter,
+            ctx,
+            clock,
+            permits,
+            id,
+            renewing,
+        }
+    }
+
+    /// A release that comes while the same permit's renewal waits for the
+    /// store gives the place back once the renewal ends (it used to find
+    /// no such permit, and the renewal put it back for another lease).
+    #[tokio::test]
+    async fn a_release_during_a_renewal_gives_the_place_back() {
+        let Renewing {
+            store,
+            limiter,
+            ctx,
+            clock,
+            permits,
+            id,
+            renewing,
+        } = renewing().await;
         let releasing = {
             let (permits, id) = (permits.clone(), id.clone());
             tokio::spawn(async move {
@@ -268,27 +301,15 @@ mod tests {
     /// client could then take.
     #[tokio::test]
     async fn a_renewal_outlasted_by_its_lease_is_not_held() {
-        let store = Arc::new(Stalling::default());
-        let policy = Policy::new(
-            "jobs",
-            Limit::concurrency(1, Duration::from_secs(30)).unwrap(),
-        )
-        .unwrap();
-        let limiter = Limiter::builder(store.clone())
-            .layer("in-flight", Scope::Subject, policy)
-            .build()
-            .unwrap();
-        let ctx = Context::for_subject(Subject::new("acme").unwrap());
-        let clock = Arc::new(ManualClock::new(Timestamp::from_micros(
-            1_780_000_000_000_000,
-        )));
-        let permits = Arc::new(Permits::default());
-        let permit = limiter.acquire(&ctx, 1).await.unwrap().permit.unwrap();
-        let id = permits.insert(permit, clock.now());
-        let renewing = {
-            let (permits, id, clock) = (permits.clone(), id.clone(), clock.clone());
-            tokio::spawn(async move { permits.renew(&id, &*clock).await })
-        };
+        let Renewing {
+            store,
+            limiter,
+            ctx,
+            clock,
+            permits,
+            renewing,
+            ..
+        } = renewing().await;
         for _ in 0..10 {
             tokio::task::yield_now().await; // the renewal waits for the store
         }

@@ -853,20 +853,26 @@ async fn distinct_overrides_are_bounded() {
     server.shutdown().await;
 }
 
+/// A `grpc.health.v1` client of the server at `addr`.
+async fn health_client(
+    addr: std::net::SocketAddr,
+) -> tonic_health::pb::health_client::HealthClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("a URI")
+        .connect()
+        .await
+        .expect("connect");
+    tonic_health::pb::health_client::HealthClient::new(channel)
+}
+
 /// `grpc.health.v1` answers SERVING for the server and the rate limit
 /// service, as Envoy's and Kubernetes' gRPC health checks ask.
 #[tokio::test]
 async fn grpc_health_is_served() {
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
     let (_file, server) = start_with("").await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr()))
-        .expect("a URI")
-        .connect()
-        .await
-        .expect("connect");
-    let mut health = HealthClient::new(channel);
+    let mut health = health_client(server.grpc_addr()).await;
     for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
         let r = health
             .check(HealthCheckRequest {
@@ -893,16 +899,10 @@ async fn grpc_health_is_served() {
 #[tokio::test]
 async fn a_drained_shutdown_tells_health_checks_first() {
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
     let (_file, server) = start_with("shutdown_drain = \"2s\"\n").await;
     let (http, grpc) = (server.http_addr(), server.grpc_addr());
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr()))
-        .expect("a URI")
-        .connect()
-        .await
-        .expect("connect");
-    let mut health = HealthClient::new(channel);
+    let mut health = health_client(server.grpc_addr()).await;
     let stopping = tokio::spawn(server.shutdown());
     tokio::time::sleep(Duration::from_millis(100)).await;
     let answer = health
