@@ -13,7 +13,10 @@ use hashbrown::HashTable;
 use crate::key_hash::text_hash;
 use crate::subject::Subject;
 
-/// Shards of the map: concurrent decisions seldom meet on one lock.
+/// Shards of the map at most: concurrent decisions seldom meet on one
+/// lock. A cache of fewer entries has fewer shards (a power of two), so
+/// that every shard has room: a customer whose shard had none was never
+/// kept, and asked the source on every decision.
 const SHARDS: usize = 64;
 
 /// One kept answer: a cache line, aligned to one, so that a read touches
@@ -97,11 +100,15 @@ pub(crate) struct AnswerCache<V> {
 
 impl<V: Copy> AnswerCache<V> {
     pub(crate) fn new(max_entries: u64) -> Self {
-        let per_shard = usize::try_from(max_entries / SHARDS as u64).unwrap_or(usize::MAX);
-        let one_more = (max_entries % SHARDS as u64) as usize;
+        let shards = usize::try_from(max_entries)
+            .unwrap_or(SHARDS)
+            .clamp(1, SHARDS);
+        let shards = 1 << shards.ilog2();
+        let per_shard = usize::try_from(max_entries / shards as u64).unwrap_or(usize::MAX);
+        let one_more = (max_entries % shards as u64) as usize;
         let clock = quanta::Clock::new();
         AnswerCache {
-            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            shards: (0..shards).map(|_| RwLock::default()).collect(),
             per_shard,
             one_more,
             start: clock.raw(),
@@ -135,7 +142,7 @@ impl<V: Copy> AnswerCache<V> {
     pub(crate) fn keep(&self, customer: Subject, answer: V, ttl: Duration, over: Over) -> V {
         let now = self.now();
         let hash = self.hash(&customer);
-        let index = Self::shard_index(hash);
+        let index = self.shard_index(hash);
         let room = self.per_shard + usize::from(index < self.one_more);
         if room == 0 {
             return answer;
@@ -191,12 +198,12 @@ impl<V: Copy> AnswerCache<V> {
     /// entries apart, and a probe compared names it should have skipped).
     #[inline]
     fn shard(&self, hash: u64) -> &RwLock<HashTable<Kept<V>>> {
-        &self.shards[Self::shard_index(hash)]
+        &self.shards[self.shard_index(hash)]
     }
 
     #[inline]
-    fn shard_index(hash: u64) -> usize {
-        (hash >> 32) as usize % SHARDS
+    fn shard_index(&self, hash: u64) -> usize {
+        (hash >> 32) as usize & (self.shards.len() - 1)
     }
 }
 
@@ -249,6 +256,23 @@ mod tests {
         let none = AnswerCache::new(0);
         none.insert(subject(0), 1u32, Duration::from_secs(60));
         assert_eq!(none.get(&subject(0)), None);
+    }
+
+    /// However few the entries, any customer can be kept (with 64 shards
+    /// and room for one, 63 customers in 64 never were).
+    #[test]
+    fn every_customer_can_be_kept_in_a_small_cache() {
+        for max in [1, 3, 10, 63] {
+            let cache = AnswerCache::new(max);
+            for n in 0..200 {
+                cache.insert(subject(n), 1u32, Duration::from_secs(60));
+                assert_eq!(
+                    cache.get(&subject(n)),
+                    Some(1),
+                    "customer {n} of a cache of {max}"
+                );
+            }
+        }
     }
 
     /// A failure keeps an answer fetched meanwhile, unless it expired; a
