@@ -149,7 +149,17 @@ pub(crate) fn plans(
     let mut assigned = Vec::new();
     for (subject, plan) in spec.assign {
         let path = format!("plans.assign.{subject:?}");
-        let subject = Subject::new(&subject).map_err(|e| field_error(&path, e.to_string()));
+        // The forms the identity writes, as `[access]` checks them: an
+        // entry in another form (`h.` in upper case, an address without
+        // its prefix length) would load and never match.
+        let subject = Subject::new(&subject)
+            .map_err(|e| e.to_string())
+            .and_then(|s| tollgate_http::check_subject(s.as_str()).map(|()| s))
+            .and_then(|s| match assigned.iter().any(|(a, _)| *a == s) {
+                false => Ok(s),
+                true => Err(format!("{s} is assigned twice (entries differing only by white space around them name one subject)")),
+            })
+            .map_err(|why| field_error(&path, why));
         let plan = PlanName::new(&plan)
             .map_err(|e| field_error(&path, e.reason()))
             .and_then(|p| match known(&p) {

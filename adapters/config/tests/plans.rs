@@ -128,7 +128,9 @@ fn every_error_names_its_field() {
         .replace("[plans.limits.pro.api]", "[plans.limits.pro.aip]")
         .replace(
             "key-9 = \"enterprise\"",
-            "key-9 = \"gold\"\n\"bad key\" = \"free\"",
+            "key-9 = \"gold\"\n\"bad key\" = \"free\"\n\
+             \"h.9F811E4CF32DC31E6F422DAAE9C8C27A\" = \"free\"\n\
+             \"ip:198.51.100.7\" = \"free\"\n\" key-9\" = \"free\"",
         )
         .replace("rate = 5000", "rate = 0");
     let err = Config::from_toml_str(&text).unwrap_err().to_string();
@@ -136,6 +138,9 @@ fn every_error_names_its_field() {
         "plans.limits.pro.aip: no policy named \"aip\"; the policies are api, login",
         "plans.assign.\"key-9\": no plan named \"gold\"",
         "plans.assign.\"bad key\": ",
+        "plans.assign.\"h.9F811E4CF32DC31E6F422DAAE9C8C27A\": ",
+        "plans.assign.\"ip:198.51.100.7\": ",
+        "plans.assign.\"key-9\": key-9 is assigned twice",
         "plans.limits.enterprise.api.rate: 0 must be",
     ] {
         assert!(err.contains(expected), "{expected:?} in {err}");
