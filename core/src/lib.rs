@@ -38,6 +38,8 @@ mod plan;
 #[cfg(feature = "plan-source")]
 mod plan_cache;
 #[cfg(feature = "plan-source")]
+mod plan_flight;
+#[cfg(feature = "plan-source")]
 mod plan_source;
 mod policy;
 #[cfg(feature = "concurrency")]

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 
 use crate::plan::PlanName;
 use crate::plan_cache::{AnswerCache, Over};
+use crate::plan_flight::{Flights, Seat};
 use crate::subject::Subject;
 
 /// Where a customer's plan is kept (see [`Plans::source`](crate::Plans::source)).
@@ -171,6 +172,7 @@ impl Failure {
 pub(crate) struct PlanCache {
     source: Arc<dyn PlanSource>,
     answers: AnswerCache<Answer>,
+    flights: Flights,
     config: PlanCacheConfig,
 }
 
@@ -188,6 +190,7 @@ impl PlanCache {
         PlanCache {
             source: settings.source,
             answers: AnswerCache::new(settings.config.max_entries),
+            flights: Flights::default(),
             config: settings.config,
         }
     }
@@ -198,16 +201,50 @@ impl PlanCache {
         self.answers.get(customer)
     }
 
-    /// Ask the source for `customer`'s plan, under the deadline, and keep
-    /// the answer (a failure for `failure_ttl`, unless another request
-    /// kept an answer meanwhile: that one is answered); `index_of` finds a
-    /// plan by name.
+    /// `customer`'s plan from the source, under the deadline: asked by
+    /// this request, or by another asking about the same customer now,
+    /// whose answer this one waits for (one question per customer at a
+    /// time); `index_of` finds a plan by name.
     pub(crate) async fn fetch(
         &self,
         customer: &Subject,
         index_of: impl Fn(&PlanName) -> Option<usize>,
     ) -> Answer {
-        let asked = tokio::time::timeout(self.config.deadline, self.source.plan_of(customer));
+        let until = tokio::time::Instant::now() + self.config.deadline;
+        loop {
+            match self.flights.board(customer) {
+                Seat::Asks(flight) => {
+                    // Kept since this request missed the cache: no question.
+                    if let Some(answer) = self.cached(customer) {
+                        return answer;
+                    }
+                    let answer = self.ask(customer, until, &index_of).await;
+                    flight.land(answer);
+                    return answer;
+                }
+                Seat::Waits(mut landed) => {
+                    let answer = tokio::time::timeout_at(until, landed.wait_for(Option::is_some));
+                    match answer.await {
+                        Ok(Ok(answer)) => return answer.unwrap_or(Answer::Default),
+                        // The asking request was dropped: ask again.
+                        Ok(Err(_)) => continue,
+                        Err(_) => return Answer::Failed(Failure::SourceTimeout),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ask the source for `customer`'s plan, giving up at `until`, and keep
+    /// the answer (a failure for `failure_ttl`, unless another request
+    /// kept an answer meanwhile: that one is answered).
+    async fn ask(
+        &self,
+        customer: &Subject,
+        until: tokio::time::Instant,
+        index_of: &impl Fn(&PlanName) -> Option<usize>,
+    ) -> Answer {
+        let asked = tokio::time::timeout_at(until, self.source.plan_of(customer));
         let answer = match asked.await {
             Ok(Ok(None)) => Answer::Default,
             Ok(Ok(Some(plan))) => match index_of(&plan).and_then(|i| u32::try_from(i).ok()) {

@@ -117,6 +117,37 @@ async fn a_hanging_source_is_given_up_at_the_deadline() {
     assert_eq!(accounts.asked.load(Ordering::SeqCst), 1);
 }
 
+/// Requests of one customer that miss the cache together ask the source
+/// once: the others wait for that answer, within their own deadline
+/// (before, a hanging source was asked by every request in each
+/// deadline, 100 times here).
+#[tokio::test(start_paused = true)]
+async fn one_question_per_customer_at_a_time() {
+    for behaviour in [Behaviour::Hangs, Behaviour::Fails, Behaviour::Answers] {
+        let (accounts, limiter) = setup(behaviour);
+        let limiter = Arc::new(limiter);
+        let started = tokio::time::Instant::now();
+        let mut checks = tokio::task::JoinSet::new();
+        for _ in 0..100 {
+            let limiter = limiter.clone();
+            checks.spawn(async move { limit_of(&limiter, &customer("key-pro")).await });
+        }
+        let expected = if behaviour == Behaviour::Answers {
+            600
+        } else {
+            60
+        };
+        while let Some(limit) = checks.join_next().await {
+            assert_eq!(limit.unwrap(), expected, "{behaviour:?}");
+        }
+        assert!(
+            started.elapsed() <= Duration::from_millis(20),
+            "{behaviour:?}"
+        );
+        assert_eq!(accounts.asked.load(Ordering::SeqCst), 1, "{behaviour:?}");
+    }
+}
+
 /// The context's plan (from the application's authentication) and the
 /// static table come before the source, which is not asked for them.
 #[tokio::test(start_paused = true)]
