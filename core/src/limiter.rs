@@ -6,6 +6,8 @@ mod at_fault;
 mod builder;
 mod check;
 mod degraded;
+#[cfg(feature = "concurrency")]
+mod detached;
 mod planned;
 mod shadow;
 

@@ -425,6 +425,34 @@ async fn a_release_cancelled_behind_a_renewal_still_gives_the_place_back() {
     );
 }
 
+/// An acquisition dropped while the store answers (its client gone, a
+/// timeout around `acquire`) gives back the places the store took: before,
+/// they stayed taken for a whole lease, with no permit to give them back.
+#[tokio::test(start_paused = true)]
+async fn an_acquisition_dropped_while_the_store_answers_gives_its_places_back() {
+    let store = Arc::new(CountingReleases::default());
+    store.stall_acquisitions.store(true, Ordering::SeqCst);
+    let policy = Policy::new("exports", Limit::concurrency(1, LEASE).unwrap()).unwrap();
+    let limiter = Limiter::builder(store.clone())
+        .layer("in-flight", Scope::Subject, policy)
+        .build()
+        .unwrap();
+    let ctx = customer();
+    let dropped = tokio::time::timeout(Duration::from_millis(10), limiter.acquire(&ctx, 1));
+    assert!(
+        dropped.await.is_err(),
+        "the acquisition waited for the store"
+    );
+    store.stall_acquisitions.store(false, Ordering::SeqCst);
+    store.acquisition_gate.notify_one();
+    let again = eventually_admitted(&limiter, &ctx, 100).await;
+    assert!(
+        again.is_some(),
+        "the place came back without waiting a lease"
+    );
+    assert_eq!(store.calls.load(Ordering::SeqCst), 1, "one release call");
+}
+
 /// The in-process store, counting release calls and the layers they carry;
 /// its renewals wait for `renewal_gate` while `stall_renewals` is set.
 #[derive(Debug, Default)]
@@ -434,6 +462,10 @@ struct CountingReleases {
     layers: AtomicUsize,
     stall_renewals: std::sync::atomic::AtomicBool,
     renewal_gate: tokio::sync::Notify,
+    /// While set, an acquisition takes its places, then waits for
+    /// `acquisition_gate` before it answers (a slow reply).
+    stall_acquisitions: std::sync::atomic::AtomicBool,
+    acquisition_gate: tokio::sync::Notify,
 }
 
 #[tollgate_limiter::async_trait]
@@ -453,7 +485,11 @@ impl tollgate_limiter::Store for CountingReleases {
         layers: &[tollgate_limiter::LayerRequest<'_>],
     ) -> Result<(tollgate_limiter::Verdicts, tollgate_limiter::Holds), tollgate_limiter::StoreError>
     {
-        self.inner.acquire(layers).await
+        let acquired = self.inner.acquire(layers).await;
+        if self.stall_acquisitions.load(Ordering::SeqCst) {
+            self.acquisition_gate.notified().await;
+        }
+        acquired
     }
     async fn release(
         &self,

@@ -2,13 +2,13 @@
 //! call that decides every layer and takes the places, and the permit that
 //! gives them back.
 
+use super::detached::acquire_detached;
 use super::shadow::{denied_only_by_shadow, past_shadow, undecidable};
-use super::{held_each, Limiter, Requests};
+use super::{Limiter, Requests};
 use crate::context::Context;
 use crate::decision::Decision;
 use crate::error::{Error, StoreError};
 use crate::failure::Admission;
-use crate::hold::Holds;
 use crate::layer::Layer;
 use crate::observe;
 use crate::permit::Permit;
@@ -62,17 +62,20 @@ impl Limiter {
         self.requests_into(ctx, cost, &mut requests)?;
         let answer = match self.acquire_call(&requests).await {
             Ok((verdicts, _)) if denied_only_by_shadow(&requests, &verdicts) => {
-                past_shadow(&*self.store, &requests, verdicts, true).await
+                past_shadow(&*self.store, &requests, verdicts, true)
+                    .await
+                    .map(|(verdicts, holds)| {
+                        (verdicts, Permit::new(&self.releases, &requests, &holds))
+                    })
             }
             other => other,
         };
         match answer {
-            Ok((verdicts, holds)) => {
+            Ok((verdicts, permit)) => {
                 let decision = self.decision_of(&requests, cost, &verdicts);
-                let permit = match decision.is_allowed() {
-                    true => Permit::new(&self.releases, &requests, &holds),
-                    false => None,
-                };
+                // A denied request holds nothing (a permit dropped here
+                // gives back whatever it holds).
+                let permit = permit.filter(|_| decision.is_allowed());
                 Ok(Acquired { decision, permit })
             }
             Err(error) => {
@@ -115,14 +118,19 @@ impl Limiter {
         Ok(Acquired { decision, permit })
     }
 
-    /// The store's acquisition of `requests`, through the breaker.
-    async fn acquire_call(&self, requests: &Requests<'_>) -> Result<(Verdicts, Holds), StoreError> {
+    /// The store's acquisition of `requests`, through the breaker, and
+    /// the permit of the places it took (given back if this future is
+    /// dropped before it answers: [`acquire_detached`]).
+    async fn acquire_call(
+        &self,
+        requests: &Requests<'_>,
+    ) -> Result<(Verdicts, Option<Permit>), StoreError> {
         let admission = self.breaker.admit();
         if let Admission::Skip(wait) = admission {
             observe::store_skipped(self.store.kind());
             return Err(StoreError::CircuitOpen(wait));
         }
-        let call = async { held_each(self.store.acquire(requests).await, requests.len()) };
+        let call = acquire_detached(&self.store, &self.releases, requests);
         self.store_call(admission, call).await
     }
 }
