@@ -160,6 +160,12 @@ impl AccessRules {
         !(self.exempt_networks.is_empty() && self.denied_networks.is_empty())
     }
 
+    /// Whether any subject is denied (then a request whose credential is
+    /// ambiguous, sent twice, is refused too).
+    pub(crate) fn has_denied_subjects(&self) -> bool {
+        !self.denied_subjects.is_empty()
+    }
+
     /// Whether any network is denied (then a request whose address is
     /// unknown is refused too).
     pub(crate) fn has_denied_networks(&self) -> bool {

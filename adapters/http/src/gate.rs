@@ -258,6 +258,15 @@ impl<R: ?Sized> Gate<R> {
                 Some(Access::Denied) => denied = true,
                 None => {}
             }
+            // A key sent twice identifies nobody, so no subject rule can
+            // match it; but an authentication layer may have accepted
+            // either copy, a denied key among them.
+            if identified.is_none()
+                && self.access.has_denied_subjects()
+                && self.identity.repeats_a_credential(view)
+            {
+                denied = true;
+            }
         }
         let unidentified = match identified {
             Some(_) => None,
@@ -985,6 +994,44 @@ mod tests {
             Err(ReplyError::BodyNotAllowed(204))
         );
         assert!(Reply::new(204, vec![], "").is_ok());
+    }
+
+    /// A denied key sent twice (an authentication layer may accept either
+    /// copy) is refused, though it identifies nobody: before, a limiter with
+    /// only a global layer admitted it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_denied_key_sent_twice_is_denied() {
+        let store = Arc::new(tollgate_memory::MemoryStore::default());
+        let global = Policy::new(
+            "all",
+            Limit::fixed_window(100, Duration::from_secs(60)).unwrap(),
+        )
+        .unwrap();
+        let limiter = Limiter::builder(store)
+            .layer("all", Scope::Global, global)
+            .build()
+            .unwrap();
+        let key = tollgate_limiter::HashKey::new(b"0123456789abcdef").unwrap();
+        let gate: Gate<http::request::Parts> = Gate::builder(limiter)
+            .identity(Identity::new().api_key("x-api-key", key.clone()))
+            .access(crate::AccessRules::new().deny_subject(Subject::hashed("leaked", &key)))
+            .build()
+            .unwrap();
+        let sending = |copies: &[&str]| {
+            let mut request = http::Request::get("/");
+            for copy in copies {
+                request = request.header("x-api-key", *copy);
+            }
+            request.body(()).unwrap().into_parts().0
+        };
+        for copies in [&["leaked"][..], &["leaked", "leaked"], &["good", "leaked"]] {
+            let parts = sending(copies);
+            let prepared = gate.prepare(&parts, &parts).unwrap();
+            assert_eq!(status(&gate.decide(&prepared).await), 403, "{copies:?}");
+        }
+        let parts = sending(&["good"]);
+        let prepared = gate.prepare(&parts, &parts).unwrap();
+        assert_eq!(status(&gate.decide(&prepared).await), 200, "another key");
     }
 
     #[tokio::test(flavor = "current_thread")]

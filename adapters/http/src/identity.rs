@@ -322,6 +322,17 @@ impl<R: ?Sized> Identity<R> {
     }
 
     /// Whether a source reads the client's address.
+    /// Whether a credential header this identity reads is in `view` more
+    /// than once (it then identifies nobody: see [`identify`](Self::identify)).
+    pub(crate) fn repeats_a_credential(&self, view: &dyn RequestView) -> bool {
+        self.sources.iter().any(|source| match source {
+            Source::ApiKey { header, bearer, .. } => {
+                matches!(credential(view, header, *bearer), Credential::Several)
+            }
+            _ => false,
+        })
+    }
+
     pub(crate) fn reads_client_ip(&self) -> bool {
         self.sources
             .iter()
