@@ -92,11 +92,17 @@ fn percent_encode(message: &str) -> String {
     percent_encoding::utf8_percent_encode(message, GRPC_MESSAGE).to_string()
 }
 
+/// The longest `google.protobuf.Duration`: 10,000 years.
+const LONGEST_DURATION: Duration = Duration::from_secs(315_576_000_000);
+
 /// A `google.rpc.Status` { code, message, details: [Any(RetryInfo)] } in
 /// protobuf's wire format, written by hand: four small messages do not
 /// justify a protobuf dependency in every HTTP adapter.
 fn status_with_retry_info(code: GrpcCode, message: &str, delay: Duration) -> Vec<u8> {
-    // google.protobuf.Duration { seconds = 1; nanos = 2 }
+    // google.protobuf.Duration { seconds = 1; nanos = 2 }, within its range
+    // (a wait past it, from a breaker configured to stay open for ever,
+    // would read as a negative int64 of seconds).
+    let delay = delay.min(LONGEST_DURATION);
     let mut duration = Vec::new();
     if delay.as_secs() > 0 {
         duration.push(0x08);
@@ -189,6 +195,14 @@ mod tests {
         expected.extend([0x12, retry_info_len as u8, 0x0a, duration.len() as u8]);
         expected.extend(duration);
         assert_eq!(status, expected);
+    }
+
+    /// A wait past protobuf's range is sent as its longest duration.
+    #[test]
+    fn the_retry_delay_stays_within_protobufs_range() {
+        let longest = status_with_retry_info(GrpcCode::Unavailable, "", LONGEST_DURATION);
+        let endless = status_with_retry_info(GrpcCode::Unavailable, "", Duration::MAX);
+        assert_eq!(endless, longest);
     }
 
     #[test]
