@@ -521,7 +521,11 @@ impl RedisStore {
             }
             Conn::Pool(pool, failures) => {
                 let mut pooled = self.checkout(pool, failures).await?;
+                // Counted until it answers: a call dropped at its deadline
+                // leaves the count up when the connection goes back.
+                pooled.unanswered += 1;
                 let result = runner.call(&mut pooled.con, &cmd, style, rebuild).await;
+                pooled.unanswered = 0;
                 pooled.check(&result);
                 self.answer(&mut pooled.con, result, layers, mode).await
             }
@@ -761,6 +765,12 @@ pub(crate) fn check_holds(layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result
 struct PooledConnection {
     con: MultiplexedConnection,
     broken: bool,
+    /// Calls in a row abandoned unanswered (their deadline passed): at
+    /// [`UNANSWERED_MAX`](crate::sentinel::UNANSWERED_MAX) the connection
+    /// is taken for dead, as a Sentinel connection is. A server that went
+    /// silent (a frozen primary, a host gone without closing its sockets)
+    /// sends no error that would mark it broken.
+    unanswered: u32,
 }
 
 impl PooledConnection {
@@ -806,7 +816,11 @@ impl bb8::ManageConnection for PoolManager {
             }
             Source::Sentinel(sentinel) => sentinel.open_primary().await?,
         };
-        Ok(PooledConnection { con, broken: false })
+        Ok(PooledConnection {
+            con,
+            broken: false,
+            unanswered: 0,
+        })
     }
 
     async fn is_valid(&self, conn: &mut PooledConnection) -> Result<(), RedisError> {
@@ -814,6 +828,6 @@ impl bb8::ManageConnection for PoolManager {
     }
 
     fn has_broken(&self, conn: &mut PooledConnection) -> bool {
-        conn.broken
+        conn.broken || conn.unanswered >= crate::sentinel::UNANSWERED_MAX
     }
 }

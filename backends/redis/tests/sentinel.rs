@@ -232,6 +232,15 @@ async fn a_killed_primary_fails_over_and_a_pool_resumes() {
     fail_over_under_load(ConnectionMode::Pool { size: 4 }, Stop::Kill).await;
 }
 
+/// A frozen primary behind a pool: a connection whose calls go
+/// unanswered past their deadline is dropped when it comes back to the
+/// pool, and a new one reaches the promoted replica (before, no error ever
+/// marked it broken, and every decision timed out until TCP gave up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_primary_fails_over_and_a_pool_resumes() {
+    fail_over_under_load(ConnectionMode::Pool { size: 4 }, Stop::Freeze).await;
+}
+
 async fn fail_over_under_load(mode: ConnectionMode, stop: Stop) {
     let group = RedisSentinels::start();
     let store = RedisStore::sentinel(group.sentinel_urls(), SERVICE)
