@@ -11,10 +11,9 @@ use serde::Deserialize;
 use tollgate_limiter::{DurationSpec, Store, StoreError};
 
 use crate::settings::RedisBuilder;
+use crate::settings::MAX_DEADLINE;
 use crate::{check_prefix, ConnectionMode, Engine, RedisStore};
 
-/// Longest `deadline` and `connect_timeout` a file may ask for.
-const MAX_DEADLINE: Duration = Duration::from_secs(60);
 /// How long `replica_ack` waits when the file does not say.
 const DEFAULT_REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(20);
 

@@ -55,6 +55,12 @@ impl Settings {
     /// The settings a store decides with, once the prefix is checked.
     pub(crate) fn checked(&self) -> Result<CheckedSettings, StoreError> {
         check_prefix(&self.prefix)?;
+        for (name, value) in [
+            ("deadline", self.deadline),
+            ("connect_timeout", self.connect_timeout),
+        ] {
+            check_wait(name, value)?;
+        }
         if let Some(ack) = self.replica_ack {
             ack.check(self.deadline)?;
         }
@@ -103,13 +109,15 @@ impl<T> RedisBuilder<T> {
     /// waiting for a connection, every round trip, a script reload,
     /// redirections and retries included. Past it the decision fails
     /// with [`StoreError::Timeout`](tollgate_limiter::StoreError::Timeout);
-    /// nothing is queued for later.
+    /// nothing is queued for later. Above zero and at most a minute, or
+    /// the store refuses to build.
     pub fn deadline(mut self, deadline: std::time::Duration) -> Self {
         self.settings.deadline = deadline;
         self
     }
 
-    /// The longest establishing a connection may take (default 1 s).
+    /// The longest establishing a connection may take (default 1 s):
+    /// above zero and at most a minute.
     pub fn connect_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.settings.connect_timeout = timeout;
         self
@@ -264,6 +272,22 @@ impl CheckedSettings {
             }
         }
     }
+}
+
+/// The longest `deadline` and `connect_timeout`: a wait past it is a
+/// mistake (a store that answers nothing for a minute is down), and time
+/// arithmetic on it stays far from overflowing.
+pub(crate) const MAX_DEADLINE: Duration = Duration::from_secs(60);
+
+/// `value` as a `deadline` or `connect_timeout` (`name`): above zero (a
+/// zero wait fails every call) and at most [`MAX_DEADLINE`].
+fn check_wait(name: &str, value: Duration) -> Result<(), RedisStoreError> {
+    if value.is_zero() || value > MAX_DEADLINE {
+        return Err(RedisStoreError::InvalidSetting(format!(
+            "{name} {value:?} must be above zero and at most {MAX_DEADLINE:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// Whether `prefix` can start a store's keys: 1–64 characters of

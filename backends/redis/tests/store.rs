@@ -877,6 +877,29 @@ async fn bad_configuration_is_refused() {
             "{prefix:?}: {err}"
         );
     }
+    // A zero wait panicked inside the pool, a huge one overflowed the
+    // Cluster's deadline arithmetic at the first decision.
+    let pool = ConnectionMode::Pool { size: 2 };
+    for (deadline, connect) in [
+        (Duration::ZERO, Duration::from_secs(1)),
+        (Duration::MAX, Duration::from_secs(1)),
+        (Duration::from_millis(50), Duration::ZERO),
+    ] {
+        let err = RedisStore::builder(RedisServer::shared().url())
+            .connection_mode(pool)
+            .deadline(deadline)
+            .connect_timeout(connect)
+            .connect()
+            .await
+            .expect_err("a wait out of range");
+        assert!(
+            matches!(
+                RedisStoreError::of(&err),
+                Some(RedisStoreError::InvalidSetting(_))
+            ),
+            "{deadline:?}, {connect:?}: {err}"
+        );
+    }
     let err = RedisStore::builder("http://user:hunter2@example/")
         .connect()
         .await
