@@ -549,6 +549,12 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
             vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    tollgate: { policy: in_flight }\n".into())],
             "tollgate.policy \"in_flight\" is a concurrency limit",
         ),
+        // Above what Tollgate counts (the reference takes any u32): said
+        // with the descriptor and the field.
+        (
+            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 2000000000 }\n".into())],
+            "descriptor \"k\": requests_per_unit 2000000000: 2000000000 must be between 1 and 1000000000",
+        ),
     ];
     for (files, reason) in &cases {
         let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();

@@ -248,8 +248,10 @@ fn leaf(
                 },
                 Some(seconds) => {
                     let window = Duration::from_secs(seconds);
-                    let limit = Limit::fixed_window(u64::from(limit.requests_per_unit), window)
-                        .map_err(|e| e.to_string())?;
+                    let rpu = limit.requests_per_unit;
+                    let limit = Limit::fixed_window(u64::from(rpu), window).map_err(|e| {
+                        format!("descriptor {:?}: requests_per_unit {rpu}: {}", d.key, e.reason())
+                    })?;
                     let policy = Policy::new(&rule, limit).map_err(|e| e.to_string())?;
                     Counting::Policy(shadow(policy))
                 }
