@@ -525,6 +525,11 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
             vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    policy: smooth\n".into())],
             "config error, unknown key 'policy'",
         ),
+        // A YAML tag hides none of a mapping's keys.
+        (
+            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: !r { unit: minute, requests_per_unit: 5, colour: red }\n".into())],
+            "config error, unknown key 'colour'",
+        ),
         (
             vec![("a.yaml", "domain: d\nall_or_nothing: true\ndescriptors: []\n".into())],
             "config error, unknown key 'all_or_nothing'",

@@ -55,11 +55,14 @@ pub(super) fn check_keys(value: &serde_norway::Value) -> Result<(), String> {
             Ok(())
         }
         Value::Sequence(items) => items.iter().try_for_each(|item| match item {
-            Value::Mapping(_) => check_keys(item),
+            Value::Mapping(_) | Value::Tagged(_) => check_keys(item),
             other => Err(format!(
                 "config error, yaml file contains list of type other than map: {other:?}"
             )),
         }),
+        // A tag (`!d {…}`) means nothing here; its value is read as if
+        // untagged, so its keys are checked as that value's.
+        Value::Tagged(tagged) => check_keys(&tagged.value),
         _ => Ok(()),
     }
 }
