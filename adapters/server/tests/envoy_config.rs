@@ -525,6 +525,12 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
             vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    policy: smooth\n".into())],
             "config error, unknown key 'policy'",
         ),
+        // Files the reference would read, none named *.yaml or *.yml:
+        // refused rather than skipped (nothing would be limited).
+        (
+            vec![("ratelimit", format!("domain: d\ndescriptors:\n  - key: k\n    {limit}\n"))],
+            "no *.yaml or *.yml file in the directory (it holds ratelimit)",
+        ),
         // A YAML tag hides none of a mapping's keys.
         (
             vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: !r { unit: minute, requests_per_unit: 5, colour: red }\n".into())],

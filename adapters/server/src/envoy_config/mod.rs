@@ -107,17 +107,31 @@ pub(crate) fn override_rule_name(domain: &str) -> String {
 }
 
 /// The YAML files of `dir`, in name order: `*.yaml` and `*.yml`, hidden
-/// ones (Kubernetes' `..data`) left out, symbolic links followed.
+/// ones (Kubernetes' `..data`) left out, symbolic links followed. A
+/// directory whose visible files are none of them is refused: the
+/// reference reads every file whatever its name, so its files may have
+/// none of these endings, and skipping them all would limit nothing.
 fn files(dir: &Path) -> Result<Vec<PathBuf>, String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot read the directory: {e}"))?;
-    let mut files = Vec::new();
+    let (mut files, mut others) = (Vec::new(), Vec::new());
     for entry in entries {
         let path = entry.map_err(|e| e.to_string())?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or(".");
-        let yaml = name.ends_with(".yaml") || name.ends_with(".yml");
-        if yaml && !name.starts_with('.') && path.is_file() {
-            files.push(path);
+        if name.starts_with('.') || !path.is_file() {
+            continue;
         }
+        if name.ends_with(".yaml") || name.ends_with(".yml") {
+            files.push(path);
+        } else {
+            others.push(name.to_string());
+        }
+    }
+    if files.is_empty() && !others.is_empty() {
+        others.sort();
+        return Err(format!(
+            "no *.yaml or *.yml file in the directory (it holds {}): name each file of the configuration with one of these endings",
+            others.join(", ")
+        ));
     }
     files.sort();
     Ok(files)
