@@ -364,13 +364,28 @@ pub(crate) fn without_values(message: &str) -> String {
     };
     let quote = &message[start..=start];
     let after = &message[start + 1..];
-    // (Unclosed, the rest is the value.)
-    let end = after.find(quote).map_or(message.len(), |at| start + 1 + at);
+    // (Unclosed, the rest is the value.) A quote escaped inside it (`\"`,
+    // as serde's Debug writes one) does not close it.
+    let end = closing_quote(after, quote).map_or(message.len(), |at| start + 1 + at);
     format!(
         "{}{quote}…{quote}{}",
         &message[..start],
         message.get(end + 1..).unwrap_or("")
     )
+}
+
+/// Where in `text` the quote `quote` closes, skipping escaped characters.
+fn closing_quote(text: &str, quote: &str) -> Option<usize> {
+    let mut escaped = false;
+    for (at, c) in text.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            c if quote.starts_with(c) => return Some(at),
+            _ => {}
+        }
+    }
+    None
 }
 
 fn store(errors: &mut Vec<PolicyError>, value: Value, kinds: &StoreKinds) -> Option<StoreSpec> {
@@ -834,5 +849,22 @@ fn show(value: &Value) -> String {
         Value::Float(x) => x.to_string(),
         Value::Boolean(b) => b.to_string(),
         other => format!("a {}", other.type_str()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_values;
+
+    /// The value a store's message quotes is left out, a quote escaped
+    /// inside it included (the rest of a password once followed it).
+    #[test]
+    fn a_stores_message_repeats_no_value() {
+        let message = r#"invalid value: string "postgres://u:pa\"SECRET@h:99999", expected a URL"#;
+        let hidden = without_values(message);
+        assert!(!hidden.contains("SECRET"), "{hidden}");
+        assert_eq!(hidden, r#"invalid value: string "…", expected a URL"#);
+        let named = "unknown field `pasword`, expected one of `url`, `password`";
+        assert_eq!(without_values(named), named);
     }
 }
