@@ -543,43 +543,38 @@ impl RedisStore {
         }
     }
 
-    /// A reservation that replicas did not acknowledge is reported failed,
-    /// so no permit will release its concurrency holds: give them back now,
-    /// on the connection that wrote them (best effort: a hold this fails
-    /// to release is forgotten at its lease's end). Rate layers keep their
-    /// charge, as any failed decision's may.
-    async fn give_back_holds<C: ConnectionLike + Send>(
+    /// The give-back of a reservation's concurrency holds, for when its
+    /// replicas do not acknowledge it (`None` when it holds none). Such a
+    /// reservation is reported failed, so no permit will release them:
+    /// the store gives them back itself, on a clone of the connection
+    /// that wrote them (best effort: a hold this fails to release is
+    /// forgotten at its lease's end). Rate layers keep their charge, as
+    /// any failed decision's may.
+    fn give_back<C: ConnectionLike + Clone + Send + 'static>(
         &self,
-        con: &mut C,
+        con: &C,
         layers: &[LayerRequest<'_>],
         reply: &[i64],
-    ) {
-        let Ok((_, charges)) = parse_reserve(reply, layers.len()) else {
-            return;
-        };
+    ) -> Option<GiveBack<C>> {
+        let (_, charges) = parse_reserve(reply, layers.len()).ok()?;
         let (held_layers, holds) = held_layers(layers, &charges);
         if holds.is_empty() {
-            return;
+            return None;
         }
-        let Ok(time) = self.checked.time_args() else {
-            return;
-        };
-        let runner = &*self.checked.runner;
-        let style = runner.call_command();
+        let time = self.checked.time_args().ok()?;
+        let style = self.checked.runner.call_command();
         let refund = (Mode::Refund, None);
-        let Ok(cmd) = self.command(style, &held_layers, &time, refund, &holds) else {
-            return;
-        };
-        let rebuild = |style| {
-            self.command(style, &held_layers, &time, refund, &holds)
-                .unwrap_or_else(|_| cmd.clone())
-        };
-        let _ = runner.call(con, &cmd, style, rebuild).await;
+        let cmd = self
+            .command(style, &held_layers, &time, refund, &holds)
+            .ok()?;
+        Some(GiveBack {
+            call: Some((con.clone(), cmd, self.checked.deadline)),
+        })
     }
 
     /// A call's reply, once replicas acknowledged what it wrote, or its
     /// error with the conflicting layer named.
-    async fn answer<C: ConnectionLike + Send>(
+    async fn answer<C: ConnectionLike + Clone + Send + 'static>(
         &self,
         con: &mut C,
         result: RedisResult<Vec<i64>>,
@@ -602,11 +597,16 @@ impl RedisStore {
                         _ => true,
                     };
                     if wrote {
-                        if let Err(e) = ack.wait(con).await {
-                            if mode == Mode::Reserve {
-                                self.give_back_holds(con, layers, &reply).await;
-                            }
-                            return Err(e);
+                        // Armed until the replicas acknowledge: a `WAIT`
+                        // that fails, or is dropped at the deadline, gives
+                        // the holds back.
+                        let give_back = match mode {
+                            Mode::Reserve => self.give_back(con, layers, &reply),
+                            _ => None,
+                        };
+                        ack.wait(con).await?;
+                        if let Some(acknowledged) = give_back {
+                            acknowledged.disarm();
                         }
                     }
                 }
@@ -759,6 +759,36 @@ pub(crate) fn check_holds(layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result
         ));
     }
     Ok(())
+}
+
+/// A refund of concurrency holds that runs on a task of its own when
+/// dropped armed: dropping it is how a failed or abandoned `WAIT` gives
+/// the holds back (the caller may be gone by then: its deadline passed).
+struct GiveBack<C: ConnectionLike + Send + 'static> {
+    /// The connection, the refund and how long it may take.
+    call: Option<(C, Cmd, Duration)>,
+}
+
+impl<C: ConnectionLike + Send + 'static> GiveBack<C> {
+    /// The replicas acknowledged: nothing to give back.
+    fn disarm(mut self) {
+        self.call = None;
+    }
+}
+
+impl<C: ConnectionLike + Send + 'static> Drop for GiveBack<C> {
+    fn drop(&mut self) {
+        let Some((mut con, cmd, deadline)) = self.call.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let refund = cmd.query_async::<redis::Value>(&mut con);
+            let _ = tokio::time::timeout(deadline, refund).await;
+        });
+    }
 }
 
 /// One pooled connection and whether a call found it broken.

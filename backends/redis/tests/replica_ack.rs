@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tollgate_limiter::{
-    Clock, Context, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope, Store, StoreKey,
-    Subject,
+    Clock, Context, Hold, LayerRequest, Limit, Limiter, ManualClock, Policy, Scope, Store,
+    StoreKey, Subject,
 };
 use tollgate_redis::{RedisStore, RedisStoreError};
 use tollgate_testkit::conformance::{unique, START};
@@ -177,30 +177,45 @@ async fn unacknowledged_charges_are_lost_and_acknowledgement_refuses_them() {
     );
 }
 
+/// A primary whose replica is gone (it follows a server that is not
+/// there), and two stores on it under one prefix: one waiting `ack` for
+/// the replica, one not.
+async fn without_its_replica(
+    ack: Duration,
+) -> ((RedisServer, RedisServer), RedisStore, RedisStore) {
+    let (primary, replica) = primary_and_replica();
+    let reply = replica.command(&["REPLICAOF", "127.0.0.1", "1"]);
+    assert_eq!(reply, Reply::Status("OK".into()));
+    let prefix = unique("hold");
+    let store = |ack: Option<Duration>| {
+        let mut builder = RedisStore::builder(primary.url())
+            .prefix(&prefix)
+            .deadline(Duration::from_secs(2));
+        if let Some(timeout) = ack {
+            builder = builder.replica_ack(1, timeout);
+        }
+        builder.connect()
+    };
+    let (acked, plain) = (store(Some(ack)).await.unwrap(), store(None).await.unwrap());
+    ((primary, replica), acked, plain)
+}
+
+/// One place at a time, for a minute.
+fn exports() -> Policy {
+    Policy::new(
+        "exports",
+        Limit::concurrency(1, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap()
+}
+
 /// A concurrency hold the replicas did not acknowledge is reported failed,
 /// so no permit will give it back: the store gives it back itself (before,
 /// every acquire during a replica's lag took a place until its lease).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unacknowledged_hold_is_given_back() {
-    let (primary, replica) = primary_and_replica();
-    let reply = replica.command(&["REPLICAOF", "127.0.0.1", "1"]);
-    assert_eq!(reply, Reply::Status("OK".into()));
-    let prefix = unique("hold");
-    let store = |ack: bool| {
-        let mut builder = RedisStore::builder(primary.url())
-            .prefix(&prefix)
-            .deadline(Duration::from_secs(2));
-        if ack {
-            builder = builder.replica_ack(1, Duration::from_millis(50));
-        }
-        builder.connect()
-    };
-    let (acked, plain) = (store(true).await.unwrap(), store(false).await.unwrap());
-    let policy = Policy::new(
-        "exports",
-        Limit::concurrency(1, Duration::from_secs(60)).unwrap(),
-    )
-    .unwrap();
+    let (_servers, acked, plain) = without_its_replica(Duration::from_millis(50)).await;
+    let policy = exports();
     let request = [LayerRequest {
         key: StoreKey::new("dave", &policy, "subject", "dave"),
         policy: &policy,
@@ -214,12 +229,40 @@ async fn an_unacknowledged_hold_is_given_back() {
         ),
         "{error:?}"
     );
-    let (verdicts, holds) = plain.acquire(&request).await.unwrap();
-    assert!(
-        verdicts[0].allowed,
-        "the place was given back: {verdicts:?}"
-    );
-    plain.release(&request, &[holds[0].unwrap()]).await.unwrap();
+    let hold = given_back(&plain, &request).await;
+    plain.release(&request, &[hold]).await.unwrap();
+}
+
+/// The hold of `request` once its place is free again: the store gives
+/// back an unacknowledged hold on a task of its own, soon after.
+async fn given_back(store: &RedisStore, request: &[LayerRequest<'_>]) -> Hold {
+    for _ in 0..50 {
+        let (verdicts, holds) = store.acquire(request).await.unwrap();
+        if let (true, Some(hold)) = (verdicts[0].allowed, holds[0]) {
+            return hold;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the place did not come back within a second (its lease is a minute)");
+}
+
+/// An acquisition abandoned while it waits for its replicas (its deadline,
+/// or its caller, gone first) gives its holds back too: before, only a
+/// `WAIT` that answered "not acknowledged" did, and a dropped one left the
+/// place taken until its lease ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_abandoned_while_waiting_for_replicas_is_given_back() {
+    let (_servers, acked, plain) = without_its_replica(Duration::from_secs(1)).await;
+    let policy = exports();
+    let request = [LayerRequest {
+        key: StoreKey::new("erin", &policy, "subject", "erin"),
+        policy: &policy,
+        cost: 1,
+    }];
+    let abandoned = tokio::time::timeout(Duration::from_millis(100), acked.acquire(&request));
+    assert!(abandoned.await.is_err(), "abandoned while WAIT waited");
+    let hold = given_back(&plain, &request).await;
+    plain.release(&request, &[hold]).await.unwrap();
 }
 
 #[test]
