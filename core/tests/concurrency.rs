@@ -453,6 +453,29 @@ async fn an_acquisition_dropped_while_the_store_answers_gives_its_places_back() 
     assert_eq!(store.calls.load(Ordering::SeqCst), 1, "one release call");
 }
 
+/// A store that panics while it takes places panics the acquisition, as
+/// a decision's panic does: it is no outage, through which a fail-open
+/// layer would admit with no place taken.
+#[tokio::test]
+async fn a_store_that_panics_while_acquiring_panics_the_caller() {
+    let store = Arc::new(CountingReleases::default());
+    store.panic_acquisitions.store(true, Ordering::SeqCst);
+    let policy = Policy::new("exports", Limit::concurrency(1, LEASE).unwrap())
+        .unwrap()
+        .with_on_failure(OnStoreFailure::FailOpen)
+        .unwrap();
+    let limiter = Limiter::builder(store)
+        .layer("in-flight", Scope::Subject, policy)
+        .build()
+        .unwrap();
+    let acquiring = tokio::spawn(async move {
+        let acquired = limiter.acquire(&customer(), 1).await;
+        acquired.map(|a| a.decision.is_allowed())
+    });
+    let ended = acquiring.await;
+    assert!(matches!(&ended, Err(e) if e.is_panic()), "{ended:?}");
+}
+
 /// The in-process store, counting release calls and the layers they carry;
 /// its renewals wait for `renewal_gate` while `stall_renewals` is set.
 #[derive(Debug, Default)]
@@ -466,6 +489,8 @@ struct CountingReleases {
     /// `acquisition_gate` before it answers (a slow reply).
     stall_acquisitions: std::sync::atomic::AtomicBool,
     acquisition_gate: tokio::sync::Notify,
+    /// While set, an acquisition panics (a store's bug).
+    panic_acquisitions: std::sync::atomic::AtomicBool,
 }
 
 #[tollgate_limiter::async_trait]
@@ -485,6 +510,10 @@ impl tollgate_limiter::Store for CountingReleases {
         layers: &[tollgate_limiter::LayerRequest<'_>],
     ) -> Result<(tollgate_limiter::Verdicts, tollgate_limiter::Holds), tollgate_limiter::StoreError>
     {
+        assert!(
+            !self.panic_acquisitions.load(Ordering::SeqCst),
+            "the store's bug"
+        );
         let acquired = self.inner.acquire(layers).await;
         if self.stall_acquisitions.load(Ordering::SeqCst) {
             self.acquisition_gate.notified().await;

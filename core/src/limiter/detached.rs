@@ -35,7 +35,7 @@ pub(super) async fn acquire_detached(
         .collect();
     let (store, releases) = (Arc::clone(store), Arc::clone(releases));
     let (answer, answered) = tokio::sync::oneshot::channel();
-    runtime.spawn(async move {
+    let task = runtime.spawn(async move {
         let requests: SmallVec<[LayerRequest<'_>; 4]> = owned
             .iter()
             .map(|(layer, cost)| layer.request(*cost))
@@ -48,9 +48,15 @@ pub(super) async fn acquire_detached(
             (verdicts, permit)
         }));
     });
-    answered.await.unwrap_or_else(|_| {
-        Err(StoreError::Unavailable(
-            "the store's acquisition ended without an answer (its task panicked or its runtime shut down)".into(),
-        ))
-    })
+    match answered.await {
+        Ok(answer) => answer,
+        // A store that panics panics its caller, as in `check`: an outage
+        // would let a fail-open layer admit.
+        Err(_) => match task.await {
+            Err(ended) if ended.is_panic() => std::panic::resume_unwind(ended.into_panic()),
+            _ => Err(StoreError::Unavailable(
+                "the store's acquisition ended without an answer (its runtime shut down)".into(),
+            )),
+        },
+    }
 }
