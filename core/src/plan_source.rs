@@ -211,14 +211,17 @@ impl PlanCache {
         index_of: impl Fn(&PlanName) -> Option<usize>,
     ) -> Answer {
         let until = tokio::time::Instant::now() + self.config.deadline;
+        // Whether this request asks with its whole deadline (not after
+        // waiting for another that was dropped).
+        let mut whole = true;
         loop {
             match self.flights.board(customer) {
                 Seat::Asks(flight) => {
                     // Kept since this request missed the cache: no question.
-                    if let Some(answer) = self.cached(customer) {
-                        return answer;
-                    }
-                    let answer = self.ask(customer, until, &index_of).await;
+                    let answer = match self.cached(customer) {
+                        Some(answer) => answer,
+                        None => self.ask(customer, until, whole, &index_of).await,
+                    };
                     flight.land(answer);
                     return answer;
                 }
@@ -227,7 +230,7 @@ impl PlanCache {
                     match answer.await {
                         Ok(Ok(answer)) => return answer.unwrap_or(Answer::Default),
                         // The asking request was dropped: ask again.
-                        Ok(Err(_)) => continue,
+                        Ok(Err(_)) => whole = false,
                         Err(_) => return Answer::Failed(Failure::SourceTimeout),
                     }
                 }
@@ -237,11 +240,14 @@ impl PlanCache {
 
     /// Ask the source for `customer`'s plan, giving up at `until`, and keep
     /// the answer (a failure for `failure_ttl`, unless another request
-    /// kept an answer meanwhile: that one is answered).
+    /// kept an answer meanwhile: that one is answered). A timeout is kept
+    /// only when the source had the `whole` deadline: one given what was
+    /// left of a wait says nothing of the source.
     async fn ask(
         &self,
         customer: &Subject,
         until: tokio::time::Instant,
+        whole: bool,
         index_of: &impl Fn(&PlanName) -> Option<usize>,
     ) -> Answer {
         let asked = tokio::time::timeout_at(until, self.source.plan_of(customer));
@@ -260,6 +266,7 @@ impl PlanCache {
             Err(_) => Answer::Failed(Failure::SourceTimeout),
         };
         let (ttl, over) = match answer {
+            Answer::Failed(Failure::SourceTimeout) if !whole => return answer,
             Answer::Failed(Failure::SourceFailed | Failure::SourceTimeout) => {
                 (self.config.failure_ttl, Over::Expired)
             }

@@ -148,6 +148,28 @@ async fn one_question_per_customer_at_a_time() {
     }
 }
 
+/// A request that waited for another's question, which was dropped, asks
+/// with what is left of its own deadline: a timeout then is not kept (it
+/// says nothing of the source), and the next request asks again.
+#[tokio::test(start_paused = true)]
+async fn a_timeout_after_a_dropped_question_is_not_kept() {
+    let (accounts, limiter) = setup(Behaviour::Hangs);
+    let limiter = Arc::new(limiter);
+    let check = |limiter: &Arc<Limiter>| {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limit_of(&limiter, &customer("key-pro")).await })
+    };
+    let first = check(&limiter);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = check(&limiter);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    first.abort();
+    assert_eq!(second.await.unwrap(), 60, "the default, at its deadline");
+    assert_eq!(accounts.asked.load(Ordering::SeqCst), 2);
+    assert_eq!(limit_of(&limiter, &customer("key-pro")).await, 60);
+    assert_eq!(accounts.asked.load(Ordering::SeqCst), 3, "asked again");
+}
+
 /// The context's plan (from the application's authentication) and the
 /// static table come before the source, which is not asked for them.
 #[tokio::test(start_paused = true)]
