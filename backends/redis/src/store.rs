@@ -27,7 +27,7 @@ use crate::connect_failures::{self, ConnectFailures};
 use crate::engine::CallCommand;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
-use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall};
+use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall, TimeArgs};
 use crate::sentinel::{Sentinel, SentinelTarget};
 use crate::settings::{within, CheckedSettings, RedisBuilder};
 
@@ -431,7 +431,7 @@ impl RedisStore {
         &self,
         style: CallCommand,
         layers: &[LayerRequest<'_>],
-        time: &crate::script::TimeArgs,
+        time: &TimeArgs,
         (mode, block): (Mode, Option<u64>),
         holds: &[Hold],
     ) -> Result<Cmd, StoreError> {
@@ -521,8 +521,9 @@ impl RedisStore {
             }
             Conn::Pool(pool, failures) => {
                 let mut pooled = self.checkout(pool, failures).await?;
-                // Counted until it answers: a call dropped at its deadline
-                // leaves the count up when the connection goes back.
+                // Counted until it answers: a call dropped unanswered (its
+                // deadline passed, or its caller went away) leaves the
+                // count up when the connection goes back.
                 pooled.unanswered += 1;
                 let result = runner.call(&mut pooled.con, &cmd, style, rebuild).await;
                 pooled.unanswered = 0;
@@ -543,25 +544,34 @@ impl RedisStore {
         }
     }
 
-    /// The give-back of a reservation's concurrency holds, for when its
-    /// replicas do not acknowledge it (`None` when it holds none). Such a
-    /// reservation is reported failed, so no permit will release them:
-    /// the store gives them back itself, on a clone of the connection
-    /// that wrote them (best effort: a hold this fails to release is
-    /// forgotten at its lease's end). Rate layers keep their charge, as
-    /// any failed decision's may.
+    /// What a reservation's concurrency holds go back with: the layers
+    /// that hold, their holds and the call's time (`None`: it holds none).
+    /// Such a reservation is reported failed when its replicas do not
+    /// acknowledge it, so no permit will release them: the store gives
+    /// them back itself (best effort: a hold this fails to release is
+    /// forgotten at its lease's end). Rate layers keep their charge, as any
+    /// failed decision's may.
+    fn refund_of<'a>(
+        &self,
+        layers: &[LayerRequest<'a>],
+        reply: &[i64],
+    ) -> Option<(Vec<LayerRequest<'a>>, Vec<Hold>, TimeArgs)> {
+        let (_, charges) = parse_reserve(reply, layers.len()).ok()?;
+        let (held_layers, holds) = held_layers(layers, &charges);
+        let time = self.checked.time_args().ok()?;
+        (!holds.is_empty()).then_some((held_layers, holds, time))
+    }
+
+    /// The give-back of a reservation's holds if its `WAIT` is abandoned
+    /// (the deadline, a dropped caller): armed, it sends the refund on a
+    /// clone of `con`, on a task of its own, when dropped.
     fn give_back<C: ConnectionLike + Clone + Send + 'static>(
         &self,
         con: &C,
         layers: &[LayerRequest<'_>],
         reply: &[i64],
     ) -> Option<GiveBack<C>> {
-        let (_, charges) = parse_reserve(reply, layers.len()).ok()?;
-        let (held_layers, holds) = held_layers(layers, &charges);
-        if holds.is_empty() {
-            return None;
-        }
-        let time = self.checked.time_args().ok()?;
+        let (held_layers, holds, time) = self.refund_of(layers, reply)?;
         let style = self.checked.runner.call_command();
         let refund = (Mode::Refund, None);
         let cmd = self
@@ -570,6 +580,30 @@ impl RedisStore {
         Some(GiveBack {
             call: Some((con.clone(), cmd, self.checked.deadline)),
         })
+    }
+
+    /// Give a reservation's holds back now, on the connection that wrote
+    /// them (its `WAIT` answered that the replicas did not acknowledge).
+    async fn give_back_now<C: ConnectionLike + Send>(
+        &self,
+        con: &mut C,
+        layers: &[LayerRequest<'_>],
+        reply: &[i64],
+    ) {
+        let Some((held_layers, holds, time)) = self.refund_of(layers, reply) else {
+            return;
+        };
+        let runner = &*self.checked.runner;
+        let style = runner.call_command();
+        let refund = (Mode::Refund, None);
+        let Ok(cmd) = self.command(style, &held_layers, &time, refund, &holds) else {
+            return;
+        };
+        let rebuild = |style| {
+            self.command(style, &held_layers, &time, refund, &holds)
+                .unwrap_or_else(|_| cmd.clone())
+        };
+        let _ = runner.call(con, &cmd, style, rebuild).await;
     }
 
     /// A call's reply, once replicas acknowledged what it wrote, or its
@@ -597,17 +631,22 @@ impl RedisStore {
                         _ => true,
                     };
                     if wrote {
-                        // Armed until the replicas acknowledge: a `WAIT`
-                        // that fails, or is dropped at the deadline, gives
-                        // the holds back.
+                        // Armed while the `WAIT` waits: dropped there, it
+                        // gives the holds back on a task of its own.
                         let give_back = match mode {
                             Mode::Reserve => self.give_back(con, layers, &reply),
                             _ => None,
                         };
-                        ack.wait(con).await?;
-                        if let Some(acknowledged) = give_back {
-                            acknowledged.disarm();
+                        let acknowledged = ack.wait(con).await;
+                        if let Some(armed) = give_back {
+                            armed.disarm();
+                            // Given back before the caller hears why: its
+                            // retry finds the place free.
+                            if acknowledged.is_err() {
+                                self.give_back_now(con, layers, &reply).await;
+                            }
                         }
+                        acknowledged?;
                     }
                 }
                 Ok(reply)
@@ -795,7 +834,9 @@ impl<C: ConnectionLike + Send + 'static> Drop for GiveBack<C> {
 struct PooledConnection {
     con: MultiplexedConnection,
     broken: bool,
-    /// Calls in a row abandoned unanswered (their deadline passed): at
+    /// Calls in a row dropped unanswered, mostly at their deadline (a
+    /// caller's own drop counts too; three in a row in the middle of a
+    /// call on one connection are rare): at
     /// [`UNANSWERED_MAX`](crate::sentinel::UNANSWERED_MAX) the connection
     /// is taken for dead, as a Sentinel connection is. A server that went
     /// silent (a frozen primary, a host gone without closing its sockets)
