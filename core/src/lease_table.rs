@@ -273,12 +273,10 @@ impl LeaseTable {
         let Some(held) = self.entry(hash, request) else {
             return false;
         };
-        let policy = held.layer.policy();
-        if policy.limit() == request.policy.limit() {
+        if held.layer.policy().limit() == request.policy.limit() {
             return false;
         }
-        let idle_after = policy.lease().map_or(0, |l| duration_micros(l.duration()));
-        held.refilling || (now < held.ends && now < held.last_take.saturating_add(idle_after))
+        held.refilling || (now < held.ends && !held.idle_at(now))
     }
 
     /// End the lease of `hash`: its units, when a token bucket's or
@@ -389,13 +387,11 @@ impl LeaseTable {
     /// window's end), and drop their entries.
     fn end_idle_windows(&mut self, now: u64) {
         self.held.retain(|_, h| {
-            let policy = h.layer.policy();
-            let idle_for = policy.lease().map_or(0, |l| duration_micros(l.duration()));
             let window = matches!(
-                LeaseKind::of(policy.limit()),
+                LeaseKind::of(h.layer.policy().limit()),
                 Some(LeaseKind::Window { .. })
             );
-            h.refilling || !window || now < h.last_take.saturating_add(idle_for)
+            h.refilling || !window || !h.idle_at(now)
         });
     }
 
@@ -433,6 +429,13 @@ impl Held {
             reset_at: 0,
             last_take: 0,
         }
+    }
+
+    /// Whether nobody took from this batch for a lease's duration by `now`.
+    fn idle_at(&self, now: u64) -> bool {
+        let lease = self.layer.policy().lease();
+        let idle_after = lease.map_or(0, |l| duration_micros(l.duration()));
+        now >= self.last_take.saturating_add(idle_after)
     }
 
     /// End this lease: its units, when a token bucket's or GCRA's, to

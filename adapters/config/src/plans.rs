@@ -146,18 +146,37 @@ pub(crate) fn plans(
         default.as_ref().is_some_and(|d| d.name() == name)
             || defined.iter().any(|p| p.name() == name)
     };
+    let assigned = assignments(errors, spec.assign, &known);
+    if errors.len() > before {
+        return None;
+    }
+    Some(PlansDef {
+        default: default?,
+        others: defined,
+        assigned,
+        by_tenant: spec.keyed_by == KeyedBy::Tenant,
+    })
+}
+
+/// `[plans.assign]`: each subject checked in the form the identity writes
+/// it (as `[access]` checks its entries: another form, `h.` in upper case
+/// or an address without its prefix length, would load and never match),
+/// once only, to a plan `known` names.
+fn assignments(
+    errors: &mut Vec<PolicyError>,
+    assign: BTreeMap<String, String>,
+    known: &dyn Fn(&PlanName) -> bool,
+) -> Vec<(Subject, PlanName)> {
     let mut assigned = Vec::new();
-    for (subject, plan) in spec.assign {
+    let mut seen = std::collections::HashSet::new();
+    for (subject, plan) in assign {
         let path = format!("plans.assign.{subject:?}");
-        // The forms the identity writes, as `[access]` checks them: an
-        // entry in another form (`h.` in upper case, an address without
-        // its prefix length) would load and never match.
         let subject = Subject::new(&subject)
             .map_err(|e| e.to_string())
             .and_then(|s| tollgate_http::check_subject(s.as_str()).map(|()| s))
-            .and_then(|s| match assigned.iter().any(|(a, _)| *a == s) {
-                false => Ok(s),
-                true => Err(format!("{s} is assigned twice (entries differing only by white space around them name one subject)")),
+            .and_then(|s| match seen.insert(s.clone()) {
+                true => Ok(s),
+                false => Err(format!("{s} is assigned twice (entries differing only by white space around them name one subject)")),
             })
             .map_err(|why| field_error(&path, why));
         let plan = PlanName::new(&plan)
@@ -174,15 +193,7 @@ pub(crate) fn plans(
             (subject, plan) => errors.extend(subject.err().into_iter().chain(plan.err())),
         }
     }
-    if errors.len() > before {
-        return None;
-    }
-    Some(PlansDef {
-        default: default?,
-        others: defined,
-        assigned,
-        by_tenant: spec.keyed_by == KeyedBy::Tenant,
-    })
+    assigned
 }
 
 /// `[plans.limits.<name>]`: a limit per policy it changes.

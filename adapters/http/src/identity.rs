@@ -321,7 +321,6 @@ impl<R: ?Sized> Identity<R> {
         }
     }
 
-    /// Whether a source reads the client's address.
     /// Whether a credential header this identity reads is in `view` more
     /// than once (it then identifies nobody: see [`identify`](Self::identify)).
     pub(crate) fn repeats_a_credential(&self, view: &dyn RequestView) -> bool {
@@ -333,6 +332,7 @@ impl<R: ?Sized> Identity<R> {
         })
     }
 
+    /// Whether a source reads the client's address.
     pub(crate) fn reads_client_ip(&self) -> bool {
         self.sources
             .iter()

@@ -564,7 +564,7 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
         // with the descriptor and the field.
         (
             vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 2000000000 }\n".into())],
-            "descriptor \"k\": requests_per_unit 2000000000: 2000000000 must be between 1 and 1000000000",
+            "descriptor \"d.k\": requests_per_unit 2000000000 must be between 1 and 1000000000",
         ),
     ];
     for (files, reason) in &cases {

@@ -54,17 +54,25 @@ pub(super) fn check_keys(value: &serde_norway::Value) -> Result<(), String> {
             }
             Ok(())
         }
-        Value::Sequence(items) => items.iter().try_for_each(|item| match item {
-            Value::Mapping(_) | Value::Tagged(_) => check_keys(item),
+        Value::Sequence(items) => items.iter().try_for_each(|item| match untagged(item) {
+            Value::Mapping(_) => check_keys(item),
             other => Err(format!(
                 "config error, yaml file contains list of type other than map: {other:?}"
             )),
         }),
         // A tag (`!d {…}`) means nothing here; its value is read as if
         // untagged, so its keys are checked as that value's.
-        Value::Tagged(tagged) => check_keys(&tagged.value),
+        Value::Tagged(_) => check_keys(untagged(value)),
         _ => Ok(()),
     }
+}
+
+/// `value` without its YAML tags (`!t {…}` reads as `{…}`).
+fn untagged(mut value: &serde_norway::Value) -> &serde_norway::Value {
+    while let serde_norway::Value::Tagged(tagged) = value {
+        value = &tagged.value;
+    }
+    value
 }
 
 /// A file: one domain and its descriptors.

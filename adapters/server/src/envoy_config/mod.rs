@@ -262,9 +262,9 @@ fn leaf(
                 },
                 Some(seconds) => {
                     let window = Duration::from_secs(seconds);
-                    let rpu = limit.requests_per_unit;
-                    let limit = Limit::fixed_window(u64::from(rpu), window).map_err(|e| {
-                        format!("descriptor {:?}: requests_per_unit {rpu}: {}", d.key, e.reason())
+                    let rpu = u64::from(limit.requests_per_unit);
+                    let limit = Limit::fixed_window(rpu, window).map_err(|e| {
+                        format!("descriptor {full:?}: requests_per_unit {}", e.reason())
                     })?;
                     let policy = Policy::new(&rule, limit).map_err(|e| e.to_string())?;
                     Counting::Policy(shadow(policy))
