@@ -18,16 +18,21 @@ use crate::verdicts::Verdicts;
 /// took (`None` when it took none). On a Tokio runtime the call runs on a
 /// task of its own, which makes the permit as soon as the store answers:
 /// if nobody takes the answer (this future was dropped), the permit is
-/// dropped with it and its places go back. Without a runtime the call runs
-/// here, as any decision.
+/// dropped with it and its places go back. Without a runtime, or on an
+/// in-process store, the call runs here, as any decision.
 pub(super) async fn acquire_detached(
     store: &Arc<dyn Store>,
     releases: &Arc<ReleaseQueue>,
     requests: &[LayerRequest<'_>],
 ) -> Result<(Verdicts, Option<Permit>), StoreError> {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        let (verdicts, holds) = held_each(store.acquire(requests).await, requests.len())?;
-        return Ok((verdicts, Permit::new(releases, requests, &holds)));
+    // An in-process store answers as it is asked, so nobody can drop the
+    // call halfway: no task (and its copies of the layers) is needed.
+    let runtime = match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if !store.is_in_process() => runtime,
+        _ => {
+            let (verdicts, holds) = held_each(store.acquire(requests).await, requests.len())?;
+            return Ok((verdicts, Permit::new(releases, requests, &holds)));
+        }
     };
     let owned: SmallVec<[(OwnedLayer, u64); 4]> = requests
         .iter()
