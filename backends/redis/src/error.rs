@@ -167,7 +167,18 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
         {
             StoreError::Unavailable(e.to_string())
         }
-        _ => StoreError::Protocol(e.to_string()),
+        _ => StoreError::Protocol(without_arguments(&e.to_string())),
+    }
+}
+
+/// A server's error text without the arguments it may repeat (`unknown
+/// command '…', with args beginning with: '…'`): they hold the call's keys,
+/// and a key holds a subject (a client's address), which stays out of logs.
+fn without_arguments(text: &str) -> String {
+    const ARGUMENTS: &str = ", with args beginning with:";
+    match text.find(ARGUMENTS) {
+        Some(at) => format!("{} (its arguments left out)", &text[..at]),
+        None => text.to_string(),
     }
 }
 
@@ -229,5 +240,29 @@ fn skew_error(e: &redis::RedisError) -> StoreError {
         }
         .into(),
         _ => StoreError::Protocol(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An unknown command's arguments (the call's keys) never reach the
+    /// error, and so never a log.
+    #[test]
+    fn a_servers_error_repeats_no_key() {
+        let e = redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "An error was signalled by the server",
+            "unknown command 'EVALSHA', with args beginning with: 'f00' '1' 'tollgate:{ip:203.0.113.7/32}:api'".to_string(),
+        ));
+        let StoreError::Protocol(text) = from_redis(e) else {
+            panic!("a protocol error");
+        };
+        assert!(!text.contains("203.0.113.7"), "{text}");
+        assert!(
+            text.contains("unknown command 'EVALSHA' (its arguments left out)"),
+            "{text}"
+        );
     }
 }
