@@ -404,6 +404,12 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// Whether the store keeps its state in this process (then leased
     /// layers are decided as any other: a batch would save nothing). The
     /// default: `false`.
+    ///
+    /// A store that answers `true` promises that its
+    /// [`acquire`](Self::acquire) never suspends once it has taken places:
+    /// the limiter then runs it in place, not on a task of its own, and a
+    /// future dropped after the places were taken would leave them taken
+    /// until their lease ends.
     fn is_in_process(&self) -> bool {
         false
     }
