@@ -270,6 +270,35 @@ async fn a_hold_abandoned_while_waiting_for_replicas_is_given_back() {
     plain.release(&request, &[hold]).await.unwrap();
 }
 
+/// A `WAIT` that used its timeout leaves the call little of its deadline:
+/// the refund, sent as soon as the `WAIT` answers, still runs when the
+/// call is cut off before its reply (a command sent is not taken back).
+/// Writes are paused from before the `WAIT` ends until after the
+/// deadline, so the refund cannot run within the call's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_outlives_the_deadline_its_wait_used_up() {
+    let ((primary, _replica), acked, plain) =
+        without_its_replica(Duration::from_millis(1_500)).await;
+    let policy = exports();
+    let request = [LayerRequest {
+        key: StoreKey::new("frank", &policy, "subject", "frank"),
+        policy: &policy,
+        cost: 1,
+    }];
+    let acquiring = async {
+        let error = acked.acquire(&request).await.expect_err("not acknowledged");
+        assert_eq!(error.class(), "timeout", "{error:?}");
+    };
+    let pause = async {
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        let reply = primary.command(&["CLIENT", "PAUSE", "1000", "WRITE"]);
+        assert_eq!(reply, Reply::Status("OK".into()));
+    };
+    tokio::join!(acquiring, pause);
+    let hold = given_back(&plain, &request).await;
+    plain.release(&request, &[hold]).await.unwrap();
+}
+
 #[test]
 fn settings_that_cannot_be_honoured_are_refused() {
     let rt = tokio::runtime::Builder::new_current_thread()
