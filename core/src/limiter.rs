@@ -150,6 +150,33 @@ impl Limiter {
         &self.layers
     }
 
+    /// Each plan's name and layers, in order, each layer under its plan's
+    /// limit ([`Plans`](crate::Plans)): what a request may be decided
+    /// under. Empty without plans ([`layers`](Self::layers) then). A
+    /// setting checked against [`layers`](Self::layers) alone (a fixed
+    /// cost within a layer's capacity) may still fail under a plan with a
+    /// smaller limit.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// use tollgate_limiter::{Limit, Limiter, Plan, Plans, Policy, Scope};
+    /// let minute = Duration::from_secs(60);
+    /// let free = Plan::new("free")?.limit("api", Limit::fixed_window(10, minute)?);
+    /// let limiter = Limiter::builder(Arc::new(tollgate_memory::MemoryStore::default()))
+    ///     .layer("key", Scope::Subject, Policy::new("api", Limit::fixed_window(600, minute)?)?)
+    ///     .plans(Plans::new(free))
+    ///     .build()?;
+    /// let (plan, layers) = limiter.plan_layers().next().unwrap();
+    /// assert_eq!((plan, layers[0].policy().capacity()), ("free", 10));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn plan_layers(&self) -> impl Iterator<Item = (&str, &[Layer])> {
+        self.plans
+            .iter()
+            .flat_map(|book| book.plans())
+            .map(|(name, limiter)| (name.as_str(), limiter.layers()))
+    }
+
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store

@@ -111,6 +111,18 @@ pub enum GateError {
         /// That layer's capacity.
         capacity: u64,
     },
+    /// The fixed cost can never be admitted by some layer under a plan.
+    #[error("cost {cost} is outside 1..={capacity} for layer {layer:?} under plan {plan:?}: every request of the plan's customers would fail")]
+    PlanCost {
+        /// The cost configured.
+        cost: u64,
+        /// The layer's name.
+        layer: String,
+        /// The plan whose limit for the layer is too small.
+        plan: String,
+        /// The layer's capacity under that plan.
+        capacity: u64,
+    },
 }
 
 /// A [`Limiter`](tollgate_limiter::Limiter) with everything an HTTP adapter adds around it: how to
@@ -597,6 +609,9 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
                 }
             }
         }
+        if let Cost::Fixed(cost) = self.gate.cost {
+            check_plan_costs(current.limiter(), cost)?;
+        }
         if self.gate.access.has_networks()
             && self.gate.access.own_client_ip().is_none()
             && self.gate.identity.client_ip_source().is_none()
@@ -662,6 +677,26 @@ fn with_extension_plan(ctx: Context, view: &dyn RequestView) -> Context {
         Some(plan) if ctx.plan().is_none() => ctx.with_plan(plan),
         _ => ctx,
     }
+}
+
+/// A fixed `cost` within every enforced layer's capacity under each of
+/// the limiter's plans (a plan's limit may be smaller than the layer's).
+fn check_plan_costs(limiter: &Limiter, cost: u64) -> Result<(), GateError> {
+    for (plan, layers) in limiter.plan_layers() {
+        let enforced = layers.iter().filter(|l| !l.policy().is_shadow());
+        for layer in enforced {
+            let capacity = layer.policy().capacity();
+            if cost > capacity {
+                return Err(GateError::PlanCost {
+                    cost,
+                    layer: layer.name().to_string(),
+                    plan: plan.to_string(),
+                    capacity,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -832,6 +867,37 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(matches!(err, GateError::Cost { cost: 3, .. }), "{err}");
+    }
+
+    /// A fixed cost within the layer's own capacity but above a plan's
+    /// limit would fail every request of that plan's customers (500):
+    /// refused when the gate is built (before, it built).
+    #[test]
+    fn a_cost_above_a_plans_limit_does_not_build() {
+        use tollgate_limiter::{Plan, Plans};
+        let minute = Duration::from_secs(60);
+        let free = Plan::new("free")
+            .unwrap()
+            .limit("api", Limit::fixed_window(5, minute).unwrap());
+        let pro = Plan::new("pro").unwrap();
+        let planned = Limiter::builder(Arc::new(tollgate_memory::MemoryStore::default()))
+            .layer(
+                "key",
+                Scope::Subject,
+                Policy::new("api", Limit::fixed_window(100, minute).unwrap()).unwrap(),
+            )
+            .plans(Plans::new(free).plan(pro))
+            .build()
+            .unwrap();
+        let err = extension_gate(planned.clone())
+            .cost(10)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, GateError::PlanCost { cost: 10, plan, capacity: 5, .. } if plan == "free"),
+            "{err}"
+        );
+        assert!(extension_gate(planned).cost(5).build().is_ok());
     }
 
     fn header<'a>(reply: &'a Reply, name: &str) -> Option<&'a str> {

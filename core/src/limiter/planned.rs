@@ -87,6 +87,11 @@ impl PlanBook {
         self.plans.iter().map(|(_, limiter)| limiter)
     }
 
+    /// Every plan, the default's included, with its limiter.
+    pub(crate) fn plans(&self) -> impl Iterator<Item = (&PlanName, &Limiter)> {
+        self.plans.iter().map(|(name, limiter)| (name, limiter))
+    }
+
     /// The limiter of `ctx`'s plan, when it is known without waiting: the
     /// context's plan, the static table's, a cached answer of the plan
     /// source, or the default.
