@@ -31,21 +31,17 @@ pub(crate) fn set_until(
         return Ok(false);
     };
     let handle = OpenKey::writable(ctx, key)?;
-    let overwritten = handle.overwrite(value.as_bytes())?;
-    let value = text(ctx, value.as_bytes());
-    if overwritten == Overwritten::No && raw::string_set(handle.0, value.inner) == raw::Status::Err
-    {
-        return Err(RedisError::Str(
-            "TOLLGATE_FAILED the key API refused a write",
-        ));
+    if handle.overwrite(value.as_bytes())? == Overwritten::No {
+        let value = text(ctx, value.as_bytes());
+        if raw::string_set(handle.0, value.inner) == raw::Status::Err {
+            return Err(RedisError::Str(
+                "TOLLGATE_FAILED the key API refused a write",
+            ));
+        }
     }
     handle.expire_at(expiry)?;
     drop(handle);
-    // Passed as the module's strings: the key and the value are not
-    // copied again for the replication stream.
-    let pxat = text(ctx, b"PXAT");
-    let at = text(ctx, at_ms.to_string().as_bytes());
-    ctx.replicate("SET", &[key, &value, &pxat, &at][..]);
+    replicate_set(ctx, key, value.as_bytes(), expiry.at);
     notify(ctx, NotifyEvent::STRING, c"set", key);
     notify(ctx, NotifyEvent::GENERIC, c"expire", key);
     Ok(true)
@@ -96,6 +92,43 @@ pub(crate) fn push_until(
     ctx.replicate("PEXPIREAT", &[key, &at][..]);
     notify(ctx, NotifyEvent::GENERIC, c"expire", key);
     Ok(true)
+}
+
+/// Replicate `SET key value PXAT at_ms`. Called through the module API's
+/// own format (`s`: the key's string; `b`: the value's bytes; `c`, `l`:
+/// the option and the time) rather than `Context::replicate`, which
+/// allocates a C string of the command's name and a vector of arguments,
+/// and would need Redis strings made of the value and the time first:
+/// four allocations of Redis's allocator per decision.
+fn replicate_set(ctx: &Context, key: &RedisString, value: &[u8], at_ms: raw::mstime_t) {
+    // SAFETY: reading a `static mut` function pointer that Redis set once,
+    // when the module loaded (`RedisModule_Init`), before any command ran;
+    // nothing writes it afterwards.
+    #[allow(unsafe_code)]
+    let Some(replicate) = (unsafe { raw::RedisModule_Replicate }) else {
+        return;
+    };
+    let at: std::ffi::c_longlong = at_ms;
+    // SAFETY: `ctx` is this command's context; the format names exactly
+    // the arguments that follow, in order and of the C types Redis reads
+    // them as (`moduleCreateArgvFromUserFormat`): `s` a module string
+    // (`key.inner`, alive for the call; Redis takes its own reference),
+    // `b` a pointer and a `size_t` length (`value`, read and copied before
+    // the call returns), `c` a NUL-terminated C string (static), `l` a
+    // `long long`. Both C strings are NUL-terminated literals.
+    #[allow(unsafe_code)]
+    unsafe {
+        replicate(
+            ctx.ctx,
+            c"SET".as_ptr(),
+            c"sbcl".as_ptr(),
+            key.inner,
+            value.as_ptr(),
+            value.len(),
+            c"PXAT".as_ptr(),
+            at,
+        );
+    }
 }
 
 /// Fire the keyspace event `event` of `kind` on `key`, as the client
