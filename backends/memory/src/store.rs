@@ -270,21 +270,37 @@ impl Shard {
         false
     }
 
-    /// The first expiry among the entries of `budget` (only those that may
-    /// be evicted for it, when `evictable`).
-    fn nearest_expiry(&self, budget: Option<&Arc<Budget>>, evictable: bool) -> Option<u64> {
+    /// The first expiry among the entries of `budget`; with `evictable`,
+    /// only among those that may be evicted for it, `evictable`'s hashes
+    /// (a decision's own keys) aside.
+    fn nearest_expiry(
+        &self,
+        budget: Option<&Arc<Budget>>,
+        evictable: Option<&[u64]>,
+    ) -> Option<u64> {
         self.entries
             .iter()
-            .filter(|e| {
-                if evictable {
-                    e.evictable_for(budget)
-                } else {
-                    e.counts_for(budget)
-                }
+            .filter(|e| match evictable {
+                Some(keep) => e.evictable_for(budget) && !keep.contains(&e.hash),
+                None => e.counts_for(budget),
             })
             .map(|e| e.expires_at())
             .min()
     }
+}
+
+/// How many new keys of `budget` (the store's when `None`: every new key)
+/// `layered` writes among `at`'s layers.
+fn new_keys_of(at: &Placed<'_, '_>, layered: &Layered, budget: Option<&Arc<Budget>>) -> usize {
+    (0..at.layers.len())
+        .filter(|&i| at.found[i].is_none() && layered.writes[i].is_some())
+        .filter(|&i| {
+            let policy = at.layers[i].policy;
+            budget.is_none_or(|b| {
+                policy.key_budget().is_some() && b.policy.as_deref() == Some(policy.name())
+            })
+        })
+        .count()
 }
 
 /// Give back the units of a removed entry.
@@ -402,7 +418,26 @@ impl MemoryStoreBuilder {
 }
 
 /// Why a decision could not write: a budget it needs is full.
-struct NeedRoom(Option<Arc<Budget>>);
+struct NeedRoom {
+    /// The full budget (the store's when `None`).
+    budget: Option<Arc<Budget>>,
+    /// Units of it the decision takes for its new keys (all given back
+    /// when it failed).
+    need: usize,
+    /// The hashes of the decision's keys: never removed to make room (its
+    /// charge on an existing key would be lost, and the key needed anew).
+    keep: SmallVec<[u64; 4]>,
+}
+
+impl NeedRoom {
+    fn new(budget: Option<Arc<Budget>>, keep: &[u64]) -> Self {
+        NeedRoom {
+            budget,
+            need: 1,
+            keep: keep.iter().copied().collect(),
+        }
+    }
+}
 
 /// The budgets taken for a decision's new keys: the layer's index, and its
 /// policy's budget if it has one.
@@ -476,7 +511,13 @@ impl MemoryStore {
     /// growth trigger sweeps); useful to return memory after a burst of
     /// one-off keys.
     pub fn purge_expired(&self) {
-        let now = self.clock.now().as_micros();
+        let now = self.clock.now();
+        // A clock far off would take every entry for expired, concurrency
+        // holds included: decisions refuse such a time, and so does this.
+        if !now.is_plausible() {
+            return;
+        }
+        let now = now.as_micros();
         for shard in self.shards.iter() {
             lock(shard).sweep(now, &self.total, &[]);
         }
@@ -545,7 +586,7 @@ impl MemoryStore {
                     } else if b.when_full() == WhenFull::Refuse
                         || !shard.evict_nearest(Some(b), &self.total, keep)
                     {
-                        return Err(NeedRoom(Some(b.clone())));
+                        return Err(NeedRoom::new(Some(b.clone()), keep));
                     }
                     continue;
                 }
@@ -562,40 +603,52 @@ impl MemoryStore {
             } else if self.total.when_full() == WhenFull::Refuse
                 || !shard.evict_nearest(None, &self.total, keep)
             {
-                return Err(NeedRoom(None));
+                return Err(NeedRoom::new(None, keep));
             }
         }
     }
 
-    /// Make room in `budget` (the store's when `None`) across every shard,
-    /// one lock at a time: reclaim expired entries where a shard may hold
-    /// some; then, when the budget evicts, drop its entry nearest to
-    /// expiry. False when the budget refuses and is still full.
-    fn make_room(&self, budget: Option<&Arc<Budget>>, now: u64) -> bool {
+    /// Make room across every shard for the `need` new keys of a decision
+    /// that found `budget` full (the store's when `None`), one lock at a
+    /// time, never removing the decision's own keys: reclaim expired
+    /// entries where a shard may hold some; then, when the budget evicts,
+    /// drop its entries nearest to expiry, one per key needed at most.
+    /// False when the budget is still too full.
+    fn make_room(&self, room: &NeedRoom, now: u64) -> bool {
         for shard in self.shards.iter() {
-            lock(shard).sweep(now, &self.total, &[]);
+            lock(shard).sweep(now, &self.total, &room.keep);
         }
+        let budget = room.budget.as_ref();
         let b = budget.map_or(&self.total, |b| &**b);
-        if b.held.load(Ordering::Acquire) < b.max.load(Ordering::Relaxed) {
-            return true;
+        let max = b.max.load(Ordering::Relaxed);
+        if room.need > max {
+            return false;
         }
-        match b.when_full() {
-            WhenFull::Refuse => false,
-            WhenFull::EvictNearestExpiry => {
-                let nearest = self
-                    .shards
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, s)| lock(s).nearest_expiry(budget, true).map(|at| (at, i)))
-                    .min();
-                match nearest {
-                    Some((_, i)) => {
-                        lock(&self.shards[i]).evict_nearest(budget, &self.total, &[]);
-                        true
-                    }
-                    None => false,
-                }
+        let has_room = || b.held.load(Ordering::Acquire) + room.need <= max;
+        for _ in 0..room.need {
+            if has_room() {
+                return true;
             }
+            if b.when_full() == WhenFull::Refuse || !self.evict_nearest(budget, &room.keep) {
+                return false;
+            }
+        }
+        has_room()
+    }
+
+    /// Drop the entry of `budget` (any entry, for the store's) nearest to
+    /// expiry across the shards, except those of `keep`. False when there
+    /// is none.
+    fn evict_nearest(&self, budget: Option<&Arc<Budget>>, keep: &[u64]) -> bool {
+        let nearest = self
+            .shards
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| lock(s).nearest_expiry(budget, Some(keep)).map(|at| (at, i)))
+            .min();
+        match nearest {
+            Some((_, i)) => lock(&self.shards[i]).evict_nearest(budget, &self.total, keep),
+            None => false,
         }
     }
 
@@ -608,7 +661,7 @@ impl MemoryStore {
             free_at = self
                 .shards
                 .iter()
-                .filter_map(|s| lock(s).nearest_expiry(budget, false))
+                .filter_map(|s| lock(s).nearest_expiry(budget, None))
                 .min()
                 .unwrap_or(now + 1);
             b.free_at.store(free_at, Ordering::Release);
@@ -665,12 +718,13 @@ impl MemoryStore {
         loop {
             match attempt(now, verdicts) {
                 Ok(answered) => return answered,
-                Err(NeedRoom(full)) => {
-                    // Each pass makes room for one key; concurrent decisions
-                    // may take it first, so a few passes are allowed.
+                Err(room) => {
+                    // Each pass makes room for the decision's new keys;
+                    // concurrent decisions may take it first, so a few
+                    // passes are allowed.
                     attempt_no += 1;
-                    if attempt_no > MAX_ROOM_PASSES || !self.make_room(full.as_ref(), now_us) {
-                        return Err(self.full(full.as_ref(), now_us));
+                    if attempt_no > MAX_ROOM_PASSES || !self.make_room(&room, now_us) {
+                        return Err(self.full(room.budget.as_ref(), now_us));
                     }
                 }
             }
@@ -813,13 +867,14 @@ impl MemoryStore {
             let shard = shards.get_mut(at.located[i].1);
             match self.take_units(shard, at.layers[i].policy, now_us, &keep) {
                 Ok(budget) => taken.push((i, budget)),
-                Err(room) => {
+                Err(mut room) => {
                     for (_, budget) in taken {
                         self.total.give_back();
                         if let Some(b) = budget {
                             b.give_back();
                         }
                     }
+                    room.need = new_keys_of(at, layered, room.budget.as_ref());
                     return Err(room);
                 }
             }

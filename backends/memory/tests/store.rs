@@ -502,3 +502,117 @@ fn a_concurrency_key_is_never_evicted() {
     let (again, _) = ready(store.acquire(&request("a"))).unwrap();
     assert!(!again[0].allowed, "a's place is still held");
 }
+
+/// `purge_expired` under a clock far off (a decision refuses such a time)
+/// removes nothing: before, every entry looked expired, and the places of
+/// running holders came free.
+#[test]
+fn purging_under_an_implausible_clock_removes_nothing() {
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let policy = Policy::new(
+        "exports",
+        Limit::concurrency(1, Duration::from_secs(30)).unwrap(),
+    )
+    .unwrap();
+    let request = [LayerRequest {
+        key: StoreKey::new("a", &policy, "s", "a"),
+        policy: &policy,
+        cost: 1,
+    }];
+    assert!(ready(store.acquire(&request)).unwrap().0[0].allowed);
+    clock.set(Timestamp::from_micros(u64::MAX));
+    store.purge_expired();
+    clock.set(START);
+    assert_eq!(store.len(), 1);
+    let (again, _) = ready(store.acquire(&request)).unwrap();
+    assert!(!again[0].allowed, "a's place is still held");
+}
+
+/// A request, decided on `store` through its layers' keys.
+fn ask_store(store: &MemoryStore, layers: &[(&Policy, &str)]) -> Result<Vec<bool>, StoreError> {
+    let requests: Vec<LayerRequest<'_>> = layers
+        .iter()
+        .map(|&(policy, who)| LayerRequest {
+            key: StoreKey::new(who, policy, "subject", who),
+            policy,
+            cost: 1,
+        })
+        .collect();
+    let verdicts = ready(tollgate_limiter::ask(store, &requests))?;
+    Ok(verdicts.iter().map(|v| v.allowed).collect())
+}
+
+/// A store of three keys that evicts when full, each key in a shard of
+/// its own (so room cannot be made where a new key goes).
+fn three_keys_spread(clock: &ManualClock) -> MemoryStore {
+    MemoryStore::builder()
+        .max_keys(3)
+        .shards(1 << 16)
+        .clock(Arc::new(clock.clone()))
+        .build()
+}
+
+/// A store that evicts when full makes room for every new key a layered
+/// decision needs, wherever the keys it evicts are (before, room was made
+/// for one key only, each pass, and a request needing two new keys in a
+/// store one short of room was refused `Full` with keys to evict).
+#[test]
+fn a_full_store_makes_room_for_each_new_key_of_a_decision() {
+    let clock = ManualClock::new(START);
+    let store = three_keys_spread(&clock);
+    let minute = Duration::from_secs(60);
+    let a = Policy::new("a", Limit::fixed_window(10, minute).unwrap()).unwrap();
+    let b = Policy::new("b", Limit::fixed_window(10, 2 * minute).unwrap()).unwrap();
+    for who in ["x1", "x2"] {
+        assert_eq!(ask_store(&store, &[(&a, who)]).unwrap(), [true]);
+    }
+    clock.advance(Duration::from_secs(1));
+    let both = ask_store(&store, &[(&a, "y"), (&b, "y")]);
+    assert_eq!(both.expect("room made by evicting x1"), [true, true]);
+    assert_eq!(store.len(), 3);
+}
+
+/// Making room never evicts a key of the decision that needs it: its
+/// charge would be lost (before, the global key, nearest to expiry, was
+/// evicted for bob's new key, its two charges with it, and the request
+/// then needed two new keys and was refused `Full`).
+#[test]
+fn making_room_keeps_the_deciding_requests_own_keys() {
+    let clock = ManualClock::new(START);
+    let store = three_keys_spread(&clock);
+    let global = Policy::new(
+        "global",
+        Limit::fixed_window(2, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let user = Policy::new(
+        "user",
+        Limit::sliding_log(100, Duration::from_secs(3_600)).unwrap(),
+    )
+    .unwrap();
+    let everyone = "everyone";
+    assert_eq!(
+        ask_store(&store, &[(&global, everyone), (&user, "alice")]).unwrap(),
+        [true, true]
+    );
+    let other = Policy::new(
+        "other",
+        Limit::sliding_log(100, Duration::from_secs(7_200)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(ask_store(&store, &[(&other, "carol")]).unwrap(), [true]);
+    // Full: bob's key needs room; the global key is nearest to expiry,
+    // but it is this decision's.
+    let bob = ask_store(&store, &[(&global, everyone), (&user, "bob")]);
+    assert_eq!(bob.expect("room made elsewhere"), [true, true]);
+    let alice = ask_store(&store, &[(&global, everyone), (&user, "alice")]);
+    assert_eq!(
+        alice.ok().map(|v| v[0]),
+        Some(false),
+        "the global layer kept both charges: {}",
+        store.len()
+    );
+}
