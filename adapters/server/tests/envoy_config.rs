@@ -599,6 +599,29 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
     server.shutdown().await;
 }
 
+/// Files in subdirectories are read, as the reference reads its whole
+/// runtime tree (before, they were skipped: a directory holding only
+/// `team-a/per-ip.yaml` started with no limits), hidden directories
+/// (Kubernetes' `..data`) aside.
+#[tokio::test]
+async fn files_in_subdirectories_are_read() {
+    let dir = directory(&[], "");
+    std::fs::create_dir_all(dir.0.join("config/team-a")).expect("team-a/");
+    dir.write("config/team-a/per-ip.yaml", PER_IP);
+    std::fs::create_dir_all(dir.0.join("config/..data")).expect("..data/");
+    dir.write("config/..data/messaging.yaml", MESSAGING);
+    let clock = Arc::new(ManualClock::new(START));
+    let server = start(&dir, clock).await.expect("starts");
+    let blocked = [("remote_address", "50.0.0.5")];
+    assert_eq!(admitted(&server, "edge_proxy_per_ip", &blocked, 2).await, 0);
+    let r = ask(&server, "messaging", &[&[("to_number", "123")]]).await;
+    assert!(
+        r.statuses[0].current_limit.is_none(),
+        "a hidden directory is not read"
+    );
+    server.shutdown().await;
+}
+
 /// A changed directory is applied by the watch once it stands still; a
 /// file still being written is not (see `settled.rs`).
 #[tokio::test]
