@@ -109,11 +109,14 @@ impl LimitOverride {
 
     /// The fixed window it counts with, or `None` when it cannot be
     /// counted (a unit that is not a window, a limit of 0): its descriptor
-    /// is then over the limit.
+    /// is then over the limit. A limit above the most a window counts
+    /// ([`MAX_COUNT`](tollgate_limiter::MAX_COUNT); `u32::MAX` is "no
+    /// limit" to many) is counted at that most.
     fn limit(&self) -> Option<Limit> {
         let (_, secs) = self.unit()?;
         let window = std::time::Duration::from_secs(secs);
-        Limit::fixed_window(u64::from(self.requests_per_unit), window).ok()
+        let count = u64::from(self.requests_per_unit).min(tollgate_limiter::MAX_COUNT);
+        Limit::fixed_window(count, window).ok()
     }
 
     /// `layer_policy` counted with this override, or `None` when it cannot
@@ -351,11 +354,13 @@ pub(crate) fn odd_values_key() -> &'static HashKey {
 /// A value as its subject: itself when it is one exactly as sent (UTF-8,
 /// no white space around it, …), else its hash under the public key, so
 /// `" pad "` and `"pad"`, or two byte strings that are not UTF-8, never
-/// share a budget.
+/// share a budget. A value in the hashed form (`h.` and 32 hex digits) is
+/// hashed too: the key is public, and as itself it would be counted on
+/// the budget of the value it is the hash of.
 fn plain_subject(value: &[u8]) -> Subject {
     std::str::from_utf8(value)
         .ok()
-        .filter(|text| text.trim() == *text)
+        .filter(|text| text.trim() == *text && !Subject::is_hashed_form(text))
         .and_then(|text| Subject::new(text).ok())
         .unwrap_or_else(|| Subject::hashed(value, odd_values_key()))
 }

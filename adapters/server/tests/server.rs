@@ -752,6 +752,15 @@ async fn values_with_white_space_are_not_trimmed_into_others() {
             "{padded:?}: a budget of its own"
         );
     }
+    // The hash `" pad "` is counted under is public: sent as a value, it
+    // is hashed too, never `" pad "`'s budget (before, it was, and a
+    // client could spend the budget of any such value).
+    let public =
+        tollgate_limiter::HashKey::new(b"tollgate-ratelimit-server: values that are not subjects")
+            .unwrap();
+    let hashed = tollgate_limiter::Subject::hashed(b" pad ", &public);
+    let r = ask(&mut c, vec![user(hashed.as_str(), "t-pad4")], 0).await;
+    assert_eq!(r.statuses[0].limit_remaining, 4, "a budget of its own");
     server.shutdown().await;
 }
 
@@ -806,6 +815,18 @@ async fn a_descriptor_limit_override_is_applied() {
         (OVER, vec![OVER]),
         "a limit of 0: the descriptor is over"
     );
+    // Above the most a window counts (u32::MAX: "unlimited" to many): counted at
+    // that most, not over the limit (before, every such request was OVER_LIMIT).
+    let r = ask(
+        &mut c,
+        vec![with_override(user("o4", "o-acme"), u32::MAX, minute)],
+        0,
+    )
+    .await;
+    assert_eq!(codes(&r), (OK, vec![OK]), "a limit above 10^9");
+    let limit = r.statuses[0].current_limit.as_ref().expect("stated");
+    assert_eq!(limit.requests_per_unit, u32::MAX, "stated as sent");
+    assert_eq!(r.statuses[0].limit_remaining, 999_999_999);
     server.shutdown().await;
 }
 
