@@ -10,8 +10,11 @@
 //! descriptors come with it.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
+use std::task::Poll;
 
 use tollgate_config::Config;
 use tollgate_limiter::{
@@ -1046,16 +1049,33 @@ impl Rules {
             matched: &matched,
             descriptors,
         };
-        for (cost, ds) in rounds(&matched, descriptors, &statuses, together) {
-            let Some(decision) = self
-                .decide_round(&asked, ds, cost, denied, &mut statuses)
-                .await?
-            else {
-                denied = together;
+        let rounds = rounds(&matched, descriptors, &statuses, together);
+        if !together {
+            // Each round on its own: decided at once, so a request of five
+            // descriptors waits one store deadline, not five in a row (a
+            // stalled store would otherwise outlast Envoy's timeout, and
+            // Envoy would let the request through).
+            let deciding = rounds
+                .into_iter()
+                .map(|(cost, ds)| self.decide_round(&asked, ds, cost, false, &statuses));
+            for round in all_at_once(deciding.collect()).await {
+                decisions.extend(round?.apply(&mut statuses));
+            }
+            return Ok(Answer {
+                statuses,
+                decisions,
+            });
+        }
+        for (cost, ds) in rounds {
+            let round = self
+                .decide_round(&asked, ds, cost, denied, &statuses)
+                .await?;
+            let Some(decision) = round.apply(&mut statuses) else {
+                denied = true;
                 continue;
             };
             if !decision.is_allowed() {
-                denied = together;
+                denied = true;
             }
             decisions.push(decision);
         }
@@ -1081,17 +1101,18 @@ impl Rules {
         }
     }
 
-    /// Decide one round, descriptors `ds` at `cost` each, writing their
-    /// statuses: charged, or only peeked once the request is `denied`.
-    /// `None` when the limiter refused the request as bad input.
+    /// Decide one round, descriptors `ds` at `cost` each (`statuses`: every
+    /// descriptor's so far): charged, or only peeked once the request is
+    /// `denied`. Its decision is `None` when the limiter refused the
+    /// request as bad input.
     async fn decide_round(
         &self,
         asked: &Asked<'_>,
         mut ds: Vec<usize>,
         cost: u64,
         denied: bool,
-        statuses: &mut [Status],
-    ) -> Result<Option<Decision>, BadRequest> {
+        statuses: &[Status],
+    ) -> Result<Round, BadRequest> {
         let (matched, descriptors) = (asked.matched, asked.descriptors);
         // In rule order, so one limiter serves every order of them.
         ds.sort_by_key(|&d| (matched[d], descriptors[d].limit));
@@ -1115,35 +1136,86 @@ impl Rules {
         // An error is bad input for a layer — more than it can ever hold
         // — so the request is over the limit (an error answer would be an
         // allow in Envoy).
-        let Ok(decision) = decided else {
-            for &d in &ds {
-                statuses[d].ok = false;
-            }
-            return Ok(None);
+        let mut round = Round {
+            statuses: ds.iter().map(|&d| (d, statuses[d].clone())).collect(),
+            decision: None,
         };
-        for ((&d, range), &(rule, _)) in ds.iter().zip(&combined.ranges).zip(&rules) {
+        let Ok(decision) = decided else {
+            for (_, status) in &mut round.statuses {
+                status.ok = false;
+            }
+            return Ok(round);
+        };
+        let decided = round.statuses.iter_mut().zip(&combined.ranges).zip(&rules);
+        for (((d, status), range), &(rule, _)) in decided {
+            let d = *d;
             let layers = &decision.layers()[range.clone()];
             let enforced = || layers.iter().filter(|l| !l.is_shadow());
             let tightest = |ls: &mut dyn Iterator<Item = &LayerDecision>| {
                 ls.min_by_key(|l| l.tightness()).copied()
             };
-            statuses[d].ok = enforced().all(|l| l.verdict.allowed);
+            status.ok = enforced().all(|l| l.verdict.allowed);
             // A rule whose layers are all in shadow mode still reports
             // its limit (answered OK), as the reference does.
-            statuses[d].tightest =
-                tightest(&mut enforced()).or_else(|| tightest(&mut layers.iter()));
-            statuses[d].limit = descriptors[d].limit;
+            status.tightest = tightest(&mut enforced()).or_else(|| tightest(&mut layers.iter()));
+            status.limit = descriptors[d].limit;
             let shadow_denied = layers.iter().any(|l| l.is_shadow() && !l.verdict.allowed);
-            let counts = Counts::of(cost, statuses[d].tightest.as_ref(), shadow_denied);
+            let counts = Counts::of(cost, status.tightest.as_ref(), shadow_denied);
             let label = self.label(rule, &descriptors[d]);
             match &self.rules[rule].counters {
                 Some(counters) => counters.add(&counts),
                 None => counts.record(asked.domain, &label),
             }
-            statuses[d].rule = Some(label);
+            status.rule = Some(label);
         }
-        Ok(Some(decision))
+        round.decision = Some(decision);
+        Ok(round)
     }
+}
+
+/// What one round decided: its descriptors' statuses, and its decision
+/// (`None`: refused as bad input, its descriptors over the limit).
+struct Round {
+    statuses: Vec<(usize, Status)>,
+    decision: Option<Decision>,
+}
+
+impl Round {
+    /// Write the round's statuses into the request's; its decision.
+    fn apply(self, statuses: &mut [Status]) -> Option<Decision> {
+        for (d, status) in self.statuses {
+            statuses[d] = status;
+        }
+        self.decision
+    }
+}
+
+/// The outputs of `futures`, in order, run at once (each polled until it
+/// answers, never after).
+async fn all_at_once<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut waiting = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(answer) => *output = Some(answer),
+                    Poll::Pending => waiting = true,
+                }
+            }
+        }
+        if waiting {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future answered"))
+        .collect()
 }
 
 /// A request being decided: its domain, its descriptors, and the rule

@@ -833,3 +833,48 @@ descriptors:
         assert!(retry > 3_600, "a day's wait, not a second's: {retry}");
     }
 }
+
+/// The descriptors of one request, each decided on its own, wait for a
+/// stalled store together: the answer comes within about one store
+/// deadline, not one per descriptor in a row (before, 4 × 200 ms here:
+/// past Envoy's timeout, which lets the request through).
+#[tokio::test]
+async fn the_descriptors_of_a_request_wait_for_a_stalled_store_together() {
+    let redis = tollgate_testkit::redis_server::RedisServer::start();
+    let dir = TempDir::new("envoy-config");
+    std::fs::create_dir_all(dir.0.join("config")).expect("config/");
+    let toml = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\ndeadline = \"200ms\"\n\n[server]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\nenvoy_config_dir = \"config\"\n",
+        redis.url()
+    );
+    dir.write("server.toml", &toml);
+    let leaves: String = (1..=4)
+        .map(|i| {
+            format!("  - key: k{i}\n    rate_limit: {{ unit: second, requests_per_unit: 5 }}\n")
+        })
+        .collect();
+    dir.write(
+        "config/d.yaml",
+        &format!("domain: d\ndescriptors:\n{leaves}"),
+    );
+    let clock = Arc::new(tollgate_limiter::MonotonicClock::new());
+    let server = Server::start(dir.path("server.toml"), clock)
+        .await
+        .expect("starts");
+    let four: [&[(&str, &str)]; 4] = [
+        &[("k1", "v")],
+        &[("k2", "v")],
+        &[("k3", "v")],
+        &[("k4", "v")],
+    ];
+    assert_eq!(codes(&ask(&server, "d", &four).await), (OK, vec![OK; 4]));
+    redis.pause();
+    let began = std::time::Instant::now();
+    let answer = ask(&server, "d", &four).await;
+    let took = began.elapsed();
+    // Resumed before any assertion: a stopped Redis cannot be stopped for good.
+    redis.resume();
+    assert_eq!(answer.statuses.len(), 4);
+    assert!(took < Duration::from_millis(600), "answered after {took:?}");
+    server.shutdown().await;
+}
