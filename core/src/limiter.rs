@@ -23,7 +23,6 @@ use crate::decide::{ask, one_each, Decide};
 use crate::decision::Decision;
 use crate::error::{Error, StoreError};
 use crate::failure::{Admission, BreakerState, CircuitBreaker};
-use crate::hold::Holds;
 use crate::layer::Layer;
 use crate::observe::{self, LimiterMetrics};
 use crate::store::{LayerRequest, Store};
@@ -33,7 +32,7 @@ use crate::verdicts::Verdicts;
 pub use acquire::Acquired;
 pub use builder::LimiterBuilder;
 use check::Check;
-use shadow::{denied_only_by_shadow, past_shadow};
+use shadow::{denied_only_by_shadow, past_shadow, Passes};
 
 /// An ordered list of layers over one store. `check` decides all layers in
 /// one store call: admitted only if every layer admits, and then every layer
@@ -426,7 +425,7 @@ impl Limiter {
         // without them, so the enforced layers are charged.
         let answer = match answer {
             Ok(verdicts) if denied_only_by_shadow(&requests, &verdicts) => {
-                past_shadow(&*self.store, &requests, verdicts, false)
+                past_shadow(Passes::Decide(&*self.store), &requests, verdicts)
                     .await
                     .map(|(verdicts, _)| verdicts)
             }
@@ -501,20 +500,4 @@ impl Drop for ProbeGuard<'_> {
             breaker.abandon_probe();
         }
     }
-}
-
-/// `answer` of an acquisition, unless it lacks a verdict or hold per layer.
-fn held_each(
-    answer: Result<(Verdicts, Holds), StoreError>,
-    layers: usize,
-) -> Result<(Verdicts, Holds), StoreError> {
-    let (verdicts, holds) = answer?;
-    one_each(&verdicts, layers)?;
-    if holds.len() != layers {
-        return Err(StoreError::Protocol(format!(
-            "{} holds for {layers} layers",
-            holds.len()
-        )));
-    }
-    Ok((verdicts, holds))
 }

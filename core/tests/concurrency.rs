@@ -453,6 +453,47 @@ async fn an_acquisition_dropped_while_the_store_answers_gives_its_places_back() 
     assert_eq!(store.calls.load(Ordering::SeqCst), 1, "one release call");
 }
 
+/// The second pass of a request only a shadow layer denied takes the
+/// places too, and gives them back as well when it is dropped while the
+/// store answers (before, it ran in the caller's task, and a drop there
+/// left the place taken for a whole lease).
+#[tokio::test(start_paused = true)]
+async fn a_second_pass_past_a_shadow_layer_dropped_while_the_store_answers_gives_its_places_back() {
+    let store = Arc::new(CountingReleases::default());
+    let in_flight = Policy::new("exports", Limit::concurrency(1, LEASE).unwrap()).unwrap();
+    let trial = Policy::new(
+        "trial",
+        Limit::sliding_log(1, Duration::from_secs(3_600)).unwrap(),
+    )
+    .unwrap()
+    .shadow();
+    let limiter = Limiter::builder(store.clone())
+        .layer("in-flight", Scope::Subject, in_flight)
+        .layer("trial", Scope::Subject, trial)
+        .build()
+        .unwrap();
+    let ctx = customer();
+    let first = limiter.acquire(&ctx, 1).await.unwrap();
+    drop(first.permit.expect("admitted; the trial is spent"));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(store.calls.load(Ordering::SeqCst), 1, "released");
+    // Denied by the trial alone: decided again without it, and that pass
+    // stalls after taking the place.
+    store.stall_lone_layers.store(true, Ordering::SeqCst);
+    let dropped = tokio::time::timeout(Duration::from_millis(10), limiter.acquire(&ctx, 1));
+    assert!(
+        dropped.await.is_err(),
+        "the second pass waited for the store"
+    );
+    store.stall_lone_layers.store(false, Ordering::SeqCst);
+    store.acquisition_gate.notify_one();
+    let again = eventually_admitted(&limiter, &ctx, 100).await;
+    assert!(
+        again.is_some(),
+        "the place came back without waiting a lease"
+    );
+}
+
 /// A store that panics while it takes places panics the acquisition, as
 /// a decision's panic does: it is no outage, through which a fail-open
 /// layer would admit with no place taken.
@@ -491,6 +532,9 @@ struct CountingReleases {
     acquisition_gate: tokio::sync::Notify,
     /// While set, an acquisition panics (a store's bug).
     panic_acquisitions: std::sync::atomic::AtomicBool,
+    /// While set, an acquisition of one layer stalls as
+    /// `stall_acquisitions` makes every one stall.
+    stall_lone_layers: std::sync::atomic::AtomicBool,
 }
 
 #[tollgate_limiter::async_trait]
@@ -515,7 +559,8 @@ impl tollgate_limiter::Store for CountingReleases {
             "the store's bug"
         );
         let acquired = self.inner.acquire(layers).await;
-        if self.stall_acquisitions.load(Ordering::SeqCst) {
+        let lone = layers.len() == 1 && self.stall_lone_layers.load(Ordering::SeqCst);
+        if lone || self.stall_acquisitions.load(Ordering::SeqCst) {
             self.acquisition_gate.notified().await;
         }
         acquired

@@ -3,7 +3,7 @@
 //! gives them back.
 
 use super::detached::acquire_detached;
-use super::shadow::{denied_only_by_shadow, past_shadow, undecidable};
+use super::shadow::{denied_only_by_shadow, past_shadow, undecidable, Passes};
 use super::{Limiter, Requests};
 use crate::context::Context;
 use crate::decision::Decision;
@@ -62,11 +62,7 @@ impl Limiter {
         self.requests_into(ctx, cost, &mut requests)?;
         let answer = match self.acquire_call(&requests).await {
             Ok((verdicts, _)) if denied_only_by_shadow(&requests, &verdicts) => {
-                past_shadow(&*self.store, &requests, verdicts, true)
-                    .await
-                    .map(|(verdicts, holds)| {
-                        (verdicts, Permit::new(&self.releases, &requests, &holds))
-                    })
+                past_shadow(Passes::Acquire(self), &requests, verdicts).await
             }
             other => other,
         };
@@ -121,7 +117,7 @@ impl Limiter {
     /// The store's acquisition of `requests`, through the breaker, and
     /// the permit of the places it took (given back if this future is
     /// dropped before it answers: [`acquire_detached`]).
-    async fn acquire_call(
+    pub(super) async fn acquire_call(
         &self,
         requests: &Requests<'_>,
     ) -> Result<(Verdicts, Option<Permit>), StoreError> {

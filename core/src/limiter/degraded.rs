@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::shadow::{denied_only_by_shadow, past_shadow};
+use super::shadow::{denied_only_by_shadow, past_shadow, Passes};
 use super::{ask, Limiter};
 use crate::algorithm::Verdict;
 use crate::decision::{Decision, LayerDecision, Source};
@@ -106,7 +106,7 @@ impl Limiter {
         // admitted, uncharged, and their emergency buckets never run out).
         let decided = match ask(&**store, &batch).await {
             Ok(verdicts) if denied_only_by_shadow(&batch, &verdicts) => {
-                past_shadow(&**store, &batch, verdicts, false)
+                past_shadow(Passes::Decide(&**store), &batch, verdicts)
                     .await
                     .map(|(verdicts, _)| verdicts)
             }

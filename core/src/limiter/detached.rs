@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::held_each;
+use crate::decide::one_each;
 use crate::error::StoreError;
+use crate::hold::Holds;
 use crate::permit::Permit;
 use crate::release_queue::ReleaseQueue;
 use crate::store::{LayerRequest, OwnedLayer, Store};
@@ -64,4 +65,20 @@ pub(super) async fn acquire_detached(
             )),
         },
     }
+}
+
+/// `answer` of an acquisition, unless it lacks a verdict or hold per layer.
+fn held_each(
+    answer: Result<(Verdicts, Holds), StoreError>,
+    layers: usize,
+) -> Result<(Verdicts, Holds), StoreError> {
+    let (verdicts, holds) = answer?;
+    one_each(&verdicts, layers)?;
+    if holds.len() != layers {
+        return Err(StoreError::Protocol(format!(
+            "{} holds for {layers} layers",
+            holds.len()
+        )));
+    }
+    Ok((verdicts, holds))
 }

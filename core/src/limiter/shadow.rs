@@ -7,12 +7,11 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 use super::check::Check;
-use super::{ask, held_each, Limiter};
+use super::{ask, Limiter, Requests};
 use crate::algorithm::Verdict;
 use crate::context::Context;
 use crate::decision::{Decision, LayerDecision, Source};
 use crate::error::{Error, StoreError};
-use crate::hold::Holds;
 use crate::layer::Layer;
 use crate::observe::LimiterMetrics;
 use crate::store::{LayerRequest, Store};
@@ -133,41 +132,57 @@ pub(super) fn denied_only_by_shadow(requests: &[LayerRequest<'_>], verdicts: &[V
     first.is_some_and(|(r, _)| r.policy.is_shadow()) && denied.all(|(r, _)| r.policy.is_shadow())
 }
 
+/// How each pass of [`past_shadow`] asks the store.
+pub(super) enum Passes<'s> {
+    /// Decide, as `check` does, holding nothing.
+    Decide(&'s dyn Store),
+    /// Acquire through the limiter's store call, as `acquire` does: a
+    /// pass abandoned while the store takes its places gives them back,
+    /// and the call counts for the limiter's breaker.
+    #[cfg(feature = "concurrency")]
+    Acquire(&'s Limiter),
+}
+
+/// The places a pass holds: the permit of an acquisition's.
+#[cfg(feature = "concurrency")]
+pub(super) type Held = Option<crate::permit::Permit>;
+/// The places a pass holds: none without the `concurrency` feature.
+#[cfg(not(feature = "concurrency"))]
+pub(super) type Held = Option<std::convert::Infallible>;
+
 /// Decide a request its shadow layers alone denied: again, without the
 /// shadow layers that denied, so the enforced layers (and the shadow
 /// layers that admit) are charged exactly as if those had admitted. A
 /// shadow layer that denies in a later pass is left out of the next one;
 /// a denial by an enforced layer denies the request. The shadow layers
 /// left out keep the verdict that left them out (they charged nothing).
-/// With `holding`, each pass acquires ([`Store::acquire`]) and the answer
-/// carries the holds of the pass that charged; otherwise no holds.
+/// When acquiring, the answer carries the permit of the pass that
+/// charged; otherwise none.
 pub(super) async fn past_shadow(
-    store: &dyn Store,
+    passes: Passes<'_>,
     requests: &[LayerRequest<'_>],
     mut verdicts: Verdicts,
-    holding: bool,
-) -> Result<(Verdicts, Holds), StoreError> {
+) -> Result<(Verdicts, Held), StoreError> {
     let mut included: SmallVec<[bool; 4]> = verdicts.iter().map(|v| v.allowed).collect();
-    let mut holds: Holds = requests.iter().map(|_| None).collect();
     loop {
         let slots: SmallVec<[usize; 4]> = (0..requests.len()).filter(|&i| included[i]).collect();
-        let batch: SmallVec<[LayerRequest<'_>; 4]> = slots.iter().map(|&i| requests[i]).collect();
+        let batch: Requests<'_> = slots.iter().map(|&i| requests[i]).collect();
         if batch.is_empty() {
             // Only shadow layers, all denying: admitted, nothing to charge.
-            return Ok((verdicts, holds));
+            return Ok((verdicts, None));
         }
-        let (again, held) = match holding {
-            true => held_each(store.acquire(&batch).await, batch.len())?,
-            false => (ask(store, &batch).await?, Holds::new()),
+        let (again, permit) = match &passes {
+            #[cfg(feature = "concurrency")]
+            Passes::Acquire(limiter) => limiter.acquire_call(&batch).await?,
+            Passes::Decide(store) => (ask(*store, &batch).await?, None),
         };
-        for (j, (&i, v)) in slots.iter().zip(&again).enumerate() {
+        for (&i, v) in slots.iter().zip(&again) {
             verdicts[i] = *v;
-            holds[i] = held.get(j).copied().flatten();
         }
         if !denied_only_by_shadow(&batch, &again) {
             // Admitted (and charged), or denied by an enforced layer
             // (nothing charged): the answer.
-            return Ok((verdicts, holds));
+            return Ok((verdicts, permit));
         }
         for (&i, v) in slots.iter().zip(&again) {
             if !v.allowed {
