@@ -61,30 +61,84 @@ pub(crate) fn push_until(
     chunk: usize,
     at_ms: u64,
 ) -> Result<bool, RedisError> {
+    let stamp = [text(ctx, stamp.as_bytes())];
+    let items = (0..push).map(|_| &stamp[0]);
+    write_list_until(ctx, key, Start::AtTheEnd, items, chunk, at_ms)
+}
+
+/// Make the list at `key` hold `items` alone (whatever the key held
+/// before is deleted), expiring at `at_ms`; replicated as `DEL`, `RPUSH`es
+/// of at most `chunk` items each, then `PEXPIREAT`. Through the key API,
+/// never a command run through Redis: in a Cluster slot being migrated,
+/// Redis redirects such a command on a key that is missing, so one run
+/// after the delete would fail with the state already gone. `false` as
+/// [`push_until`] says.
+pub(crate) fn replace_list_until(
+    ctx: &Context,
+    key: &RedisString,
+    items: &[&str],
+    chunk: usize,
+    at_ms: u64,
+) -> Result<bool, RedisError> {
+    let items: Vec<RedisString> = items.iter().map(|i| text(ctx, i.as_bytes())).collect();
+    write_list_until(ctx, key, Start::Anew, items.iter(), chunk, at_ms)
+}
+
+/// Where [`write_list_until`] puts its items.
+#[derive(PartialEq, Eq)]
+enum Start {
+    /// After the list's own.
+    AtTheEnd,
+    /// In place of whatever the key held.
+    Anew,
+}
+
+/// Push `items` to the list at `key` (`start`: after its own, or anew),
+/// expiring at `at_ms`, as [`push_until`] and [`replace_list_until`] say.
+fn write_list_until<'a>(
+    ctx: &Context,
+    key: &RedisString,
+    start: Start,
+    items: impl ExactSizeIterator<Item = &'a RedisString> + Clone,
+    chunk: usize,
+    at_ms: u64,
+) -> Result<bool, RedisError> {
     let Some(expiry) = expiry(at_ms)? else {
         return Ok(false);
     };
-    let stamp = text(ctx, stamp.as_bytes());
     let handle = OpenKey::writable(ctx, key)?;
-    for _ in 0..push {
+    if start == Start::Anew {
+        handle.delete()?;
+    }
+    for item in items.clone() {
         // (Redis copies the item's bytes into the list.)
-        if raw::list_push(handle.0, raw::Where::ListTail, stamp.inner) == raw::Status::Err {
+        if raw::list_push(handle.0, raw::Where::ListTail, item.inner) == raw::Status::Err {
             // Only a key of another type refuses, which the caller read
-            // as a list before anything was written.
+            // as a list (or deleted) before anything was written.
             return Err(RedisError::Str(
                 "TOLLGATE_FAILED the key API refused a list write",
             ));
         }
     }
-    handle.expire_at(expiry)?;
+    let push = items.len();
+    if push > 0 || start == Start::AtTheEnd {
+        handle.expire_at(expiry)?;
+    }
     drop(handle);
+    if start == Start::Anew {
+        ctx.replicate("DEL", &[key][..]);
+        notify(ctx, NotifyEvent::GENERIC, c"del", key);
+        if push == 0 {
+            return Ok(true);
+        }
+    }
     // One `RPUSH` replicated, and its event fired, per chunk (as the
     // commands run through Redis did); none when nothing was pushed.
-    for n in (0..push).step_by(chunk.max(1)) {
-        let items = chunk.min(push - n);
-        let mut args: Vec<&RedisString> = Vec::with_capacity(items + 1);
+    let items: Vec<&RedisString> = items.collect();
+    for part in items.chunks(chunk.max(1)) {
+        let mut args: Vec<&RedisString> = Vec::with_capacity(part.len() + 1);
         args.push(key);
-        args.extend(std::iter::repeat_n(&stamp, items));
+        args.extend_from_slice(part);
         ctx.replicate("RPUSH", &args[..]);
         notify(ctx, NotifyEvent::LIST, c"rpush", key);
     }
@@ -245,6 +299,25 @@ impl OpenKey {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer.cast::<u8>(), len);
         }
         Ok(Overwritten::InPlace)
+    }
+
+    /// Delete the key's value (a key without one is left as it is).
+    fn delete(&self) -> Result<(), RedisError> {
+        // SAFETY: reading a `static mut` function pointer that Redis set
+        // once, when the module loaded; nothing writes it afterwards.
+        #[allow(unsafe_code)]
+        let Some(delete_key) = (unsafe { raw::RedisModule_DeleteKey }) else {
+            return Err(RedisError::Str(
+                "TOLLGATE_FAILED this server's module API lacks DeleteKey",
+            ));
+        };
+        // SAFETY: `self.0` is a key opened for writing on this command's
+        // context, open until `self` is dropped.
+        #[allow(unsafe_code)]
+        unsafe {
+            delete_key(self.0);
+        }
+        Ok(())
     }
 
     /// Expire the key as `expiry` says; it must hold a value.

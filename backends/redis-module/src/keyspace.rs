@@ -176,10 +176,7 @@ pub(crate) fn write(
         State::Cells(cells) => write_counter(ctx, key, layout, *cells, ttl),
         State::Log(next) if layout == Layout::LogText => write_holders(ctx, key, before, next, ttl),
         State::Blocked(until) if layout == Layout::Log => {
-            let k = key.as_slice();
-            effect(ctx, "DEL", &[k])?;
-            effect(ctx, "RPUSH", &[k, block_text(*until).as_bytes()])?;
-            effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
+            replace_list(ctx, key, &[block_text(*until)], ttl)
         }
         State::Blocked(until) => write_string(ctx, key, &block_text(*until), ttl),
         State::Log(next) => write_log(ctx, key, before, next, ttl),
@@ -209,8 +206,8 @@ fn write_holders(
         return write_string(ctx, key, &write_log_text(next), ttl);
     }
     if ctx.open_key(key).key_type() == KeyType::String {
-        delete_one(ctx, key)?;
-        return write_log(ctx, key, None, next, ttl);
+        let entries: Vec<String> = next.iter().map(u64::to_string).collect();
+        return replace_list(ctx, key, &entries, ttl);
     }
     write_log(ctx, key, before, next, ttl)
 }
@@ -245,11 +242,32 @@ fn write_log(
             return append_log(ctx, key, drop, stamp, push, ttl)
         }
         LogEdit::Replace => {
-            effect(ctx, "DEL", &[k])?;
             let entries: Vec<String> = next.iter().map(u64::to_string).collect();
-            push_entries(ctx, k, &entries)?;
+            return replace_list(ctx, key, &entries, ttl);
         }
     }
+    effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
+}
+
+/// Make the list at `key` hold `entries` alone, living `ttl` ms: through
+/// the key API ([`key_api::replace_list_until`](crate::key_api::replace_list_until):
+/// no command run through Redis after the delete, which a Cluster slot
+/// being migrated would redirect, failing with the state gone); through
+/// Redis's commands on a server without that API's absolute expiry.
+fn replace_list<T: AsRef<str>>(
+    ctx: &Context,
+    key: &RedisString,
+    entries: &[T],
+    ttl: u64,
+) -> Result<(), RedisError> {
+    let at_ms = server_micros() / 1_000 + ttl;
+    let items: Vec<&str> = entries.iter().map(AsRef::as_ref).collect();
+    if crate::key_api::replace_list_until(ctx, key, &items, PUSH_CHUNK as usize, at_ms)? {
+        return Ok(());
+    }
+    let k = key.as_slice();
+    effect(ctx, "DEL", &[k])?;
+    push_entries(ctx, k, &items)?;
     effect(ctx, "PEXPIRE", &[k, ttl.to_string().as_bytes()])
 }
 

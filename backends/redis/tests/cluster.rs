@@ -940,3 +940,46 @@ fn a_decision_dropped_off_its_runtime_refunds_its_charges() {
         );
     });
 }
+
+/// A concurrency key outgrowing its text form while its slot is being
+/// migrated keeps its holders: the module writes the new list through the
+/// key API. Before, it deleted the key and then ran `RPUSH` through Redis,
+/// which redirects a command on a missing key of a migrating slot: the
+/// `RPUSH` failed after the delete, and every holder was lost.
+#[test]
+fn a_log_rewritten_in_a_migrating_slot_keeps_its_holders() {
+    let cluster = RedisCluster::start_with_module(&[]);
+    let key = format!("{{{}}}:exports:v1:cc:s", unique("mig"));
+    let slot = cluster.keyslot(&key);
+    let from = cluster.master_for_slot(slot);
+    let to = (0..MASTERS)
+        .map(|m| cluster.master_for_slot(cluster.slot_of_master(m)))
+        .find(|&m| m != from)
+        .expect("another master");
+    // A place each, 100 at most, held 30 s: (code 7, cost, limit, lease µs).
+    let acquire = || {
+        let args = [
+            "TOLLGATE.DECIDE",
+            "1",
+            &key,
+            "",
+            "",
+            "7",
+            "1",
+            "100",
+            "30000000",
+            "0",
+        ];
+        cluster.command(from, &args).expect("answered")
+    };
+    for _ in 0..32 {
+        assert!(matches!(acquire(), Reply::Array(_)), "admitted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let migration = cluster.begin_migration(slot, to);
+    let answer = acquire();
+    let held = cluster.command(from, &["LLEN", &key]).expect("answered");
+    assert!(matches!(answer, Reply::Array(_)), "{answer:?}");
+    assert_eq!(held, Reply::Int(33), "every holder kept");
+    migration.finish();
+}
