@@ -14,11 +14,11 @@
 -- They are set by the first call (`bind`): Redis loads a function library
 -- in an environment without `math` and `string`. (`redis.call` stays a
 -- global: it is not there at load time either, and it is Redis's to set.)
-local floor, max, min, format, match, sub, rep, concat, tonumber
+local floor, max, min, format, match, find, gsub, sub, rep, concat, tonumber
 
 local function bind()
   floor, max, min = math.floor, math.max, math.min
-  format, match = string.format, string.match
+  format, match, find, gsub = string.format, string.match, string.find, string.gsub
   sub, rep, concat = string.sub, string.rep, table.concat
   tonumber = _G.tonumber
 end

@@ -212,10 +212,27 @@ local function no_entry()
   return nil
 end
 
+-- A run of digits longer than an entry (set on first use: `rep` is bound
+-- by the first call).
+local too_long
+
+-- Whether the text v of n entries' length is digits and single spaces
+-- alone, in n runs none longer than an entry: each entry is then
+-- LOG_ENTRY_DIGITS digits (three scans in C; a check of every character
+-- in Lua cost more than the rest of a decision).
+local function entries_only(v, n)
+  too_long = too_long or rep('%d', STRIDE)
+  if find(v, '[^%d ]') or find(v, too_long) then
+    return false
+  end
+  local _, spaces = gsub(v, ' ', ' ')
+  return spaces == n - 1
+end
+
 -- The log kept as text in the string v (nil: the key is missing), as
--- read_log answers it, with its `text`; false when v is no such log. Only
--- its length and its ends are checked, as a list's ends are (a check of
--- every character cost more than the rest of a decision).
+-- read_log answers it, with its `text`; false when v is no such log. Its
+-- length, its characters and its ends are checked; the order of the
+-- entries between its ends is not (as a list's is not).
 local function text_log(v)
   if not v then
     return { n = 0, text = '', at = no_entry }
@@ -241,6 +258,9 @@ local function text_log(v)
   local first = tonumber(match(sub(v, 1, LOG_ENTRY_DIGITS), '^%d+$'))
   local last = tonumber(match(sub(v, -LOG_ENTRY_DIGITS), '^%d+$'))
   if not (first and last) or first < EARLIEST or last >= LATEST or first > last then
+    return false
+  end
+  if not entries_only(v, n) then
     return false
   end
   return log

@@ -272,3 +272,55 @@ proptest! {
             .block_on(differential(limit, 60, ops));
     }
 }
+
+/// A string that reads like holders kept as text at its ends and length,
+/// but is not one (times a comma apart): a conflict on every engine, and
+/// left as it was (before, the script and the functions checked only the
+/// ends and the length, admitted, and wrote their holders over it).
+#[tokio::test(flavor = "current_thread")]
+async fn a_string_that_is_almost_a_text_log_is_a_conflict_and_kept() {
+    let foreign = "1800000000000000,1800000000000009";
+    let policy = Policy::new(
+        unique("cc"),
+        Limit::concurrency(10, Duration::from_secs(30)).expect("valid"),
+    )
+    .expect("valid");
+    for (name, url, engine) in [
+        ("script", RedisServer::shared().url(), Engine::Eval),
+        ("functions", RedisServer::shared().url(), Engine::Functions),
+        (
+            "module",
+            RedisServer::shared_with_module().url(),
+            Engine::Module,
+        ),
+    ] {
+        let side = redis_side(url, engine).await;
+        let (_, prefix) = side.redis.as_ref().expect("a Redis side");
+        let subject = unique("s");
+        let key = StoreKey::new(&subject, &policy, "s", &subject);
+        let stored_at = format!("{prefix}:{key}");
+        let mut con = common::raw(url).await;
+        let _: () = redis::cmd("SET")
+            .arg(&stored_at)
+            .arg(foreign)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        let request = [LayerRequest {
+            key,
+            policy: &policy,
+            cost: 1,
+        }];
+        let answer = side.store.acquire(&request).await;
+        assert!(
+            matches!(answer, Err(tollgate_limiter::StoreError::Conflict { .. })),
+            "{name}: {answer:?}"
+        );
+        let kept: String = redis::cmd("GET")
+            .arg(&stored_at)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(kept, foreign, "{name}: left as it was");
+    }
+}

@@ -106,6 +106,7 @@ where
             "list",
             "number-list",
             "descending-times",
+            "comma-times",
             "hash",
             "set",
         ]
@@ -115,8 +116,7 @@ where
         let mut con = self.con.clone();
         let key = self.key(key);
         let mut cmd = match kind {
-            "string" => redis::cmd("SET"),
-            "numbers" => redis::cmd("SET"),
+            "string" | "numbers" | "comma-times" => redis::cmd("SET"),
             "list" | "number-list" | "descending-times" => redis::cmd("RPUSH"),
             "hash" => redis::cmd("HSET"),
             _ => redis::cmd("SADD"),
@@ -126,6 +126,9 @@ where
             "string" => cmd.arg("garbage"),
             // Two numbers: close to a counter state, but not one.
             "numbers" => cmd.arg("12 34"),
+            // Two times in range, in order, of a text log's length: close
+            // to a concurrency limit's holders, but a comma apart.
+            "comma-times" => cmd.arg(COMMA_TIMES),
             "list" => cmd.arg("x").arg("y"),
             // Numbers, but not times: close to a sliding log, but not one.
             "number-list" => cmd.arg("1").arg("2").arg("3"),
@@ -147,7 +150,7 @@ where
             .await
             .expect("PTTL");
         let value: Vec<String> = match kind {
-            "string" | "numbers" => vec![redis::cmd("GET")
+            "string" | "numbers" | "comma-times" => vec![redis::cmd("GET")
                 .arg(&key)
                 .query_async(&mut con)
                 .await
@@ -173,6 +176,7 @@ where
         let expected: &[&str] = match kind {
             "string" => &["garbage"],
             "numbers" => &["12 34"],
+            "comma-times" => &[COMMA_TIMES],
             "list" => &["x", "y"],
             "number-list" => &["1", "2", "3"],
             "descending-times" => &DESCENDING,
@@ -182,6 +186,9 @@ where
         ttl == -1 && value == expected
     }
 }
+
+/// The value of the `comma-times` kind.
+const COMMA_TIMES: &str = "1800000000000000,1800000000000009";
 
 /// The items of the `descending-times` kind.
 const DESCENDING: [&str; 2] = ["1800000000000009", "1800000000000000"];
