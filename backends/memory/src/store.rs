@@ -743,7 +743,11 @@ impl MemoryStore {
         if let [layer] = layers {
             // One layer, one lock: the common case, without the bookkeeping.
             let (hash, id) = self.locate(&layer.key);
-            if let Some(how) = tollgate_algorithms::in_place(layer.policy.limit()) {
+            let limit = layer.policy.limit();
+            // (A cost no state can admit is answered by the reference.)
+            let admissible = layer.cost != 0 && layer.cost <= limit.capacity();
+            let in_place = tollgate_algorithms::in_place(limit).filter(|_| admissible);
+            if let Some(how) = in_place {
                 let shard = read(&self.shards[id]);
                 if let Some(entry) = shard.find(hash, &layer.key) {
                     if let Some(t) = entry.state.decide_in_place(how, now_us, layer.cost) {

@@ -616,3 +616,30 @@ fn making_room_keeps_the_deciding_requests_own_keys() {
         store.len()
     );
 }
+
+/// A cost no state can admit (0, or above the burst) is answered as the
+/// reference answers it, whether the key exists or not: denied, never to
+/// be admitted (before, an existing GCRA key's lock-free path admitted a
+/// cost of 0 and gave a cost above the burst a time to retry).
+#[test]
+fn an_inadmissible_cost_is_answered_alike_on_an_existing_key() {
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let policy = Policy::new("g", Limit::gcra(1, Duration::from_secs(1), 5).unwrap()).unwrap();
+    let ask = |cost: u64| {
+        let request = [LayerRequest {
+            key: StoreKey::new("k", &policy, "s", "k"),
+            policy: &policy,
+            cost,
+        }];
+        ready(tollgate_limiter::ask(&store, &request)).unwrap()[0]
+    };
+    assert!(ask(1).allowed, "the key exists");
+    for cost in [0, 6] {
+        let verdict = ask(cost);
+        assert!(!verdict.allowed, "cost {cost}: {verdict:?}");
+        assert_eq!(verdict.retry_after, None, "cost {cost}: never admitted");
+    }
+}
