@@ -241,6 +241,11 @@ fn write_log(
         LogEdit::Append { drop, stamp, push } => {
             return append_log(ctx, key, drop, stamp, push, ttl)
         }
+        LogEdit::Remove { value, count } => {
+            // The key holds the entries left: it exists when the expiry
+            // below is set.
+            remove_newest(ctx, key, count as u64, value)?;
+        }
         LogEdit::Replace => {
             let entries: Vec<String> = next.iter().map(u64::to_string).collect();
             return replace_list(ctx, key, &entries, ttl);

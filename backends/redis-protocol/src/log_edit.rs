@@ -4,7 +4,8 @@ use std::collections::VecDeque;
 
 /// How to turn the list holding one log into the list holding the next:
 /// a decision drops its oldest entries and appends the newest time; a
-/// reward drops the newest entries. Anything else is written whole.
+/// reward drops the newest entries; a concurrency limit's release removes
+/// the entries of one time. Anything else is written whole.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LogEdit {
     /// The list is already the next log.
@@ -25,6 +26,15 @@ pub enum LogEdit {
     Truncate {
         /// The entries kept.
         keep: usize,
+    },
+    /// `LREM key -count value`: `count` entries of the time `value` go
+    /// (they are next to one another, and alike: which of them go makes
+    /// no difference).
+    Remove {
+        /// The time removed.
+        value: u64,
+        /// How many of its entries.
+        count: usize,
     },
     /// `DEL key`, then every entry of the next log appended.
     Replace,
@@ -56,7 +66,9 @@ impl LogEdit {
                 false => LogEdit::Truncate { keep: after.len() },
             };
         }
-        append(before, after).unwrap_or(LogEdit::Replace)
+        append(before, after)
+            .or_else(|| remove(before, after))
+            .unwrap_or(LogEdit::Replace)
     }
 
     /// This edit applied to `before` (what Redis does with its commands).
@@ -70,6 +82,18 @@ impl LogEdit {
                 next
             }
             LogEdit::Truncate { keep } => before.iter().take(keep).copied().collect(),
+            LogEdit::Remove { value, count } => {
+                let mut left = count;
+                let mut next: VecDeque<u64> = VecDeque::with_capacity(before.len());
+                for &t in before.iter().rev() {
+                    if t == value && left > 0 {
+                        left -= 1;
+                    } else {
+                        next.push_front(t);
+                    }
+                }
+                next
+            }
             LogEdit::Replace => after.clone(),
         }
     }
@@ -99,6 +123,16 @@ fn append(before: &VecDeque<u64>, after: &VecDeque<u64>) -> Option<LogEdit> {
         stamp,
         push: in_after - in_before,
     })
+}
+
+/// `after` as `before` without some entries of one time, if it is that.
+fn remove(before: &VecDeque<u64>, after: &VecDeque<u64>) -> Option<LogEdit> {
+    let count = before.len().checked_sub(after.len()).filter(|&c| c > 0)?;
+    let at = before.iter().zip(after).take_while(|(b, a)| b == a).count();
+    let value = *before.get(at)?;
+    let removed = before.range(at..at + count).all(|&t| t == value);
+    let rest = before.range(at + count..).eq(after.range(at..));
+    (removed && rest).then_some(LogEdit::Remove { value, count })
 }
 
 #[cfg(test)]
@@ -135,6 +169,18 @@ mod tests {
             let edit = LogEdit::between(&before, &rewarded);
             prop_assert_ne!(&edit, &LogEdit::Replace);
             prop_assert_eq!(edit.apply(&before, &rewarded), rewarded);
+            // A release: some entries of one time go, wherever they are.
+            if let Some(&value) = before.get(cut % before.len().max(1)) {
+                let mut released = before.clone();
+                for _ in 0..push.max(1) {
+                    if let Some(i) = released.iter().position(|&t| t == value) {
+                        released.remove(i);
+                    }
+                }
+                let edit = LogEdit::between(&before, &released);
+                prop_assert_ne!(&edit, &LogEdit::Replace);
+                prop_assert_eq!(edit.apply(&before, &released), released);
+            }
         }
 
         /// Any two logs: the edit (a rewrite at worst) gives the next.
