@@ -151,22 +151,6 @@ async fn one_question_per_customer_at_a_time() {
     }
 }
 
-/// Two requests of `key-pro`'s, the second 5 ms after the first, which is
-/// dropped 10 ms later, while it asks: the second, waiting for it, asks
-/// again with what is left of its deadline. The second's task.
-async fn asked_by_the_second(limiter: &Arc<Limiter>) -> tokio::task::JoinHandle<u64> {
-    let check = |limiter: &Arc<Limiter>| {
-        let limiter = limiter.clone();
-        tokio::spawn(async move { limit_of(&limiter, &customer("key-pro")).await })
-    };
-    let first = check(limiter);
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    let second = check(limiter);
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    first.abort();
-    second
-}
-
 /// A request that waited for another's question, which was dropped, asks
 /// with what is left of its own deadline: a timeout then is not kept (it
 /// says nothing of the source), and the next request asks again.
@@ -174,7 +158,15 @@ async fn asked_by_the_second(limiter: &Arc<Limiter>) -> tokio::task::JoinHandle<
 async fn a_timeout_after_a_dropped_question_is_not_kept() {
     let (accounts, limiter) = setup(Behaviour::Hangs);
     let limiter = Arc::new(limiter);
-    let second = asked_by_the_second(&limiter).await;
+    let check = |limiter: &Arc<Limiter>| {
+        let limiter = limiter.clone();
+        tokio::spawn(async move { limit_of(&limiter, &customer("key-pro")).await })
+    };
+    let first = check(&limiter);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = check(&limiter);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    first.abort();
     assert_eq!(second.await.unwrap(), 60, "the default, at its deadline");
     assert_eq!(accounts.asked.load(Ordering::SeqCst), 2);
     assert_eq!(limit_of(&limiter, &customer("key-pro")).await, 60);
@@ -190,12 +182,17 @@ async fn a_timeout_after_a_dropped_question_is_not_kept() {
 async fn a_shortened_timeout_is_not_the_waiters_answer() {
     let (accounts, limiter) = setup(Behaviour::HangsFor(2));
     let limiter = Arc::new(limiter);
-    let second = asked_by_the_second(&limiter).await;
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    let third = {
+    let check = |limiter: &Arc<Limiter>| {
         let limiter = limiter.clone();
         tokio::spawn(async move { limit_of(&limiter, &customer("key-pro")).await })
     };
+    let first = check(&limiter);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let second = check(&limiter);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    first.abort();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let third = check(&limiter);
     assert_eq!(second.await.unwrap(), 60, "the default, at its deadline");
     assert_eq!(third.await.unwrap(), 600, "asked again, and answered");
     assert_eq!(accounts.asked.load(Ordering::SeqCst), 3);
