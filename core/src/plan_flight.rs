@@ -12,13 +12,10 @@ use tokio::sync::watch;
 use crate::plan_source::Answer;
 use crate::subject::Subject;
 
-/// The questions in flight: each customer's, and where its answer comes.
-type Flying = HashMap<Subject, watch::Receiver<Option<Answer>>, foldhash::fast::RandomState>;
-
 /// The questions in flight, by customer.
 #[derive(Debug, Default)]
 pub(crate) struct Flights {
-    flying: Mutex<Flying>,
+    flying: Mutex<HashMap<Subject, watch::Receiver<Option<Answer>>, foldhash::fast::RandomState>>,
 }
 
 /// A request's part in a question about its customer.
@@ -38,7 +35,12 @@ pub(crate) struct Flight<'a> {
 }
 
 impl Flights {
-    fn flying(&self) -> MutexGuard<'_, Flying> {
+    fn flying(
+        &self,
+    ) -> MutexGuard<
+        '_,
+        HashMap<Subject, watch::Receiver<Option<Answer>>, foldhash::fast::RandomState>,
+    > {
         self.flying.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -222,13 +222,7 @@ impl PlanCache {
                         Some(answer) => answer,
                         None => self.ask(customer, until, whole, &index_of).await,
                     };
-                    // A timeout within what was left of a wait says nothing
-                    // of the source, and the requests waiting have their
-                    // own deadlines: the flight ends unanswered, and they
-                    // ask again.
-                    if whole || answer != Answer::Failed(Failure::SourceTimeout) {
-                        flight.land(answer);
-                    }
+                    flight.land(answer);
                     return answer;
                 }
                 Seat::Waits(mut landed) => {
