@@ -613,7 +613,10 @@ impl MemoryStore {
     /// time, never removing the decision's own keys: reclaim expired
     /// entries where a shard may hold some; then, when the budget evicts,
     /// drop its entries nearest to expiry, one per key needed at most.
-    /// False when the budget is still too full.
+    /// False when nothing could be done: the decision cannot fit, or the
+    /// budget is full and refuses, or holds nothing to evict. (True when
+    /// some room was made, enough or not: the decision is tried again, as
+    /// concurrent ones may take that room, or a shrunk budget need more.)
     fn make_room(&self, room: &NeedRoom, now: u64) -> bool {
         for shard in self.shards.iter() {
             lock(shard).sweep(now, &self.total, &room.keep);
@@ -625,15 +628,17 @@ impl MemoryStore {
             return false;
         }
         let has_room = || b.held.load(Ordering::Acquire) + room.need <= max;
+        let mut evicted = false;
         for _ in 0..room.need {
             if has_room() {
                 return true;
             }
             if b.when_full() == WhenFull::Refuse || !self.evict_nearest(budget, &room.keep) {
-                return false;
+                break;
             }
+            evicted = true;
         }
-        has_room()
+        evicted || has_room()
     }
 
     /// Drop the entry of `budget` (any entry, for the store's) nearest to

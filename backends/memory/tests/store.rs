@@ -643,3 +643,28 @@ fn an_inadmissible_cost_is_answered_alike_on_an_existing_key() {
         assert_eq!(verdict.retry_after, None, "cost {cost}: never admitted");
     }
 }
+
+/// A policy's budget that shrank below the keys it holds (a reload) makes
+/// room over several passes, as before: a pass that evicted is tried
+/// again, even if it evicted too little for the new key (a reviewed
+/// change had it refuse `Full` once its pass fell short).
+#[test]
+fn a_shrunk_policy_budget_makes_room_over_several_passes() {
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::builder()
+        .shards(1 << 16)
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let minute = Duration::from_secs(60);
+    let policy = |keys| {
+        Policy::new("p", Limit::fixed_window(10, minute).unwrap())
+            .unwrap()
+            .with_key_budget(KeyBudget::new(keys, WhenFull::EvictNearestExpiry).unwrap())
+    };
+    let (wide, narrow) = (policy(4), policy(2));
+    for who in ["a", "b", "c", "d"] {
+        assert_eq!(ask_store(&store, &[(&wide, who)]).unwrap(), [true]);
+    }
+    assert_eq!(ask_store(&store, &[(&narrow, "e")]).unwrap(), [true]);
+    assert_eq!(store.len(), 2);
+}
