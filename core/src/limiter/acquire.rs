@@ -117,7 +117,7 @@ impl Limiter {
     /// The store's acquisition of `requests`, through the breaker, and
     /// the permit of the places it took (given back if this future is
     /// dropped before it answers: [`acquire_detached`]).
-    pub(super) async fn acquire_call(
+    async fn acquire_call(
         &self,
         requests: &Requests<'_>,
     ) -> Result<(Verdicts, Option<Permit>), StoreError> {

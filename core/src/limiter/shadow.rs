@@ -136,9 +136,10 @@ pub(super) fn denied_only_by_shadow(requests: &[LayerRequest<'_>], verdicts: &[V
 pub(super) enum Passes<'s> {
     /// Decide, as `check` does, holding nothing.
     Decide(&'s dyn Store),
-    /// Acquire through the limiter's store call, as `acquire` does: a
-    /// pass abandoned while the store takes its places gives them back,
-    /// and the call counts for the limiter's breaker.
+    /// Acquire on the limiter's store as `acquire` does, the call on a
+    /// task of its own: a pass abandoned while the store takes its places
+    /// gives them back. (Not through the breaker again: the first pass
+    /// was let through, and the request is one call.)
     #[cfg(feature = "concurrency")]
     Acquire(&'s Limiter),
 }
@@ -173,7 +174,9 @@ pub(super) async fn past_shadow(
         }
         let (again, permit) = match &passes {
             #[cfg(feature = "concurrency")]
-            Passes::Acquire(limiter) => limiter.acquire_call(&batch).await?,
+            Passes::Acquire(limiter) => {
+                super::detached::acquire_detached(&limiter.store, &limiter.releases, &batch).await?
+            }
             Passes::Decide(store) => (ask(*store, &batch).await?, None),
         };
         for (&i, v) in slots.iter().zip(&again) {
