@@ -602,7 +602,7 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
 /// Files in subdirectories are read, as the reference reads its whole
 /// runtime tree (before, they were skipped: a directory holding only
 /// `team-a/per-ip.yaml` started with no limits), hidden directories
-/// (Kubernetes' `..data`) aside.
+/// (Kubernetes' `..data`) and links to directories aside.
 #[tokio::test]
 async fn files_in_subdirectories_are_read() {
     let dir = directory(&[], "");
@@ -610,6 +610,9 @@ async fn files_in_subdirectories_are_read() {
     dir.write("config/team-a/per-ip.yaml", PER_IP);
     std::fs::create_dir_all(dir.0.join("config/..data")).expect("..data/");
     dir.write("config/..data/messaging.yaml", MESSAGING);
+    // A link to a directory is not followed (its files would be read
+    // twice: a domain defined twice is refused).
+    std::os::unix::fs::symlink("team-a", dir.0.join("config/current")).expect("a link");
     let clock = Arc::new(ManualClock::new(START));
     let server = start(&dir, clock).await.expect("starts");
     let blocked = [("remote_address", "50.0.0.5")];
