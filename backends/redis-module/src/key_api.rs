@@ -107,7 +107,10 @@ fn write_list_until<'a>(
         return Ok(false);
     };
     let handle = OpenKey::writable(ctx, key)?;
-    if start == Start::Anew {
+    // (A key that held nothing is not deleted, as a client's `DEL` of it
+    // replicates nothing and fires no event.)
+    let deleted = start == Start::Anew && !handle.is_empty()?;
+    if deleted {
         handle.delete()?;
     }
     for item in items.clone() {
@@ -125,12 +128,12 @@ fn write_list_until<'a>(
         handle.expire_at(expiry)?;
     }
     drop(handle);
-    if start == Start::Anew {
+    if deleted {
         ctx.replicate("DEL", &[key][..]);
         notify(ctx, NotifyEvent::GENERIC, c"del", key);
-        if push == 0 {
-            return Ok(true);
-        }
+    }
+    if start == Start::Anew && push == 0 {
+        return Ok(true);
     }
     // One `RPUSH` replicated, and its event fired, per chunk (as the
     // commands run through Redis did); none when nothing was pushed.
@@ -299,6 +302,18 @@ impl OpenKey {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer.cast::<u8>(), len);
         }
         Ok(Overwritten::InPlace)
+    }
+
+    /// Whether the key holds nothing.
+    fn is_empty(&self) -> Result<bool, RedisError> {
+        let shape = KeyShape::get().ok_or(RedisError::Str(
+            "TOLLGATE_FAILED this server's module API lacks KeyType or ValueLength",
+        ))?;
+        // SAFETY: `self.0` is a key opened for writing on this command's
+        // context, open until `self` is dropped.
+        #[allow(unsafe_code)]
+        let empty = unsafe { shape.length_if(self.0, raw::REDISMODULE_KEYTYPE_EMPTY) };
+        Ok(empty.is_some())
     }
 
     /// Delete the key's value (a key without one is left as it is).

@@ -224,10 +224,12 @@ fn write_log(
     let empty = VecDeque::new();
     let old = match before {
         Some(State::Log(old)) => old,
-        // A block (ended) is a list of one item that is no entry.
+        // A block (ended) is a list of one item that is no entry: the log
+        // is written anew.
+        Some(_) if next.is_empty() => return effect(ctx, "DEL", &[k]),
         Some(_) => {
-            effect(ctx, "DEL", &[k])?;
-            &empty
+            let entries: Vec<String> = next.iter().map(u64::to_string).collect();
+            return replace_list(ctx, key, &entries, ttl);
         }
         None => &empty,
     };
