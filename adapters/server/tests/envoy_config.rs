@@ -601,8 +601,8 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
 
 /// Files in subdirectories are read, as the reference reads its whole
 /// runtime tree (before, they were skipped: a directory holding only
-/// `team-a/per-ip.yaml` started with no limits), hidden directories
-/// (Kubernetes' `..data`) and links to directories aside.
+/// `team-a/per-ip.yaml` started with no limits), links to directories
+/// followed, hidden directories (Kubernetes' `..data`) aside.
 #[tokio::test]
 async fn files_in_subdirectories_are_read() {
     let dir = directory(&[], "");
@@ -610,13 +610,16 @@ async fn files_in_subdirectories_are_read() {
     dir.write("config/team-a/per-ip.yaml", PER_IP);
     std::fs::create_dir_all(dir.0.join("config/..data")).expect("..data/");
     dir.write("config/..data/messaging.yaml", MESSAGING);
-    // A link to a directory is not followed (its files would be read
-    // twice: a domain defined twice is refused).
-    std::os::unix::fs::symlink("team-a", dir.0.join("config/current")).expect("a link");
+    // A link to a directory is followed (a ConfigMap's nested paths are).
+    std::fs::create_dir_all(dir.0.join("shared")).expect("shared/");
+    let linked = PER_IP.replace("edge_proxy_per_ip", "linked_per_ip");
+    dir.write("shared/per-ip.yaml", &linked);
+    std::os::unix::fs::symlink("../shared", dir.0.join("config/team-b")).expect("a link");
     let clock = Arc::new(ManualClock::new(START));
     let server = start(&dir, clock).await.expect("starts");
     let blocked = [("remote_address", "50.0.0.5")];
     assert_eq!(admitted(&server, "edge_proxy_per_ip", &blocked, 2).await, 0);
+    assert_eq!(admitted(&server, "linked_per_ip", &blocked, 2).await, 0);
     let r = ask(&server, "messaging", &[&[("to_number", "123")]]).await;
     assert!(
         r.statuses[0].current_limit.is_none(),

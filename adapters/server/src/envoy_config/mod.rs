@@ -106,20 +106,22 @@ pub(crate) fn override_rule_name(domain: &str) -> String {
     hashed_name([&b"override"[..], domain.as_bytes()])
 }
 
+/// Directories read below the configuration's own, at most: a deeper
+/// tree is most likely a symbolic link that loops.
+const MAX_DEPTH: usize = 8;
+
 /// The YAML files of `dir` and of its subdirectories, in path order, as
 /// the reference reads its runtime tree: `*.yaml` and `*.yml`, hidden
-/// files and directories (Kubernetes' `..data`) left out; a symbolic link
-/// to a file followed, one to a directory not (the reference's walk does
-/// not descend into one: a link beside its target would read every file
-/// twice, a link up the tree forever); a subdirectory that cannot be read
-/// (a volume's `lost+found`) left out, as the reference leaves it. A tree
-/// whose visible files are none of them is refused: the reference reads
-/// every file whatever its name, so its files may have none of these
-/// endings, and skipping them all would limit nothing.
+/// files and directories (Kubernetes' `..data`) left out, symbolic links
+/// followed (a ConfigMap's nested paths are links to directories). What
+/// cannot be read refuses the lot, loudly, as an unreadable file does: a
+/// part skipped would be limits gone without a word. A tree whose visible
+/// files are none of them is refused too: the reference reads every file
+/// whatever its name, so its files may have none of these endings, and
+/// skipping them all would limit nothing.
 fn files(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let read = std::fs::read_dir(dir).map_err(|e| format!("cannot read the directory: {e}"))?;
     let (mut files, mut others) = (Vec::new(), Vec::new());
-    walk(read, &mut files, &mut others)?;
+    walk(dir, 0, &mut files, &mut others)?;
     if files.is_empty() && !others.is_empty() {
         others.sort();
         return Err(format!(
@@ -131,25 +133,38 @@ fn files(dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(files)
 }
 
-/// Add the YAML files of the directory `read` lists, and of its
-/// subdirectories, to `files`; the names of its other visible files to
-/// `others`.
+/// Add the YAML files under `dir` (`depth` levels below the
+/// configuration's directory) to `files`, the names of its other visible
+/// files to `others`.
 fn walk(
-    read: std::fs::ReadDir,
+    dir: &Path,
+    depth: usize,
     files: &mut Vec<PathBuf>,
     others: &mut Vec<String>,
 ) -> Result<(), String> {
-    for entry in read {
-        let path = entry.map_err(|e| e.to_string())?.path();
+    let unreadable = |e: std::io::Error| {
+        match depth {
+        0 => format!("cannot read the directory: {e}"),
+        _ => format!(
+            "cannot read its subdirectory {}: {e} (point envoy_config_dir at the configuration's own directory, not a volume's root)",
+            dir.display()
+        ),
+    }
+    };
+    for entry in std::fs::read_dir(dir).map_err(unreadable)? {
+        let path = entry.map_err(unreadable)?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or(".");
         if name.starts_with('.') {
             continue;
         }
-        let directory = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
-        if directory {
-            if let Ok(read) = std::fs::read_dir(&path) {
-                walk(read, files, others)?;
+        if path.is_dir() {
+            if depth == MAX_DEPTH {
+                return Err(format!(
+                    "{} is more than {MAX_DEPTH} directories deep (a symbolic link that loops?)",
+                    path.display()
+                ));
             }
+            walk(&path, depth + 1, files, others)?;
         } else if !path.is_file() {
             continue;
         } else if name.ends_with(".yaml") || name.ends_with(".yml") {
