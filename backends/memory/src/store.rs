@@ -612,11 +612,12 @@ impl MemoryStore {
     /// that found `budget` full (the store's when `None`), one lock at a
     /// time, never removing the decision's own keys: reclaim expired
     /// entries where a shard may hold some; then, when the budget evicts,
-    /// drop its entries nearest to expiry, one per key needed at most.
-    /// False when nothing could be done: the decision cannot fit, or the
-    /// budget is full and refuses, or holds nothing to evict. (True when
-    /// some room was made, enough or not: the decision is tried again, as
-    /// concurrent ones may take that room, or a shrunk budget need more.)
+    /// drop its entries nearest to expiry until the keys fit (more than
+    /// `need` when the budget shrank below what it holds). False when
+    /// nothing could be done: the decision cannot fit, or the budget is
+    /// full and refuses, or holds nothing to evict. (True when room was
+    /// made: the decision is tried again, and concurrent ones may have
+    /// taken that room first.)
     fn make_room(&self, room: &NeedRoom, now: u64) -> bool {
         for shard in self.shards.iter() {
             lock(shard).sweep(now, &self.total, &room.keep);
@@ -629,16 +630,13 @@ impl MemoryStore {
         }
         let has_room = || b.held.load(Ordering::Acquire) + room.need <= max;
         let mut evicted = false;
-        for _ in 0..room.need {
-            if has_room() {
-                return true;
-            }
+        while !has_room() {
             if b.when_full() == WhenFull::Refuse || !self.evict_nearest(budget, &room.keep) {
-                break;
+                return evicted;
             }
             evicted = true;
         }
-        evicted || has_room()
+        true
     }
 
     /// Drop the entry of `budget` (any entry, for the store's) nearest to

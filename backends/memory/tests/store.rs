@@ -644,10 +644,10 @@ fn an_inadmissible_cost_is_answered_alike_on_an_existing_key() {
     }
 }
 
-/// A policy's budget that shrank below the keys it holds (a reload) makes
-/// room over several passes, as before: a pass that evicted is tried
-/// again, even if it evicted too little for the new key (a reviewed
-/// change had it refuse `Full` once its pass fell short).
+/// A policy's budget that shrank far below the keys it holds (a reload)
+/// makes room for a new key: every key over the budget is evicted (a
+/// reviewed change refused `Full` once a pass fell short, the next one
+/// after four passes of one key each).
 #[test]
 fn a_shrunk_policy_budget_makes_room_over_several_passes() {
     let clock = ManualClock::new(START);
@@ -661,8 +661,8 @@ fn a_shrunk_policy_budget_makes_room_over_several_passes() {
             .unwrap()
             .with_key_budget(KeyBudget::new(keys, WhenFull::EvictNearestExpiry).unwrap())
     };
-    let (wide, narrow) = (policy(4), policy(2));
-    for who in ["a", "b", "c", "d"] {
+    let (wide, narrow) = (policy(10), policy(2));
+    for who in ["a", "b", "c", "d", "f", "g", "h", "i", "j", "k"] {
         assert_eq!(ask_store(&store, &[(&wide, who)]).unwrap(), [true]);
     }
     assert_eq!(ask_store(&store, &[(&narrow, "e")]).unwrap(), [true]);

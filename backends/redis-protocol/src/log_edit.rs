@@ -132,7 +132,10 @@ fn remove(before: &VecDeque<u64>, after: &VecDeque<u64>) -> Option<LogEdit> {
     let value = *before.get(at)?;
     let removed = before.range(at..at + count).all(|&t| t == value);
     let rest = before.range(at + count..).eq(after.range(at..));
-    (removed && rest).then_some(LogEdit::Remove { value, count })
+    // `LREM` takes the newest copies: none may come later (a sorted log
+    // has none).
+    let last = !before.range(at + count..).any(|&t| t == value);
+    (removed && rest && last).then_some(LogEdit::Remove { value, count })
 }
 
 #[cfg(test)]
@@ -144,6 +147,15 @@ mod tests {
     fn sorted(mut v: Vec<u64>) -> VecDeque<u64> {
         v.sort_unstable();
         v.into()
+    }
+
+    /// A list with the removed time later too (foreign: out of order) is
+    /// written whole: `LREM` would take the later copy.
+    #[test]
+    fn a_removal_with_a_later_copy_is_a_rewrite() {
+        let before = VecDeque::from([2, 1, 3, 1, 4]);
+        let after = VecDeque::from([2, 3, 1, 4]);
+        assert_eq!(LogEdit::between(&before, &after), LogEdit::Replace);
     }
 
     proptest! {
@@ -181,6 +193,17 @@ mod tests {
                 prop_assert_ne!(&edit, &LogEdit::Replace);
                 prop_assert_eq!(edit.apply(&before, &released), released);
             }
+        }
+
+        /// Any two lists, sorted or not (a foreign one): the edit gives
+        /// the next.
+        #[test]
+        fn any_list_is_reached(
+            before in prop::collection::vec(0u64..4, 0..10),
+            after in prop::collection::vec(0u64..4, 0..10),
+        ) {
+            let (before, after): (VecDeque<u64>, VecDeque<u64>) = (before.into(), after.into());
+            prop_assert_eq!(LogEdit::between(&before, &after).apply(&before, &after), after);
         }
 
         /// Any two logs: the edit (a rewrite at worst) gives the next.
