@@ -840,6 +840,45 @@ async fn a_release_from_a_long_list_is_replicated_as_the_removal() {
     assert_eq!(int(primary.command(&["LLEN", &key])), 199);
 }
 
+/// A block on a sliding log that has no key yet is written as a new list:
+/// nothing deleted, so no `DEL` reaches the replica (a client's `DEL` of a
+/// missing key replicates nothing either); the replica holds the block.
+#[tokio::test]
+async fn a_block_on_a_new_log_replicates_no_delete() {
+    let primary = RedisServer::start_with_module(&[]);
+    let replica = replica_of(&primary);
+    let store = server_clock_store(primary.url(), &unique("nodel"), Engine::Module).await;
+    let log = Policy::new(
+        "log",
+        Limit::sliding_log(5, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let subject = unique("s");
+    // `DEL`s the replica ran (the store's connection probes run some).
+    let deletes = || {
+        assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
+        let stats = text(replica.command(&["INFO", "commandstats"]));
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_del:calls="))
+            .map_or(0, |rest| {
+                rest.split(',').next().unwrap().parse::<u64>().unwrap()
+            })
+    };
+    let before = deletes();
+    store
+        .adjust(
+            &[one_place(&log, &subject)],
+            tollgate_limiter::Adjustment::Block(Duration::from_secs(90)),
+        )
+        .await
+        .expect("block");
+    assert_eq!(deletes(), before, "no DEL replicated");
+    let key = store.settings().redis_key(&one_place(&log, &subject).key);
+    let items = |server: &RedisServer| server.command(&["LRANGE", &key, "0", "-1"]);
+    assert_eq!(items(&replica), items(&primary));
+}
+
 /// A failover to a replica without the module: the promoted replica holds
 /// what the primary's module wrote, and a store connected to it decides
 /// on with the function library from exactly where the module left off.
