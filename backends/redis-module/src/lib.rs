@@ -77,9 +77,10 @@ fn reply_integers(ctx: &Context, integers: &[i64]) {
 // (C functions Redis calls with its own pointers); `TOLLGATE.DECIDE` has
 // its own (`decide_entry`, which borrows its arguments). The only other
 // `unsafe` is the calls the module's safe API lacks: `key_api.rs`'s
-// `RedisModule_SetAbsExpire` and in-place string writes, `key_shape.rs`'s
-// type and length reads, and `list_log.rs`'s list reads (each block says
-// why it is sound).
+// `RedisModule_SetAbsExpire`, in-place string writes, `DeleteKey` on a
+// key it opened and `RedisModule_Replicate` with its own format,
+// `key_shape.rs`'s type and length reads, and `list_log.rs`'s list reads
+// (each block says why it is sound).
 #[allow(unsafe_code)]
 mod entry {
     use std::mem::ManuallyDrop;
