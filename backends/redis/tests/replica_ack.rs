@@ -475,3 +475,62 @@ async fn cluster_renewals_and_releases_wait_for_replicas() {
         assert!(verdicts[0].allowed, "place {place} was given back");
     }
 }
+
+/// A charge redirected while its slot moves (`ASK`: the key is on the
+/// target already) is acknowledged by the replicas of the node that took
+/// it: `WAIT` goes there. Before, it went to the slot's master in the
+/// client's map, which never received the charge and answered at once
+/// with its own replica: the charge counted as acknowledged although the
+/// target's replica was gone.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirected_charge_waits_for_the_replicas_of_the_node_that_took_it() {
+    use tollgate_redis::cluster::RedisClusterStore;
+    use tollgate_testkit::redis_cluster::{RedisCluster, MASTERS};
+
+    let mut cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let store = RedisClusterStore::builder(cluster.urls())
+        .prefix(unique("ackm"))
+        .deadline(Duration::from_secs(2))
+        .replica_ack(1, Duration::from_millis(300))
+        .connect()
+        .await
+        .expect("connect to the cluster");
+    let policy = Policy::new(
+        "p",
+        Limit::fixed_window(100, Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let scope = Scope::Subject.key_label();
+    let request = [LayerRequest {
+        key: StoreKey::new("dave", &policy, &scope, "dave"),
+        policy: &policy,
+        cost: 1,
+    }];
+    let slot = cluster.keyslot(&store.settings().redis_key(&request[0].key));
+    let from = cluster.master_for_slot(slot);
+    let to = (0..MASTERS)
+        .map(|m| cluster.master_for_slot(cluster.slot_of_master(m)))
+        .find(|&m| m != from)
+        .expect("another master");
+    // The target's replica is gone; the source's answers.
+    cluster.kill(cluster.replica_of(to).expect("the target's replica"));
+    tollgate_limiter::ask(&store, &request)
+        .await
+        .expect("acknowledged on the source");
+    let migration = cluster.begin_migration(slot, to);
+    assert_eq!(migration.move_keys(100), 1, "the key moved");
+    let error = tollgate_limiter::ask(&store, &request)
+        .await
+        .expect_err("taken by the target, whose replica is gone");
+    assert!(
+        matches!(
+            RedisStoreError::of(&error),
+            Some(RedisStoreError::NotReplicated { .. })
+        ),
+        "{error:?}"
+    );
+    migration.finish();
+}

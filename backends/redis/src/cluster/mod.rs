@@ -359,24 +359,31 @@ impl RedisClusterStore {
             return Ok(());
         };
         let deadline = Instant::now() + self.checked.deadline;
-        self.until(deadline, self.acknowledge(ack, keys, &slot_groups(keys)))
-            .await?
+        let nowhere = redirects::Answered::default();
+        self.until(
+            deadline,
+            self.acknowledge(ack, keys, &slot_groups(keys), &nowhere),
+        )
+        .await?
     }
 
-    /// `WAIT` on the master of every group's slot, through the connection
-    /// its charge went through (redis-rs keeps one per node).
+    /// `WAIT` on the node that took every group's charge, through the
+    /// connection its charge went through (redis-rs keeps one per node):
+    /// the slot's master, or the node a redirection sent the call to
+    /// (`answered`).
     async fn acknowledge(
         &self,
         ack: &crate::replication::ReplicaAck,
         keys: &[String],
         groups: &[Vec<usize>],
+        answered: &redirects::Answered,
     ) -> Result<(), StoreError> {
         for group in groups {
             let slot = hash_slot(keys[group[0]].as_bytes());
-            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-                slot,
-                SlotAddr::Master,
-            )));
+            let node = answered.node_of(slot).unwrap_or_else(|| {
+                SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
+            });
+            let route = RoutingInfo::SingleNode(node);
             let reply = self
                 .conn
                 .clone()
@@ -398,6 +405,8 @@ struct Call {
     time: crate::script::TimeArgs,
     keys: Vec<String>,
     groups: Vec<Vec<usize>>,
+    /// Where its groups' calls were answered by redirection.
+    answered: redirects::Answered,
 }
 
 impl RedisClusterStore {
@@ -419,6 +428,7 @@ impl RedisClusterStore {
             time,
             groups: slot_groups(&keys),
             keys,
+            answered: redirects::Answered::default(),
         })
     }
 
@@ -505,9 +515,10 @@ impl RedisClusterStore {
             holds,
             self.call_command(),
         );
+        let answered = Some(&prepared.answered);
         self.until(
             prepared.deadline,
-            call(self.conn.clone(), cmd, self.runner()),
+            call(self.conn.clone(), cmd, self.runner(), answered),
         )
         .await?
         .map_err(|e| in_group(e, layers, group))
@@ -533,15 +544,7 @@ impl RedisClusterStore {
                     _ => parse_reply(&reply, layers.len()).map(|v| (v, Vec::new())),
                 })
         } else {
-            let Call {
-                deadline,
-                args,
-                time,
-                keys,
-                groups,
-            } = &prepared;
-            self.decide_across_slots(layers, keys, args.clone(), groups, time.clone(), *deadline)
-                .await
+            self.decide_across_slots(layers, &prepared).await
         };
         let result = match (result, &self.checked.replica_ack) {
             // Admitted: every group was charged on its master.
@@ -549,7 +552,7 @@ impl RedisClusterStore {
                 let acked = self
                     .until(
                         prepared.deadline,
-                        self.acknowledge(ack, &prepared.keys, &prepared.groups),
+                        self.acknowledge(ack, &prepared.keys, &prepared.groups, &prepared.answered),
                     )
                     .await
                     .and_then(|acked| acked);

@@ -50,13 +50,19 @@ pub(crate) async fn call(
     mut conn: ClusterConnection,
     cmd: Cmd,
     runner: Arc<Runner>,
+    answered: Option<&Answered>,
 ) -> Result<Vec<i64>, StoreError> {
     let mut sending = Sending::new(cmd);
     loop {
         sending.attempts += 1;
         let sent_to = sending.target.take();
         let e = match sending.send(&mut conn, sent_to.clone()).await {
-            Ok(reply) => return Ok(reply),
+            Ok(reply) => {
+                if let (Some(answered), Some((_, host, port))) = (answered, sent_to) {
+                    answered.record(slot_of(&sending.cmd), host, port);
+                }
+                return Ok(reply);
+            }
             Err(e) => e,
         };
         let e = match sending.lacks_code(&mut conn, &runner, e, &sent_to).await? {
@@ -70,6 +76,33 @@ pub(crate) async fn call(
             tokio::time::sleep(sending.pause).await;
             sending.pause = (sending.pause * 2).min(MAX_RETRY_PAUSE);
         }
+    }
+}
+
+/// The nodes that answered a request's calls by redirection (`MOVED`,
+/// `ASK`), by slot: what the call wrote is on that node, and a `WAIT` for
+/// its replicas must go there (the client's map may still name the slot's
+/// old master, which never received it).
+#[derive(Debug, Default)]
+pub(crate) struct Answered(std::sync::Mutex<Vec<(u16, String, u16)>>);
+
+impl Answered {
+    fn record(&self, slot: u16, host: String, port: u16) {
+        let mut nodes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        nodes.retain(|(s, _, _)| *s != slot);
+        nodes.push((slot, host, port));
+    }
+
+    /// Where `slot`'s call was answered, when it was redirected.
+    pub(crate) fn node_of(&self, slot: u16) -> Option<SingleNodeRoutingInfo> {
+        let nodes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        nodes
+            .iter()
+            .find(|(s, _, _)| *s == slot)
+            .map(|(_, host, port)| SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: *port,
+            })
     }
 }
 

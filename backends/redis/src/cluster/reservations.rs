@@ -31,18 +31,16 @@ impl RedisClusterStore {
     pub(super) async fn decide_across_slots(
         &self,
         layers: &[LayerRequest<'_>],
-        keys: &[String],
-        args: Vec<[u64; LAYER_ARGS]>,
-        groups: &[Vec<usize>],
-        time: TimeArgs,
-        deadline: Instant,
+        prepared: &super::Call,
     ) -> Result<(Verdicts, Vec<Charged>), StoreError> {
+        let (groups, deadline) = (&prepared.groups, prepared.deadline);
         let request = Request {
             layers,
-            keys,
-            args: &args,
-            time: &time,
+            keys: &prepared.keys,
+            args: &prepared.args,
+            time: &prepared.time,
             deadline,
+            answered: &prepared.answered,
         };
         let (mut verdicts, mut contended, mut charges) =
             self.reserve_across_slots(&request, groups).await?;
@@ -161,10 +159,12 @@ impl RedisClusterStore {
             args,
             time,
             deadline,
+            answered,
         } = *request;
         let style = self.call_command();
         let cmd = group_call(keys, args, group, time, (mode, None), &[], style);
-        self.until(deadline, call(self.conn.clone(), cmd, self.runner()))
+        let calling = call(self.conn.clone(), cmd, self.runner(), Some(answered));
+        self.until(deadline, calling)
             .await?
             .map_err(|e| in_group(e, layers, group))
     }
@@ -257,6 +257,8 @@ struct Request<'r, 'a> {
     args: &'r [[u64; LAYER_ARGS]],
     time: &'r TimeArgs,
     deadline: Instant,
+    /// Where the groups' calls were answered by redirection.
+    answered: &'r super::redirects::Answered,
 }
 
 /// Refund `reserved`, waiting for the refunds until `deadline`.
@@ -340,7 +342,7 @@ impl Reservations {
                 runtime.spawn(async move {
                     // A refund that fails leaves its charge: under-admission
                     // until the state's TTL, never over-admission.
-                    let _ = tokio::time::timeout(timeout, call(conn, cmd, runner)).await;
+                    let _ = tokio::time::timeout(timeout, call(conn, cmd, runner, None)).await;
                 })
             })
             .collect()
