@@ -58,8 +58,9 @@ pub(crate) async fn call(
         let sent_to = sending.target.take();
         let e = match sending.send(&mut conn, sent_to.clone()).await {
             Ok(reply) => {
-                if let (Some(answered), Some((_, host, port))) = (answered, sent_to) {
-                    answered.record(slot_of(&sending.cmd), host, port);
+                if let Some(answered) = answered {
+                    let node = sent_to.map(|(_, host, port)| (host, port));
+                    answered.record(slot_of(&sending.cmd), node);
                 }
                 return Ok(reply);
             }
@@ -87,10 +88,16 @@ pub(crate) async fn call(
 pub(crate) struct Answered(std::sync::Mutex<Vec<(u16, String, u16)>>);
 
 impl Answered {
-    fn record(&self, slot: u16, host: String, port: u16) {
+    /// `slot`'s call was answered by the node at `node` after a
+    /// redirection, or (`None`) by the slot's master in the client's map:
+    /// the last answer counts (a later pass of the request may go
+    /// elsewhere).
+    fn record(&self, slot: u16, node: Option<(String, u16)>) {
         let mut nodes = self.0.lock().unwrap_or_else(|p| p.into_inner());
         nodes.retain(|(s, _, _)| *s != slot);
-        nodes.push((slot, host, port));
+        if let Some((host, port)) = node {
+            nodes.push((slot, host, port));
+        }
     }
 
     /// Where `slot`'s call was answered, when it was redirected.
