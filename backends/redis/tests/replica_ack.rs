@@ -476,9 +476,9 @@ async fn cluster_renewals_and_releases_wait_for_replicas() {
     }
 }
 
-/// A charge redirected while its slot moves (`ASK`: the key is on the
-/// target already) is acknowledged by the replicas of the node that took
-/// it: `WAIT` goes there. Before, it went to the slot's master in the
+/// A charge (or an operator's write) redirected while its slot moves
+/// (`ASK`: the key is on the target already) is acknowledged by the
+/// replicas of the node that took it: `WAIT` goes there. Before, it went to the slot's master in the
 /// client's map, which never received the charge and answered at once
 /// with its own replica: the charge counted as acknowledged although the
 /// target's replica was gone.
@@ -522,15 +522,22 @@ async fn a_redirected_charge_waits_for_the_replicas_of_the_node_that_took_it() {
         .expect("acknowledged on the source");
     let migration = cluster.begin_migration(slot, to);
     assert_eq!(migration.move_keys(100), 1, "the key moved");
-    let error = tollgate_limiter::ask(&store, &request)
-        .await
-        .expect_err("taken by the target, whose replica is gone");
-    assert!(
-        matches!(
-            RedisStoreError::of(&error),
+    let not_replicated = |answer: Result<(), tollgate_limiter::StoreError>| match answer {
+        Err(e) => matches!(
+            RedisStoreError::of(&e),
             Some(RedisStoreError::NotReplicated { .. })
         ),
-        "{error:?}"
+        Ok(()) => false,
+    };
+    let decided = tollgate_limiter::ask(&store, &request).await.map(|_| ());
+    assert!(
+        not_replicated(decided),
+        "taken by the target, whose replica is gone"
+    );
+    // So is an operator's write (a reset here).
+    assert!(
+        not_replicated(store.reset(&request).await),
+        "reset on the target"
     );
     migration.finish();
 }

@@ -348,21 +348,25 @@ impl RedisClusterStore {
         if slot_groups(&keys).len() > 1 {
             self.per_group(layers, Mode::Peek, None).await?;
         }
-        let verdicts = self.per_group(layers, mode, block).await?;
-        self.acknowledged(&keys).await.map(|()| verdicts)
+        let (verdicts, answered) = self.per_group(layers, mode, block).await?;
+        self.acknowledged(&keys, &answered).await.map(|()| verdicts)
     }
 
-    /// With `replica_ack`:
-    /// `WAIT` after an operator's write to `keys` (a reset, an adjustment).
-    async fn acknowledged(&self, keys: &[String]) -> Result<(), StoreError> {
+    /// With `replica_ack`: `WAIT` after a write to `keys` other than a
+    /// decision (a reset, an adjustment, a release, a renewal), on the
+    /// nodes that took it (`answered`: those a redirection sent it to).
+    async fn acknowledged(
+        &self,
+        keys: &[String],
+        answered: &redirects::Answered,
+    ) -> Result<(), StoreError> {
         let Some(ack) = &self.checked.replica_ack else {
             return Ok(());
         };
         let deadline = Instant::now() + self.checked.deadline;
-        let nowhere = redirects::Answered::default();
         self.until(
             deadline,
-            self.acknowledge(ack, keys, &slot_groups(keys), &nowhere),
+            self.acknowledge(ack, keys, &slot_groups(keys), answered),
         )
         .await?
     }
@@ -455,13 +459,14 @@ impl RedisClusterStore {
 
     /// Every slot group called in `mode` (`Peek`, `Reset` or an
     /// adjustment; `block`: a block's length in µs), one call per group,
-    /// in slot order: the verdicts in layer order.
+    /// in slot order: the verdicts in layer order, and where the calls
+    /// were answered by redirection.
     async fn per_group(
         &self,
         layers: &[LayerRequest<'_>],
         mode: Mode,
         block: Option<u64>,
-    ) -> Result<Verdicts, StoreError> {
+    ) -> Result<(Verdicts, redirects::Answered), StoreError> {
         let prepared = self.call_of(layers)?;
         let replies = self.replies(&prepared, layers, (mode, block), &[]).await;
         let result = replies.and_then(|replies| {
@@ -473,8 +478,10 @@ impl RedisClusterStore {
             }
             Ok(verdicts.into_iter().flatten().collect())
         });
-        self.locate_conflict(result, layers, prepared.deadline)
-            .await
+        let verdicts = self
+            .locate_conflict(result, layers, prepared.deadline)
+            .await?;
+        Ok((verdicts, prepared.answered))
     }
 
     /// One call per slot group of `call` in `mode` (`holds`: each layer's
@@ -661,7 +668,7 @@ impl Store for RedisClusterStore {
                 Err(e) => failed = Err(e),
             }
         }
-        failed.and(self.acknowledged(&answered).await)
+        failed.and(self.acknowledged(&answered, &prepared.answered).await)
     }
 
     /// Atomic per slot group. A group whose call failed keeps the holds it
@@ -697,7 +704,10 @@ impl Store for RedisClusterStore {
             Some(e) if answered.is_empty() => Err(e),
             // A renewal a failover could undo would let a second holder
             // in while the first still works: acknowledged first.
-            _ => self.acknowledged(&answered).await.map(|()| renewed),
+            _ => self
+                .acknowledged(&answered, &prepared.answered)
+                .await
+                .map(|()| renewed),
         }
     }
 
@@ -706,7 +716,9 @@ impl Store for RedisClusterStore {
         if layers.is_empty() {
             return Ok(Verdicts::new());
         }
-        self.per_group(layers, Mode::Peek, None).await
+        self.per_group(layers, Mode::Peek, None)
+            .await
+            .map(|(verdicts, _)| verdicts)
     }
 
     /// Atomic per slot group. Across slots, every group is peeked first,
