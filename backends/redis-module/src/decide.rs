@@ -188,51 +188,91 @@ fn refund_layers(
     // after the loop (a release adds no holder, so no later write of this
     // call recreates one of them).
     let mut emptied: Vec<&RedisString> = Vec::new();
-    let reply = each_named_charge(ctx, keys, call, |key, layer, state, charge| {
-        let given = match state {
-            Some(State::Log(_)) if layer.layout == Layout::Log => {
-                keyspace::remove_newest(ctx, key, layer.cost, layer.at)?
-            }
-            Some(State::Log(held)) => {
-                // A concurrency limit's release: the reference's write,
-                // TTL included (until the newest entry left ages out).
-                let hold = Hold {
-                    cost: charge.cost,
-                    at: charge.at,
-                };
-                let before = State::Log(held);
-                match release(&layer.limit, Some(&before), now, hold) {
-                    Some(stored) if log_len(&stored.state) == 0 => {
-                        keyspace::delete_unreplicated(ctx, key)?;
-                        emptied.push(key);
-                        log_len(&before)
-                    }
-                    Some(stored) => {
-                        keyspace::write(ctx, key, layer.layout, Some(&before), &stored)?;
-                        log_len(&before) - log_len(&stored.state)
-                    }
-                    None => 0,
-                }
-            }
-            Some(state @ State::Cells(_)) => {
-                // The state keeps its expiry; a key without one is left
-                // alone (nothing is stored without a TTL).
-                let ttl = keyspace::pttl(ctx, key)?;
-                let back = refund(&layer.limit, Some(&state), now, charge);
-                match back.next {
-                    Some(State::Cells(cells)) if ttl > 0 => {
-                        keyspace::write_counter(ctx, key, layer.layout, cells, ttl as u64)?;
-                        back.given
-                    }
-                    _ => 0,
-                }
-            }
-            _ => 0,
+    let mut reply = Vec::with_capacity(keys.len());
+    for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {
+        let given = if released_alone(ctx, key, layer)? {
+            emptied.push(key);
+            1
+        } else {
+            let (state, charge) = named_charge(ctx, key, layer, i)?;
+            refund_layer(ctx, key, layer, state, charge, now, &mut emptied)?
         };
-        Ok(given as i64)
-    });
+        reply.push(given as i64);
+    }
     keyspace::replicate_deletes(ctx, &emptied);
-    reply
+    Ok(reply)
+}
+
+/// A concurrency limit's usual release, one holder at a time: when the
+/// holders at `key` are the layer's hold's one entry alone, the key is
+/// deleted (its `DEL` left to the caller) without reading the log into a
+/// state: what [`release`] writes then, at a fraction of the cost.
+fn released_alone(
+    ctx: &Context,
+    key: &RedisString,
+    layer: &protocol::Layer,
+) -> Result<bool, RedisError> {
+    let release = matches!(layer.limit, Limit::Concurrency(_)) && layer.layout == Layout::LogText;
+    if !release || layer.cost == 0 || !keyspace::holds_alone(ctx, key, layer.at) {
+        return Ok(false);
+    }
+    keyspace::delete_unreplicated(ctx, key)?;
+    Ok(true)
+}
+
+/// Give `charge` back at `key` (the layer's state read as `state`): what
+/// was given. A key the release empties is deleted and added to
+/// `emptied` (its `DEL` replicated by the caller).
+fn refund_layer<'k>(
+    ctx: &Context,
+    key: &'k RedisString,
+    layer: &protocol::Layer,
+    state: Option<State>,
+    charge: Charge,
+    now: u64,
+    emptied: &mut Vec<&'k RedisString>,
+) -> Result<u64, RedisError> {
+    let given = match state {
+        Some(State::Log(_)) if layer.layout == Layout::Log => {
+            keyspace::remove_newest(ctx, key, layer.cost, layer.at)?
+        }
+        Some(State::Log(held)) => {
+            // A concurrency limit's release: the reference's write,
+            // TTL included (until the newest entry left ages out).
+            let hold = Hold {
+                cost: charge.cost,
+                at: charge.at,
+            };
+            let before = State::Log(held);
+            match release(&layer.limit, Some(&before), now, hold) {
+                Some(stored) if log_len(&stored.state) == 0 => {
+                    keyspace::delete_unreplicated(ctx, key)?;
+                    emptied.push(key);
+                    log_len(&before)
+                }
+                Some(stored) => {
+                    keyspace::write(ctx, key, layer.layout, Some(&before), &stored)?;
+                    log_len(&before) - log_len(&stored.state)
+                }
+                None => 0,
+            }
+        }
+        Some(state @ State::Cells(_)) => {
+            // The state keeps its expiry; a key without one is left
+            // alone (nothing is stored without a TTL).
+            let ttl = keyspace::pttl(ctx, key)?;
+            let back = refund(&layer.limit, Some(&state), now, charge);
+            match back.next {
+                Some(State::Cells(cells)) if ttl > 0 => {
+                    keyspace::write_counter(ctx, key, layer.layout, cells, ttl as u64)?;
+                    back.given
+                }
+                _ => 0,
+            }
+        }
+        _ => 0,
+    };
+    Ok(given)
 }
 
 /// The entries of a log (0 for any other state).

@@ -31,7 +31,9 @@ pub(crate) fn set_until(
         return Ok(false);
     };
     let handle = OpenKey::writable(ctx, key)?;
-    if handle.overwrite(value.as_bytes())? == Overwritten::No {
+    if handle.overwrite(value.as_bytes())? == Overwritten::No
+        && !handle.create_plain(value.as_bytes())?
+    {
         let value = text(ctx, value.as_bytes());
         if raw::string_set(handle.0, value.inner) == raw::Status::Err {
             return Err(RedisError::Str(
@@ -302,6 +304,29 @@ impl OpenKey {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), buffer.cast::<u8>(), len);
         }
         Ok(Overwritten::InPlace)
+    }
+
+    /// Give a key that holds nothing the string `bytes` in the plain form
+    /// [`overwrite`](Self::overwrite) writes over (`false`: the key holds
+    /// something, nothing was written).
+    ///
+    /// Why: a string set through `StringSet` is kept embedded, and the
+    /// next read through `StringDMA` copies it into a plain string and
+    /// swaps that into the keyspace (an allocation, a lookup and a free):
+    /// a concurrency limit's holder is written to a new key and read once,
+    /// by its release, so every release paid that copy.
+    fn create_plain(&self, bytes: &[u8]) -> Result<bool, RedisError> {
+        if bytes.is_empty() || !self.is_empty()? {
+            return Ok(false);
+        }
+        // (On an empty key, Redis creates a plain string of that many
+        // zero bytes, `module.c`.)
+        if raw::string_truncate(self.0, bytes.len()) == raw::Status::Err {
+            return Err(RedisError::Str(
+                "TOLLGATE_FAILED the key API refused a write",
+            ));
+        }
+        Ok(self.overwrite(bytes)? == Overwritten::InPlace)
     }
 
     /// Whether the key holds nothing.

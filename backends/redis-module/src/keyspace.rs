@@ -83,6 +83,17 @@ pub(crate) fn find(
     state.map(Found::State)
 }
 
+/// Whether `key` holds the log kept as text that is the one entry `at`
+/// alone ([`holds_alone`](tollgate_redis_protocol::holds_alone)); a key
+/// that cannot be read holds no such log (a release never fails on it).
+pub(crate) fn holds_alone(ctx: &Context, key: &RedisString, at: u64) -> bool {
+    let k = ctx.open_key(key);
+    if k.key_type() != KeyType::String {
+        return false;
+    }
+    matches!(k.read(), Ok(Some(v)) if tollgate_redis_protocol::holds_alone(v, at))
+}
+
 /// The sliding log (or block) in the list at `key`, read with `LRANGE`
 /// and parsed from the reply where it lies.
 fn read_log(ctx: &Context, key: &RedisString, i: usize) -> Result<State, RedisError> {

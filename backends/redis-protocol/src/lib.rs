@@ -108,8 +108,8 @@ pub use reply::{
     RESERVE_FIELDS,
 };
 pub use state::{
-    block_end, block_text, log_entry, read_cells, read_log_text, write_cells, write_log_text,
-    LogReader, LOG_ENTRY_DIGITS, STORED_TIMES, TEXT_LOG_MAX,
+    block_end, block_text, holds_alone, log_entry, read_cells, read_log_text, write_cells,
+    write_log_text, LogReader, LOG_ENTRY_DIGITS, STORED_TIMES, TEXT_LOG_MAX,
 };
 
 /// The calling convention's version (arguments, modes, replies and

@@ -218,6 +218,21 @@ pub fn log_entry(item: &[u8]) -> Option<u64> {
     digits(item).filter(|at| (EARLIEST..LATEST).contains(at))
 }
 
+/// Whether the text `v` of a log kept as [`Layout::LogText`] is the one
+/// entry `at` alone: the log [`read_log_text`] reads as `[at]`, told
+/// without reading it into a state (a concurrency limit's usual release:
+/// one holder at a time, whose key then goes).
+///
+/// ```
+/// use tollgate_redis_protocol::holds_alone;
+/// assert!(holds_alone(b"1800000000000000", 1_800_000_000_000_000));
+/// assert!(!holds_alone(b"1800000000000000 1800000000000000", 1_800_000_000_000_000));
+/// assert!(!holds_alone(b"1800000000000001", 1_800_000_000_000_000));
+/// ```
+pub fn holds_alone(v: &[u8], at: u64) -> bool {
+    v.len() == LOG_ENTRY_DIGITS && log_entry(v) == Some(at)
+}
+
 /// Reads a list item by item (oldest first) into the state it holds: a
 /// log, a block (the one item `b<µs>`), or nothing Tollgate wrote. Items
 /// are parsed where they lie, so reading a long log copies no entry.

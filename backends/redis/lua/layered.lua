@@ -316,10 +316,14 @@ end
 -- A log as { n, at(i) } (n = 0 when the key is missing; for a block n = 0
 -- and `blocked` its end), or false when the key holds a log whose ends
 -- are not timestamps. Another type fails the LLEN (or GET) with
--- WRONGTYPE, as for counter states.
-local function read_log(key, code)
+-- WRONGTYPE, as for counter states. `got`: what a GET of the key (as a
+-- pcall) answered, when the caller asked already.
+local function read_log(key, code, got)
   if TEXT_LOGS[code] then
-    local v = redis.pcall('GET', key)
+    local v = got
+    if v == nil then
+      v = redis.pcall('GET', key)
+    end
     if type(v) ~= 'table' then
       return text_log(v or nil)
     end
@@ -629,7 +633,7 @@ end
 -- remaining, reset_after, retry_after, and when admitted the TTL and the
 -- next state (cells a, b, c; for the log, its write in a). On a bad
 -- argument or a foreign value: nil and the error reply.
-local function judge(i, key, code, keep, cost, ARGV, p, now)
+local function judge(i, key, code, keep, cost, ARGV, p, now, got)
   local run = ALGORITHMS[code]
   if not run then
     return nil, redis.error_reply('TOLLGATE_ARGS unknown algorithm ' .. tostring(ARGV[p - 2]))
@@ -637,7 +641,7 @@ local function judge(i, key, code, keep, cost, ARGV, p, now)
   local p1, p2, p3 = tonumber(ARGV[p]), tonumber(ARGV[p + 1]), tonumber(ARGV[p + 2])
   local ok, limit, remaining, reset_after, retry_after, ttl, a, b, c
   if LOGS[code] then
-    local log = read_log(key, code)
+    local log = read_log(key, code, got)
     if log == false then
       -- Nothing has been written yet: the whole call changes nothing.
       return nil, redis.error_reply('TOLLGATE_CONFLICT ' .. i .. ' not_a_state')
@@ -667,6 +671,32 @@ local function judge(i, key, code, keep, cost, ARGV, p, now)
       run(p1, p2, p3, a, b, c, now, cost, keep)
   end
   return ok and 1 or 0, limit, remaining, reset_after, retry_after, ttl, a, b, c
+end
+
+-- A concurrency limit's acquire (one layer) decided as on a key that
+-- holds nothing (the usual case: its last holder released it) and
+-- written with SET NX GET: when the key held nothing, the reply's
+-- fields (ok, limit, remaining, reset_after, retry_after, at); else
+-- nothing is written, and the answer is nil and what the key held, as a
+-- pcall GET answers it (a string; a list fails with WRONGTYPE), for the
+-- caller to decide on. One call where a GET and a SET were two. (A
+-- server before Redis 7.0 refuses NX with GET: the caller reads the key
+-- as before.)
+local function acquire_if_empty(key, code, cost, ARGV, now)
+  local p1, p2, p3 = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  local ok, limit, remaining, reset_after, retry_after, next, ttl =
+    ALGORITHMS[code](p1, p2, p3, text_log(nil), now, cost)
+  if not ok or cost < 1 or cost > TEXT_LOG_MAX then
+    return nil, nil
+  end
+  local got = redis.pcall('SET', key, text_stamps(next.t, cost), 'NX', 'GET', 'PX', ttl + TTL_MARGIN_MS)
+  if type(got) == 'table' and sub(got['err'] or '', 1, 9) ~= 'WRONGTYPE' then
+    return nil, nil
+  end
+  if got then
+    return nil, got
+  end
+  return { 1, limit, remaining, reset_after, retry_after, next.t }
 end
 
 -- The end of the block at layer i's key when it is still on, else nil.
@@ -886,8 +916,21 @@ local function decide(KEYS, ARGV)
     -- One layer (most decisions, a concurrency limit's acquire): no
     -- per-layer bookkeeping.
     local code, keep = layer_code(ARGV[3])
+    local got
+    if TEXT_LOGS[code] then
+      local acquired
+      acquired, got = acquire_if_empty(KEYS[1], code, tonumber(ARGV[4]), ARGV, now)
+      if acquired then
+        if mode == 'reserve' then
+          acquired[7] = 0
+          return acquired
+        end
+        acquired[6] = nil
+        return acquired
+      end
+    end
     local ok, limit, remaining, reset_after, retry_after, ttl, a, b, c =
-      judge(1, KEYS[1], code, keep, tonumber(ARGV[4]), ARGV, 5, now)
+      judge(1, KEYS[1], code, keep, tonumber(ARGV[4]), ARGV, 5, now, got)
     if not ok then
       return limit
     end

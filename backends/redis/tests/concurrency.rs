@@ -280,6 +280,32 @@ proptest! {
 #[tokio::test(flavor = "current_thread")]
 async fn a_string_that_is_almost_a_text_log_is_a_conflict_and_kept() {
     let foreign = "1800000000000000,1800000000000009";
+    foreign_data_is_a_conflict_and_kept(|key| {
+        let mut set = redis::cmd("SET");
+        set.arg(key).arg(foreign);
+        set
+    })
+    .await;
+}
+
+/// A key of a type no state has (a hash) where a concurrency limit keeps
+/// its holders: a conflict on every engine, and left as it was (the
+/// functions' acquire writes with `SET NX GET`, which such a key fails
+/// with WRONGTYPE before anything is written).
+#[tokio::test(flavor = "current_thread")]
+async fn a_key_of_another_type_is_a_conflict_and_kept() {
+    foreign_data_is_a_conflict_and_kept(|key| {
+        let mut hset = redis::cmd("HSET");
+        hset.arg(key).arg("1800000000000000").arg("1");
+        hset
+    })
+    .await;
+}
+
+/// On every engine, an acquire where `write` (a command on the key) put
+/// data Tollgate did not write is a conflict, and the key is left as it
+/// was (its `DUMP` unchanged).
+async fn foreign_data_is_a_conflict_and_kept(write: impl Fn(&str) -> redis::Cmd) {
     let policy = Policy::new(
         unique("cc"),
         Limit::concurrency(10, Duration::from_secs(30)).expect("valid"),
@@ -300,12 +326,10 @@ async fn a_string_that_is_almost_a_text_log_is_a_conflict_and_kept() {
         let key = StoreKey::new(&subject, &policy, "s", &subject);
         let stored_at = format!("{prefix}:{key}");
         let mut con = common::raw(url).await;
-        let _: () = redis::cmd("SET")
-            .arg(&stored_at)
-            .arg(foreign)
-            .query_async(&mut con)
-            .await
-            .unwrap();
+        let _: () = write(&stored_at).query_async(&mut con).await.unwrap();
+        let mut dump = redis::cmd("DUMP");
+        dump.arg(&stored_at);
+        let before: Vec<u8> = dump.query_async(&mut con).await.unwrap();
         let request = [LayerRequest {
             key,
             policy: &policy,
@@ -316,11 +340,7 @@ async fn a_string_that_is_almost_a_text_log_is_a_conflict_and_kept() {
             matches!(answer, Err(tollgate_limiter::StoreError::Conflict { .. })),
             "{name}: {answer:?}"
         );
-        let kept: String = redis::cmd("GET")
-            .arg(&stored_at)
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        assert_eq!(kept, foreign, "{name}: left as it was");
+        let after: Vec<u8> = dump.query_async(&mut con).await.unwrap();
+        assert_eq!(after, before, "{name}: left as it was");
     }
 }

@@ -459,6 +459,44 @@ fn a_state_written_over_stays_in_place() {
     }
 }
 
+/// A concurrency limit's holder is written to a new key in the plain form
+/// (before: embedded, which its release's read copied into a plain string
+/// and swapped into the keyspace), and a release of the key's one holder
+/// deletes it, while one naming another holder leaves it as it was.
+#[test]
+fn a_holder_is_written_plain_and_its_release_deletes_it() {
+    let server = RedisServer::start_with_module(&[]);
+    let k = unique("holder");
+    let layer = ["7", "1", "10", "30000000", "0"];
+    let mut acquire = vec!["TOLLGATE.DECIDE", "1", k.as_str(), "", ""];
+    acquire.extend(layer);
+    acquire.push("reserve");
+    let Reply::Array(Some(reply)) = server.command(&acquire) else {
+        panic!("no answer");
+    };
+    let at = int(reply[5].clone()).to_string();
+    assert_eq!(text(server.command(&["GET", &k])), at);
+    assert_eq!(text(server.command(&["OBJECT", "ENCODING", &k])), "raw");
+    let release = |holder: &str| {
+        let mut args = vec!["TOLLGATE.DECIDE", "1", k.as_str(), "", ""];
+        args.extend(layer);
+        args.extend([holder, "0", "refund"]);
+        let Reply::Array(Some(reply)) = server.command(&args) else {
+            panic!("no answer");
+        };
+        int(reply[0].clone())
+    };
+    let other = (int(reply[5].clone()) + 1).to_string();
+    assert_eq!(release(&other), 0, "another holder's release gives nothing");
+    assert_eq!(text(server.command(&["GET", &k])), at, "and keeps the key");
+    assert_eq!(release(&at), 1);
+    assert_eq!(
+        int(server.command(&["EXISTS", &k])),
+        0,
+        "the last holder left"
+    );
+}
+
 /// Calls the store never sends, answered alike by the module and the Lua
 /// code: a block whose length differs between layers is refused, and a
 /// log's reward of no units changes nothing, not even the key's expiry.
