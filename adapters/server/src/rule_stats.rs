@@ -74,6 +74,17 @@ impl Counts {
         counts
     }
 
+    /// `hits` over a limit of 0 (`shadow`: in shadow mode, which admits
+    /// them): all over the limit, and all shadow hits in shadow mode.
+    pub(crate) fn over_a_limit_of_zero(hits: u64, shadow: bool) -> Counts {
+        Counts {
+            total: hits,
+            over: hits,
+            shadow: if shadow { hits } else { 0 },
+            ..Counts::default()
+        }
+    }
+
     /// Add them to the counters of `rule` of `domain`.
     pub(crate) fn record(&self, domain: &str, rule: &str) {
         RuleCounters::new(domain, rule).add(self);

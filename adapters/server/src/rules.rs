@@ -251,9 +251,13 @@ enum Found {
     /// Admitted without counting: an `unlimited` limit, or a limit another
     /// descriptor of the request `replaces`.
     Free { unlimited: bool },
-    /// Over the limit without counting: a limit of 0, or a limit
-    /// override that cannot be counted.
+    /// Over the limit without counting: a limit override that cannot be
+    /// counted.
     Over,
+    /// A limit of 0 (`requests_per_unit: 0`) of leaf `leaf`: over the
+    /// limit without a store call, admitted in shadow mode. Its rule's
+    /// counters count it, as the reference's do.
+    Zero { leaf: usize, shadow: bool },
     /// No rule: as `unknown_descriptors` says.
     Unknown,
 }
@@ -293,6 +297,10 @@ pub struct Rules {
     leaf_rules: Vec<Option<usize>>,
     /// The rule of each of its domains for descriptors with an override.
     override_rules: HashMap<String, usize>,
+    /// The counters of each of its leaves with a limit of 0, looked up
+    /// once (`None`: another leaf, or one whose labels are the request's
+    /// values, `detailed_metric`).
+    zero_counters: Vec<Option<RuleCounters>>,
     /// The policies made for its limits, by name.
     leaf_policies: HashMap<String, Policy>,
     config: Config,
@@ -650,6 +658,14 @@ impl Rules {
             .map(|spec| entries_rule(&config, spec))
             .collect::<Result<Vec<_>, _>>()?;
         let (leaf_rules, override_rules) = descriptor_rules(&domains, &mut rules)?;
+        let zero_counters = domains
+            .leaves
+            .iter()
+            .map(|leaf| {
+                let zero = matches!(leaf.counting, Counting::Zero { .. }) && !leaf.detailed;
+                zero.then(|| RuleCounters::new(&leaf.domain, &leaf.label))
+            })
+            .collect();
         let leaf_policies = domains
             .leaves
             .iter()
@@ -664,6 +680,7 @@ impl Rules {
             domains,
             leaf_rules,
             override_rules,
+            zero_counters,
             leaf_policies,
             config,
             store,
@@ -774,7 +791,7 @@ impl Rules {
         let found = match (&self.domains.leaves[leaf].counting, self.leaf_rules[leaf]) {
             (Counting::Unlimited, _) => Found::Free { unlimited: true },
             (Counting::Policy(_), Some(rule)) => Found::Rule(rule),
-            (Counting::Zero { shadow: true }, _) => Found::Free { unlimited: false },
+            (&Counting::Zero { shadow }, _) => Found::Zero { leaf, shadow },
             _ => Found::Over,
         };
         (found, Some(leaf))
@@ -800,7 +817,10 @@ impl Rules {
                 let name = leaf.map_or("", |l| leaves[l].name.as_str());
                 let counted = matches!(
                     found,
-                    Found::Rule(_) | Found::Over | Found::Free { unlimited: false }
+                    Found::Rule(_)
+                        | Found::Over
+                        | Found::Zero { .. }
+                        | Found::Free { unlimited: false }
                 );
                 match found {
                     _ if counted && !name.is_empty() && replaced.contains(name) => {
@@ -834,9 +854,16 @@ impl Rules {
         let Filling::Descriptor { leaf: Some(l), .. } = &rule.filling else {
             return rule.label.clone();
         };
-        let leaf = &self.domains.leaves[*l];
+        self.detailed_label(*l, d)
+            .unwrap_or_else(|| rule.label.clone())
+    }
+
+    /// The label `d`'s values give leaf `l`'s counters when it asks for
+    /// `detailed_metric` (and the domain's labels are not all taken).
+    fn detailed_label(&self, l: usize, d: &Descriptor) -> Option<Arc<str>> {
+        let leaf = &self.domains.leaves[l];
         if !leaf.detailed {
-            return rule.label.clone();
+            return None;
         }
         let entry = |(k, v): &(String, Vec<u8>)| match std::str::from_utf8(v) {
             Ok(text) if v.len() <= MAX_LABEL_VALUE => format!("{k}_{text}"),
@@ -845,7 +872,28 @@ impl Rules {
             _ => format!("{k}_{}", Subject::hashed(v, odd_values_key())),
         };
         let detailed = d.entries.iter().map(entry).collect::<Vec<_>>().join(".");
-        bounded_label(&leaf.domain, detailed).map_or_else(|| rule.label.clone(), Arc::from)
+        bounded_label(&leaf.domain, detailed).map(Arc::from)
+    }
+
+    /// Count the hits of each descriptor over a limit of 0 on its rule's
+    /// counters, as the reference counts them: all over the limit, and in
+    /// shadow mode all shadow hits too (there is no store call to count
+    /// them on the way).
+    fn count_zero_limits(&self, domain: &str, found: &[Found], descriptors: &[Descriptor]) {
+        for (found, d) in found.iter().zip(descriptors) {
+            let &Found::Zero { leaf, shadow } = found else {
+                continue;
+            };
+            let counts = Counts::over_a_limit_of_zero(d.hits, shadow);
+            if let Some(counters) = &self.zero_counters[leaf] {
+                counters.add(&counts);
+                continue;
+            }
+            let label = self
+                .detailed_label(leaf, d)
+                .unwrap_or_else(|| Arc::from(self.domains.leaves[leaf].label.as_str()));
+            counts.record(domain, &label);
+        }
     }
 
     /// Rule `i`'s layers, with `limit` overriding their policies: then one
@@ -1033,6 +1081,7 @@ impl Rules {
             });
         }
         let found = self.found(domain, descriptors);
+        self.count_zero_limits(domain, &found, descriptors);
         let matched: Vec<Option<usize>> = found
             .iter()
             .map(|f| match f {
@@ -1091,6 +1140,7 @@ impl Rules {
         Status {
             ok: match found {
                 Found::Rule(_) | Found::Free { .. } => true,
+                Found::Zero { shadow, .. } => *shadow,
                 Found::Over => false,
                 Found::Unknown => self.settings.unknown_descriptors == Unknown::Allow,
             },

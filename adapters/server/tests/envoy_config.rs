@@ -884,3 +884,58 @@ async fn the_descriptors_of_a_request_wait_for_a_stalled_store_together() {
     assert!(took < Duration::from_millis(600), "answered after {took:?}");
     server.shutdown().await;
 }
+
+const ZERO: &str = r#"
+domain: zero_counted
+descriptors:
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: { unit: second, requests_per_unit: 0 }
+  - key: dry
+    rate_limit: { unit: second, requests_per_unit: 0 }
+    shadow_mode: true
+  - key: blocked
+    rate_limit: { name: block, unit: second, requests_per_unit: 0 }
+  - key: unblock
+    rate_limit: { unit: second, requests_per_unit: 5, replaces: [{ name: block }] }
+"#;
+
+/// A limit of 0 counts its hits on its rule's counters, as the
+/// reference's do (before, a descriptor denied without a store call was
+/// counted nowhere): all over the limit, and in shadow mode all shadow
+/// too. A limit of 0 another descriptor replaces counts nothing.
+#[tokio::test]
+async fn a_limit_of_zero_counts_its_hits_over_the_limit() {
+    let (_dir, server, _clock) = serve(&[("zero.yaml", ZERO)]).await;
+    let blocked_ip: &[(&str, &str)] = &[("remote_address", "50.0.0.5")];
+    assert_eq!(admitted(&server, "zero_counted", blocked_ip, 3).await, 0);
+    assert_eq!(
+        admitted(&server, "zero_counted", &[("dry", "x")], 2).await,
+        2
+    );
+    let r = ask(
+        &server,
+        "zero_counted",
+        &[&[("blocked", "x")], &[("unblock", "x")]],
+    )
+    .await;
+    assert_eq!(codes(&r), (OK, vec![OK, OK]), "the block is replaced");
+    let text = get_metrics(&server).await;
+    let count = |counter: &str, rule: &str| {
+        metric(
+            &text,
+            &format!("tollgate_rule_{counter}_total{{domain=\"zero_counted\",rule=\"{rule}\"}}"),
+        )
+    };
+    let ip = "remote_address_50.0.0.5";
+    assert_eq!(count("total_hits", ip), 3.0);
+    assert_eq!(count("over_limit", ip), 3.0);
+    assert_eq!(count("within_limit", ip), 0.0);
+    assert_eq!(count("shadow_mode", ip), 0.0);
+    assert_eq!(count("total_hits", "dry"), 2.0);
+    assert_eq!(count("over_limit", "dry"), 2.0);
+    assert_eq!(count("shadow_mode", "dry"), 2.0);
+    assert_eq!(count("total_hits", "blocked"), 0.0, "replaced: not counted");
+    assert_eq!(count("total_hits", "unblock"), 1.0);
+    server.shutdown().await;
+}
