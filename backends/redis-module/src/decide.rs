@@ -10,6 +10,7 @@ use tollgate_algorithms::{adjust_layers, decide_layers, release, renew, Layered}
 use tollgate_limiter::{Hold, Layout, Limit, State, Timestamp, Verdict};
 use tollgate_redis_protocol::{self as protocol, verdict_fields, Call, Mode, Time};
 
+use crate::keyspace::Holders;
 use crate::{keyspace, list_log};
 
 /// Answer the command `args` (the command name first): the reply's
@@ -190,34 +191,36 @@ fn refund_layers(
     let mut emptied: Vec<&RedisString> = Vec::new();
     let mut reply = Vec::with_capacity(keys.len());
     for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {
-        let given = if released_alone(ctx, key, layer)? {
-            emptied.push(key);
-            1
-        } else {
-            let (state, charge) = named_charge(ctx, key, layer, i)?;
-            refund_layer(ctx, key, layer, state, charge, now, &mut emptied)?
+        let (state, charge) = match holders(ctx, key, layer, i) {
+            Some(Holders::Alone) => {
+                // The usual release, one holder at a time: what
+                // `release` writes then, without reading the log into a
+                // state.
+                keyspace::delete_unreplicated(ctx, key)?;
+                emptied.push(key);
+                reply.push(1);
+                continue;
+            }
+            Some(Holders::Read(state)) => (state, charge_of(layer)),
+            None => named_charge(ctx, key, layer, i)?,
         };
+        let given = refund_layer(ctx, key, layer, state, charge, now, &mut emptied)?;
         reply.push(given as i64);
     }
     keyspace::replicate_deletes(ctx, &emptied);
     Ok(reply)
 }
 
-/// A concurrency limit's usual release, one holder at a time: when the
-/// holders at `key` are the layer's hold's one entry alone, the key is
-/// deleted (its `DEL` left to the caller) without reading the log into a
-/// state: what [`release`] writes then, at a fraction of the cost.
-fn released_alone(
-    ctx: &Context,
-    key: &RedisString,
-    layer: &protocol::Layer,
-) -> Result<bool, RedisError> {
+/// What a concurrency limit's release finds at `key` (a key that cannot
+/// be read holds no state: a release never fails on it); `None` for any
+/// other layer.
+fn holders(ctx: &Context, key: &RedisString, layer: &protocol::Layer, i: usize) -> Option<Holders> {
     let release = matches!(layer.limit, Limit::Concurrency(_)) && layer.layout == Layout::LogText;
-    if !release || layer.cost == 0 || !keyspace::holds_alone(ctx, key, layer.at) {
-        return Ok(false);
+    if !release {
+        return None;
     }
-    keyspace::delete_unreplicated(ctx, key)?;
-    Ok(true)
+    let found = keyspace::find_holders(ctx, key, layer, i + 1);
+    Some(found.unwrap_or(Holders::Read(None)))
 }
 
 /// Give `charge` back at `key` (the layer's state read as `state`): what
@@ -331,10 +334,14 @@ fn named_charge(
     i: usize,
 ) -> Result<(Option<State>, Charge), RedisError> {
     let state = keyspace::read(ctx, key, layer, i + 1).ok().flatten();
-    let charge = Charge {
+    Ok((state, charge_of(layer)))
+}
+
+/// The charge (or hold) a refund's or renewal's layer arguments name.
+fn charge_of(layer: &protocol::Layer) -> Charge {
+    Charge {
         cost: layer.cost,
         at: layer.at,
         mark: layer.mark,
-    };
-    Ok((state, charge))
+    }
 }

@@ -271,9 +271,10 @@ impl OpenKey {
     /// nothing: a decision on a key that lives on costs 0.87–0.89× the
     /// instructions (docs/benchmarks.md). It takes as much memory as
     /// the embedded form (`MEMORY USAGE`: a 16-byte object and an
-    /// exact-size buffer, against one allocation of both). A new key, or
-    /// a string of another length, is set whole as before: a plain
-    /// string is never grown in place (Redis would keep spare room in it).
+    /// exact-size buffer, against one allocation of both). A string of
+    /// another length is set whole: a plain string is never grown in place
+    /// (Redis would keep spare room in it). A new key is made plain by
+    /// [`create_plain`](Self::create_plain).
     fn overwrite(&self, bytes: &[u8]) -> Result<Overwritten, RedisError> {
         let shape = KeyShape::get().ok_or(RedisError::Str(
             "TOLLGATE_FAILED this server's module API lacks KeyType or ValueLength",
@@ -326,7 +327,17 @@ impl OpenKey {
                 "TOLLGATE_FAILED the key API refused a write",
             ));
         }
-        Ok(self.overwrite(bytes)? == Overwritten::InPlace)
+        match self.overwrite(bytes) {
+            Ok(Overwritten::InPlace) => Ok(true),
+            // The key now holds zero bytes, which no state reads as: it
+            // goes, so that no later call finds it a conflict.
+            written => {
+                self.delete()?;
+                written.and(Err(RedisError::Str(
+                    "TOLLGATE_FAILED the key API refused a write",
+                )))
+            }
+        }
     }
 
     /// Whether the key holds nothing.

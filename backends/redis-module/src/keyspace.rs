@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use redis_module::key::RedisKey;
 use redis_module::{
     CallOptions, CallOptionsBuilder, CallReply, CallResult, Context, KeyType, NotifyEvent,
     RedisError, RedisString, RedisValue,
@@ -61,7 +62,11 @@ pub(crate) fn find(
     layer: &Layer,
     i: usize,
 ) -> Result<Found, RedisError> {
-    let k = ctx.open_key(key);
+    found_in(&ctx.open_key(key), layer, i)
+}
+
+/// What [`find`] finds in the key `k`, opened.
+fn found_in(k: &RedisKey, layer: &Layer, i: usize) -> Result<Found, RedisError> {
     let state = match (k.key_type(), layer.layout) {
         (KeyType::Empty, _) => Ok(None),
         (KeyType::String, layout @ Layout::Cells { .. }) => {
@@ -83,15 +88,38 @@ pub(crate) fn find(
     state.map(Found::State)
 }
 
-/// Whether `key` holds the log kept as text that is the one entry `at`
-/// alone ([`holds_alone`](tollgate_redis_protocol::holds_alone)); a key
-/// that cannot be read holds no such log (a release never fails on it).
-pub(crate) fn holds_alone(ctx: &Context, key: &RedisString, at: u64) -> bool {
+/// What a release finds at a concurrency limit's key, looked up once.
+pub(crate) enum Holders {
+    /// The hold's one entry alone
+    /// ([`holds_alone`](tollgate_redis_protocol::holds_alone)): nothing
+    /// parsed.
+    Alone,
+    /// Anything else, read as [`read`] reads it.
+    Read(Option<State>),
+}
+
+/// What layer `i` (1-based), a concurrency limit's, holds at `key` for a
+/// release of its hold at `at`, with one lookup of the key (as a decision
+/// makes: `keyspace_hits` counts one per release).
+pub(crate) fn find_holders(
+    ctx: &Context,
+    key: &RedisString,
+    layer: &Layer,
+    i: usize,
+) -> Result<Holders, RedisError> {
     let k = ctx.open_key(key);
-    if k.key_type() != KeyType::String {
-        return false;
+    if k.key_type() == KeyType::String
+        && matches!(k.read(), Ok(Some(v)) if tollgate_redis_protocol::holds_alone(v, layer.at))
+    {
+        return Ok(Holders::Alone);
     }
-    matches!(k.read(), Ok(Some(v)) if tollgate_redis_protocol::holds_alone(v, at))
+    match found_in(&k, layer, i)? {
+        Found::State(state) => Ok(Holders::Read(state)),
+        Found::List => {
+            drop(k);
+            read_log(ctx, key, i).map(|state| Holders::Read(Some(state)))
+        }
+    }
 }
 
 /// The sliding log (or block) in the list at `key`, read with `LRANGE`

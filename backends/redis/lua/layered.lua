@@ -679,10 +679,13 @@ end
 -- fields (ok, limit, remaining, reset_after, retry_after, at); else
 -- nothing is written, and the answer is nil and what the key held, as a
 -- pcall GET answers it (a string; a list fails with WRONGTYPE), for the
--- caller to decide on. One call where a GET and a SET were two. (A
--- server before Redis 7.0 refuses NX with GET: the caller reads the key
--- as before.)
+-- caller to decide on. One call where a GET and a SET were two. A
+-- server before Redis 7.0, which refuses NX with GET (and sets no
+-- REDIS_VERSION_NUM), is not asked: the caller reads the key as before.
 local function acquire_if_empty(key, code, cost, ARGV, now)
+  if (redis.REDIS_VERSION_NUM or 0) < 0x070000 then
+    return nil, nil
+  end
   local p1, p2, p3 = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
   local ok, limit, remaining, reset_after, retry_after, next, ttl =
     ALGORITHMS[code](p1, p2, p3, text_log(nil), now, cost)
@@ -691,6 +694,7 @@ local function acquire_if_empty(key, code, cost, ARGV, now)
   end
   local got = redis.pcall('SET', key, text_stamps(next.t, cost), 'NX', 'GET', 'PX', ttl + TTL_MARGIN_MS)
   if type(got) == 'table' and sub(got['err'] or '', 1, 9) ~= 'WRONGTYPE' then
+    -- Refused for another reason (out of memory): nothing was written.
     return nil, nil
   end
   if got then

@@ -342,5 +342,11 @@ async fn foreign_data_is_a_conflict_and_kept(write: impl Fn(&str) -> redis::Cmd)
         );
         let after: Vec<u8> = dump.query_async(&mut con).await.unwrap();
         assert_eq!(after, before, "{name}: left as it was");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&stored_at)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert_eq!(ttl, -1, "{name}: given no expiry");
     }
 }

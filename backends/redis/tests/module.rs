@@ -358,13 +358,7 @@ fn a_long_sliding_log_is_read_where_the_decision_looks() {
 #[test]
 fn a_decision_looks_its_key_up_once() {
     let server = RedisServer::start_with_module(&[]);
-    let stat = |name: &str| -> i64 {
-        let info = text(server.command(&["INFO", "stats"]));
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in INFO stats"))
-    };
+    let stat = |name: &str| info_stat(&server, name);
     let hour = "3600000000";
     for (name, layer, mode) in [
         ("token bucket", ["1", "1", "10", "10", hour], None),
@@ -387,6 +381,53 @@ fn a_decision_looks_its_key_up_once() {
                 "{name}"
             );
         }
+    }
+}
+
+/// A number of `INFO stats`.
+fn info_stat(server: &RedisServer, name: &str) -> i64 {
+    let info = text(server.command(&["INFO", "stats"]));
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in INFO stats"))
+}
+
+/// A release looks its key up once, as a decision does: one holder among
+/// others, the last one (deleted without reading the log into a state),
+/// and a key that is gone.
+#[test]
+fn a_release_looks_its_key_up_once() {
+    let server = RedisServer::start_with_module(&[]);
+    let lookups = || {
+        (
+            info_stat(&server, "keyspace_hits"),
+            info_stat(&server, "keyspace_misses"),
+        )
+    };
+    let k = unique("release-lookups");
+    let layer = ["7", "1", "10", "30000000", "0"];
+    let call = |tail: &[&str]| {
+        let mut args = vec!["TOLLGATE.DECIDE", "1", k.as_str(), "", ""];
+        args.extend(layer);
+        args.extend(tail);
+        let Reply::Array(Some(reply)) = server.command(&args) else {
+            panic!("no answer");
+        };
+        reply
+    };
+    let at = |reply: Vec<Reply>| int(reply[5].clone()).to_string();
+    let (first, second) = (at(call(&["reserve"])), at(call(&["reserve"])));
+    for (holder, given, expected) in [
+        (&first, 1, (1, 0)),
+        (&second, 1, (1, 0)),
+        (&second, 0, (0, 1)),
+    ] {
+        let (hits, misses) = lookups();
+        let reply = call(&[holder.as_str(), "0", "refund"]);
+        assert_eq!(int(reply[0].clone()), given, "{holder}");
+        let (h, m) = lookups();
+        assert_eq!((h - hits, m - misses), expected, "{holder} given {given}");
     }
 }
 
