@@ -74,9 +74,11 @@ impl Counts {
         counts
     }
 
-    /// `hits` over a limit of 0 (`shadow`: in shadow mode, which admits
-    /// them): all over the limit, and all shadow hits in shadow mode.
-    pub(crate) fn over_a_limit_of_zero(hits: u64, shadow: bool) -> Counts {
+    /// `hits` denied without a store call, over a limit of 0 or an
+    /// override that cannot be counted (`shadow`: in shadow mode, which
+    /// admits them): all over the limit, and all shadow hits in shadow
+    /// mode.
+    pub(crate) fn denied_uncalled(hits: u64, shadow: bool) -> Counts {
         Counts {
             total: hits,
             over: hits,

@@ -251,9 +251,10 @@ enum Found {
     /// Admitted without counting: an `unlimited` limit, or a limit another
     /// descriptor of the request `replaces`.
     Free { unlimited: bool },
-    /// Over the limit without counting: a limit override that cannot be
-    /// counted.
-    Over,
+    /// Over the limit without a store call: a limit override that cannot
+    /// be counted (a limit of 0, a unit no window has, or one override too
+    /// many), counted on the counters of `rule`, the rule it overrides.
+    Over { rule: Option<usize> },
     /// A limit of 0 (`requests_per_unit: 0`) of leaf `leaf`: over the
     /// limit without a store call, admitted in shadow mode. Its rule's
     /// counters count it, as the reference's do.
@@ -792,7 +793,7 @@ impl Rules {
             (Counting::Unlimited, _) => Found::Free { unlimited: true },
             (Counting::Policy(_), Some(rule)) => Found::Rule(rule),
             (&Counting::Zero { shadow }, _) => Found::Zero { leaf, shadow },
-            _ => Found::Over,
+            _ => Found::Over { rule: None },
         };
         (found, Some(leaf))
     }
@@ -818,7 +819,7 @@ impl Rules {
                 let counted = matches!(
                     found,
                     Found::Rule(_)
-                        | Found::Over
+                        | Found::Over { .. }
                         | Found::Zero { .. }
                         | Found::Free { unlimited: false }
                 );
@@ -826,11 +827,11 @@ impl Rules {
                     _ if counted && !name.is_empty() && replaced.contains(name) => {
                         Found::Free { unlimited: false }
                     }
-                    Found::Rule(_)
+                    Found::Rule(rule)
                         if d.limit
                             .is_some_and(|o| o.limit().is_none() || !self.counts_override(o)) =>
                     {
-                        Found::Over
+                        Found::Over { rule: Some(rule) }
                     }
                     found => found,
                 }
@@ -875,24 +876,33 @@ impl Rules {
         bounded_label(&leaf.domain, detailed).map(Arc::from)
     }
 
-    /// Count the hits of each descriptor over a limit of 0 on its rule's
+    /// Count the hits of each descriptor denied without a store call (a
+    /// limit of 0, an override that cannot be counted) on its rule's
     /// counters, as the reference counts them: all over the limit, and in
-    /// shadow mode all shadow hits too (there is no store call to count
-    /// them on the way).
-    fn count_zero_limits(&self, domain: &str, found: &[Found], descriptors: &[Descriptor]) {
+    /// shadow mode all shadow hits too.
+    fn count_uncalled(&self, domain: &str, found: &[Found], descriptors: &[Descriptor]) {
         for (found, d) in found.iter().zip(descriptors) {
-            let &Found::Zero { leaf, shadow } = found else {
-                continue;
-            };
-            let counts = Counts::over_a_limit_of_zero(d.hits, shadow);
-            if let Some(counters) = &self.zero_counters[leaf] {
-                counters.add(&counts);
-                continue;
+            match *found {
+                Found::Zero { leaf, shadow } => {
+                    let counts = Counts::denied_uncalled(d.hits, shadow);
+                    if let Some(counters) = &self.zero_counters[leaf] {
+                        counters.add(&counts);
+                        continue;
+                    }
+                    let label = self
+                        .detailed_label(leaf, d)
+                        .unwrap_or_else(|| Arc::from(self.domains.leaves[leaf].label.as_str()));
+                    counts.record(domain, &label);
+                }
+                Found::Over { rule: Some(rule) } => {
+                    let counts = Counts::denied_uncalled(d.hits, false);
+                    match &self.rules[rule].counters {
+                        Some(counters) => counters.add(&counts),
+                        None => counts.record(domain, &self.label(rule, d)),
+                    }
+                }
+                _ => {}
             }
-            let label = self
-                .detailed_label(leaf, d)
-                .unwrap_or_else(|| Arc::from(self.domains.leaves[leaf].label.as_str()));
-            counts.record(domain, &label);
         }
     }
 
@@ -1081,7 +1091,7 @@ impl Rules {
             });
         }
         let found = self.found(domain, descriptors);
-        self.count_zero_limits(domain, &found, descriptors);
+        self.count_uncalled(domain, &found, descriptors);
         let matched: Vec<Option<usize>> = found
             .iter()
             .map(|f| match f {
@@ -1141,7 +1151,7 @@ impl Rules {
             ok: match found {
                 Found::Rule(_) | Found::Free { .. } => true,
                 Found::Zero { shadow, .. } => *shadow,
-                Found::Over => false,
+                Found::Over { .. } => false,
                 Found::Unknown => self.settings.unknown_descriptors == Unknown::Allow,
             },
             tightest: None,

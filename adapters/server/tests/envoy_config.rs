@@ -903,7 +903,8 @@ descriptors:
 /// A limit of 0 counts its hits on its rule's counters, as the
 /// reference's do (before, a descriptor denied without a store call was
 /// counted nowhere): all over the limit, and in shadow mode all shadow
-/// too. A limit of 0 another descriptor replaces counts nothing.
+/// too. A limit of 0 another descriptor replaces counts nothing (as
+/// before: the reference takes it out of the request).
 #[tokio::test]
 async fn a_limit_of_zero_counts_its_hits_over_the_limit() {
     let (_dir, server, _clock) = serve(&[("zero.yaml", ZERO)]).await;

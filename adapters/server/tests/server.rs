@@ -116,6 +116,18 @@ async fn start_with(extra: &str) -> (File, Server) {
     (file, server)
 }
 
+/// A server whose rules answer in `domain` (not "edge"): counters of
+/// their own, whatever other tests ask at once.
+async fn start_in_domain(domain: &str) -> (File, Server) {
+    let section =
+        server_section("").replace("domain = \"edge\"", &format!("domain = \"{domain}\""));
+    let file = File::new(&format!("{LIMITS}{section}"));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    (file, server)
+}
+
 fn user(id: &str, tenant: &str) -> RateLimitDescriptor {
     descriptor(&[("user_id", id), ("tenant_id", tenant)], None)
 }
@@ -942,6 +954,14 @@ async fn a_drained_shutdown_tells_health_checks_first() {
     stopping.await.unwrap();
 }
 
+/// Counter `counter` (`total_hits`, `over_limit`, …) of rule "api" in
+/// `domain`.
+async fn api_rule_count(server: &Server, domain: &str, counter: &str) -> f64 {
+    let base = format!("http://{}", server.http_addr());
+    let line = format!("tollgate_rule_{counter}_total{{domain=\"{domain}\",rule=\"api\"}}");
+    metric(&base, &line).await
+}
+
 /// The value of a Prometheus line of `/metrics` (0 when absent).
 async fn metric(base: &str, line_start: &str) -> f64 {
     let (_, text) = get(&format!("{base}/metrics")).await;
@@ -1124,13 +1144,7 @@ async fn operators_change_one_client_of_a_rule() {
 /// it and 1 near it (the 5th, past 80 %).
 #[tokio::test]
 async fn rules_count_hits_as_the_reference_does() {
-    let file = File::new(&format!(
-        "{LIMITS}{}",
-        server_section("").replace("domain = \"edge\"", "domain = \"stats\"")
-    ));
-    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
-        .await
-        .expect("starts");
+    let (_file, server) = start_in_domain("stats").await;
     let mut c = client(server.grpc_addr()).await;
     for _ in 0..7 {
         c.should_rate_limit(RateLimitRequest {
@@ -1141,17 +1155,40 @@ async fn rules_count_hits_as_the_reference_does() {
         .await
         .expect("answered");
     }
-    let base = format!("http://{}", server.http_addr());
-    let count = |name: &str| {
-        let line = format!("tollgate_rule_{name}_total{{domain=\"stats\",rule=\"api\"}}");
-        let base = base.clone();
-        async move { metric(&base, &line).await }
-    };
+    let count = |counter: &'static str| api_rule_count(&server, "stats", counter);
     assert_eq!(count("total_hits").await, 7.0);
     assert_eq!(count("within_limit").await, 5.0);
     assert_eq!(count("over_limit").await, 2.0);
     assert_eq!(count("near_limit").await, 1.0);
     assert_eq!(count("shadow_mode").await, 0.0);
+    server.shutdown().await;
+}
+
+/// A descriptor whose own limit cannot be counted (a limit of 0, a unit
+/// no window has) is over the limit without a store call, and its hits
+/// count on its rule's counters, all over the limit (before, they were
+/// counted nowhere).
+#[tokio::test]
+async fn an_override_denied_without_a_store_call_is_counted() {
+    let (_file, server) = start_in_domain("stats0").await;
+    let mut c = client(server.grpc_addr()).await;
+    let minute = 2;
+    for (requests_per_unit, unit) in [(0, minute), (0, minute), (100, 0)] {
+        let r = c
+            .should_rate_limit(RateLimitRequest {
+                domain: "stats0".into(),
+                descriptors: vec![with_override(user("z1", "z-acme"), requests_per_unit, unit)],
+                hits_addend: 2,
+            })
+            .await
+            .expect("answered")
+            .into_inner();
+        assert_eq!(codes(&r), (OVER, vec![OVER]));
+    }
+    let count = |counter: &'static str| api_rule_count(&server, "stats0", counter);
+    assert_eq!(count("total_hits").await, 6.0);
+    assert_eq!(count("over_limit").await, 6.0);
+    assert_eq!(count("within_limit").await, 0.0);
     server.shutdown().await;
 }
 

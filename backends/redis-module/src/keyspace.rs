@@ -99,8 +99,9 @@ pub(crate) enum Holders {
 }
 
 /// What layer `i` (1-based), a concurrency limit's, holds at `key` for a
-/// release of its hold at `at`, with one lookup of the key (as a decision
-/// makes: `keyspace_hits` counts one per release).
+/// release of its hold (the layer's `at`), with one lookup of the key as
+/// a decision makes (`keyspace_hits` counts one per release), and one more
+/// for holders kept as a list (read with `LRANGE`).
 pub(crate) fn find_holders(
     ctx: &Context,
     key: &RedisString,
