@@ -687,6 +687,11 @@ local function acquire_if_empty(key, code, cost, ARGV, now)
     return nil, nil
   end
   local p1, p2, p3 = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  if not (cost and p1 and p2 and p3) then
+    -- Arguments that are not numbers: the caller answers them as before
+    -- (after reading the key: foreign data is a conflict first).
+    return nil, nil
+  end
   local ok, limit, remaining, reset_after, retry_after, next, ttl =
     ALGORITHMS[code](p1, p2, p3, text_log(nil), now, cost)
   if not ok or cost < 1 or cost > TEXT_LOG_MAX then
