@@ -248,3 +248,97 @@ fn places_held_by_permits_are_counted() {
         "{seen:?}"
     );
 }
+
+/// Counts the values each histogram records, by `name{label=value,…}`.
+#[derive(Default)]
+struct Samples(Mutex<std::collections::HashMap<String, Arc<Counted>>>);
+
+/// How many values one histogram recorded.
+#[derive(Default)]
+struct Counted(std::sync::atomic::AtomicU64);
+
+impl metrics::HistogramFn for Counted {
+    fn record(&self, _: f64) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Samples {
+    fn recorded(&self, name: &str) -> u64 {
+        let seen = self.0.lock().unwrap();
+        seen.get(name)
+            .map_or(0, |c| c.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl Recorder for Samples {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+        Counter::noop()
+    }
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let name = format!("{}{{{}}}", key.name(), labels.join(","));
+        let counted = self.0.lock().unwrap().entry(name).or_default().clone();
+        Histogram::from_arc(counted)
+    }
+}
+
+/// The in-process store, answering as a store that waits does (a future).
+#[derive(Debug)]
+struct Waiting(MemoryStore);
+
+#[tollgate::async_trait]
+impl tollgate::Store for Waiting {
+    fn kind(&self) -> &'static str {
+        "waiting"
+    }
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [tollgate::LayerRequest<'a>],
+        verdicts: &'a mut tollgate::Verdicts,
+    ) -> tollgate::Decide<'a> {
+        tollgate::Decide::later(verdicts, tollgate::ask(&self.0, layers))
+    }
+}
+
+/// A request only a shadow layer denies is decided again without it: on a
+/// store that waits, each of its store calls is timed, the second pass's
+/// too (before, only the first was).
+#[test]
+fn every_pass_past_a_shadow_denial_is_timed() {
+    let recorder = Samples::default();
+    let ctx = Context::for_subject(Subject::new("k").unwrap());
+    let minute = |n| Limit::fixed_window(n, Duration::from_secs(60)).unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        let limiter = Limiter::builder(Arc::new(Waiting(MemoryStore::default())))
+            .layer(
+                "trial",
+                Scope::Subject,
+                Policy::new("trial", minute(1)).unwrap().shadow(),
+            )
+            .layer(
+                "key",
+                Scope::Subject,
+                Policy::new("api", minute(10)).unwrap(),
+            )
+            .build()
+            .unwrap();
+        // Both admit: one call. Then the shadow layer denies: two.
+        for _ in 0..2 {
+            assert!(ready(limiter.check(&ctx, 1)).unwrap().is_allowed());
+        }
+    });
+    assert_eq!(
+        recorder.recorded("tollgate_store_latency_seconds{store=waiting}"),
+        3
+    );
+}

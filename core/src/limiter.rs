@@ -364,7 +364,8 @@ impl Limiter {
     ) -> Result<Decision, Error> {
         let call = ask(&*self.store, &requests);
         let answer = self.store_call(admission, call).await;
-        self.settle(ctx, cost, requests, answer).await
+        self.settle(ctx, cost, requests, answer, Passes::Timed(self))
+            .await
     }
 
     /// One call of a store that waits, admitted by the breaker: timed and
@@ -382,6 +383,20 @@ impl Limiter {
         let answer = call.await;
         self.after_call(admission, started, answer.as_ref().err());
         probe.settled();
+        answer
+    }
+
+    /// A later pass of a request (past a shadow layer's denial): timed and
+    /// counted as its first store call was, but not admitted by the
+    /// breaker again (the request is one call to it).
+    pub(crate) async fn timed<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = self.metrics.start();
+        let answer = call.await;
+        self.metrics
+            .store_call(self.store.kind(), started, answer.as_ref().err());
         answer
     }
 
@@ -413,19 +428,22 @@ impl Limiter {
     }
 
     /// The decision from the store's answer, whatever it is: shadow layers
-    /// set aside, failures decided by each layer's failure mode.
+    /// set aside, failures decided by each layer's failure mode. A
+    /// request's later passes ask the store as `passes` says (timed when
+    /// its first call was).
     async fn settle(
         &self,
         ctx: &Context,
         cost: u64,
         requests: Requests<'_>,
         answer: Result<Verdicts, StoreError>,
+        passes: Passes<'_>,
     ) -> Result<Decision, Error> {
         // A request denied only by shadow layers passes: decide it again
         // without them, so the enforced layers are charged.
         let answer = match answer {
             Ok(verdicts) if denied_only_by_shadow(&requests, &verdicts) => {
-                past_shadow(Passes::Decide(&*self.store), &requests, verdicts)
+                past_shadow(passes, &requests, verdicts)
                     .await
                     .map(|(verdicts, _)| verdicts)
             }

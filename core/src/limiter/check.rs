@@ -159,7 +159,9 @@ impl Limiter {
             }
             Unfinished::Answered(answer) => {
                 let answer = answer.map(|()| verdicts);
-                Box::pin(self.settle(ctx, cost, requests, answer))
+                // An answer in place, not timed: nor are its later passes.
+                let passes = super::shadow::Passes::Decide(&*self.store);
+                Box::pin(self.settle(ctx, cost, requests, answer, passes))
             }
         }
     }

@@ -136,6 +136,10 @@ pub(super) fn denied_only_by_shadow(requests: &[LayerRequest<'_>], verdicts: &[V
 pub(super) enum Passes<'s> {
     /// Decide, as `check` does, holding nothing.
     Decide(&'s dyn Store),
+    /// Decide on the limiter's store, each pass timed and counted as the
+    /// first was (a store that waits: `tollgate_store_latency_seconds`,
+    /// its errors), not through the breaker again.
+    Timed(&'s Limiter),
     /// Acquire on the limiter's store as `acquire` does, the call on a
     /// task of its own: a pass abandoned while the store takes its places
     /// gives them back. (Not through the breaker again: the first pass
@@ -175,8 +179,11 @@ pub(super) async fn past_shadow(
         let (again, permit) = match &passes {
             #[cfg(feature = "concurrency")]
             Passes::Acquire(limiter) => {
-                super::detached::acquire_detached(&limiter.store, &limiter.releases, &batch).await?
+                let pass =
+                    super::detached::acquire_detached(&limiter.store, &limiter.releases, &batch);
+                limiter.timed(pass).await?
             }
+            Passes::Timed(limiter) => (limiter.timed(ask(&*limiter.store, &batch)).await?, None),
             Passes::Decide(store) => (ask(*store, &batch).await?, None),
         };
         for (&i, v) in slots.iter().zip(&again) {
