@@ -358,7 +358,7 @@ fn a_long_sliding_log_is_read_where_the_decision_looks() {
 #[test]
 fn a_decision_looks_its_key_up_once() {
     let server = RedisServer::start_with_module(&[]);
-    let stat = |name: &str| info_stat(&server, name);
+    let stat = |name: &str| info_number(&server, "stats", name);
     let hour = "3600000000";
     for (name, layer, mode) in [
         ("token bucket", ["1", "1", "10", "10", hour], None),
@@ -384,13 +384,13 @@ fn a_decision_looks_its_key_up_once() {
     }
 }
 
-/// A number of `INFO stats`.
-fn info_stat(server: &RedisServer, name: &str) -> i64 {
-    let info = text(server.command(&["INFO", "stats"]));
+/// Field `name`, a number, of `INFO <section>`.
+fn info_number(server: &RedisServer, section: &str, name: &str) -> i64 {
+    let info = text(server.command(&["INFO", section]));
     info.lines()
         .find_map(|l| l.strip_prefix(&format!("{name}:")))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in INFO stats"))
+        .unwrap_or_else(|| panic!("no {name} in INFO {section}"))
 }
 
 /// A release looks its key up once, as a decision does: one holder among
@@ -401,8 +401,8 @@ fn a_release_looks_its_key_up_once() {
     let server = RedisServer::start_with_module(&[]);
     let lookups = || {
         (
-            info_stat(&server, "keyspace_hits"),
-            info_stat(&server, "keyspace_misses"),
+            info_number(&server, "stats", "keyspace_hits"),
+            info_number(&server, "stats", "keyspace_misses"),
         )
     };
     let k = unique("release-lookups");
@@ -895,14 +895,7 @@ async fn a_release_from_a_long_list_is_replicated_as_the_removal() {
         assert!(verdicts[0].allowed);
         holds.push(held[0].expect("a hold"));
     }
-    let offset = |server: &RedisServer| -> i64 {
-        let info = text(server.command(&["INFO", "replication"]));
-        let line = info
-            .lines()
-            .find_map(|l| l.strip_prefix("master_repl_offset:"))
-            .expect("an offset");
-        line.trim().parse().expect("a number")
-    };
+    let offset = |server: &RedisServer| info_number(server, "replication", "master_repl_offset");
     let before = offset(&primary);
     store
         .release(&[one_place(&in_flight, &subject)], &[holds[100]])
