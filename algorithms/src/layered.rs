@@ -1,7 +1,7 @@
 //! Several layers judged together, all or nothing: what a store answers
 //! and what it writes.
 
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
 
 use smallvec::SmallVec;
 use tollgate_limiter::{LayerRequest, Limit, State, Stored, Timestamp, Transition, Verdicts};
@@ -84,29 +84,27 @@ pub fn decide_layers<L: LayerLimit>(
     states: &[Option<&State>],
     now: Timestamp,
 ) -> Layered {
-    let transitions: SmallVec<[Transition; 4]> = layers
-        .iter()
-        .zip(states)
-        .map(|(l, state)| decide(l.limit(), *state, now, l.cost()))
-        .collect();
-    if transitions.iter().all(|t| t.verdict.allowed) {
-        let mut verdicts = Verdicts::new();
-        let mut writes = Writes::default();
-        for t in transitions {
-            verdicts.push(t.verdict);
-            writes.0.push(t.next);
-        }
-        Layered { verdicts, writes }
-    } else {
-        Layered {
-            verdicts: layers
-                .iter()
-                .zip(transitions)
-                .map(|(l, t)| t.verdict.uncharged(l.cost()))
-                .collect(),
-            writes: Writes::default(),
+    // Each transition goes straight into the answer's two lists (no list
+    // of transitions to copy from: this runs on every layered decision);
+    // a denial then takes the writes back and uncharges the verdicts.
+    let mut layered = Layered {
+        verdicts: Verdicts::new(),
+        writes: Writes::default(),
+    };
+    let mut admitted = true;
+    for (l, state) in layers.iter().zip(states) {
+        let Transition { verdict, next } = decide(l.limit(), *state, now, l.cost());
+        admitted &= verdict.allowed;
+        layered.verdicts.push(verdict);
+        layered.writes.0.push(next);
+    }
+    if !admitted {
+        layered.writes.0.clear();
+        for (verdict, l) in layered.verdicts.iter_mut().zip(layers) {
+            *verdict = verdict.uncharged(l.cost());
         }
     }
+    layered
 }
 
 /// Each layer's state to store, in order (`None`: that layer writes
@@ -118,6 +116,14 @@ impl Deref for Writes {
     type Target = [Option<Stored>];
     fn deref(&self) -> &[Option<Stored>] {
         &self.0
+    }
+}
+
+/// Each write can be taken out (`writes[i].take()`), leaving `None`: a
+/// store that makes them one by one moves each state once.
+impl DerefMut for Writes {
+    fn deref_mut(&mut self) -> &mut [Option<Stored>] {
+        &mut self.0
     }
 }
 

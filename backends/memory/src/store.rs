@@ -817,7 +817,7 @@ impl MemoryStore {
         // one: its write needs no second lookup. (Under these locks only
         // this call changes the tables, and it inserts last.)
         let mut found: SmallVec<[Option<usize>; 4]> = SmallVec::new();
-        let layered = {
+        let mut layered = {
             let snapshots: SmallVec<[Option<Snapshot<'_>>; 4]> = layers
                 .iter()
                 .zip(&located)
@@ -850,7 +850,7 @@ impl MemoryStore {
             found: &found,
         };
         let taken = self.take_room(&mut shards, &placed, &layered, now_us)?;
-        self.write(&mut shards, &placed, layered.writes, &taken, now_us);
+        self.write(&mut shards, &placed, &mut layered.writes, &taken, now_us);
         out.extend_from_slice(&layered.verdicts);
         Ok(Ok(()))
     }
@@ -865,12 +865,14 @@ impl MemoryStore {
         layered: &Layered,
         now_us: u64,
     ) -> Result<Taken, NeedRoom> {
-        let keep: SmallVec<[u64; 4]> = at.located.iter().map(|&(hash, _)| hash).collect();
         let mut taken = Taken::new();
-        for i in 0..at.layers.len() {
-            if at.found[i].is_some() || layered.writes[i].is_none() {
-                continue;
-            }
+        let new_key = |i: usize| at.found[i].is_none() && layered.writes[i].is_some();
+        if !(0..at.layers.len()).any(new_key) {
+            // Every write is to a key that exists: the usual case.
+            return Ok(taken);
+        }
+        let keep: SmallVec<[u64; 4]> = at.located.iter().map(|&(hash, _)| hash).collect();
+        for i in (0..at.layers.len()).filter(|&i| new_key(i)) {
             let shard = shards.get_mut(at.located[i].1);
             match self.take_units(shard, at.layers[i].policy, now_us, &keep) {
                 Ok(budget) => taken.push((i, budget)),
@@ -889,27 +891,28 @@ impl MemoryStore {
         Ok(taken)
     }
 
-    /// Make `writes`: existing entries first, where they were found; then
-    /// the new ones (an insert may grow a table and move its entries),
-    /// each under the budget `taken` holds for it.
+    /// Make `writes`, each taken out of the list: existing entries first,
+    /// where they were found; then the new ones (an insert may grow a
+    /// table and move its entries), each under the budget `taken` holds
+    /// for it.
     fn write(
         &self,
         shards: &mut LockedShards<'_>,
         at: &Placed<'_, '_>,
-        writes: tollgate_algorithms::Writes,
+        writes: &mut [Option<Stored>],
         taken: &Taken,
         now_us: u64,
     ) {
-        let mut new_keys: SmallVec<[(usize, Stored); 4]> = SmallVec::new();
-        for (i, write) in writes.into_iter().enumerate() {
-            let Some(next) = write else { continue };
-            let (hash, id) = at.located[i];
-            match at.found[i] {
-                Some(index) => shards.get_mut(id).overwrite(index, hash, next, now_us),
-                None => new_keys.push((i, next)),
+        for (i, write) in writes.iter_mut().enumerate() {
+            let Some(index) = at.found[i] else { continue };
+            if let Some(next) = write.take() {
+                let (hash, id) = at.located[i];
+                shards.get_mut(id).overwrite(index, hash, next, now_us);
             }
         }
-        for (i, next) in new_keys {
+        // What is left is the new keys'.
+        for (i, write) in writes.iter_mut().enumerate() {
+            let Some(next) = write.take() else { continue };
             let (hash, id) = at.located[i];
             let budget = taken
                 .iter()
