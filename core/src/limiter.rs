@@ -386,17 +386,17 @@ impl Limiter {
         answer
     }
 
-    /// A later pass of a request (past a shadow layer's denial): timed and
-    /// counted as its first store call was, but not admitted by the
-    /// breaker again (the request is one call to it).
+    /// A later pass of a request (past a shadow layer's denial): not
+    /// admitted by the breaker again (the first pass was let through), but
+    /// timed and counted as its first store call was, and the breaker told
+    /// how it went: an outage met there counts as any other.
     pub(crate) async fn timed<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         let started = self.metrics.start();
         let answer = call.await;
-        self.metrics
-            .store_call(self.store.kind(), started, answer.as_ref().err());
+        self.after_call(Admission::Call, started, answer.as_ref().err());
         answer
     }
 

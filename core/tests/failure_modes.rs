@@ -512,3 +512,82 @@ async fn a_failing_policy_not_asked_counts_nothing() {
     assert_eq!(denied.store_error(), Some("conflict"));
     assert_eq!(denied.layers()[1].source, Source::FailOpen, "{denied:?}");
 }
+
+/// The in-process store, answering as a store that waits does, that goes
+/// down after its first `answers` calls.
+#[derive(Debug)]
+struct DownAfter {
+    inner: MemoryStore,
+    answers: usize,
+    calls: AtomicUsize,
+}
+
+#[async_trait]
+impl Store for DownAfter {
+    fn kind(&self) -> &'static str {
+        "down-after"
+    }
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [LayerRequest<'a>],
+        verdicts: &'a mut Verdicts,
+    ) -> Decide<'a> {
+        Decide::Later(Box::pin(async move {
+            if self.calls.fetch_add(1, Ordering::SeqCst) >= self.answers {
+                return Err(StoreError::Unavailable("down".into()));
+            }
+            self.inner.decide(layers, verdicts).await
+        }))
+    }
+}
+
+/// A request only a shadow layer denies is decided again without it. When
+/// that later pass finds the store down, the breaker hears of it as of any
+/// failed call, and the request is decided by the failure mode (before,
+/// only a request's first call reached the breaker: it stayed closed).
+#[tokio::test]
+async fn an_outage_in_a_pass_past_a_shadow_denial_reaches_the_breaker() {
+    let minute = |n| Limit::fixed_window(n, Duration::from_secs(60)).unwrap();
+    // The first request's call and the second's first pass are answered
+    // (on a clock that stands still: both requests in one window).
+    let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+    let store = Arc::new(DownAfter {
+        inner: MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+        answers: 2,
+        calls: AtomicUsize::new(0),
+    });
+    let limiter = Limiter::builder(store.clone())
+        .layer(
+            "trial",
+            Scope::Subject,
+            Policy::new("trial", minute(1)).unwrap().shadow(),
+        )
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new("api", minute(10))
+                .unwrap()
+                .with_on_failure(OnStoreFailure::FailClosed)
+                .unwrap(),
+        )
+        .breaker(BreakerConfig {
+            failure_threshold: 1,
+            open_for: Duration::from_secs(60),
+        })
+        .clock(Arc::new(clock))
+        .build()
+        .unwrap();
+    assert!(limiter.check(&ctx(), 1).await.unwrap().is_allowed());
+    assert_eq!(limiter.breaker().state(), BreakerState::Closed);
+    let d = limiter.check(&ctx(), 1).await.unwrap();
+    assert_eq!(
+        store.calls.load(Ordering::SeqCst),
+        3,
+        "a second pass was made"
+    );
+    assert!(d.failed_closed(), "{d:?}");
+    assert_eq!(d.store_error(), Some("unavailable"));
+    assert_eq!(limiter.breaker().state(), BreakerState::Open);
+}

@@ -134,16 +134,19 @@ pub(super) fn denied_only_by_shadow(requests: &[LayerRequest<'_>], verdicts: &[V
 
 /// How each pass of [`past_shadow`] asks the store.
 pub(super) enum Passes<'s> {
-    /// Decide, as `check` does, holding nothing.
+    /// Decide, as `check` does, holding nothing: on a store that answers
+    /// at once (in-process, or from leased batches, which call no store),
+    /// neither timed nor told to the breaker.
     Decide(&'s dyn Store),
     /// Decide on the limiter's store, each pass timed and counted as the
     /// first was (a store that waits: `tollgate_store_latency_seconds`,
-    /// its errors), not through the breaker again.
+    /// its errors) and told to the breaker, without asking it again
+    /// ([`Limiter::timed`]).
     Timed(&'s Limiter),
     /// Acquire on the limiter's store as `acquire` does, the call on a
     /// task of its own: a pass abandoned while the store takes its places
-    /// gives them back. (Not through the breaker again: the first pass
-    /// was let through, and the request is one call.)
+    /// gives them back; timed and told to the breaker as a `Timed` pass
+    /// is.
     #[cfg(feature = "concurrency")]
     Acquire(&'s Limiter),
 }
