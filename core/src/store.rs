@@ -264,32 +264,48 @@ impl<'a> StoreKey<'a> {
     }
 
     /// What follows the parts: nothing, or `:` and the subject.
-    fn rest_matches(&self, rest: &str) -> bool {
+    fn rest_matches(&self, rest: &[u8]) -> bool {
         if self.subject_is_tag() {
             return rest.is_empty();
         }
-        rest.strip_prefix(':') == Some(self.subject)
+        rest.strip_prefix(b":") == Some(self.subject.as_bytes())
     }
 
     /// Whether `rendered` is this key's text, without allocating.
     pub fn matches(&self, rendered: &str) -> bool {
+        self.matches_bytes(rendered.as_bytes())
+    }
+
+    /// Whether `rendered` is the bytes of this key's text, without
+    /// allocating (for a store that keeps keys as bytes: no UTF-8 check
+    /// on each comparison).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tollgate_limiter::{Limit, Policy, StoreKey};
+    /// let policy = Policy::new("search", Limit::fixed_window(5, Duration::from_secs(1))?)?;
+    /// let key = StoreKey::new("acme", &policy, "s", "key-7");
+    /// assert!(key.matches_bytes(b"{acme}:search:v1:fw:s:key-7"));
+    /// assert!(!key.matches_bytes(b"{acme}:search:v1:fw:s:key-8"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn matches_bytes(&self, rendered: &[u8]) -> bool {
         if let Some(middle) = self.middle {
             // `{` tag `}` middle subject
-            let bytes = rendered.as_bytes();
             let tag_end = 1 + self.tag.len();
             let middle_end = tag_end + 1 + middle.len();
-            return bytes.len() >= middle_end
-                && bytes[0] == b'{'
-                && &bytes[1..tag_end] == self.tag.as_bytes()
-                && bytes[tag_end] == b'}'
-                && &bytes[tag_end + 1..middle_end] == middle.as_bytes()
+            return rendered.len() >= middle_end
+                && rendered[0] == b'{'
+                && &rendered[1..tag_end] == self.tag.as_bytes()
+                && rendered[tag_end] == b'}'
+                && &rendered[tag_end + 1..middle_end] == middle.as_bytes()
                 && self.rest_matches(&rendered[middle_end..]);
         }
         let mut version = [0u8; 10];
         let version = format_u32(self.policy.version(), &mut version);
         let mut rest = rendered;
         for part in self.parts(version) {
-            match rest.strip_prefix(part) {
+            match rest.strip_prefix(part.as_bytes()) {
                 Some(r) => rest = r,
                 None => return false,
             }

@@ -43,6 +43,7 @@
 //! ```
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod entry_key;
 #[cfg(feature = "serde")]
 mod settings;
 mod slot;

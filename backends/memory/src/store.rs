@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use foldhash::fast::RandomState;
 use std::collections::HashMap;
 
+use crate::entry_key::EntryKey;
 use crate::slot::{Slot, Snapshot};
 use hashbrown::HashTable;
 use smallvec::SmallVec;
@@ -94,7 +95,7 @@ impl Budget {
 
 struct Entry {
     /// The rendered key; compared against a borrowed [`StoreKey`] on lookup.
-    key: Box<str>,
+    key: EntryKey,
     /// The key's hash, kept so the table can grow without rehashing text.
     hash: u64,
     state: Slot,
@@ -175,13 +176,14 @@ struct Shard {
 
 impl Shard {
     fn find(&self, hash: u64, key: &StoreKey<'_>) -> Option<&Entry> {
-        self.entries.find(hash, |e| key.matches(&e.key))
+        self.entries
+            .find(hash, |e| key.matches_bytes(e.key.as_bytes()))
     }
 
     /// Where `key`'s entry is in the table (valid until an insert).
     fn find_index(&self, hash: u64, key: &StoreKey<'_>) -> Option<usize> {
         self.entries
-            .find_bucket_index(hash, |e| key.matches(&e.key))
+            .find_bucket_index(hash, |e| key.matches_bytes(e.key.as_bytes()))
     }
 
     /// Replace the state of the entry of `hash` at `index` (found by
@@ -213,7 +215,7 @@ impl Shard {
         let expires_at = now_us.saturating_add(duration_micros(next.ttl));
         self.next_expiry = self.next_expiry.min(expires_at);
         let entry = Entry {
-            key: key.render().into_boxed_str(),
+            key: EntryKey::new(key.render()),
             hash,
             state: Slot::new(next.state),
             expires_at: AtomicU64::new(expires_at),
@@ -765,7 +767,10 @@ impl MemoryStore {
             let mut shard = lock(&self.shards[id]);
             let shard = &mut *shard;
             // An existing key: one lookup, decided and written in place.
-            if let Some(entry) = shard.entries.find_mut(hash, |e| layer.key.matches(&e.key)) {
+            if let Some(entry) = shard
+                .entries
+                .find_mut(hash, |e| layer.key.matches_bytes(e.key.as_bytes()))
+            {
                 let snapshot = entry.state.read();
                 let state = (entry.expires_at() > now_us).then(|| snapshot.get());
                 let t = tollgate_algorithms::decide(layer.policy.limit(), state, now, layer.cost);
@@ -1015,7 +1020,10 @@ impl MemoryStore {
             order.iter().map(|&i| lock(&self.shards[i])).collect();
         for (l, &(hash, id)) in layers.iter().zip(&located) {
             let shard = &mut guards[order.binary_search(&id).expect("locked shard")];
-            if let Ok(found) = shard.entries.find_entry(hash, |e| l.key.matches(&e.key)) {
+            if let Ok(found) = shard
+                .entries
+                .find_entry(hash, |e| l.key.matches_bytes(e.key.as_bytes()))
+            {
                 let (entry, _) = found.remove();
                 release(&entry, &self.total);
             }

@@ -668,3 +668,35 @@ fn a_shrunk_policy_budget_makes_room_over_several_passes() {
     assert_eq!(ask_store(&store, &[(&narrow, "e")]).unwrap(), [true]);
     assert_eq!(store.len(), 2);
 }
+
+/// Keys short enough to live inside their entry and keys too long for it
+/// (their text on the heap) are told apart exactly, however long the
+/// prefix they share: each subject has its own state, and finds it again.
+#[test]
+fn short_and_long_keys_each_keep_their_own_state() {
+    let clock = ManualClock::new(START);
+    let store = store(&clock, 100);
+    let limiter = limiter(
+        store.clone(),
+        Limit::fixed_window(2, Duration::from_secs(60)).unwrap(),
+    );
+    // Keys of 24 to 223 bytes (`{name}:fixed_window:v1:fw:s`), the
+    // inline bound of 46 between names of 23 and 24 bytes; alike but for
+    // their last byte or their length.
+    let names: Vec<String> = [1, 20, 23, 24, 25, 26, 27, 40, 200]
+        .into_iter()
+        .flat_map(|n| ["a".repeat(n), format!("{}b", "a".repeat(n - 1))])
+        .collect();
+    for round in 0..3 {
+        for name in &names {
+            let d = ready(limiter.check(&subject(name), 1)).unwrap();
+            assert_eq!(d.is_allowed(), round < 2, "{name:?} in round {round}");
+            assert_eq!(
+                d.layers()[0].verdict.remaining,
+                1 - round.min(1),
+                "{name:?}"
+            );
+        }
+    }
+    assert_eq!(store.len(), names.len());
+}
