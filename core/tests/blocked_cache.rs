@@ -2,60 +2,23 @@
 //! never admits what the store would deny.
 #![cfg(feature = "blocked-cache")]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_limiter::{
-    async_trait, Adjustment, BlockedCacheConfig, Context, Decide, LayerRequest, Limit, Limiter,
-    ManualClock, Policy, Scope, Source, Store, StoreError, Subject, Timestamp, Verdicts,
+    BlockedCacheConfig, Context, Limit, Limiter, ManualClock, Policy, Scope, Source, Subject,
+    Timestamp,
 };
 use tollgate_memory::MemoryStore;
+use tollgate_testkit::RemoteStore;
 
-#[derive(Debug)]
-struct Counting {
-    inner: MemoryStore,
-    calls: AtomicUsize,
-}
-
-#[async_trait]
-impl Store for Counting {
-    fn kind(&self) -> &'static str {
-        "counting"
-    }
-    fn decide<'a>(
-        &'a self,
-        layers: &'a [LayerRequest<'a>],
-        verdicts: &'a mut Verdicts,
-    ) -> Decide<'a> {
-        Decide::Later(Box::pin(async move {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            self.inner.decide(layers, verdicts).await
-        }))
-    }
-    async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.inner.peek(layers).await
-    }
-    async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
-        self.inner.reset(layers).await
-    }
-    async fn adjust(
-        &self,
-        layers: &[LayerRequest<'_>],
-        adjustment: Adjustment,
-    ) -> Result<Verdicts, StoreError> {
-        self.inner.adjust(layers, adjustment).await
-    }
-}
-
-fn setup(limit: Limit) -> (ManualClock, Arc<Counting>, Limiter) {
+fn setup(limit: Limit) -> (ManualClock, Arc<RemoteStore>, Limiter) {
     let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
-    let store = Arc::new(Counting {
-        inner: MemoryStore::builder()
+    let store = Arc::new(RemoteStore::new(Arc::new(
+        MemoryStore::builder()
             .clock(Arc::new(clock.clone()))
             .build(),
-        calls: AtomicUsize::new(0),
-    });
+    )));
     let limiter = Limiter::builder(store.clone())
         .layer("key", Scope::Subject, Policy::new("p", limit).unwrap())
         .blocked_cache(BlockedCacheConfig {
@@ -82,7 +45,7 @@ async fn long_denials_are_answered_locally_until_the_retry_time() {
     }
     let denied = limiter.check(&ctx(), 1).await.unwrap();
     assert_eq!(denied.retry_after(), Some(Duration::from_secs(10)));
-    let calls = store.calls.load(Ordering::SeqCst);
+    let calls = store.decides();
     clock.advance(Duration::from_secs(4));
     for _ in 0..1000 {
         let d = limiter.check(&ctx(), 1).await.unwrap();
@@ -94,11 +57,7 @@ async fn long_denials_are_answered_locally_until_the_retry_time() {
             "the wait is aged, not repeated"
         );
     }
-    assert_eq!(
-        store.calls.load(Ordering::SeqCst),
-        calls,
-        "no store call while blocked"
-    );
+    assert_eq!(store.decides(), calls, "no store call while blocked");
     // At the retry time the store decides again, and admits.
     clock.advance(Duration::from_secs(6));
     let d = limiter.check(&ctx(), 1).await.unwrap();
@@ -113,13 +72,13 @@ async fn other_costs_and_a_short_denial_still_ask_the_store() {
     assert!(limiter.check(&ctx(), 6).await.unwrap().is_allowed());
     let denied = limiter.check(&ctx(), 5).await.unwrap();
     assert_eq!(denied.retry_after(), Some(Duration::from_secs(1)));
-    let calls = store.calls.load(Ordering::SeqCst);
+    let calls = store.decides();
     let cheap = limiter.check(&ctx(), 1).await.unwrap();
     assert!(
         cheap.is_allowed(),
         "the cache must not deny a cheaper request the store admits"
     );
-    assert_eq!(store.calls.load(Ordering::SeqCst), calls + 1);
+    assert_eq!(store.decides(), calls + 1);
     // A costlier request is denied for longer: the store tells how long
     // (the cached wait would send the client back too early).
     let (_, _, limiter) = setup(Limit::token_bucket(10, 1, Duration::from_secs(1)).unwrap());
@@ -132,14 +91,14 @@ async fn other_costs_and_a_short_denial_still_ask_the_store() {
     // A denial shorter than the threshold is not cached.
     let (_, store, limiter) = setup(Limit::gcra(10, Duration::from_secs(1), 1).unwrap());
     limiter.check(&ctx(), 1).await.unwrap();
-    let before = store.calls.load(Ordering::SeqCst);
+    let before = store.decides();
     for _ in 0..5 {
         assert_eq!(
             limiter.check(&ctx(), 1).await.unwrap().layers()[0].source,
             Source::Store
         );
     }
-    assert_eq!(store.calls.load(Ordering::SeqCst), before + 5);
+    assert_eq!(store.decides(), before + 5);
 }
 
 /// An operator's change shows at once: a reset or a reward forgets the

@@ -2,7 +2,7 @@
 //! off (the in-process store behind a switch) and a manual clock. The same
 //! modes against real redis-server faults are in the Redis store's tests.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,44 +12,15 @@ use tollgate_limiter::{
     Timestamp, Verdicts,
 };
 use tollgate_memory::MemoryStore;
+use tollgate_testkit::RemoteStore;
 
-/// The in-process store behind an on/off switch; counts the calls it gets.
-#[derive(Debug)]
-struct Switchable {
-    inner: MemoryStore,
-    down: AtomicBool,
-    calls: AtomicUsize,
-}
-
-#[async_trait]
-impl Store for Switchable {
-    fn kind(&self) -> &'static str {
-        "switchable"
-    }
-    fn decide<'a>(
-        &'a self,
-        layers: &'a [LayerRequest<'a>],
-        verdicts: &'a mut Verdicts,
-    ) -> Decide<'a> {
-        Decide::Later(Box::pin(async move {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            if self.down.load(Ordering::SeqCst) {
-                return Err(StoreError::Unavailable("switched off".into()));
-            }
-            self.inner.decide(layers, verdicts).await
-        }))
-    }
-}
-
-fn setup(mode: OnStoreFailure) -> (ManualClock, Arc<Switchable>, Limiter) {
+fn setup(mode: OnStoreFailure) -> (ManualClock, Arc<RemoteStore>, Limiter) {
     let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
-    let store = Arc::new(Switchable {
-        inner: MemoryStore::builder()
+    let store = Arc::new(RemoteStore::new(Arc::new(
+        MemoryStore::builder()
             .clock(Arc::new(clock.clone()))
             .build(),
-        down: AtomicBool::new(false),
-        calls: AtomicUsize::new(0),
-    });
+    )));
     let policy = Policy::new(
         "api",
         Limit::fixed_window(10, Duration::from_secs(60)).unwrap(),
@@ -81,7 +52,7 @@ fn ctx() -> Context {
 #[tokio::test]
 async fn fail_open_admits_and_says_so() {
     let (_, store, limiter) = setup(OnStoreFailure::FailOpen);
-    store.down.store(true, Ordering::SeqCst);
+    store.set_down(true);
     for _ in 0..20 {
         let d = limiter.check(&ctx(), 1).await.unwrap();
         assert!(d.is_allowed());
@@ -98,7 +69,7 @@ async fn fail_open_admits_and_says_so() {
 #[tokio::test]
 async fn fail_closed_rejects_as_a_store_failure_not_a_limit() {
     let (_, store, limiter) = setup(OnStoreFailure::FailClosed);
-    store.down.store(true, Ordering::SeqCst);
+    store.set_down(true);
     let d = limiter.check(&ctx(), 1).await.unwrap();
     assert!(!d.is_allowed());
     assert!(d.failed_closed(), "a store failure is a 503, not a 429");
@@ -110,7 +81,7 @@ async fn fail_closed_rejects_as_a_store_failure_not_a_limit() {
 async fn fallback_enforces_the_emergency_bucket() {
     // The shared limit is 10 per minute; 2 processes share it: 5 each.
     let (_, store, limiter) = setup(OnStoreFailure::Fallback(Fallback::Share { instances: 2 }));
-    store.down.store(true, Ordering::SeqCst);
+    store.set_down(true);
     let mut admitted = 0;
     for _ in 0..20 {
         let d = limiter.check(&ctx(), 1).await.unwrap();
@@ -123,19 +94,19 @@ async fn fallback_enforces_the_emergency_bucket() {
 #[tokio::test]
 async fn the_breaker_opens_skips_the_store_probes_and_recovers() {
     let (clock, store, limiter) = setup(OnStoreFailure::FailClosed);
-    store.down.store(true, Ordering::SeqCst);
+    store.set_down(true);
     for _ in 0..3 {
         limiter.check(&ctx(), 1).await.unwrap();
     }
     assert_eq!(limiter.breaker().state(), BreakerState::Open);
-    let calls = store.calls.load(Ordering::SeqCst);
+    let calls = store.decides();
     for _ in 0..100 {
         let d = limiter.check(&ctx(), 1).await.unwrap();
         assert_eq!(d.store_error(), Some("circuit_open"));
         assert!(d.retry_after().unwrap() <= Duration::from_secs(2));
     }
     assert_eq!(
-        store.calls.load(Ordering::SeqCst),
+        store.decides(),
         calls,
         "an open breaker does not call the store"
     );
@@ -144,11 +115,11 @@ async fn the_breaker_opens_skips_the_store_probes_and_recovers() {
     clock.advance(Duration::from_secs(2));
     assert_eq!(limiter.breaker().state(), BreakerState::HalfOpen);
     limiter.check(&ctx(), 1).await.unwrap();
-    assert_eq!(store.calls.load(Ordering::SeqCst), calls + 1);
+    assert_eq!(store.decides(), calls + 1);
     assert_eq!(limiter.breaker().state(), BreakerState::Open);
 
     // Back up: the next probe closes the breaker with no manual step.
-    store.down.store(false, Ordering::SeqCst);
+    store.set_down(false);
     clock.advance(Duration::from_secs(2));
     let d = limiter.check(&ctx(), 1).await.unwrap();
     assert!(d.is_allowed());
@@ -162,11 +133,8 @@ async fn the_breaker_opens_skips_the_store_probes_and_recovers() {
 #[tokio::test]
 async fn a_shadow_layers_fallback_denial_leaves_the_enforced_buckets_charged() {
     let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
-    let store = Arc::new(Switchable {
-        inner: MemoryStore::default(),
-        down: AtomicBool::new(true),
-        calls: AtomicUsize::new(0),
-    });
+    let store = Arc::new(RemoteStore::new(Arc::new(MemoryStore::default())));
+    store.set_down(true);
     let minute = Duration::from_secs(60);
     let fallback = |limit| {
         OnStoreFailure::Fallback(Fallback::Limit(Limit::fixed_window(limit, minute).unwrap()))
@@ -211,11 +179,8 @@ async fn a_shadow_layers_fallback_denial_leaves_the_enforced_buckets_charged() {
 /// emergency policy's capacity: a day's interval times 3·10⁸ overflows).
 #[tokio::test]
 async fn a_cost_past_the_emergency_capacity_fails_closed() {
-    let store = Arc::new(Switchable {
-        inner: MemoryStore::default(),
-        down: AtomicBool::new(true),
-        calls: AtomicUsize::new(0),
-    });
+    let store = Arc::new(RemoteStore::new(Arc::new(MemoryStore::default())));
+    store.set_down(true);
     let day = Duration::from_secs(86_400);
     let emergency = Arc::new(MemoryStore::default());
     let limiter = Limiter::builder(store)
@@ -245,11 +210,8 @@ async fn a_cost_past_the_emergency_capacity_fails_closed() {
 #[tokio::test]
 async fn a_fail_closed_layer_keeps_fallback_layers_uncharged() {
     let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
-    let store = Arc::new(Switchable {
-        inner: MemoryStore::default(),
-        down: AtomicBool::new(true),
-        calls: AtomicUsize::new(0),
-    });
+    let store = Arc::new(RemoteStore::new(Arc::new(MemoryStore::default())));
+    store.set_down(true);
     let emergency = Arc::new(
         MemoryStore::builder()
             .clock(Arc::new(clock.clone()))
@@ -513,34 +475,6 @@ async fn a_failing_policy_not_asked_counts_nothing() {
     assert_eq!(denied.layers()[1].source, Source::FailOpen, "{denied:?}");
 }
 
-/// The in-process store, answering as a store that waits does, that goes
-/// down after its first `answers` calls.
-#[derive(Debug)]
-struct DownAfter {
-    inner: MemoryStore,
-    answers: usize,
-    calls: AtomicUsize,
-}
-
-#[async_trait]
-impl Store for DownAfter {
-    fn kind(&self) -> &'static str {
-        "down-after"
-    }
-    fn decide<'a>(
-        &'a self,
-        layers: &'a [LayerRequest<'a>],
-        verdicts: &'a mut Verdicts,
-    ) -> Decide<'a> {
-        Decide::Later(Box::pin(async move {
-            if self.calls.fetch_add(1, Ordering::SeqCst) >= self.answers {
-                return Err(StoreError::Unavailable("down".into()));
-            }
-            self.inner.decide(layers, verdicts).await
-        }))
-    }
-}
-
 /// A request only a shadow layer denies is decided again without it. When
 /// that later pass finds the store down, the breaker hears of it as of any
 /// failed call, and the request is decided by the failure mode (before,
@@ -551,13 +485,14 @@ async fn an_outage_in_a_pass_past_a_shadow_denial_reaches_the_breaker() {
     // The first request's call and the second's first pass are answered
     // (on a clock that stands still: both requests in one window).
     let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
-    let store = Arc::new(DownAfter {
-        inner: MemoryStore::builder()
-            .clock(Arc::new(clock.clone()))
-            .build(),
-        answers: 2,
-        calls: AtomicUsize::new(0),
-    });
+    let store = Arc::new(
+        RemoteStore::new(Arc::new(
+            MemoryStore::builder()
+                .clock(Arc::new(clock.clone()))
+                .build(),
+        ))
+        .down_after(2),
+    );
     let limiter = Limiter::builder(store.clone())
         .layer(
             "trial",
@@ -582,11 +517,7 @@ async fn an_outage_in_a_pass_past_a_shadow_denial_reaches_the_breaker() {
     assert!(limiter.check(&ctx(), 1).await.unwrap().is_allowed());
     assert_eq!(limiter.breaker().state(), BreakerState::Closed);
     let d = limiter.check(&ctx(), 1).await.unwrap();
-    assert_eq!(
-        store.calls.load(Ordering::SeqCst),
-        3,
-        "a second pass was made"
-    );
+    assert_eq!(store.decides(), 3, "a second pass was made");
     assert!(d.failed_closed(), "{d:?}");
     assert_eq!(d.store_error(), Some("unavailable"));
     assert_eq!(limiter.breaker().state(), BreakerState::Open);

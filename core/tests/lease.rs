@@ -6,73 +6,24 @@
 //! Redis store's `tests/lease.rs`.
 #![cfg(feature = "lease")]
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_limiter::{
-    async_trait, Adjustment, BreakerConfig, BreakerState, Context, Decide, LayerRequest, Lease,
-    Limit, Limiter, ManualClock, OnStoreFailure, Plan, PlanName, Plans, Policy, Scope, Store,
-    StoreError, Subject, Timestamp, Verdicts,
+    BreakerConfig, BreakerState, Context, Lease, Limit, Limiter, ManualClock, OnStoreFailure, Plan,
+    PlanName, Plans, Policy, Scope, Store, Subject, Timestamp,
 };
 use tollgate_memory::MemoryStore;
-
-/// The in-process store as a remote one: counted, and switchable off.
-#[derive(Debug)]
-struct Remote {
-    inner: MemoryStore,
-    down: AtomicBool,
-    decides: AtomicUsize,
-    rewards: AtomicUsize,
-}
-
-#[async_trait]
-impl Store for Remote {
-    fn kind(&self) -> &'static str {
-        "remote"
-    }
-    fn decide<'a>(
-        &'a self,
-        layers: &'a [LayerRequest<'a>],
-        verdicts: &'a mut Verdicts,
-    ) -> Decide<'a> {
-        Decide::Later(Box::pin(async move {
-            self.decides.fetch_add(1, Ordering::SeqCst);
-            if self.down.load(Ordering::SeqCst) {
-                return Err(StoreError::Unavailable("switched off".into()));
-            }
-            self.inner.decide(layers, verdicts).await
-        }))
-    }
-    async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
-        self.inner.peek(layers).await
-    }
-    async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
-        self.inner.reset(layers).await
-    }
-    async fn adjust(
-        &self,
-        layers: &[LayerRequest<'_>],
-        adjustment: Adjustment,
-    ) -> Result<Verdicts, StoreError> {
-        if adjustment == Adjustment::Reward {
-            self.rewards.fetch_add(1, Ordering::SeqCst);
-        }
-        self.inner.adjust(layers, adjustment).await
-    }
-}
+use tollgate_testkit::RemoteStore;
 
 const START: Timestamp = Timestamp::from_micros(1_780_000_000_000_000);
 
-fn remote(clock: &ManualClock) -> Arc<Remote> {
-    Arc::new(Remote {
-        inner: MemoryStore::builder()
+fn remote(clock: &ManualClock) -> Arc<RemoteStore> {
+    Arc::new(RemoteStore::new(Arc::new(
+        MemoryStore::builder()
             .clock(Arc::new(clock.clone()))
             .build(),
-        down: AtomicBool::new(false),
-        decides: AtomicUsize::new(0),
-        rewards: AtomicUsize::new(0),
-    })
+    )))
 }
 
 fn leased_bucket(max_batch: u64) -> Policy {
@@ -104,7 +55,7 @@ async fn admitted(limiter: &Limiter, ctx: &Context, n: usize) -> usize {
 /// What the store itself holds of the leased bucket's key for `ctx`
 /// (`scope`), without this process's batches: peeked by a limiter without
 /// the lease, over the same counter.
-async fn in_store(store: &Arc<Remote>, scope: Scope, ctx: &Context) -> u64 {
+async fn in_store(store: &Arc<RemoteStore>, scope: Scope, ctx: &Context) -> u64 {
     let bucket = Limit::token_bucket(1_000, 100, Duration::from_secs(1)).unwrap();
     let plain = Limiter::builder(store.clone())
         .layer("plain", scope, Policy::new("hot", bucket).unwrap())
@@ -131,9 +82,9 @@ async fn hot_keys_are_decided_from_batches() {
     let limiter = limiter(store.clone(), &clock, leased_bucket(50));
     let ctx = Context::new();
     assert_eq!(admitted(&limiter, &ctx, 7).await, 7);
-    assert_eq!(store.decides.load(Ordering::SeqCst), 7, "cold: a call each");
+    assert_eq!(store.decides(), 7, "cold: a call each");
     assert_eq!(admitted(&limiter, &ctx, 993).await, 993);
-    let calls = store.decides.load(Ordering::SeqCst);
+    let calls = store.decides();
     assert!(calls < 7 + 993 / 10, "{calls} calls for 1,000 decisions");
     let decision = limiter.check(&ctx, 1).await.unwrap();
     assert!(
@@ -168,7 +119,7 @@ async fn ended_leases_give_back_their_units() {
     assert_eq!(remaining(&limiter).await, 700, "its units are no one's yet");
     clock.advance(Duration::from_millis(1_001));
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(store.rewards.load(Ordering::SeqCst), 1, "one give-back");
+    assert_eq!(store.rewards(), 1, "one give-back");
     // 100.1 refilled, up to the capacity; the held units given back.
     assert_eq!(remaining(&limiter).await, 800);
 }
@@ -210,7 +161,7 @@ async fn a_failing_store_admits_only_what_was_charged() {
     assert_eq!(admitted(&limiter, &ctx, 200).await, 200);
     let held = 800 - in_store(&store, Scope::Global, &ctx).await;
     assert!(held > 0, "a batch is held");
-    store.down.store(true, Ordering::SeqCst);
+    store.set_down(true);
     let mut admitted_after = 0;
     for _ in 0..100 {
         let d = limiter.check(&ctx, 1).await.unwrap();
@@ -244,8 +195,8 @@ async fn batches_do_not_hide_a_failing_store_from_the_breaker() {
     let cold = Context::for_subject(Subject::new("cold").unwrap());
     assert_eq!(admitted(&limiter, &hot, 200).await, 200);
     let held = 800 - in_store(&store, Scope::Subject, &hot).await;
-    store.down.store(true, Ordering::SeqCst);
-    let calls = store.decides.load(Ordering::SeqCst);
+    store.set_down(true);
+    let calls = store.decides();
     let mut hot_admitted = 0;
     for _ in 0..6 {
         assert!(limiter.check(&cold, 1).await.unwrap().failed_closed());
@@ -255,7 +206,7 @@ async fn batches_do_not_hide_a_failing_store_from_the_breaker() {
     }
     assert_eq!(hot_admitted, held.min(6), "{held} held");
     assert_eq!(
-        store.decides.load(Ordering::SeqCst) - calls,
+        store.decides() - calls,
         3,
         "the breaker opened after three failures"
     );
@@ -329,7 +280,7 @@ async fn a_plan_change_ends_the_batch() {
         .unwrap();
     let customer = Context::for_subject(Subject::new("acme").unwrap());
     assert_eq!(admitted(&limiter, &customer, 200).await, 200);
-    let pro_calls = store.decides.load(Ordering::SeqCst);
+    let pro_calls = store.decides();
     assert!(
         pro_calls < 100,
         "batches under the pro plan: {pro_calls} calls"
@@ -379,7 +330,7 @@ async fn a_buckets_burst_exceeds_its_capacity_by_at_most_its_batch() {
 
 /// A limiter with `policy` on one global layer, without a lease: it reads
 /// what the store holds.
-fn limiter_of(store: Arc<Remote>, policy: Policy) -> Limiter {
+fn limiter_of(store: Arc<RemoteStore>, policy: Policy) -> Limiter {
     Limiter::builder(store)
         .layer("all", Scope::Global, policy)
         .build()
@@ -469,11 +420,7 @@ fn sweeping_starts_again_on_a_new_runtime() {
         clock.advance(Duration::from_millis(1_001));
         tokio::time::sleep(Duration::from_millis(600)).await;
     });
-    assert_eq!(
-        store.rewards.load(Ordering::SeqCst),
-        1,
-        "the quiet lease's units came back"
-    );
+    assert_eq!(store.rewards(), 1, "the quiet lease's units came back");
 }
 
 /// On an in-process store a lease changes nothing: no batches, the same
@@ -552,7 +499,7 @@ async fn a_window_lease_keeps_its_units_until_its_window_ends() {
 
 /// A leased per-key window of 1,000 an hour (leases of 1 s, batches of
 /// at most 50), on `store`.
-fn hourly_per_key(store: Arc<Remote>, clock: &ManualClock) -> Limiter {
+fn hourly_per_key(store: Arc<RemoteStore>, clock: &ManualClock) -> Limiter {
     let window = Limit::fixed_window(1_000, Duration::from_secs(3_600)).unwrap();
     let lease = Lease::new(Duration::from_secs(1))
         .unwrap()
@@ -575,11 +522,15 @@ fn customer(n: usize) -> Context {
 
 /// Two seconds on (past every lease), the store calls 200 decisions of a
 /// new hot key take: far fewer than 200 when it gets batches.
-async fn calls_of_a_new_hot_key(limiter: &Limiter, store: &Remote, clock: &ManualClock) -> usize {
+async fn calls_of_a_new_hot_key(
+    limiter: &Limiter,
+    store: &RemoteStore,
+    clock: &ManualClock,
+) -> usize {
     clock.advance(Duration::from_secs(2));
-    let before = store.decides.load(Ordering::SeqCst);
+    let before = store.decides();
     assert_eq!(admitted(limiter, &customer(5_000), 200).await, 200);
-    store.decides.load(Ordering::SeqCst) - before
+    store.decides() - before
 }
 
 /// A key whose batch was denied (its window near its limit) waits at

@@ -42,4 +42,4 @@ pub mod redis_server;
 pub mod resp;
 mod stores;
 pub mod tls_certificates;
-pub use stores::DownStore;
+pub use stores::{DownStore, RemoteStore};
