@@ -90,8 +90,8 @@ pub use login::{Escalation, LoginGuard};
 pub use tollgate_limiter::MAX_RECOVERY;
 pub use tollgate_limiter::{ask, Decide, Deciding};
 pub use tollgate_limiter::{async_trait, Algorithm, LayerRequest, State, Store, StoreKey};
+pub use tollgate_limiter::{check_holds, Hold, Holds};
 pub use tollgate_limiter::{duration_micros, Builtin, Layout, Stored, Transition, Verdicts};
-pub use tollgate_limiter::{Hold, Holds};
 // Metrics and log events.
 pub use tollgate_limiter::observe;
 // With `wait`: outbound clients wait for capacity.

@@ -66,7 +66,7 @@ pub use decide::{ask, Decide, Deciding};
 pub use decision::{Decision, LayerDecision, Source};
 pub use error::{BuildError, Error, HashKeyError, PolicyError, StoreError, SubjectError};
 pub use failure::{BreakerConfig, BreakerState, CircuitBreaker, Fallback, OnStoreFailure};
-pub use hold::{Hold, Holds};
+pub use hold::{check_holds, Hold, Holds};
 pub use layer::{Layer, Scope};
 #[cfg(feature = "lease")]
 #[cfg_attr(docsrs, doc(cfg(feature = "lease")))]

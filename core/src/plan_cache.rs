@@ -143,7 +143,9 @@ impl<V: Copy> AnswerCache<V> {
         let now = self.now();
         let hash = self.hash(&customer);
         let index = self.shard_index(hash);
-        let room = self.per_shard + usize::from(index < self.one_more);
+        let room = self
+            .per_shard
+            .saturating_add(usize::from(index < self.one_more));
         if room == 0 {
             return answer;
         }

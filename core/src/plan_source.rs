@@ -77,7 +77,8 @@ pub struct PlanCacheConfig {
     /// make room first, then arbitrary ones. Zero keeps none: every
     /// decision whose plan nothing else gives asks the source.
     pub max_entries: u64,
-    /// How long a decision waits for the source (default 50 ms).
+    /// How long a decision waits for the source (default 50 ms; any
+    /// length, `Duration::MAX` waiting as long as the source takes).
     pub deadline: Duration,
 }
 
@@ -210,7 +211,7 @@ impl PlanCache {
         customer: &Subject,
         index_of: impl Fn(&PlanName) -> Option<usize>,
     ) -> Answer {
-        let until = tokio::time::Instant::now() + self.config.deadline;
+        let until = deadline_from_now(self.config.deadline);
         // Whether this request asks with its whole deadline (not after
         // waiting for another that was dropped).
         let mut whole = true;
@@ -274,6 +275,15 @@ impl PlanCache {
         };
         self.answers.keep(customer.clone(), answer, ttl, over)
     }
+}
+
+/// The instant `deadline` from now; one past what the clock can hold
+/// ("as long as it takes") is thirty years away, as tokio's own timeout
+/// reads it (an `Instant` plus `Duration::MAX` overflows and panics).
+fn deadline_from_now(deadline: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(deadline)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
 }
 
 #[cfg(test)]

@@ -45,6 +45,11 @@ impl PlanSource for Accounts {
 }
 
 fn setup(behaviour: Behaviour) -> (Arc<Accounts>, Limiter) {
+    setup_waiting(behaviour, Duration::from_millis(20))
+}
+
+/// As [`setup`], each question to the source given `deadline`.
+fn setup_waiting(behaviour: Behaviour, deadline: Duration) -> (Arc<Accounts>, Limiter) {
     let accounts = Arc::new(Accounts {
         asked: AtomicU64::new(0),
         behaviour,
@@ -59,7 +64,7 @@ fn setup(behaviour: Behaviour) -> (Arc<Accounts>, Limiter) {
             accounts.clone(),
             PlanCacheConfig::default()
                 .ttl(Duration::from_secs(30))
-                .deadline(Duration::from_millis(20)),
+                .deadline(deadline),
         );
     let limiter = Limiter::builder(Arc::new(MemoryStore::builder().build()))
         .layer(
@@ -114,6 +119,16 @@ async fn a_hanging_source_is_given_up_at_the_deadline() {
     assert!(decision.is_allowed());
     assert_eq!(decision.layers()[0].plan(), Some("free"));
     assert_eq!(started.elapsed(), Duration::from_millis(20));
+    assert_eq!(accounts.asked.load(Ordering::SeqCst), 1);
+}
+
+/// A deadline longer than the clock holds ("as long as it takes") waits
+/// for the source's answer (before, every question panicked: the time now
+/// plus `Duration::MAX` overflowed).
+#[tokio::test(start_paused = true)]
+async fn a_deadline_of_any_length_waits_for_the_answer() {
+    let (accounts, limiter) = setup_waiting(Behaviour::Answers, Duration::MAX);
+    assert_eq!(limit_of(&limiter, &customer("key-pro")).await, 600);
     assert_eq!(accounts.asked.load(Ordering::SeqCst), 1);
 }
 

@@ -16,8 +16,9 @@ use hashbrown::HashTable;
 use smallvec::SmallVec;
 use tollgate_algorithms::Layered;
 use tollgate_limiter::{
-    duration_micros, Adjustment, Clock, Decide, Hold, Holds, LayerRequest, Limit, MonotonicClock,
-    Policy, State, Store, StoreError, StoreKey, Stored, Timestamp, Verdicts, WhenFull,
+    check_holds, duration_micros, Adjustment, Clock, Decide, Hold, Holds, LayerRequest, Limit,
+    MonotonicClock, Policy, State, Store, StoreError, StoreKey, Stored, Timestamp, Verdicts,
+    WhenFull,
 };
 
 /// Passes of a decision that found a budget full: each makes room across
@@ -1090,6 +1091,7 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
+        check_holds(layers, holds)?;
         self.change_holds(layers, |states, now| {
             tollgate_algorithms::release_layers(layers, states, now, holds)
         })
@@ -1100,6 +1102,7 @@ impl Store for MemoryStore {
         layers: &[LayerRequest<'_>],
         holds: &[Hold],
     ) -> Result<Holds, StoreError> {
+        check_holds(layers, holds)?;
         let renewed = RefCell::new(Holds::new());
         self.change_holds(layers, |states, now| {
             let (layered, holds) = tollgate_algorithms::renew_layers(layers, states, now, holds);

@@ -15,7 +15,7 @@ use redis::aio::{
 };
 use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, RedisResult};
 use tollgate_limiter::{
-    Adjustment, Decide, Hold, Holds, LayerRequest, Limit, Store, StoreError, Verdicts,
+    check_holds, Adjustment, Decide, Hold, Holds, LayerRequest, Limit, Store, StoreError, Verdicts,
 };
 use tollgate_redis_protocol::{
     parse_renewed, parse_reserve, Charged, REPLY_FIELDS, RESERVE_FIELDS,
@@ -783,21 +783,6 @@ pub(crate) fn held_layers<'a>(
         .zip(holds_of(layers, charges))
         .filter_map(|(layer, hold)| Some((*layer, hold?)))
         .unzip()
-}
-
-/// A release or renewal names one hold per layer, each of the layer's
-/// cost: anything else is the caller's mistake, refused before a call.
-pub(crate) fn check_holds(layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
-    let matching = holds.len() == layers.len()
-        && layers.iter().zip(holds).all(|(l, h)| {
-            matches!(l.policy.limit(), Limit::Concurrency(_)) && l.cost == h.cost && h.at != 0
-        });
-    if !matching {
-        return Err(StoreError::Protocol(
-            "a release or renewal takes one hold of each concurrency layer, at its cost".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// A refund of concurrency holds that runs on a task of its own when

@@ -47,8 +47,8 @@ use tokio::sync::Semaphore;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 use tollgate::{
-    async_trait, duration_micros, Adjustment, Clock, Hold, Holds, LayerRequest, Limit, State,
-    Store, StoreError, SystemClock, Verdicts, MAX_RECOVERY,
+    async_trait, check_holds, duration_micros, Adjustment, Clock, Hold, Holds, LayerRequest, Limit,
+    State, Store, StoreError, SystemClock, Verdicts, MAX_RECOVERY,
 };
 
 /// How often one decision is retried after a deadlock or a row deleted
@@ -640,6 +640,7 @@ impl Store for PgStore {
     }
 
     async fn release(&self, layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
+        check_holds(layers, holds)?;
         self.run(layers, Op::Release(holds)).await.map(drop)
     }
 
@@ -648,6 +649,7 @@ impl Store for PgStore {
         layers: &[LayerRequest<'_>],
         holds: &[Hold],
     ) -> Result<Holds, StoreError> {
+        check_holds(layers, holds)?;
         self.run(layers, Op::Renew(holds)).await.map(|(_, h)| h)
     }
 }

@@ -25,7 +25,7 @@
 mod concurrency;
 mod lease;
 
-pub use concurrency::concurrency_limits_hold_places;
+pub use concurrency::{concurrency_limits_hold_places, mismatched_holds_are_refused};
 pub use lease::{leased_layers_never_over_admit, leases_come_back};
 
 use std::future::Future;
@@ -1420,6 +1420,7 @@ macro_rules! conformance_tests {
             long_fixed_windows_are_quotas,
             calendar_quotas_follow_the_calendar,
             concurrency_limits_hold_places,
+            mismatched_holds_are_refused,
             leased_layers_never_over_admit,
             leases_come_back,
             shadow_layers_count_but_never_deny,

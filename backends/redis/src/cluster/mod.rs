@@ -62,14 +62,14 @@ use redis::cluster_routing::{
 };
 use tokio::time::Instant;
 use tollgate_limiter::{
-    Adjustment, Decide, Hold, LayerRequest, Store, StoreError, Verdict, Verdicts,
+    check_holds, Adjustment, Decide, Hold, LayerRequest, Store, StoreError, Verdict, Verdicts,
 };
 // A request's concurrency holds (`Holds` here is this store's
 // reservations in flight).
 use tollgate_limiter::Holds as HeldUnits;
 use tollgate_redis_protocol::{parse_renewed, parse_reserve, Charged};
 
-use crate::store::{check_holds, held_layers, holds_of};
+use crate::store::{held_layers, holds_of};
 
 use crate::client::connect_error;
 use crate::conflicts;

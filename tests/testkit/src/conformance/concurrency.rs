@@ -94,3 +94,49 @@ pub async fn concurrency_limits_hold_places(factory: impl StoreFactory) {
         "the concurrency layer kept its second place"
     );
 }
+
+/// A release or renewal that does not name one hold per layer at the
+/// layer's cost is refused and changes nothing: two layers of one place
+/// each, held; a release naming only the first hold, a renewal naming
+/// only the first, and a release of the right count at another cost are
+/// each an error, and both places stay held; the release of both frees
+/// both.
+pub async fn mismatched_holds_are_refused(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    let one_place = |name: &str| {
+        let limit = Limit::concurrency(1, Duration::from_secs(30)).expect("valid");
+        Policy::new(unique(name), limit).expect("valid")
+    };
+    let (first, second) = (one_place("first"), one_place("second"));
+    let subject = unique("holder");
+    let layers = [&first, &second].map(|policy| LayerRequest {
+        key: StoreKey::new(&subject, policy, "s", &subject),
+        policy,
+        cost: 1,
+    });
+    let (verdicts, holds) = store.acquire(&layers).await.expect("store answers");
+    assert!(verdicts.iter().all(|v| v.allowed), "{verdicts:?}");
+    let [a, b] = [holds[0], holds[1]].map(|h| h.expect("each layer holds its place"));
+
+    let refused = [
+        store.release(&layers, &[a]).await.err(),
+        store.renew(&layers, &[a]).await.err(),
+        store
+            .release(&layers, &[a, Hold { cost: 2, ..b }])
+            .await
+            .err(),
+    ];
+    for (i, error) in refused.into_iter().enumerate() {
+        assert!(
+            matches!(error, Some(tollgate_limiter::StoreError::Protocol(_))),
+            "call {i}: {error:?}"
+        );
+    }
+    let (full, _) = store.acquire(&layers).await.expect("store answers");
+    assert!(full.iter().all(|v| !v.allowed), "both still held: {full:?}");
+
+    store.release(&layers, &[a, b]).await.expect("released");
+    let (free, _) = store.acquire(&layers).await.expect("store answers");
+    assert!(free.iter().all(|v| v.allowed), "both freed: {free:?}");
+}
