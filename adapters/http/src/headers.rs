@@ -37,6 +37,21 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
+/// Whole milliseconds in `d`, rounded up (at most `u64::MAX`), for a wait
+/// written in a body: a client that retries after it is never early.
+///
+/// ```
+/// # use std::time::Duration;
+/// use tollgate_http::headers::ceil_millis;
+/// assert_eq!(ceil_millis(Duration::from_nanos(333_333_334)), 334);
+/// assert_eq!(ceil_millis(Duration::from_millis(60_000)), 60_000);
+/// assert_eq!(ceil_millis(Duration::MAX), u64::MAX);
+/// ```
+pub fn ceil_millis(d: Duration) -> u64 {
+    let whole = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    whole.saturating_add(u64::from(!d.subsec_nanos().is_multiple_of(1_000_000)))
+}
+
 /// The window `w` a policy announces, in whole seconds (rounded up, at
 /// least 1): the window, or the time an empty bucket takes to refill. `None`
 /// for custom algorithms, whose window Tollgate cannot know (`w` is optional

@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::json;
+use tollgate_http::headers::ceil_millis;
 use tollgate_limiter::{Decision, Error, Usage};
 
 use crate::http_api::{error, json_body, reply, unauthorized, EntryJson};
@@ -166,11 +167,11 @@ fn layers(decision: &Decision, peek: bool) -> Vec<serde_json::Value> {
                 "limit": v.limit,
                 "used": v.limit.saturating_sub(v.remaining),
                 "remaining": v.remaining,
-                "resets_in_ms": v.reset_after.as_millis() as u64,
+                "resets_in_ms": ceil_millis(v.reset_after),
             });
             if peek || !v.allowed {
                 layer["allowed"] = json!(v.allowed);
-                layer["retry_after_ms"] = json!(v.retry_after.map(|r| r.as_millis() as u64));
+                layer["retry_after_ms"] = json!(v.retry_after.map(ceil_millis));
             }
             layer
         })
@@ -191,7 +192,7 @@ fn usage(usage: Usage) -> Vec<serde_json::Value> {
                 "limit": l.limit,
                 "used": l.used,
                 "remaining": l.remaining,
-                "resets_in_ms": l.resets_in.as_millis() as u64,
+                "resets_in_ms": ceil_millis(l.resets_in),
             })
         })
         .collect()
@@ -204,4 +205,30 @@ fn refused(e: Error) -> Refusal {
         _ => StatusCode::BAD_REQUEST,
     };
     Refusal(status, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tollgate_limiter::{Decision, Layer, LayerDecision, Limit, Policy, Scope, Source, Verdict};
+
+    /// Waits in a body are whole milliseconds rounded up: a client that
+    /// retries after 333 ms of a 333.3 ms wait would be denied again.
+    #[test]
+    fn waits_are_rounded_up_to_the_millisecond() {
+        let limit = Limit::gcra(3, Duration::from_secs(1), 1).unwrap();
+        let layer = Layer::new("key", Scope::Subject, Policy::new("p", limit).unwrap());
+        let verdict = Verdict {
+            allowed: false,
+            limit: 1,
+            remaining: 0,
+            reset_after: Duration::from_nanos(333_333_334),
+            retry_after: Some(Duration::from_nanos(333_333_334)),
+        };
+        let decision = Decision::new([LayerDecision::new(&layer, verdict, Source::Store)]);
+        let body = &super::layers(&decision, true)[0];
+        assert_eq!(body["retry_after_ms"], 334, "{body}");
+        assert_eq!(body["resets_in_ms"], 334, "{body}");
+    }
 }

@@ -76,7 +76,7 @@ pub(crate) async fn acquire(State(shared): State<Arc<Shared>>, request: Request)
         body["permit"] = json!(shared.permits.insert(permit, shared.clock.now()));
     }
     if let Some(wait) = decision.retry_after() {
-        body["retry_after_ms"] = json!(wait.as_millis() as u64);
+        body["retry_after_ms"] = json!(tollgate_http::headers::ceil_millis(wait));
     }
     let status = match (decision.is_allowed(), decision.failed_closed()) {
         (true, _) => StatusCode::OK,
