@@ -87,6 +87,9 @@ pub(crate) struct Runtime {
     pub(crate) local: SocketAddr,
     pub(crate) tls: Option<incoming::Acceptor>,
     pub(crate) routes: tonic::service::Routes,
+    /// How long a connection stays quiet before it is pinged, and how long
+    /// the ping waits (`grpc_keepalive`).
+    pub(crate) keepalive: std::time::Duration,
     /// Stop accepting and finish the calls in flight.
     pub(crate) stopped: watch::Receiver<bool>,
     /// Stop now: the runtime is dropped with whatever it still serves.
@@ -120,14 +123,19 @@ pub(crate) fn spawn(runtime: Runtime) -> Result<JoinHandle<()>, ServerError> {
                     local,
                     tls,
                     routes,
+                    keepalive,
                     stopped,
                     forced,
                     beside,
                     ..
                 } = runtime;
                 tokio::spawn(beside);
+                let server = tonic::transport::Server::builder()
+                    .http2_keepalive_interval(Some(keepalive))
+                    .http2_keepalive_timeout(Some(keepalive))
+                    .add_routes(routes);
                 tokio::select! {
-                    () = serve(handed, local, tls, routes, stopped) => {}
+                    () = serve(handed, local, tls, server, stopped) => {}
                     () = crate::until_stopped(forced) => {}
                 }
             }),
@@ -145,16 +153,16 @@ pub(crate) fn spawn(runtime: Runtime) -> Result<JoinHandle<()>, ServerError> {
     }))
 }
 
-/// Serve gRPC (the rate limit service and health) on the connections
-/// handed to this runtime, through TLS when `tls` is set, until stopped.
+/// Serve gRPC (the rate limit service and health, routed by `server`) on
+/// the connections handed to this runtime, through TLS when `tls` is set,
+/// until stopped.
 async fn serve(
     handed: mpsc::Receiver<std::net::TcpStream>,
     local: SocketAddr,
     tls: Option<incoming::Acceptor>,
-    routes: tonic::service::Routes,
+    server: tonic::transport::server::Router,
     stopped: watch::Receiver<bool>,
 ) {
-    let server = tonic::transport::Server::builder().add_routes(routes);
     let served = match tls {
         Some(acceptor) => match incoming::Incoming::start(Tcp::Handed(handed, local), acceptor) {
             Ok(incoming) => {

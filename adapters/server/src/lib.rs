@@ -239,6 +239,10 @@ impl Shared {
             ),
             ("traces", settings.traces == started.traces),
             (
+                "grpc_keepalive",
+                settings.grpc_keepalive == started.grpc_keepalive,
+            ),
+            (
                 "operator_tokens",
                 settings.operator_tokens == started.operator_tokens,
             ),
@@ -344,6 +348,7 @@ fn start_grpc(
             local,
             tls: serving.tls.clone(),
             routes: serving.routes.clone(),
+            keepalive: shared.started.grpc_keepalive.0,
             stopped: serving.stopped.clone(),
             forced: serving.forced.clone(),
             beside: Box::pin(runtime_stores::keep_local(targets, shared.clock.clone())),

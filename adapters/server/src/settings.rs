@@ -179,6 +179,13 @@ pub struct Settings {
     /// a listener of its own (default: one per core).
     #[serde(default)]
     pub grpc_runtimes: Option<usize>,
+    /// How long a gRPC connection may stay quiet before the server pings it
+    /// (an HTTP/2 `PING`), and how long the ping waits for its answer: a
+    /// peer that does not answer is disconnected, so connections of Envoy
+    /// instances that died without closing them do not pile up (default
+    /// 30 s; at most 1 hour).
+    #[serde(default = "default_keepalive")]
+    pub grpc_keepalive: tollgate_limiter::DurationSpec,
     /// Largest HTTP request body accepted (default 64 KiB).
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
@@ -206,6 +213,10 @@ fn default_grpc() -> SocketAddr {
 
 fn default_http() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+
+fn default_keepalive() -> tollgate_limiter::DurationSpec {
+    tollgate_limiter::DurationSpec(std::time::Duration::from_secs(30))
 }
 
 fn default_max_body() -> usize {
@@ -267,6 +278,14 @@ impl Settings {
             return Err(ServerError::Settings(
                 "server.max_body_bytes must be > 0".into(),
             ));
+        }
+        if let Some(problem) = settings
+            .grpc_keepalive
+            .problem(std::time::Duration::from_secs(3_600))
+        {
+            return Err(ServerError::Settings(format!(
+                "server.grpc_keepalive {problem}"
+            )));
         }
         let drain_at_most = std::time::Duration::from_secs(300);
         if let Some(problem) = settings
@@ -392,6 +411,30 @@ deny_subjects = ["someone"]
             let config = Config::from_toml_str(&format!("{base}{extra}")).unwrap();
             let refused = Settings::of(&config).unwrap_err().to_string();
             assert!(refused.contains(section), "{refused}");
+        }
+    }
+
+    /// A keepalive of zero (no ping) or over an hour is refused, naming
+    /// the field; the default is 30 s.
+    #[test]
+    fn a_keepalive_out_of_range_is_refused() {
+        let base = per_user_api("", r#"{ user_id = "subject" }"#);
+        let settings = Settings::of(&Config::from_toml_str(&base).unwrap()).unwrap();
+        assert_eq!(
+            settings.grpc_keepalive.0,
+            std::time::Duration::from_secs(30)
+        );
+        for keepalive in ["0s", "2h"] {
+            let file = base.replacen(
+                "[[server.rules]]",
+                &format!("[server]\ngrpc_keepalive = \"{keepalive}\"\n\n[[server.rules]]"),
+                1,
+            );
+            let refused = Settings::of(&Config::from_toml_str(&file).unwrap()).unwrap_err();
+            assert!(
+                refused.to_string().contains("server.grpc_keepalive"),
+                "{refused}"
+            );
         }
     }
 

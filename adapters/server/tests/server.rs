@@ -1412,3 +1412,43 @@ async fn the_http_api_holds_places_until_released_or_abandoned() {
     assert_eq!(acquire("export").await.0, 400);
     server.shutdown().await;
 }
+
+/// A gRPC connection whose peer stops answering (an Envoy instance gone
+/// without closing it) is pinged once quiet for `grpc_keepalive`, and
+/// closed when the ping goes unanswered (before, it was held for good: a
+/// pile of such connections runs the server out of descriptors).
+#[tokio::test]
+async fn a_grpc_peer_that_stops_answering_is_disconnected() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_file, server) = start_with("grpc_keepalive = \"1s\"").await;
+    let mut peer = tokio::net::TcpStream::connect(server.grpc_addr())
+        .await
+        .expect("connect");
+    // The HTTP/2 preface and an empty SETTINGS frame; then nothing, not
+    // even the acknowledgements the server asks for.
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    peer.write_all(&hello).await.expect("write");
+    const PING: u8 = 6;
+    let mut frame_types = Vec::new();
+    let read_all = async {
+        loop {
+            let mut header = [0u8; 9];
+            if peer.read_exact(&mut header).await.is_err() {
+                return; // closed
+            }
+            frame_types.push(header[3]);
+            let len =
+                usize::from(header[0]) << 16 | usize::from(header[1]) << 8 | usize::from(header[2]);
+            let mut payload = vec![0; len];
+            if peer.read_exact(&mut payload).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), read_all)
+        .await
+        .expect("the server closed the connection");
+    assert!(frame_types.contains(&PING), "pinged first: {frame_types:?}");
+    server.shutdown().await;
+}
