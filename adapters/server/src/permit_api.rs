@@ -45,7 +45,7 @@ pub(crate) async fn acquire(State(shared): State<Arc<Shared>>, request: Request)
         Ok(r) => r,
         Err(answer) => return answer,
     };
-    release_expired(&shared).await;
+    shared.permits.give_back_expired(shared.clock.now());
     // Not bound: a client naming a route must not stop a reload that
     // drops it (a held permit keeps its own limiter).
     let Some(route) = shared.live.route_limits(&asked.route) else {
@@ -117,7 +117,7 @@ pub(crate) async fn renew(
     if !authorized(&shared, &headers) {
         return unauthorized();
     }
-    release_expired(&shared).await;
+    shared.permits.give_back_expired(shared.clock.now());
     match shared.permits.renew(&id, &*shared.clock).await {
         Renewed::Held(lease) => reply(
             StatusCode::OK,
@@ -166,16 +166,6 @@ fn gone() -> Response {
     )
 }
 
-/// Give back every permit whose client's lease has ended.
-async fn release_expired(shared: &Shared) {
-    for held in shared.permits.expired(shared.clock.now()) {
-        if let Some(permit) = held.take().await {
-            // A failed release leaves the place to its lease in the store.
-            let _ = permit.release().await;
-        }
-    }
-}
-
 /// Give back expired permits every [`SWEEP_EVERY`] while the server lives,
 /// so a place whose client died comes back without another call.
 pub(crate) async fn sweep(shared: Weak<Shared>) {
@@ -184,6 +174,9 @@ pub(crate) async fn sweep(shared: Weak<Shared>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        release_expired(&shared).await;
+        if let Some(giving) = shared.permits.give_back_expired(shared.clock.now()) {
+            // One sweep at a time, however long the store takes.
+            let _ = giving.await;
+        }
     }
 }

@@ -154,6 +154,25 @@ impl Permits {
         self.next_end.store(next_end, Ordering::Relaxed);
         ended
     }
+
+    /// Give back every permit whose client's lease ended by `now`, on a
+    /// task of its own, so whoever noticed does not wait for the store
+    /// (after an outage every lease may end at once, and each release may
+    /// take the store's deadline); the task, when there was any to give.
+    pub(crate) fn give_back_expired(&self, now: Timestamp) -> Option<tokio::task::JoinHandle<()>> {
+        let ended = self.expired(now);
+        (!ended.is_empty()).then(|| tokio::spawn(give_back(ended)))
+    }
+}
+
+/// Give each of `ended` back to its store, in turn.
+async fn give_back(ended: Vec<Arc<Held>>) {
+    for held in ended {
+        if let Some(permit) = held.take().await {
+            // A failed release leaves the place to its lease in the store.
+            let _ = permit.release().await;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -168,11 +187,13 @@ mod tests {
 
     use super::*;
 
-    /// The in-process store, whose renewals wait for `gate`.
+    /// The in-process store, whose renewals (and releases, when told)
+    /// wait for `gate`.
     #[derive(Debug, Default)]
     struct Stalling {
         inner: MemoryStore,
         gate: tokio::sync::Notify,
+        stall_releases: std::sync::atomic::AtomicBool,
     }
 
     #[async_trait]
@@ -198,6 +219,9 @@ mod tests {
             layers: &[LayerRequest<'_>],
             holds: &[Hold],
         ) -> Result<(), StoreError> {
+            if self.stall_releases.load(Ordering::SeqCst) {
+                self.gate.notified().await;
+            }
             self.inner.release(layers, holds).await
         }
         async fn renew(
@@ -253,6 +277,42 @@ mod tests {
             id,
             renewing,
         }
+    }
+
+    /// Expired permits are given back on a task of their own: whoever
+    /// noticed them (a request) does not wait for the store (before, an
+    /// acquisition or renewal waited for each release in turn, each up to
+    /// the store's deadline).
+    #[tokio::test]
+    async fn expired_permits_are_given_back_without_waiting() {
+        let store = Arc::new(Stalling::default());
+        store.stall_releases.store(true, Ordering::SeqCst);
+        let limit = Limit::concurrency(1, Duration::from_secs(30)).unwrap();
+        let limiter = Limiter::builder(store.clone())
+            .layer(
+                "in-flight",
+                Scope::Subject,
+                Policy::new("jobs", limit).unwrap(),
+            )
+            .build()
+            .unwrap();
+        let ctx = Context::for_subject(Subject::new("acme").unwrap());
+        let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+        let permits = Permits::default();
+        let permit = limiter.acquire(&ctx, 1).await.unwrap().permit.unwrap();
+        permits.insert(permit, clock.now());
+        assert!(permits.give_back_expired(clock.now()).is_none(), "not yet");
+        clock.advance(Duration::from_secs(30));
+        let giving = permits.give_back_expired(clock.now()).expect("one ended");
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!giving.is_finished(), "the release waits for the store");
+        store.gate.notify_one();
+        giving.await.expect("given back");
+        assert!(permits.give_back_expired(clock.now()).is_none(), "once");
+        let again = limiter.acquire(&ctx, 1).await.unwrap();
+        assert!(again.decision.is_allowed(), "the place came back");
     }
 
     /// A release that comes while the same permit's renewal waits for the
