@@ -525,11 +525,19 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
             vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    policy: smooth\n".into())],
             "config error, unknown key 'policy'",
         ),
-        // Files the reference would read, none named *.yaml or *.yml:
-        // refused rather than skipped (nothing would be limited).
+        // Files the reference would read, named neither *.yaml nor *.yml:
+        // refused rather than skipped (their limits would be gone), alone
+        // or beside YAML files.
         (
             vec![("ratelimit", format!("domain: d\ndescriptors:\n  - key: k\n    {limit}\n"))],
-            "no *.yaml or *.yml file in the directory (it holds ratelimit)",
+            "files without a *.yaml or *.yml name in the directory: ratelimit",
+        ),
+        (
+            vec![
+                ("a.yaml", format!("domain: d\ndescriptors:\n  - key: k\n    {limit}\n")),
+                ("b.YAML", format!("domain: e\ndescriptors:\n  - key: k\n    {limit}\n")),
+            ],
+            "files without a *.yaml or *.yml name in the directory: b.YAML",
         ),
         // A YAML tag hides none of a mapping's keys.
         (

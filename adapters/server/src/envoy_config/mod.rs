@@ -115,17 +115,18 @@ const MAX_DEPTH: usize = 8;
 /// files and directories (Kubernetes' `..data`) left out, symbolic links
 /// followed (a ConfigMap's nested paths are links to directories). What
 /// cannot be read refuses the lot, loudly, as an unreadable file does: a
-/// part skipped would be limits gone without a word. A tree whose visible
-/// files are none of them is refused too: the reference reads every file
-/// whatever its name, so its files may have none of these endings, and
-/// skipping them all would limit nothing.
+/// part skipped would be limits gone without a word. So is a tree with any
+/// other visible file: the reference reads every file whatever its name,
+/// so a file of limits may have neither ending, and skipping it would drop
+/// its domain's limits (a tree whose files all lack one would limit
+/// nothing).
 fn files(dir: &Path) -> Result<Vec<PathBuf>, String> {
     let (mut files, mut others) = (Vec::new(), Vec::new());
     walk(dir, 0, &mut files, &mut others)?;
-    if files.is_empty() && !others.is_empty() {
+    if !others.is_empty() {
         others.sort();
         return Err(format!(
-            "no *.yaml or *.yml file in the directory (it holds {}): name each file of the configuration with one of these endings",
+            "files without a *.yaml or *.yml name in the directory: {} (the reference reads every file as limits): give each file of the configuration one of these endings, and move anything else out",
             others.join(", ")
         ));
     }
