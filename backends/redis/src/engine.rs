@@ -206,7 +206,7 @@ impl Runner {
     pub(crate) fn preloaded_error(e: RedisError) -> RedisError {
         if is_missing_function(&e) {
             not_loaded()
-        } else if is_unknown_command(&e) {
+        } else if is_unknown(&e, "fcall") {
             no_functions()
         } else {
             e
@@ -226,7 +226,8 @@ impl Runner {
                     || is_other_protocol(&e)
                     || e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
             }
-            CallCommand::Fcall => is_unknown_command(&e),
+            // `FCALL` or the load, `FUNCTION LOAD`, refused as unknown.
+            CallCommand::Fcall => is_unknown(&e, "fcall") || is_unknown(&e, "function"),
             CallCommand::Evalsha => false,
         };
         if !lacks {
@@ -320,7 +321,7 @@ pub(crate) fn needs_load(e: &RedisError, style: CallCommand) -> bool {
     match style {
         CallCommand::Module => is_module_missing(e),
         CallCommand::Evalsha => e.kind() == ErrorKind::Server(ServerErrorKind::NoScript),
-        CallCommand::Fcall => is_missing_function(e) || is_unknown_command(e),
+        CallCommand::Fcall => is_missing_function(e) || is_unknown(e, "fcall"),
     }
 }
 
@@ -369,9 +370,22 @@ pub(crate) fn is_unknown_command(e: &RedisError) -> bool {
 /// comes from inside a call that may have written, and must never make it
 /// be sent again.
 pub(crate) fn is_module_missing(e: &RedisError) -> bool {
+    is_unknown(e, "tollgate.decide")
+}
+
+/// `ERR unknown command '<name>'…`: the server has no command `name`, and
+/// refused the call before running anything. Only the call's own command
+/// counts: an "unknown command" met inside a call that may have written
+/// (a command an operator renamed away; Valkey words it `Unknown command
+/// called from script`) must never make the call be sent again.
+pub(crate) fn is_unknown(e: &RedisError, name: &str) -> bool {
     is_unknown_command(e)
-        && e.detail()
-            .is_some_and(|d| d.to_ascii_lowercase().contains("'tollgate.decide'"))
+        && e.detail().is_some_and(|d| {
+            let d = d.to_ascii_lowercase();
+            d.strip_prefix("unknown command '")
+                .and_then(|rest| rest.strip_prefix(name))
+                .is_some_and(|rest| rest.starts_with('\''))
+        })
 }
 
 /// The detail of [`not_loaded`], by which `from_redis` knows it.
@@ -405,6 +419,36 @@ pub(crate) fn no_functions() -> RedisError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server's error reply, as redis-rs reports it.
+    fn server_error(reply: &str) -> RedisError {
+        let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
+
+    /// Only an unknown `FCALL` itself asks for the library (and an unknown
+    /// `TOLLGATE.DECIDE` for the module): an unknown command met inside a
+    /// call that may have written (Valkey's words) is reported, never
+    /// answered by a load and the call sent again (a double charge).
+    #[test]
+    fn only_the_calls_own_unknown_command_asks_for_a_load() {
+        let fcall =
+            server_error("ERR unknown command 'FCALL', with args beginning with: 'tollgate' ");
+        let inside = server_error(
+            "ERR Unknown command called from script script: 1f2e, on @user_script:12.",
+        );
+        let module =
+            server_error("ERR unknown command 'TOLLGATE.DECIDE', with args beginning with: ");
+        assert!(needs_load(&fcall, CallCommand::Fcall));
+        assert!(!needs_load(&inside, CallCommand::Fcall));
+        assert!(!needs_load(&module, CallCommand::Fcall));
+        assert!(needs_load(&module, CallCommand::Module));
+        assert!(!needs_load(&inside, CallCommand::Module));
+        assert!(!needs_load(&fcall, CallCommand::Module));
+        let runner = Runner::new(Engine::Auto);
+        assert!(runner.next_style(CallCommand::Fcall, fcall).is_ok());
+        assert!(runner.next_style(CallCommand::Fcall, inside).is_err());
+    }
 
     #[test]
     fn a_load_is_checked_against_the_code_it_loads() {

@@ -11,7 +11,7 @@ use tollgate_limiter::StoreError;
 
 use super::slots::hash_slot;
 use crate::engine::{
-    check_load, is_missing_function, is_module_missing, is_unknown_command, CallCommand, Runner,
+    check_load, is_missing_function, is_module_missing, is_unknown, CallCommand, Runner,
 };
 use crate::error::from_redis;
 use crate::script::{eval_script, function_name};
@@ -207,7 +207,7 @@ impl Sending {
             self.loaded = true;
             return Ok(None);
         }
-        if is_unknown_command(&e) {
+        if is_unknown(&e, "fcall") {
             runner
                 .fall_back_on(self.call_command, e)
                 .map_err(from_redis)?;
