@@ -190,6 +190,10 @@ impl TimeArgs {
     }
 }
 
+/// Room for a rendered key in a call's buffer (a key longer than this
+/// makes the buffer grow once).
+const KEY_BYTES: usize = 96;
+
 /// One call of the code (`FCALL` of the function or `EVALSHA` of the
 /// script): every store builds its calls here, so the argument layout is
 /// written once.
@@ -205,20 +209,20 @@ impl ScriptCall {
         keys: impl ExactSizeIterator<Item = K>,
         time: &TimeArgs,
     ) -> Self {
-        let mut cmd = match style {
-            CallCommand::Module => redis::cmd("TOLLGATE.DECIDE"),
-            CallCommand::Fcall => {
-                let mut cmd = redis::cmd("FCALL");
-                cmd.arg(function_name());
-                cmd
-            }
-            CallCommand::Evalsha => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(sha1());
-                cmd
-            }
+        // Sized for the whole call up front: a command grown argument by
+        // argument reallocates about ten times, and on a multi-threaded
+        // runtime those reallocations contend for the allocator's lock.
+        let layers = keys.len();
+        let mut cmd = redis::Cmd::with_capacity(
+            6 + layers * (LAYER_ARGS + 4),
+            96 + layers * (KEY_BYTES + LAYER_ARGS * 20),
+        );
+        match style {
+            CallCommand::Module => cmd.arg("TOLLGATE.DECIDE"),
+            CallCommand::Fcall => cmd.arg("FCALL").arg(function_name()),
+            CallCommand::Evalsha => cmd.arg("EVALSHA").arg(sha1()),
         };
-        cmd.arg(keys.len());
+        cmd.arg(layers);
         for key in keys {
             cmd.arg(key);
         }
