@@ -312,9 +312,16 @@ pub(crate) async fn within<F: std::future::Future>(
     limit: Duration,
     f: F,
 ) -> Result<F::Output, StoreError> {
-    tokio::time::timeout(limit, f)
-        .await
-        .map_err(|_| StoreError::Timeout(limit))
+    in_time(tokio::time::timeout(limit, f).await, limit)
+}
+
+/// What a call given `limit` (`tokio::time::timeout`) answered, or the
+/// timeout it ran into.
+pub(crate) fn in_time<T>(
+    answer: Result<T, tokio::time::error::Elapsed>,
+    limit: Duration,
+) -> Result<T, StoreError> {
+    answer.map_err(|_| StoreError::Timeout(limit))
 }
 
 /// A rendered Redis key, `<prefix>:<key>`, as a command argument.

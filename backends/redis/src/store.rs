@@ -29,7 +29,7 @@ use crate::error::{from_redis, name_conflict, RedisStoreError};
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
 use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall, TimeArgs};
 use crate::sentinel::{Sentinel, SentinelTarget};
-use crate::settings::{within, CheckedSettings, RedisBuilder};
+use crate::settings::{in_time, within, CheckedSettings, RedisBuilder};
 
 /// How the store talks to Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -513,34 +513,59 @@ impl RedisStore {
             self.command(style, layers, &time, (mode, block), holds)
                 .unwrap_or_else(|_| cmd.clone())
         };
+        // The pool's and Sentinel's ways are boxed: their futures (a
+        // checkout, a search for the primary) would make every call's
+        // future larger, the multiplexed one's included.
         match &self.conn {
             Conn::Multiplexed(manager) => {
                 let mut con = manager.clone();
                 let result = runner.call(&mut con, &cmd, style, rebuild).await;
-                self.answer(&mut con, result, layers, mode).await
+                self.answered(&mut con, result, layers, mode).await
             }
             Conn::Pool(pool, failures) => {
-                let mut pooled = self.checkout(pool, failures).await?;
-                // Counted until it answers: a call dropped unanswered (its
-                // deadline passed, or its caller went away) leaves the
-                // count up when the connection goes back.
-                pooled.unanswered += 1;
-                let result = runner.call(&mut pooled.con, &cmd, style, rebuild).await;
-                pooled.unanswered = 0;
-                pooled.check(&result);
-                self.answer(&mut pooled.con, result, layers, mode).await
+                Box::pin(async {
+                    let mut pooled = self.checkout(pool, failures).await?;
+                    // Counted until it answers: a call dropped unanswered
+                    // (its deadline passed, or its caller went away)
+                    // leaves the count up when the connection goes back.
+                    pooled.unanswered += 1;
+                    let result = runner.call(&mut pooled.con, &cmd, style, rebuild).await;
+                    pooled.unanswered = 0;
+                    pooled.check(&result);
+                    self.answered(&mut pooled.con, result, layers, mode).await
+                })
+                .await
             }
             Conn::Sentinel(sentinel) => {
-                let (generation, mut con) = sentinel.connection().await?;
-                // Dropped unanswered when the caller's deadline passes.
-                let watch = sentinel.watch(generation);
-                let result = runner.call(&mut con, &cmd, style, rebuild).await;
-                watch.answered();
-                if let Err(e) = &result {
-                    sentinel.check(generation, e);
-                }
-                self.answer(&mut con, result, layers, mode).await
+                Box::pin(async {
+                    let (generation, mut con) = sentinel.connection().await?;
+                    // Dropped unanswered when the caller's deadline passes.
+                    let watch = sentinel.watch(generation);
+                    let result = runner.call(&mut con, &cmd, style, rebuild).await;
+                    watch.answered();
+                    if let Err(e) = &result {
+                        sentinel.check(generation, e);
+                    }
+                    self.answered(&mut con, result, layers, mode).await
+                })
+                .await
             }
+        }
+    }
+
+    /// [`answer`](Self::answer), whose future (a `WAIT` for replicas, a
+    /// conflict looked up) is boxed off the usual path: a reply with no
+    /// replicas to wait for is answered as it is.
+    async fn answered<C: ConnectionLike + Clone + Send + 'static>(
+        &self,
+        con: &mut C,
+        result: RedisResult<Vec<i64>>,
+        layers: &[LayerRequest<'_>],
+        mode: Mode,
+    ) -> Result<Vec<i64>, StoreError> {
+        match result {
+            Ok(reply) if self.checked.replica_ack.is_none() => Ok(reply),
+            result => Box::pin(self.answer(con, result, layers, mode)).await,
         }
     }
 
@@ -673,16 +698,22 @@ impl Store for RedisStore {
         layers: &'a [LayerRequest<'a>],
         verdicts: &'a mut Verdicts,
     ) -> Decide<'a> {
-        Decide::later(verdicts, async move {
+        // Written out rather than through `Decide::later` and `within`:
+        // a future handed to another async function is kept twice in the
+        // state of the one awaiting it, and a decision's future was 6.9 KB
+        // (one copy of it per decision, and an allocation too large for
+        // the allocator's per-thread cache: its lock, contended by the
+        // runtime's threads).
+        Decide::Later(Box::pin(async move {
             if layers.is_empty() {
-                return Ok(Verdicts::new());
+                *verdicts = Verdicts::new();
+                return Ok(());
             }
-            within(
-                self.checked.deadline,
-                self.call(layers, (Mode::Decide, None)),
-            )
-            .await?
-        })
+            let deadline = self.checked.deadline;
+            let answer = tokio::time::timeout(deadline, self.call(layers, (Mode::Decide, None)));
+            *verdicts = in_time(answer.await, deadline)??;
+            Ok(())
+        }))
     }
 
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {

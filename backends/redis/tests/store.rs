@@ -953,3 +953,31 @@ async fn a_full_server_is_unavailable() {
         );
     }
 }
+
+/// A decision's future, boxed once per decision, stays within what the
+/// system allocator (glibc) keeps in its per-thread caches, 1,032 bytes:
+/// a larger one takes an allocator lock, which the runtime's threads
+/// contend for. It was 6,912 bytes (a future handed to an async function
+/// is kept twice in the state of the one awaiting it), ten times the
+/// `futex` calls of a bare redis-rs client (docs/benchmarks.md).
+#[tokio::test]
+async fn a_decisions_future_fits_the_allocators_thread_cache() {
+    let store = common::store(ManualClock::new(START)).await;
+    let policy = policy(Limit::token_bucket(10, 10, Duration::from_secs(1)).unwrap());
+    let key = StoreKey::new("k", &policy, "subject", "k");
+    let layers = [LayerRequest {
+        key,
+        policy: &policy,
+        cost: 1,
+    }];
+    let mut verdicts = tollgate_limiter::Verdicts::new();
+    match store.decide(&layers, &mut verdicts) {
+        tollgate_limiter::Decide::Later(call) => {
+            let size = std::mem::size_of_val(&*call);
+            assert!(size <= 1_032, "a decision's future is {size} bytes");
+            call.await.expect("decided");
+        }
+        tollgate_limiter::Decide::Now(_) => panic!("a Redis store waits for its call"),
+    }
+    assert!(verdicts[0].allowed);
+}
