@@ -144,7 +144,8 @@ impl Layer {
                 ));
             }
             // A plan's layer keeps the units used when the plan changes.
-            limit => match limit.unwrap_or(self.policy.limit()).keeping_units() {
+            limit => match keeping_units(self.policy.name(), limit.unwrap_or(self.policy.limit()))?
+            {
                 same if same == *self.policy.limit() => self.clone(),
                 limit => Layer::new(
                     self.name.clone(),
@@ -171,6 +172,26 @@ impl Layer {
     /// The layer's policy.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+}
+
+/// `limit` with a state that keeps its units across a change of plan
+/// ([`Limit::keeping_units`]); refused for a token bucket whose rate is too
+/// fine to be recorded with its state: at a plan change its state would
+/// be read as time, and a customer moved to a slower rate would be handed
+/// units it had used.
+fn keeping_units(policy: &str, limit: &Limit) -> Result<Limit, PolicyError> {
+    match limit.keeping_units() {
+        Limit::TokenBucket(bucket) if !bucket.keeps_units() => Err(PolicyError::new(
+            "limit",
+            format!(
+                "policy {policy:?}: a token bucket refilling {} per {} µs cannot record its rate with its state (at most {} per period once the two are divided by their common factors), which a change of plan needs to keep the units used: give the refill and the period a larger common factor (10,000 per second is recorded as 1 per 100 µs)",
+                bucket.refill(),
+                bucket.period_us(),
+                crate::limit::MAX_RECORDED_REFILL,
+            ),
+        )),
+        kept => Ok(kept),
     }
 }
 

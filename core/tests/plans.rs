@@ -377,3 +377,82 @@ async fn a_cached_denial_does_not_outlive_a_plan_change() {
     assert!(upgraded.is_allowed(), "{upgraded:?}");
     assert_eq!(upgraded.layers()[0].verdict.remaining, 5_000 - 501);
 }
+
+/// While the store is down, the emergency limit keeps each plan's units
+/// too: a customer moved to a smaller plan mid-outage is not handed the
+/// difference (the shared limit read a bucket's state as time, and 30
+/// units used on pro's fast rate read as 3 on free's slow one).
+#[tokio::test]
+async fn a_plan_change_during_an_outage_keeps_the_units_used() {
+    use tollgate_limiter::{Fallback, OnStoreFailure};
+    use tollgate_testkit::RemoteStore;
+    let minute = Duration::from_secs(60);
+    for (own, pro) in [
+        (
+            Limit::gcra(60, minute, 60).unwrap(),
+            Limit::gcra(600, minute, 60).unwrap(),
+        ),
+        (
+            Limit::token_bucket(60, 60, minute).unwrap(),
+            Limit::token_bucket(60, 600, minute).unwrap(),
+        ),
+    ] {
+        let clock = clock();
+        let memory = |clock: &ManualClock| {
+            Arc::new(
+                MemoryStore::builder()
+                    .clock(Arc::new(clock.clone()))
+                    .build(),
+            )
+        };
+        let store = Arc::new(RemoteStore::new(memory(&clock)));
+        let policy = Policy::new("quota", own)
+            .unwrap()
+            .with_on_failure(OnStoreFailure::Fallback(Fallback::Share { instances: 2 }))
+            .unwrap();
+        let plans = Plans::new(Plan::new("free").unwrap())
+            .plan(Plan::new("pro").unwrap().limit("quota", pro));
+        let limiter = Limiter::builder(store.clone())
+            .layer("key", Scope::Subject, policy)
+            .plans(plans)
+            .fallback_store(memory(&clock))
+            .clock(Arc::new(clock.clone()))
+            .build()
+            .unwrap();
+        store.set_down(true);
+        let on_pro = customer("k").with_plan(plan("pro"));
+        // Each of two processes has half of pro's burst in an outage.
+        assert_eq!(admitted(&limiter, &on_pro, 40).await, 30);
+        assert_eq!(
+            admitted(&limiter, &customer("k"), 10).await,
+            0,
+            "on free, the 30 units used fill its half-burst of 30"
+        );
+    }
+}
+
+/// A plan's token bucket whose rate its state cannot record (more than
+/// `MAX_RECORDED_REFILL` in lowest terms) would lose the units used at a
+/// plan change: refused when built, naming the plan and what to change.
+#[test]
+fn a_plan_whose_bucket_cannot_keep_its_units_is_refused() {
+    let store = Arc::new(MemoryStore::builder().build());
+    let plans = Plans::new(Plan::new("free").unwrap()).plan(Plan::new("burst").unwrap().limit(
+        "quota",
+        Limit::token_bucket(9_999, 9_999, Duration::from_secs(1)).unwrap(),
+    ));
+    let err = Limiter::builder(store)
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new("quota", Limit::token_bucket(10, 10, HOUR).unwrap()).unwrap(),
+        )
+        .plans(plans)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&err, BuildError::Plan { plan, .. } if plan == "burst"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("9999 per 1000000 µs"), "{err}");
+}

@@ -196,7 +196,7 @@ impl Shared {
 
     /// What the file watch compares: the file's contents and, when the
     /// running rules read envoyproxy/ratelimit's configuration, its
-    /// directory's (`None` when either cannot be read).
+    /// directory's (`None` when the file cannot be read).
     fn watched(&self) -> Option<Vec<u8>> {
         let file = std::fs::read(self.live.path()?).ok();
         let dir = self.rules().settings().envoy_config_dir.clone();
@@ -465,13 +465,13 @@ async fn prepare(
 
 /// What the file watch compares ([`Shared::watched`]): the file's
 /// contents (`file`) and, when the rules read envoyproxy/ratelimit's
-/// directory, a 0 and the directory's (`envoy_dir`); `None` when either
-/// could not be read.
-fn watched_of(file: Option<Vec<u8>>, envoy_dir: Option<Option<Vec<u8>>>) -> Option<Vec<u8>> {
+/// directory, a 0 and the directory's (`envoy_dir`); `None` when the
+/// file could not be read (the directory's errors are in its contents).
+fn watched_of(file: Option<Vec<u8>>, envoy_dir: Option<Vec<u8>>) -> Option<Vec<u8>> {
     let mut contents = file?;
     if let Some(dir) = envoy_dir {
         contents.push(0);
-        contents.extend(dir?);
+        contents.extend(dir);
     }
     Some(contents)
 }

@@ -666,6 +666,62 @@ async fn a_changed_directory_is_applied() {
     server.shutdown().await;
 }
 
+/// A tree the watch cannot apply is a change too: a stray file is
+/// refused by the reload the watch attempts, naming it, and a later good
+/// edit is applied (before, a stray file made the watch see nothing at
+/// all, and every edit, of the YAML or of the server's file, was ignored
+/// without a word while it stayed).
+#[tokio::test]
+async fn a_stray_file_is_reported_by_the_watch_and_its_removal_applied() {
+    let (dir, server, _clock) = serve(&[("example4.yaml", EXAMPLE4)]).await;
+    let (sender, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
+    let _watch = server.watch(Duration::from_millis(50), move |r| {
+        let _ = sender.send(r.map_err(|e| e.to_string()));
+    });
+    dir.write("config/README", "limits live in the YAML files\n");
+    match next_outcome(&mut outcomes).await {
+        Some(Err(e)) => assert!(e.contains("README"), "{e}"),
+        other => panic!("the stray file was reported: {other:?}"),
+    }
+    std::fs::remove_file(dir.0.join("config/README")).expect("removed");
+    dir.write(
+        "config/example4.yaml",
+        &EXAMPLE4.replace("requests_per_unit: 3", "requests_per_unit: 7"),
+    );
+    assert_eq!(next_outcome(&mut outcomes).await, Some(Ok(())));
+    assert_eq!(
+        admitted(&server, "example4", &[("key", "value")], 9).await,
+        7
+    );
+    server.shutdown().await;
+}
+
+/// The watch's next outcome, within ten seconds.
+async fn next_outcome(
+    outcomes: &mut tokio::sync::mpsc::UnboundedReceiver<Result<(), String>>,
+) -> Option<Result<(), String>> {
+    tokio::time::timeout(Duration::from_secs(10), outcomes.recv())
+        .await
+        .expect("the watch saw the change")
+}
+
+/// A `*.yaml` entry that cannot be read (a link to nothing, a volume not
+/// mounted) refuses the tree, naming it: skipped, its domain's limits
+/// were gone, and with unknown descriptors allowed every request of it
+/// was admitted.
+#[tokio::test]
+async fn a_yaml_link_to_nothing_is_refused() {
+    let dir = directory(&[("per_ip.yaml", PER_IP)], "");
+    std::os::unix::fs::symlink(
+        dir.0.join("nowhere/messaging.yaml"),
+        dir.0.join("config/messaging.yaml"),
+    )
+    .expect("a link");
+    let clock = Arc::new(ManualClock::new(START));
+    let refused = start(&dir, clock).await.expect_err("an unreadable file");
+    assert!(refused.to_string().contains("messaging.yaml"), "{refused}");
+}
+
 const EXTENDED: &str = r#"
 domain: extended
 tollgate:

@@ -983,3 +983,67 @@ fn a_log_rewritten_in_a_migrating_slot_keeps_its_holders() {
     assert_eq!(held, Reply::Int(33), "every holder kept");
     migration.finish();
 }
+
+/// A release across slots gives back every slot group's places, even when
+/// one group's master does not answer within the deadline: the groups are
+/// sent together, none waiting for another (before, they went one after
+/// another under one deadline, and a group behind a slow master was never
+/// sent: its places stayed taken for the whole lease).
+#[test]
+fn a_release_gives_back_a_healthy_masters_places_beside_a_slow_one() {
+    use tollgate_limiter::{LayerRequest, StoreError, StoreKey};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cluster = RedisCluster::start();
+    let store = runtime.block_on(async {
+        RedisClusterStore::builder(cluster.urls())
+            .prefix(unique("c"))
+            .deadline(Duration::from_millis(300))
+            .connect()
+            .await
+            .expect("connect to the test cluster")
+    });
+    // The slow master's group comes first in slot order.
+    let slow = cluster.master_for_slot(0);
+    let first = find_tag("a", |slot| cluster.master_for_slot(slot) == slow);
+    let first_slot = cluster.keyslot(&first);
+    let second = find_tag("b", |slot| {
+        slot > first_slot && cluster.master_for_slot(slot) != slow
+    });
+    let hour = Duration::from_secs(3_600);
+    let one_place =
+        |name: &str| Policy::new(unique(name), Limit::concurrency(1, hour).unwrap()).unwrap();
+    let (on_slow, on_healthy) = (one_place("a"), one_place("b"));
+    let layers = [
+        LayerRequest {
+            key: StoreKey::new(&first, &on_slow, "s", &first),
+            policy: &on_slow,
+            cost: 1,
+        },
+        LayerRequest {
+            key: StoreKey::new(&second, &on_healthy, "s", &second),
+            policy: &on_healthy,
+            cost: 1,
+        },
+    ];
+    runtime.block_on(async {
+        let (verdicts, holds) = store.acquire(&layers).await.unwrap();
+        assert!(verdicts.iter().all(|v| v.allowed), "{verdicts:?}");
+        let holds: Vec<_> = holds.iter().map(|h| h.expect("a place held")).collect();
+        let pause = cluster.command(slow, &["CLIENT", "PAUSE", "1500", "ALL"]);
+        assert_eq!(pause, Ok(Reply::Status("OK".into())));
+        let released = store.release(&layers, &holds).await;
+        assert!(
+            matches!(released, Err(StoreError::Timeout(_))),
+            "the slow master's group timed out: {released:?}"
+        );
+        let (again, _) = store.acquire(&layers[1..]).await.unwrap();
+        assert!(
+            again[0].allowed,
+            "the healthy master's place was given back: {again:?}"
+        );
+    });
+}

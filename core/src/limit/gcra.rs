@@ -159,10 +159,12 @@ impl Parameters for Gcra {
             .ok_or_else(|| too_many(instances))?;
         let burst = share(self.burst, instances);
         check_recovery(burst.saturating_mul(interval_us))?;
+        // A plan's emergency limit keeps its units as the plan's own does
+        // (the fallback's keys are shared by every plan too).
         Ok(Gcra {
             burst,
             interval_us,
-            keeps_units: false,
+            keeps_units: self.keeps_units,
         })
     }
     fn keeps_units(&self) -> bool {

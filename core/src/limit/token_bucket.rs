@@ -211,13 +211,21 @@ impl Parameters for TokenBucket {
     fn rate(&self) -> (u64, u64) {
         (self.refill, self.period_us)
     }
-    /// The rate divides exactly by stretching the period.
+    /// The rate divides exactly by stretching the period. A plan's
+    /// emergency limit keeps its units as the plan's own does (the
+    /// fallback's keys are shared by every plan too); its rate in lowest
+    /// terms refills no more than the plan's, so it can be recorded.
     fn shared(&self, instances: u64) -> Result<Self, PolicyError> {
-        Self::checked(
+        let shared = Self::checked(
             share(self.capacity, instances),
             self.refill,
             duration_micros(slower(self.period_us, instances)?),
-        )
+        )?;
+        Ok(if self.keeps_units {
+            shared.keeping_units()
+        } else {
+            shared
+        })
     }
     fn keeps_units(&self) -> bool {
         self.keeps_units

@@ -158,7 +158,11 @@ fn walk(
         if name.starts_with('.') {
             continue;
         }
-        if path.is_dir() {
+        // Followed through links: a link to nothing (or an entry whose
+        // kind cannot be read) refuses the tree, naming it.
+        let kind = std::fs::metadata(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if kind.is_dir() {
             if depth == MAX_DEPTH {
                 return Err(format!(
                     "{} is more than {MAX_DEPTH} directories deep (a symbolic link that loops?)",
@@ -166,9 +170,11 @@ fn walk(
                 ));
             }
             walk(&path, depth + 1, files, others)?;
-        } else if !path.is_file() {
-            continue;
         } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+            // (Reading a pipe or a device could wait forever.)
+            if !kind.is_file() {
+                return Err(format!("{} is not a regular file", path.display()));
+            }
             files.push(path);
         } else {
             others.push(name.to_string());
@@ -177,17 +183,35 @@ fn walk(
     Ok(())
 }
 
-/// What a watch compares: every file's name and contents (`None` when
-/// the directory cannot be read).
-pub(crate) fn contents(dir: &Path) -> Option<Vec<u8>> {
+/// What a watch compares: every YAML file's name and contents, the names
+/// of the tree's other visible files, and what could not be read, as its
+/// error. A tree the server would refuse is a change all the same: the
+/// reload the watch then attempts refuses it, naming the culprit, and is
+/// counted (were it no change, every edit would be ignored without a word
+/// while a stray file stayed).
+pub(crate) fn contents(dir: &Path) -> Vec<u8> {
+    let (mut files, mut others) = (Vec::new(), Vec::new());
+    if let Err(unreadable) = walk(dir, 0, &mut files, &mut others) {
+        return [&b"unreadable\0"[..], unreadable.as_bytes()].concat();
+    }
+    files.sort();
+    others.sort();
     let mut all = Vec::new();
-    for path in files(dir).ok()? {
-        all.extend_from_slice(path.as_os_str().as_encoded_bytes());
-        all.push(0);
-        all.extend(std::fs::read(&path).ok()?);
+    for name in &others {
+        all.extend_from_slice(name.as_bytes());
         all.push(0);
     }
-    Some(all)
+    all.push(0);
+    for path in &files {
+        all.extend_from_slice(path.as_os_str().as_encoded_bytes());
+        all.push(0);
+        match std::fs::read(path) {
+            Ok(text) => all.extend(text),
+            Err(e) => all.extend_from_slice(format!("unreadable: {e}").as_bytes()),
+        }
+        all.push(0);
+    }
+    all
 }
 
 impl Domains {
