@@ -226,6 +226,8 @@ enum Filling {
     Descriptor {
         attribute: Arc<str>,
         leaf: Option<usize>,
+        /// Its domain's keys whose values are hashed (`tollgate.hashed`).
+        hashed: Arc<BTreeSet<String>>,
     },
 }
 
@@ -480,6 +482,17 @@ fn hash_key_from_env(name: &str) -> Result<HashKey, ServerError> {
 
 /// A domain is configured in one place: by `[[server.rules]]` or by a file
 /// of `envoy_config_dir`.
+/// A domain whose values are hashed (`tollgate.hashed`) needs the
+/// server's hash key: without it, its secrets would be kept as sent.
+fn hash_key_for_hashed(hash_key: Option<&HashKey>, domains: &Domains) -> Result<(), ServerError> {
+    match domains.domains.iter().find(|(_, d)| !d.hashed.is_empty()) {
+        Some((domain, _)) if hash_key.is_none() => Err(ServerError::Settings(format!(
+            "domain '{domain}' of envoy_config_dir hashes its tollgate.hashed keys with the server's hash key, and the server has none: set server.hash_key_env"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn one_place_per_domain(settings: &Settings, domains: &Domains) -> Result<(), ServerError> {
     match settings
         .rules
@@ -560,15 +573,19 @@ type DescriptorRules = (Vec<Option<usize>>, HashMap<String, usize>);
 /// its counters labelled `label` (`counters`: looked up once, when that
 /// label is the same for every request).
 fn descriptor_rule(
-    name: String,
-    leaf: Option<usize>,
+    (name, leaf): (String, Option<usize>),
     policy: Policy,
     (label, counters): (Arc<str>, Option<RuleCounters>),
+    hashed: Arc<BTreeSet<String>>,
 ) -> Rule {
     let attribute: Arc<str> = scoped(&name, &Scope::Subject).into();
     Rule {
         layers: vec![(name.clone(), Scope::Attribute(attribute.clone()), policy)],
-        filling: Filling::Descriptor { attribute, leaf },
+        filling: Filling::Descriptor {
+            attribute,
+            leaf,
+            hashed,
+        },
         label,
         counters,
         name,
@@ -592,11 +609,12 @@ fn descriptor_rules(
         leaf_rules.push(Some(rules.len()));
         let counters = (!leaf.detailed).then(|| RuleCounters::new(&leaf.domain, &leaf.label));
         let labels = (Arc::from(leaf.label.as_str()), counters);
-        let rule = descriptor_rule(leaf.rule.clone(), Some(l), policy.clone(), labels);
+        let hashed = domains.domains[&leaf.domain].hashed.clone();
+        let rule = descriptor_rule((leaf.rule.clone(), Some(l)), policy.clone(), labels, hashed);
         rules.push(rule);
     }
     let mut override_rules = HashMap::new();
-    for domain in domains.domains.keys() {
+    for (domain, tree) in &domains.domains {
         let name = crate::envoy_config::override_rule_name(domain);
         let placeholder = Limit::fixed_window(1, std::time::Duration::from_secs(1))
             .and_then(|limit| Policy::new(&name, limit))
@@ -604,7 +622,8 @@ fn descriptor_rules(
         override_rules.insert(domain.clone(), rules.len());
         // Its keys and values are the client's: one label for them all.
         let labels = (Arc::from("limit_override"), None);
-        rules.push(descriptor_rule(name, None, placeholder, labels));
+        let hashed = tree.hashed.clone();
+        rules.push(descriptor_rule((name, None), placeholder, labels, hashed));
     }
     Ok((leaf_rules, override_rules))
 }
@@ -653,6 +672,7 @@ impl Rules {
             .map(hash_key_from_env)
             .transpose()?;
         one_place_per_domain(&settings, &domains)?;
+        hash_key_for_hashed(hash_key.as_ref(), &domains)?;
         let mut rules = settings
             .rules
             .iter()
@@ -859,6 +879,30 @@ impl Rules {
             .unwrap_or_else(|| rule.label.clone())
     }
 
+    /// `entries` with the values of the `hashed` keys hashed with the
+    /// server's key (which a domain with such keys has: checked when
+    /// built), as every counter, label and log line names them.
+    fn secrets_hashed<'e>(
+        &self,
+        entries: &'e [(String, Vec<u8>)],
+        hashed: &BTreeSet<String>,
+    ) -> std::borrow::Cow<'e, [(String, Vec<u8>)]> {
+        let Some(hash_key) = &self.hash_key else {
+            return entries.into();
+        };
+        if !entries.iter().any(|(key, _)| hashed.contains(key)) {
+            return entries.into();
+        }
+        let hide = |(key, value): &(String, Vec<u8>)| match hashed.contains(key) {
+            true => (
+                key.clone(),
+                Subject::hashed(value, hash_key).as_str().into(),
+            ),
+            false => (key.clone(), value.clone()),
+        };
+        entries.iter().map(hide).collect::<Vec<_>>().into()
+    }
+
     /// The label `d`'s values give leaf `l`'s counters when it asks for
     /// `detailed_metric` (and the domain's labels are not all taken).
     fn detailed_label(&self, l: usize, d: &Descriptor) -> Option<Arc<str>> {
@@ -872,7 +916,9 @@ impl Rules {
             // small whatever clients send.
             _ => format!("{k}_{}", Subject::hashed(v, odd_values_key())),
         };
-        let detailed = d.entries.iter().map(entry).collect::<Vec<_>>().join(".");
+        let hashed = &self.domains.domains[&leaf.domain].hashed;
+        let entries = self.secrets_hashed(&d.entries, hashed);
+        let detailed = entries.iter().map(entry).collect::<Vec<_>>().join(".");
         bounded_label(&leaf.domain, detailed).map(Arc::from)
     }
 
@@ -1009,8 +1055,10 @@ impl Rules {
             Filling::Entries {
                 spec, attributes, ..
             } => (spec, attributes),
-            Filling::Descriptor { attribute, .. } => {
-                let subject = descriptor_subject(&d.entries);
+            Filling::Descriptor {
+                attribute, hashed, ..
+            } => {
+                let subject = descriptor_subject(&self.secrets_hashed(&d.entries, hashed));
                 return vec![(attribute.clone(), "descriptor", subject)];
             }
         };

@@ -1004,3 +1004,89 @@ async fn a_limit_of_zero_counts_its_hits_over_the_limit() {
     assert_eq!(count("total_hits", "unblock"), 1.0);
     server.shutdown().await;
 }
+
+const SECRETS: &str = r#"
+domain: keys
+tollgate:
+  hashed: [api_key]
+descriptors:
+  - key: api_key
+    rate_limit: { unit: minute, requests_per_unit: 2 }
+    detailed_metric: true
+"#;
+
+/// A domain's `tollgate.hashed` entries are hashed with the server's key
+/// before they name anything: a client's secret (an API key) reaches
+/// neither a Redis key nor a metric's label, and each value is still
+/// counted on its own (before, envoyproxy/ratelimit's domains kept every
+/// value as sent, whatever `hash_key_env` said).
+#[tokio::test]
+async fn hashed_entries_keep_secrets_out_of_keys_and_labels() {
+    std::env::set_var(
+        "TOLLGATE_TEST_ENVOY_HASH_KEY",
+        "an-envoy-domain-hash-key-0123456",
+    );
+    let redis = tollgate_testkit::redis_server::RedisServer::start();
+    let dir = TempDir::new("envoy-config");
+    std::fs::create_dir_all(dir.0.join("config")).expect("config/");
+    let toml = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\n\n[server]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\nenvoy_config_dir = \"config\"\nhash_key_env = \"TOLLGATE_TEST_ENVOY_HASH_KEY\"\n",
+        redis.url()
+    );
+    dir.write("server.toml", &toml);
+    dir.write("config/keys.yaml", SECRETS);
+    let clock = Arc::new(ManualClock::new(START));
+    let server = Server::start(dir.path("server.toml"), clock)
+        .await
+        .expect("starts");
+    let secret: &[(&str, &str)] = &[("api_key", "sk_live_secret")];
+    assert_eq!(admitted(&server, "keys", secret, 3).await, 2);
+    let other: &[(&str, &str)] = &[("api_key", "sk_live_other")];
+    assert_eq!(
+        admitted(&server, "keys", other, 1).await,
+        1,
+        "its own count"
+    );
+    use tollgate_testkit::resp::Reply;
+    let keys: Vec<String> = match redis.command(&["KEYS", "*"]) {
+        Reply::Array(Some(keys)) => keys
+            .into_iter()
+            .map(|key| match key {
+                Reply::Bulk(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+                other => panic!("a key: {other:?}"),
+            })
+            .collect(),
+        other => panic!("KEYS: {other:?}"),
+    };
+    let keys = keys.join(" ");
+    assert!(keys.contains("h."), "the counters are there: {keys}");
+    assert!(!keys.contains("sk_live"), "a secret in a key: {keys}");
+    let metrics = get_metrics(&server).await;
+    assert!(metrics.contains("domain=\"keys\""), "{metrics}");
+    assert!(!metrics.contains("sk_live"), "a secret in a label");
+    server.shutdown().await;
+}
+
+/// `tollgate.hashed` needs the server's hash key, and names keys of the
+/// domain's tree: a typo would leave the secret as sent.
+#[tokio::test]
+async fn hashed_entries_that_cannot_be_hashed_are_refused() {
+    let no_key = directory(&[("keys.yaml", SECRETS)], "");
+    let clock = Arc::new(ManualClock::new(START));
+    let refused = start(&no_key, clock.clone())
+        .await
+        .expect_err("no hash key");
+    assert!(refused.to_string().contains("hash_key_env"), "{refused}");
+    std::env::set_var(
+        "TOLLGATE_TEST_ENVOY_HASH_KEY_2",
+        "an-envoy-domain-hash-key-0123456",
+    );
+    let typo = directory(
+        &[("keys.yaml", &SECRETS.replace("[api_key]", "[apikey]"))],
+        "hash_key_env = \"TOLLGATE_TEST_ENVOY_HASH_KEY_2\"",
+    );
+    let refused = start(&typo, clock)
+        .await
+        .expect_err("a key of no descriptor");
+    assert!(refused.to_string().contains("\"apikey\""), "{refused}");
+}

@@ -96,6 +96,11 @@ pub(super) struct DomainExtension {
     /// the reference does.
     #[serde(default)]
     pub(super) all_or_nothing: bool,
+    /// Descriptor keys whose values are secrets (API keys): hashed with
+    /// the server's key (`hash_key_env`) before they name a counter, a
+    /// metric's label or a log line.
+    #[serde(default)]
+    pub(super) hashed: Vec<String>,
 }
 
 /// One descriptor of the tree.

@@ -11,8 +11,9 @@
 mod file;
 mod tree;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_limiter::{Limit, Policy, Subject};
@@ -60,6 +61,9 @@ pub(crate) struct Domain {
     /// Together, all-or-nothing (Tollgate's extension), rather than each
     /// on its own as the reference decides them.
     pub(crate) all_or_nothing: bool,
+    /// The keys whose values are hashed with the server's key (Tollgate's
+    /// extension `hashed`): each a key of the domain's tree.
+    pub(crate) hashed: Arc<BTreeSet<String>>,
 }
 
 /// The loaded directory: its domains, and the leaves of all of them.
@@ -160,8 +164,8 @@ fn walk(
         }
         // Followed through links: a link to nothing (or an entry whose
         // kind cannot be read) refuses the tree, naming it.
-        let kind = std::fs::metadata(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let kind =
+            std::fs::metadata(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         if kind.is_dir() {
             if depth == MAX_DEPTH {
                 return Err(format!(
@@ -214,6 +218,27 @@ pub(crate) fn contents(dir: &Path) -> Vec<u8> {
     all
 }
 
+/// The keys of `file`'s `tollgate.hashed`, each a key of its tree (a typo
+/// would leave the secret it meant as sent).
+fn hashed_keys(file: &File) -> Result<BTreeSet<String>, String> {
+    fn keys<'f>(descriptors: &'f [DescriptorYaml], into: &mut BTreeSet<&'f str>) {
+        for d in descriptors {
+            into.insert(&d.key);
+            keys(&d.descriptors, into);
+        }
+    }
+    let mut in_tree = BTreeSet::new();
+    keys(&file.descriptors, &mut in_tree);
+    let hashed = &file.tollgate.hashed;
+    match hashed.iter().find(|k| !in_tree.contains(k.as_str())) {
+        Some(missing) => Err(format!(
+            "tollgate.hashed names {missing:?}, which is no descriptor's key in domain '{}'",
+            file.domain
+        )),
+        None => Ok(hashed.iter().cloned().collect()),
+    }
+}
+
 impl Domains {
     /// Load `dir`; `policy` finds a `[policies.<name>]` of the server's
     /// file for `tollgate.policy`. Any invalid file refuses the lot.
@@ -258,6 +283,7 @@ impl Domains {
         let domain = Domain {
             root,
             all_or_nothing: file.tollgate.all_or_nothing,
+            hashed: Arc::new(hashed_keys(&file)?),
         };
         self.domains.insert(file.domain, domain);
         Ok(())
