@@ -55,6 +55,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures_util::future::join_all;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
@@ -657,13 +658,17 @@ impl Store for RedisClusterStore {
     async fn release(&self, layers: &[LayerRequest<'_>], holds: &[Hold]) -> Result<(), StoreError> {
         check_holds(layers, holds)?;
         let prepared = self.call_of(layers)?;
-        // Every group is given back, whatever another answered.
+        // Every group is given back, whatever another answered: sent
+        // together, so that a slow master's group does not use up the
+        // deadline of the groups after it (which were then dropped
+        // unsent, their places kept until their lease ran out).
+        let replies = join_all(prepared.groups.iter().map(|group| {
+            self.slot_group_reply(&prepared, layers, group, (Mode::Refund, None), holds)
+        }));
         let mut failed = Ok(());
         let mut answered = Vec::new();
-        for group in &prepared.groups {
-            let reply =
-                self.slot_group_reply(&prepared, layers, group, (Mode::Refund, None), holds);
-            match reply.await {
+        for (group, reply) in prepared.groups.iter().zip(replies.await) {
+            match reply {
                 Ok(_) => answered.extend(group.iter().map(|&i| prepared.keys[i].clone())),
                 Err(e) => failed = Err(e),
             }
@@ -682,24 +687,12 @@ impl Store for RedisClusterStore {
     ) -> Result<HeldUnits, StoreError> {
         check_holds(layers, holds)?;
         let prepared = self.call_of(layers)?;
-        let mut renewed: HeldUnits = holds.iter().copied().map(Some).collect();
-        let mut failure = None;
-        let mut answered = Vec::new();
-        for group in &prepared.groups {
-            let reply = self.slot_group_reply(&prepared, layers, group, (Mode::Renew, None), holds);
-            let reply = match reply.await {
-                Ok(reply) => reply,
-                Err(e) => {
-                    failure = Some(e);
-                    continue;
-                }
-            };
-            answered.extend(group.iter().map(|&i| prepared.keys[i].clone()));
-            let costs: Vec<u64> = group.iter().map(|&i| holds[i].cost).collect();
-            for (&i, hold) in group.iter().zip(parse_renewed(&reply, &costs)?) {
-                renewed[i] = hold;
-            }
-        }
+        // Sent together, as a release's groups are.
+        let replies = join_all(prepared.groups.iter().map(|group| {
+            self.slot_group_reply(&prepared, layers, group, (Mode::Renew, None), holds)
+        }));
+        let (renewed, answered, failure) = renewed_by_group(&prepared.groups, replies.await, holds);
+        let answered: Vec<String> = answered.iter().map(|&i| prepared.keys[i].clone()).collect();
         match failure {
             Some(e) if answered.is_empty() => Err(e),
             // A renewal a failover could undo would let a second holder
@@ -748,6 +741,35 @@ impl Store for RedisClusterStore {
     }
 }
 
+/// The holds after a renewal whose slot `groups` answered `replies`: each
+/// answered group's holds as its reply says, each other group's as they
+/// were (a call that failed, or whose reply cannot be read, moved nothing
+/// this store can know of); with the layers of the groups that answered,
+/// and the last failure. (A reply that could not be read ended the
+/// renewal before: the groups answered before it lost their new holds,
+/// and their places were kept by nobody until their lease ran out.)
+fn renewed_by_group(
+    groups: &[Vec<usize>],
+    replies: Vec<Result<Vec<i64>, StoreError>>,
+    holds: &[Hold],
+) -> (HeldUnits, Vec<usize>, Option<StoreError>) {
+    let mut renewed: HeldUnits = holds.iter().copied().map(Some).collect();
+    let (mut answered, mut failure) = (Vec::new(), None);
+    for (group, reply) in groups.iter().zip(replies) {
+        let costs: Vec<u64> = group.iter().map(|&i| holds[i].cost).collect();
+        match reply.and_then(|reply| parse_renewed(&reply, &costs)) {
+            Ok(moved) => {
+                for (&i, hold) in group.iter().zip(moved) {
+                    renewed[i] = hold;
+                }
+                answered.extend_from_slice(group);
+            }
+            Err(e) => failure = Some(e),
+        }
+    }
+    (renewed, answered, failure)
+}
+
 /// A conflict in a call over `group` names the policy of the layer at
 /// that position of the group.
 fn in_group(e: StoreError, layers: &[LayerRequest<'_>], group: &[usize]) -> StoreError {
@@ -779,4 +801,35 @@ fn every_answer(
         }
     }
     Ok(Ok(()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group whose reply cannot be read keeps its holds; the groups
+    /// that answered keep their new ones, before it as after it.
+    #[test]
+    fn a_bad_reply_loses_no_other_groups_renewal() {
+        let hold = |at| Hold { cost: 1, at };
+        let holds = [hold(10), hold(20), hold(30)];
+        let groups = [vec![0], vec![1], vec![2]];
+        let replies = vec![
+            Ok(vec![11]),
+            Ok(vec![21, 99]),
+            Err(StoreError::Timeout(std::time::Duration::from_millis(50))),
+        ];
+        let (renewed, answered, failure) = renewed_by_group(&groups, replies, &holds);
+        assert_eq!(
+            renewed.to_vec(),
+            [Some(hold(11)), Some(hold(20)), Some(hold(30))]
+        );
+        assert_eq!(answered, [0]);
+        assert!(
+            matches!(failure, Some(StoreError::Timeout(_))),
+            "{failure:?}"
+        );
+        let lost = renewed_by_group(&groups[..1], vec![Ok(vec![0])], &holds[..1]);
+        assert_eq!(lost.0.to_vec(), [None], "a lost hold is answered lost");
+    }
 }
