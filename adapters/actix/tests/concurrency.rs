@@ -78,7 +78,10 @@ async fn a_place_is_held_until_the_streamed_body_is_sent() {
     let busy = test::call_service(&app, get().to_request()).await;
     assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(busy.headers().get("retry-after").unwrap(), "30");
-    let grpc = get().insert_header(("content-type", "application/grpc"));
+    // (A gRPC call is a POST.)
+    let grpc = test::TestRequest::post()
+        .uri("/export")
+        .insert_header(("content-type", "application/grpc"));
     let grpc = test::call_service(&app, grpc.to_request()).await;
     assert_eq!(
         grpc.headers().get("grpc-status").unwrap(),

@@ -261,23 +261,21 @@ impl<R: ?Sized> Gate<R> {
         let identified = self.identity.identify(request, view);
         let mut denied = false;
         if self.access.judges() {
+            // A key sent twice identifies nobody, so no subject rule can
+            // match it; but an authentication layer may have accepted
+            // either copy, a denied key among them. Judged first: a
+            // denial wins over an exempt network.
+            denied = identified.is_none()
+                && self.access.has_denied_subjects()
+                && self.identity.repeats_a_credential(view);
             match self
                 .access
                 .judge(ip, identified.as_ref().and_then(Context::subject))
             {
                 // Exempt: passed on like a skipped request.
-                Some(Access::Exempt) => return None,
+                Some(Access::Exempt) if !denied => return None,
                 Some(Access::Denied) => denied = true,
-                None => {}
-            }
-            // A key sent twice identifies nobody, so no subject rule can
-            // match it; but an authentication layer may have accepted
-            // either copy, a denied key among them.
-            if identified.is_none()
-                && self.access.has_denied_subjects()
-                && self.identity.repeats_a_credential(view)
-            {
-                denied = true;
+                _ => {}
             }
         }
         let unidentified = match identified {
@@ -964,6 +962,18 @@ mod tests {
             .unwrap()
             .into_parts();
         assert!(!gate.prepare(&web, &web).unwrap().is_grpc());
+        // A gRPC call is a POST: any other method is answered in HTTP's
+        // form whatever its content type says (a throttled GET was
+        // answered 200 with an empty body, which a shared cache may keep).
+        let (get, ()) = http::Request::get("/")
+            .header("content-type", "application/grpc")
+            .header("x-user", "k")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let prepared = gate.prepare(&get, &get).unwrap();
+        assert!(!prepared.is_grpc());
+        assert_eq!(status(&gate.decide(&prepared).await), 429);
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -1083,13 +1093,7 @@ mod tests {
             .access(crate::AccessRules::new().deny_subject(Subject::hashed("leaked", &key)))
             .build()
             .unwrap();
-        let sending = |copies: &[&str]| {
-            let mut request = http::Request::get("/");
-            for copy in copies {
-                request = request.header("x-api-key", *copy);
-            }
-            request.body(()).unwrap().into_parts().0
-        };
+        let sending = |copies: &[&str]| with_api_keys(copies);
         for copies in [&["leaked"][..], &["leaked", "leaked"], &["good", "leaked"]] {
             let parts = sending(copies);
             let prepared = gate.prepare(&parts, &parts).unwrap();
@@ -1098,6 +1102,52 @@ mod tests {
         let parts = sending(&["good"]);
         let prepared = gate.prepare(&parts, &parts).unwrap();
         assert_eq!(status(&gate.decide(&prepared).await), 200, "another key");
+    }
+
+    /// A `GET /` sending each of `copies` as an `x-api-key` header.
+    fn with_api_keys(copies: &[&str]) -> http::request::Parts {
+        let mut request = http::Request::get("/");
+        for copy in copies {
+            request = request.header("x-api-key", *copy);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
+    /// A denial wins over an exemption: a key sent twice from an exempt
+    /// network is denied as it is from anywhere (the exemption passed it
+    /// on before the repeated key was looked at, and an authentication
+    /// layer behind could accept the denied copy).
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_exempt_network_does_not_pass_a_denied_key_sent_twice() {
+        let store = Arc::new(tollgate_memory::MemoryStore::default());
+        let key = tollgate_limiter::HashKey::new(b"0123456789abcdef").unwrap();
+        let gate: Gate<http::request::Parts> =
+            Gate::builder(limiter(store, OnStoreFailure::FailClosed))
+                .identity(Identity::new().api_key("x-api-key", key.clone()))
+                .access(
+                    crate::AccessRules::new()
+                        .client_ip(ClientIp::direct())
+                        .exempt_network("10.0.0.0/8".parse().unwrap())
+                        .deny_subject(Subject::hashed("leaked", &key)),
+                )
+                .build()
+                .unwrap();
+        let sending = |copies: &[&str]| {
+            let mut parts = with_api_keys(copies);
+            parts
+                .extensions
+                .insert(crate::PeerAddr("10.1.2.3:5000".parse().unwrap()));
+            parts
+        };
+        for copies in [&["leaked"][..], &["leaked", "leaked"], &["good", "leaked"]] {
+            let parts = sending(copies);
+            let prepared = gate
+                .prepare(&parts, &parts)
+                .unwrap_or_else(|| panic!("{copies:?}: passed on, not decided"));
+            assert_eq!(status(&gate.decide(&prepared).await), 403, "{copies:?}");
+        }
+        let parts = sending(&["good"]);
+        assert!(gate.prepare(&parts, &parts).is_none(), "exempt: passed on");
     }
 
     #[tokio::test(flavor = "current_thread")]

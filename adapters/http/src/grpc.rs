@@ -48,10 +48,16 @@ pub const GRPC_STATUS_DETAILS: &str = "grpc-status-details-bin";
 /// The content type of a gRPC response.
 pub const APPLICATION_GRPC: &str = "application/grpc";
 
-/// Whether the request is a gRPC call: its `content-type` is
-/// `application/grpc` or `application/grpc+<codec>` (gRPC-Web's
-/// `application/grpc-web…` is another protocol and is not matched).
+/// Whether the request is a gRPC call: a `POST` (every gRPC call is one)
+/// whose `content-type` is `application/grpc` or
+/// `application/grpc+<codec>` (gRPC-Web's `application/grpc-web…` is
+/// another protocol and is not matched). Any other method is answered in
+/// HTTP's form, whatever its content type: a client cannot turn a
+/// throttled `GET` into an empty `200`.
 pub fn is_grpc(view: &dyn RequestView) -> bool {
+    if view.method() != "POST" {
+        return false;
+    }
     view.header_values("content-type").first().is_some_and(|v| {
         let v = v.to_ascii_lowercase();
         v == b"application/grpc"

@@ -65,10 +65,12 @@ where
     S: Service<Request<Empty<Bytes>>, Error = Infallible>,
 {
     poll_fn(|cx| service.poll_ready(cx)).await.unwrap();
-    let mut request = Request::get("/export");
-    if grpc {
-        request = request.header("content-type", "application/grpc");
-    }
+    // A gRPC call is a POST.
+    let request = if grpc {
+        Request::post("/export").header("content-type", "application/grpc")
+    } else {
+        Request::get("/export")
+    };
     service
         .call(request.body(Empty::new()).unwrap())
         .await
