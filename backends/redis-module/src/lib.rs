@@ -56,10 +56,29 @@ fn decide_command(ctx: &Context, args: &[RedisString]) -> RedisResult {
             reply_integers(ctx, &integers);
             Ok(RedisValue::NoReply)
         }
-        Ok(Err(e)) => Err(e),
+        Ok(Err(e)) => Err(printable(e)),
         Err(_) => Err(RedisError::Str(
             "TOLLGATE_FAILED the module failed on this call (a bug: please report it with the call's arguments)",
         )),
+    }
+}
+
+/// `e` as an error reply can carry it: printable ASCII only. An error of a
+/// command the module runs inside its own (a renamed `DEL`: "unknown
+/// command … with args beginning with: '<key>'") quotes the client's key,
+/// and the reply's conversion turns a character past ASCII into a NUL
+/// byte and panics outside the guard above, aborting the server.
+fn printable(e: RedisError) -> RedisError {
+    match e {
+        RedisError::String(text) if !text.bytes().all(|b| b == b' ' || b.is_ascii_graphic()) => {
+            let shown = |c: char| match c {
+                ' ' => ' ',
+                c if c.is_ascii_graphic() => c,
+                _ => '?',
+            };
+            RedisError::String(text.chars().map(shown).collect())
+        }
+        other => other,
     }
 }
 

@@ -333,9 +333,13 @@ fn checked_cost(mode: Mode, layout: Layout, limit: &Limit, cost: u64) -> Result<
         }
         // Units beyond what a layer holds change nothing more for a
         // counter; a log's reward drops at most every entry, however many.
+        // A counter's reward may take up to twice its limit: a sliding
+        // window holds its current window and the one before, each up to
+        // the limit (capped at the limit, the module kept units of the
+        // previous window that the Lua code and the reference take).
         Mode::Penalize => Ok(cost.min(capacity)),
         Mode::Reward if layout.is_log() => Ok(cost),
-        Mode::Reward => Ok(cost.min(capacity)),
+        Mode::Reward => Ok(cost.min(capacity.saturating_mul(2))),
         Mode::Block => {
             Adjustment::Block(Duration::from_micros(cost))
                 .check()

@@ -266,6 +266,43 @@ fn client_input_never_brings_the_server_down() {
     assert_eq!(server.command(&["PING"]), Reply::Status("PONG".into()));
 }
 
+/// An error of a command the module runs inside its own, quoting a key
+/// that is not ASCII ("unknown command 'PEXPIRE' … with args beginning
+/// with: 'kĀ'", on a server that renamed its commands away), is answered
+/// as an error: the reply's conversion turned `Ā` into a NUL byte and
+/// panicked outside the module's guard, which aborted the server.
+#[test]
+fn an_inner_commands_error_about_a_non_ascii_key_is_answered() {
+    let mut renamed = Vec::new();
+    for command in ["DEL", "LTRIM", "LREM", "LRANGE", "PEXPIRE", "PTTL"] {
+        renamed.extend(["--rename-command", command, ""]);
+    }
+    let server = RedisServer::start_with_module(&renamed);
+    let hour = "3600000000";
+    let now = START.as_micros().to_string();
+    let mut errors = 0;
+    for round in 0..40 {
+        let (a, b) = (unique(&format!("Ā-{round}")), unique(&format!("Ā-{round}")));
+        // Two sliding logs: the keyspace's path, not the key API's
+        // one-layer shortcut.
+        for mode in [&[][..], &["reward"], &["reset"]] {
+            let mut args = vec!["TOLLGATE.DECIDE", "2", &a, &b, &now, ""];
+            args.extend(["5", "1", "10", hour, "0", "5", "1", "10", hour, "0"]);
+            args.extend_from_slice(mode);
+            match server.command(&args) {
+                Reply::Error(e) => {
+                    assert!(e.is_ascii(), "{e}");
+                    errors += 1;
+                }
+                Reply::Array(_) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert!(errors > 0, "no inner command was met");
+    assert_eq!(server.command(&["PING"]), Reply::Status("PONG".into()));
+}
+
 /// A one-layer sliding log kept as a list is decided on the entries the
 /// decision reads (the newest, and a search's from the oldest), not the
 /// whole list: a peek changes nothing, a decision trims what aged out and
@@ -536,6 +573,40 @@ fn a_holder_is_written_plain_and_its_release_deletes_it() {
         0,
         "the last holder left"
     );
+}
+
+/// A sliding window's reward of more units than its limit takes from the
+/// current window, then from the previous one, which may hold up to the
+/// limit too: the module capped the units at the limit, and left 3 units
+/// of the previous window that the Lua code and the reference take.
+#[tokio::test]
+async fn a_sliding_windows_large_reward_is_answered_alike() {
+    let server = RedisServer::shared_with_module();
+    server_clock_store(server.url(), &unique("p"), Engine::Functions).await;
+    let function = tollgate_redis::function_name();
+    let hour: u64 = 3_600_000_000;
+    let t0 = START.as_micros() / hour * hour;
+    let later = (t0 + hour + hour * 9 / 10).to_string();
+    let (t0, hour) = (t0.to_string(), hour.to_string());
+    let mut answers = Vec::new();
+    for head in [vec!["TOLLGATE.DECIDE"], vec!["FCALL", function]] {
+        let key = unique("sw");
+        let call = |now: &str, cost: &str, mode: &[&str]| {
+            let mut all: Vec<&str> = head.clone();
+            all.extend_from_slice(&["1", &key, now, "", "4", cost, "10", &hour, "0"]);
+            all.extend_from_slice(mode);
+            server.command(&all)
+        };
+        call(&t0, "10", &[]);
+        // 10 in the previous window, 3 in this one.
+        let Reply::Array(Some(admitted)) = call(&later, "3", &[]) else {
+            panic!("{head:?}: a decision's answer")
+        };
+        assert_eq!(admitted[0], Reply::Int(1), "{head:?}: admitted");
+        let rewarded = call(&later, "15", &["reward"]);
+        answers.push((rewarded, text(server.command(&["GET", &key]))));
+    }
+    assert_eq!(answers[0], answers[1], "the module, then the Lua code");
 }
 
 /// Calls the store never sends, answered alike by the module and the Lua
