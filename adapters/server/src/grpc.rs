@@ -40,7 +40,7 @@ fn status(rules: &Rules, s: &Status) -> DescriptorStatus {
         };
     };
     let current_limit = rules.envoy_limit(s).map(|e| RateLimit {
-        name: layer.policy().to_string(),
+        name: rules.limit_name(layer).to_string(),
         requests_per_unit: e.requests_per_unit,
         unit: e.unit,
     });

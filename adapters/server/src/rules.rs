@@ -306,6 +306,10 @@ pub struct Rules {
     zero_counters: Vec<Option<RuleCounters>>,
     /// The policies made for its limits, by name.
     leaf_policies: HashMap<String, Policy>,
+    /// The name the file gives each limit of envoyproxy/ratelimit's
+    /// configuration (`rate_limit.name`, empty without one; empty for a
+    /// descriptor's own `limit`), by its layer's name.
+    limit_names: HashMap<String, String>,
     config: Config,
     store: Arc<dyn Store>,
     fallback: Option<Arc<dyn Store>>,
@@ -695,6 +699,15 @@ impl Rules {
                 _ => None,
             })
             .collect();
+        let limit_names = domains
+            .leaves
+            .iter()
+            .map(|leaf| (leaf.rule.clone(), leaf.name.clone()))
+            .chain(override_rules.keys().map(|domain| {
+                let rule = crate::envoy_config::override_rule_name(domain);
+                (rule, String::new())
+            }))
+            .collect();
         let rules = Rules {
             settings,
             rules,
@@ -703,6 +716,7 @@ impl Rules {
             override_rules,
             zero_counters,
             leaf_policies,
+            limit_names,
             config,
             store,
             fallback,
@@ -744,6 +758,16 @@ impl Rules {
         self.config
             .policy(name)
             .or_else(|| self.leaf_policies.get(name))
+    }
+
+    /// The name Envoy is told for `layer`'s limit: the file's
+    /// `rate_limit.name` for a limit of envoyproxy/ratelimit's
+    /// configuration (empty without one, as the reference answers), the
+    /// policy's name for a `[[server.rules]]` rule.
+    pub fn limit_name(&self, layer: &LayerDecision) -> &str {
+        self.limit_names
+            .get(layer.layer())
+            .map_or(layer.policy(), String::as_str)
     }
 
     /// The limit of a status's tightest layer in Envoy's terms.

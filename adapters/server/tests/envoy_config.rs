@@ -347,6 +347,43 @@ descriptors:
           unit: second
 "#;
 
+/// A status's `current_limit.name` is the limit's `name` in the file, empty
+/// when it has none, as the reference answers it (Envoy appends it to
+/// `X-RateLimit-Limit`; it carried the server's internal name, `h.` and
+/// hex, before).
+#[tokio::test]
+async fn a_limits_name_is_the_files() {
+    let (_dir, server, _clock) = serve(&[("example7.yaml", REPLACES)]).await;
+    let named: &[(&str, &str)] = &[("key_1", "value_1"), ("user", "bkthomps")];
+    let unnamed: &[(&str, &str)] = &[("key_2", "value_2"), ("user", "bkthomps")];
+    let r = ask(&server, "example7", &[named]).await;
+    let limit = r.statuses[0].current_limit.as_ref().expect("its limit");
+    assert_eq!(limit.name, "specific_limit");
+    let r = ask(&server, "example7", &[unnamed]).await;
+    let limit = r.statuses[0].current_limit.as_ref().expect("its limit");
+    assert_eq!(limit.name, "");
+    // Envoy's own `limit` in a descriptor has no name either.
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let mut overridden = descriptor(named, None);
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 3,
+        unit: 2,
+    });
+    let r = client(server.grpc_addr())
+        .await
+        .should_rate_limit(RateLimitRequest {
+            domain: "example7".into(),
+            descriptors: vec![overridden],
+            hits_addend: 0,
+        })
+        .await
+        .expect("answered")
+        .into_inner();
+    let limit = r.statuses[0].current_limit.as_ref().expect("its limit");
+    assert_eq!((limit.name.as_str(), limit.requests_per_unit), ("", 3));
+    server.shutdown().await;
+}
+
 /// Example 7: a limit another descriptor of the request replaces is not
 /// applied, and not charged.
 #[tokio::test]
