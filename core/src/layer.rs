@@ -144,8 +144,7 @@ impl Layer {
                 ));
             }
             // A plan's layer keeps the units used when the plan changes.
-            limit => match keeping_units(self.policy.name(), limit.unwrap_or(self.policy.limit()))?
-            {
+            limit => match limit.unwrap_or(self.policy.limit()).keeping_units() {
                 same if same == *self.policy.limit() => self.clone(),
                 limit => Layer::new(
                     self.name.clone(),
@@ -175,12 +174,13 @@ impl Layer {
     }
 }
 
-/// `limit` with a state that keeps its units across a change of plan
-/// ([`Limit::keeping_units`]); refused for a token bucket whose rate is too
-/// fine to be recorded with its state: at a plan change its state would
-/// be read as time, and a customer moved to a slower rate would be handed
-/// units it had used.
-fn keeping_units(policy: &str, limit: &Limit) -> Result<Limit, PolicyError> {
+/// Whether `limit`'s state can keep its units across a change of plan
+/// ([`Limit::keeping_units`]) when plans give policy `policy` different
+/// limits: refused for a token bucket whose rate is too fine to be
+/// recorded with its state (at a plan change its state would be read as
+/// time, and a customer moved to a slower rate would be handed units it
+/// had used).
+pub(crate) fn check_keeps_units(policy: &str, limit: &Limit) -> Result<(), PolicyError> {
     match limit.keeping_units() {
         Limit::TokenBucket(bucket) if !bucket.keeps_units() => Err(PolicyError::new(
             "limit",
@@ -191,7 +191,7 @@ fn keeping_units(policy: &str, limit: &Limit) -> Result<Limit, PolicyError> {
                 crate::limit::MAX_RECORDED_REFILL,
             ),
         )),
-        kept => Ok(kept),
+        _ => Ok(()),
     }
 }
 

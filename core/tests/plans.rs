@@ -455,4 +455,27 @@ fn a_plan_whose_bucket_cannot_keep_its_units_is_refused() {
         "{err}"
     );
     assert!(err.to_string().contains("9999 per 1000000 µs"), "{err}");
+    // The policy's own rate, when a plan changes it: the default plan's.
+    let odd = Limit::token_bucket(9_999, 9_999, Duration::from_secs(1)).unwrap();
+    let build = |plans: Plans| {
+        Limiter::builder(Arc::new(MemoryStore::builder().build()))
+            .layer(
+                "key",
+                Scope::Subject,
+                Policy::new("quota", odd.clone()).unwrap(),
+            )
+            .plans(plans)
+            .build()
+    };
+    let pro = Plan::new("pro")
+        .unwrap()
+        .limit("quota", Limit::token_bucket(10, 10, HOUR).unwrap());
+    let err = build(Plans::new(Plan::new("free").unwrap()).plan(pro)).unwrap_err();
+    assert!(
+        matches!(&err, BuildError::Plan { plan, .. } if plan == "free"),
+        "{err}"
+    );
+    // No plan changes it: every customer keeps one rate, nothing to keep.
+    let unchanged = Plans::new(Plan::new("free").unwrap()).plan(Plan::new("pro").unwrap());
+    assert!(build(unchanged).is_ok());
 }

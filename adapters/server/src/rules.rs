@@ -484,8 +484,6 @@ fn hash_key_from_env(name: &str) -> Result<HashKey, ServerError> {
     HashKey::new(value.as_bytes()).map_err(|e| env_error(e.to_string()))
 }
 
-/// A domain is configured in one place: by `[[server.rules]]` or by a file
-/// of `envoy_config_dir`.
 /// A domain whose values are hashed (`tollgate.hashed`) needs the
 /// server's hash key: without it, its secrets would be kept as sent.
 fn hash_key_for_hashed(hash_key: Option<&HashKey>, domains: &Domains) -> Result<(), ServerError> {
@@ -497,6 +495,8 @@ fn hash_key_for_hashed(hash_key: Option<&HashKey>, domains: &Domains) -> Result<
     }
 }
 
+/// A domain is configured in one place: by `[[server.rules]]` or by a file
+/// of `envoy_config_dir`.
 fn one_place_per_domain(settings: &Settings, domains: &Domains) -> Result<(), ServerError> {
     match settings
         .rules
@@ -575,9 +575,11 @@ type DescriptorRules = (Vec<Option<usize>>, HashMap<String, usize>);
 
 /// A rule counting each whole descriptor under `policy`, named `name`,
 /// its counters labelled `label` (`counters`: looked up once, when that
-/// label is the same for every request).
+/// label is the same for every request), the values of its domain's
+/// `hashed` keys hashed.
 fn descriptor_rule(
-    (name, leaf): (String, Option<usize>),
+    name: String,
+    leaf: Option<usize>,
     policy: Policy,
     (label, counters): (Arc<str>, Option<RuleCounters>),
     hashed: Arc<BTreeSet<String>>,
@@ -614,7 +616,7 @@ fn descriptor_rules(
         let counters = (!leaf.detailed).then(|| RuleCounters::new(&leaf.domain, &leaf.label));
         let labels = (Arc::from(leaf.label.as_str()), counters);
         let hashed = domains.domains[&leaf.domain].hashed.clone();
-        let rule = descriptor_rule((leaf.rule.clone(), Some(l)), policy.clone(), labels, hashed);
+        let rule = descriptor_rule(leaf.rule.clone(), Some(l), policy.clone(), labels, hashed);
         rules.push(rule);
     }
     let mut override_rules = HashMap::new();
@@ -627,7 +629,7 @@ fn descriptor_rules(
         // Its keys and values are the client's: one label for them all.
         let labels = (Arc::from("limit_override"), None);
         let hashed = tree.hashed.clone();
-        rules.push(descriptor_rule((name, None), placeholder, labels, hashed));
+        rules.push(descriptor_rule(name, None, placeholder, labels, hashed));
     }
     Ok((leaf_rules, override_rules))
 }
@@ -699,9 +701,12 @@ impl Rules {
                 _ => None,
             })
             .collect();
+        // (A leaf counted under a policy of the server's file,
+        // `tollgate.policy`, keeps that policy's name.)
         let limit_names = domains
             .leaves
             .iter()
+            .filter(|leaf| matches!(&leaf.counting, Counting::Policy(p) if p.name() == leaf.rule))
             .map(|leaf| (leaf.rule.clone(), leaf.name.clone()))
             .chain(override_rules.keys().map(|domain| {
                 let rule = crate::envoy_config::override_rule_name(domain);
@@ -763,7 +768,8 @@ impl Rules {
     /// The name Envoy is told for `layer`'s limit: the file's
     /// `rate_limit.name` for a limit of envoyproxy/ratelimit's
     /// configuration (empty without one, as the reference answers), the
-    /// policy's name for a `[[server.rules]]` rule.
+    /// policy's name for a `[[server.rules]]` rule or a leaf's
+    /// `tollgate.policy`.
     pub fn limit_name(&self, layer: &LayerDecision) -> &str {
         self.limit_names
             .get(layer.layer())
@@ -917,12 +923,13 @@ impl Rules {
         if !entries.iter().any(|(key, _)| hashed.contains(key)) {
             return entries.into();
         }
-        let hide = |(key, value): &(String, Vec<u8>)| match hashed.contains(key) {
-            true => (
-                key.clone(),
-                Subject::hashed(value, hash_key).as_str().into(),
-            ),
-            false => (key.clone(), value.clone()),
+        let hide = |(key, value): &(String, Vec<u8>)| {
+            let value = if hashed.contains(key) {
+                Subject::hashed(value, hash_key).as_str().into()
+            } else {
+                value.clone()
+            };
+            (key.clone(), value)
         };
         entries.iter().map(hide).collect::<Vec<_>>().into()
     }

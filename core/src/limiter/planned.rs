@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::Limiter;
 use crate::context::Context;
-use crate::error::BuildError;
+use crate::error::{BuildError, PolicyError};
 use crate::layer::{Layer, Scope};
 use crate::observe;
 use crate::plan::{PlanName, Plans};
@@ -45,6 +45,7 @@ impl PlanBook {
             plan: plan.to_string(),
             reason,
         };
+        units_can_be_kept(base, &plans).map_err(|(plan, e)| plan_error(plan, e.to_string()))?;
         let mut limiters = Vec::new();
         for plan in &plans.plans {
             if let Some((policy, _)) = plan
@@ -168,4 +169,31 @@ impl PlanBook {
         observe::plan_defaulted(reason);
         &self.plans[self.default].1
     }
+}
+
+/// Every limit of a policy that some plan changes keeps its units across a
+/// change of plan (see [`check_keeps_units`](crate::layer::check_keeps_units)):
+/// the policy's own (the default plan's, and any plan's that leaves it
+/// alone) and each plan's; an error names the plan. A policy no plan
+/// changes keeps one rate, whatever plan its customers change to.
+fn units_can_be_kept<'p>(
+    base: &Limiter,
+    plans: &'p Plans,
+) -> Result<(), (&'p PlanName, PolicyError)> {
+    for layer in base.layers.iter() {
+        let policy = layer.policy.name();
+        let changes: Vec<(&PlanName, &crate::Limit)> = plans
+            .plans
+            .iter()
+            .filter_map(|plan| Some((plan.name(), plan.limit_of(policy)?)))
+            .collect();
+        if changes.is_empty() {
+            continue;
+        }
+        let own = [(&plans.default, layer.policy.limit())];
+        for (plan, limit) in own.into_iter().chain(changes) {
+            crate::layer::check_keeps_units(policy, limit).map_err(|e| (plan, e))?;
+        }
+    }
+    Ok(())
 }
