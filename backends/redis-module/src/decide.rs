@@ -187,8 +187,13 @@ fn refund_layers(
 ) -> Result<Vec<i64>, RedisError> {
     // Keys whose last holder left: one `DEL` replicated for all of them,
     // after the loop (a release adds no holder, so no later write of this
-    // call recreates one of them).
-    let mut emptied: Vec<&RedisString> = Vec::new();
+    // call recreates one of them), however the loop ends: an error or a
+    // panic of a later layer leaves them deleted on this server.
+    let mut deleted = Emptied {
+        ctx,
+        keys: Vec::new(),
+    };
+    let emptied = &mut deleted.keys;
     let mut reply = Vec::with_capacity(keys.len());
     for (i, (key, layer)) in keys.iter().zip(&call.layers).enumerate() {
         let (state, charge) = match holders(ctx, key, layer, i) {
@@ -204,11 +209,23 @@ fn refund_layers(
             Some(Holders::Read(state)) => (state, charge_of(layer)),
             None => named_charge(ctx, key, layer, i)?,
         };
-        let given = refund_layer(ctx, key, layer, state, charge, now, &mut emptied)?;
+        let given = refund_layer(ctx, key, layer, state, charge, now, emptied)?;
         reply.push(given as i64);
     }
-    keyspace::replicate_deletes(ctx, &emptied);
     Ok(reply)
+}
+
+/// The keys a release deleted, their `DEL` replicated when it is dropped:
+/// on every way out of the release, an early error and a panic included.
+struct Emptied<'c, 'k> {
+    ctx: &'c Context,
+    keys: Vec<&'k RedisString>,
+}
+
+impl Drop for Emptied<'_, '_> {
+    fn drop(&mut self) {
+        keyspace::replicate_deletes(self.ctx, &self.keys);
+    }
 }
 
 /// What a concurrency limit's release finds at `key` (a key that cannot

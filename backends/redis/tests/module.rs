@@ -303,6 +303,54 @@ fn an_inner_commands_error_about_a_non_ascii_key_is_answered() {
     assert_eq!(server.command(&["PING"]), Reply::Status("PONG".into()));
 }
 
+/// A release that empties a key and then fails on a later layer still
+/// replicates the key's delete: the keys a release empties are deleted at
+/// once and their `DEL` replicated at the end, which a failure returned
+/// before, leaving the replica (and the AOF) with a holder the primary no
+/// longer has. The failure here is a refund no store sends (a remainder
+/// past any bucket), which stops the call in this debug build.
+#[test]
+fn a_failed_release_still_replicates_its_deletes() {
+    let primary = RedisServer::start_with_module(&[]);
+    let replica = replica_of(&primary);
+    let (held, bucket) = (unique("held"), unique("bucket"));
+    let decide = |args: &[&str]| primary.command(&[&["TOLLGATE.DECIDE"][..], args].concat());
+    let place = ["7", "1", "100", "30000000", "0"];
+    let reserved = decide(&[&["1", &held, "", ""][..], &place, &["reserve"]].concat());
+    let Reply::Array(Some(fields)) = reserved else {
+        panic!("{reserved:?}")
+    };
+    let (at, mark) = (text_of(&fields[5]), text_of(&fields[6]));
+    let bucket_layer = ["1", "1", "10", "10", "3600000000"];
+    decide(&[&["1", &bucket, "", ""][..], &bucket_layer].concat());
+    let far = "18446744073709551615";
+    let mut refund = vec!["2", &held, &bucket, "", ""];
+    refund.extend(place);
+    refund.extend([at.as_str(), mark.as_str()]);
+    refund.extend(bucket_layer);
+    refund.extend([far, "9999999999999999", "refund"]);
+    let answer = decide(&refund);
+    assert!(
+        matches!(answer, Reply::Error(_)),
+        "the refund failed: {answer:?}"
+    );
+    assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
+    assert_eq!(int(primary.command(&["EXISTS", &held])), 0, "released");
+    assert_eq!(
+        int(replica.command(&["EXISTS", &held])),
+        0,
+        "the replica has the primary's keys"
+    );
+}
+
+/// An integer reply's text.
+fn text_of(reply: &Reply) -> String {
+    match reply {
+        Reply::Int(n) => n.to_string(),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A one-layer sliding log kept as a list is decided on the entries the
 /// decision reads (the newest, and a search's from the oldest), not the
 /// whole list: a peek changes nothing, a decision trims what aged out and
