@@ -61,6 +61,19 @@ fn directory(files: &[(&str, &str)], extra: &str) -> TempDir {
     dir
 }
 
+/// A directory with `server.toml` on the Redis at `url` (`store` and
+/// `server`: more lines of its `[store]` and `[server]`) and an empty
+/// `config/`.
+fn redis_directory(url: &str, store: &str, server: &str) -> TempDir {
+    let dir = TempDir::new("envoy-config");
+    std::fs::create_dir_all(dir.0.join("config")).expect("config/");
+    let toml = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{url}\"\n{store}\n\n[server]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\nenvoy_config_dir = \"config\"\n{server}\n"
+    );
+    dir.write("server.toml", &toml);
+    dir
+}
+
 async fn start(dir: &TempDir, clock: Arc<ManualClock>) -> Result<Server, ServerError> {
     Server::start(dir.path("server.toml"), clock).await
 }
@@ -948,13 +961,7 @@ descriptors:
 #[tokio::test]
 async fn the_descriptors_of_a_request_wait_for_a_stalled_store_together() {
     let redis = tollgate_testkit::redis_server::RedisServer::start();
-    let dir = TempDir::new("envoy-config");
-    std::fs::create_dir_all(dir.0.join("config")).expect("config/");
-    let toml = format!(
-        "[store]\nkind = \"redis\"\nurl = \"{}\"\ndeadline = \"200ms\"\n\n[server]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\nenvoy_config_dir = \"config\"\n",
-        redis.url()
-    );
-    dir.write("server.toml", &toml);
+    let dir = redis_directory(redis.url(), "deadline = \"200ms\"", "");
     let leaves: String = (1..=4)
         .map(|i| {
             format!("  - key: k{i}\n    rate_limit: {{ unit: second, requests_per_unit: 5 }}\n")
@@ -1064,13 +1071,11 @@ async fn hashed_entries_keep_secrets_out_of_keys_and_labels() {
         "an-envoy-domain-hash-key-0123456",
     );
     let redis = tollgate_testkit::redis_server::RedisServer::start();
-    let dir = TempDir::new("envoy-config");
-    std::fs::create_dir_all(dir.0.join("config")).expect("config/");
-    let toml = format!(
-        "[store]\nkind = \"redis\"\nurl = \"{}\"\n\n[server]\ngrpc_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\nenvoy_config_dir = \"config\"\nhash_key_env = \"TOLLGATE_TEST_ENVOY_HASH_KEY\"\n",
-        redis.url()
+    let dir = redis_directory(
+        redis.url(),
+        "",
+        "hash_key_env = \"TOLLGATE_TEST_ENVOY_HASH_KEY\"",
     );
-    dir.write("server.toml", &toml);
     dir.write("config/keys.yaml", SECRETS);
     let clock = Arc::new(ManualClock::new(START));
     let server = Server::start(dir.path("server.toml"), clock)

@@ -125,17 +125,24 @@ const MAX_DEPTH: usize = 8;
 /// its domain's limits (a tree whose files all lack one would limit
 /// nothing).
 fn files(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let (mut files, mut others) = (Vec::new(), Vec::new());
-    walk(dir, 0, &mut files, &mut others)?;
+    let (files, others) = tree(dir)?;
     if !others.is_empty() {
-        others.sort();
         return Err(format!(
             "files without a *.yaml or *.yml name in the directory: {} (the reference reads every file as limits): give each file of the configuration one of these endings, and move anything else out",
             others.join(", ")
         ));
     }
-    files.sort();
     Ok(files)
+}
+
+/// The YAML files under `dir` and the names of its other visible files,
+/// each in order.
+fn tree(dir: &Path) -> Result<(Vec<PathBuf>, Vec<String>), String> {
+    let (mut files, mut others) = (Vec::new(), Vec::new());
+    walk(dir, 0, &mut files, &mut others)?;
+    files.sort();
+    others.sort();
+    Ok((files, others))
 }
 
 /// Add the YAML files under `dir` (`depth` levels below the
@@ -194,12 +201,10 @@ fn walk(
 /// counted (were it no change, every edit would be ignored without a word
 /// while a stray file stayed).
 pub(crate) fn contents(dir: &Path) -> Vec<u8> {
-    let (mut files, mut others) = (Vec::new(), Vec::new());
-    if let Err(unreadable) = walk(dir, 0, &mut files, &mut others) {
-        return [&b"unreadable\0"[..], unreadable.as_bytes()].concat();
-    }
-    files.sort();
-    others.sort();
+    let (files, others) = match tree(dir) {
+        Ok(tree) => tree,
+        Err(unreadable) => return [&b"unreadable\0"[..], unreadable.as_bytes()].concat(),
+    };
     let mut all = Vec::new();
     for name in &others {
         all.extend_from_slice(name.as_bytes());
