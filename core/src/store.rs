@@ -430,6 +430,15 @@ pub trait Store: Send + Sync + fmt::Debug {
         false
     }
 
+    /// A hint that `key` is about to be decided: a store whose state is
+    /// in this process may start bringing the key's state into the CPU's
+    /// cache, so that the wait for it overlaps other work (the lookup of
+    /// the customer's plan). Never required for correctness. The default
+    /// does nothing.
+    fn prefetch(&self, key: &StoreKey<'_>) {
+        let _ = key;
+    }
+
     /// Decide all `layers` of one request at once, writing one verdict
     /// per layer into `verdicts` (received empty). A store that never
     /// waits (its state is in this process) decides before it returns and

@@ -479,3 +479,83 @@ fn a_plan_whose_bucket_cannot_keep_its_units_is_refused() {
     let unchanged = Plans::new(Plan::new("free").unwrap()).plan(Plan::new("pro").unwrap());
     assert!(build(unchanged).is_ok());
 }
+
+/// The in-process store, recording the keys it is told are about to be
+/// decided.
+#[derive(Debug)]
+struct Hinted {
+    store: MemoryStore,
+    hints: std::sync::Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl tollgate_limiter::Store for Hinted {
+    fn kind(&self) -> &'static str {
+        "hinted"
+    }
+    fn is_in_process(&self) -> bool {
+        true
+    }
+    fn prefetch(&self, key: &tollgate_limiter::StoreKey<'_>) {
+        self.hints.lock().unwrap().push(key.render());
+        self.store.prefetch(key);
+    }
+    fn decide<'a>(
+        &'a self,
+        layers: &'a [tollgate_limiter::LayerRequest<'a>],
+        verdicts: &'a mut tollgate_limiter::Verdicts,
+    ) -> tollgate_limiter::Decide<'a> {
+        self.store.decide(layers, verdicts)
+    }
+}
+
+/// Under plans, the store hears of the first layer's key before the plan
+/// is looked up (its state is fetched meanwhile), and the hint decides
+/// nothing: the counts are those of the customer's plan. Without plans
+/// there is nothing to overlap, and no hint.
+#[tokio::test]
+async fn the_store_hears_of_the_first_key_while_the_plan_is_found() {
+    let clock = clock();
+    let hinted = Arc::new(Hinted {
+        store: MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+        hints: Default::default(),
+    });
+    let plans = window_plans(|n| Limit::fixed_window(n, HOUR).unwrap())
+        .assign(Subject::new("big").unwrap(), plan("pro"));
+    let limiter = |plans: Option<Plans>| {
+        let builder = Limiter::builder(hinted.clone())
+            .layer(
+                "key",
+                Scope::Subject,
+                Policy::new("quota", Limit::fixed_window(1_000, HOUR).unwrap()).unwrap(),
+            )
+            .layer(
+                "all",
+                Scope::Global,
+                Policy::new("all", Limit::fixed_window(1_000_000, HOUR).unwrap()).unwrap(),
+            )
+            .clock(Arc::new(clock.clone()));
+        match plans {
+            Some(plans) => builder.plans(plans),
+            None => builder,
+        }
+        .build()
+        .unwrap()
+    };
+    let planned = limiter(Some(plans));
+    assert_eq!(admitted(&planned, &customer("big"), 1_200).await, 1_200);
+    assert_eq!(admitted(&planned, &customer("small"), 1_200).await, 1_000);
+    let hints = std::mem::take(&mut *hinted.hints.lock().unwrap());
+    assert_eq!(hints.len(), 2_400, "one hint per decision");
+    assert!(hints[0].starts_with("{big}:quota:"), "{}", hints[0]);
+    assert!(
+        hints[2_399].starts_with("{small}:quota:"),
+        "{}",
+        hints[2_399]
+    );
+    let fixed = limiter(None);
+    assert_eq!(admitted(&fixed, &customer("other"), 10).await, 10);
+    assert!(hinted.hints.lock().unwrap().is_empty(), "no plans, no hint");
+}

@@ -44,6 +44,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod entry_key;
+mod prefetch;
 #[cfg(feature = "serde")]
 mod settings;
 mod slot;

@@ -1067,6 +1067,23 @@ impl Store for MemoryStore {
         Decide::Now(self.decide_into(layers, verdicts))
     }
 
+    /// Fetches the lines of the first entry whose hash tag matches
+    /// `key`'s, found without reading any entry: comparing its key would
+    /// wait for the very cache miss this hint is meant to overlap. (Tags
+    /// are seven bits: now and then the entry is another key's, and the
+    /// hint is wasted.)
+    fn prefetch(&self, key: &StoreKey<'_>) {
+        let (hash, id) = self.locate(key);
+        let shard = read(&self.shards[id]);
+        if let Some(entry) = shard
+            .entries
+            .find_bucket_index(hash, |_| true)
+            .and_then(|i| shard.entries.get_bucket(i))
+        {
+            crate::prefetch::lines_of(entry);
+        }
+    }
+
     async fn peek(&self, layers: &[LayerRequest<'_>]) -> Result<Verdicts, StoreError> {
         self.peek_all(layers)
     }

@@ -66,17 +66,24 @@ impl Future for Check<'_> {
                     this.stage = Stage::Done;
                     let limiter = match limiter.plans.as_deref() {
                         None => limiter,
-                        Some(book) => match book.resolve(ctx) {
-                            planned::Resolved::Ready(limiter) => limiter,
-                            #[cfg(feature = "plan-source")]
-                            planned::Resolved::Fetch(cache, customer) => {
-                                this.stage = Stage::Rest(Box::pin(async move {
-                                    let limiter = book.fetched(cache, &customer).await;
-                                    Check::new(limiter, ctx, cost).await
-                                }));
-                                continue;
+                        Some(book) => {
+                            // Finding the plan waits on memory: the store
+                            // starts fetching the first layer's state
+                            // meanwhile (its key is the same under every
+                            // plan that keeps the layer's algorithm).
+                            limiter.prefetch_first(ctx);
+                            match book.resolve(ctx) {
+                                planned::Resolved::Ready(limiter) => limiter,
+                                #[cfg(feature = "plan-source")]
+                                planned::Resolved::Fetch(cache, customer) => {
+                                    this.stage = Stage::Rest(Box::pin(async move {
+                                        let limiter = book.fetched(cache, &customer).await;
+                                        Check::new(limiter, ctx, cost).await
+                                    }));
+                                    continue;
+                                }
                             }
-                        },
+                        }
                     };
                     // The start's lists live on this poll's stack: a
                     // decision that waits moves them into its rest.
@@ -163,6 +170,15 @@ impl Limiter {
                 let passes = super::shadow::Passes::Decide(&*self.store);
                 Box::pin(self.settle(ctx, cost, requests, answer, passes))
             }
+        }
+    }
+
+    /// Hint the store that `ctx`'s first layer is about to be decided
+    /// ([`Store::prefetch`](crate::Store::prefetch)).
+    #[inline]
+    fn prefetch_first(&self, ctx: &Context) {
+        if let Some(key) = self.layers.first().and_then(|l| ctx.key_for(l)) {
+            self.store.prefetch(&key);
         }
     }
 
