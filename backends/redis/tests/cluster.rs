@@ -1049,3 +1049,56 @@ fn a_release_gives_back_a_healthy_masters_places_beside_a_slow_one() {
         );
     });
 }
+
+/// A master added to the cluster owns no slot, so no slot map names it
+/// and the client has no connection to it. While the first slot moves onto
+/// it, a key already moved answers `ASK` towards it: the store opens a
+/// connection of its own there, loads the library where it is missing, and
+/// decides. Every decision succeeds and the counts are exact, before and
+/// after the handover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_moving_onto_a_new_master_are_decided_there() {
+    let mut cluster = RedisCluster::start();
+    let known = cluster.urls();
+    let new = cluster.add_master();
+    let store = RedisClusterStore::builder(known)
+        .prefix(unique("grow"))
+        .deadline(PATIENT)
+        .connect()
+        .await
+        .expect("connect");
+    let prefix = store.settings().prefix().to_string();
+    let policy = Policy::new(
+        unique("p"),
+        Limit::fixed_window(5, Duration::from_secs(3_600)).unwrap(),
+    )
+    .unwrap();
+    let limiter = Limiter::builder(Arc::new(store))
+        .layer("subject", Scope::Subject, policy)
+        .build()
+        .unwrap();
+    let subject = find_tag("mover", |_| true);
+    let ctx = Context::for_subject(Subject::new(subject.clone()).unwrap());
+    let decide = || async {
+        let d = limiter.check(&ctx, 1).await.expect("a valid request");
+        assert_eq!(d.store_error(), None, "the store answered");
+        d.is_allowed()
+    };
+    assert!(decide().await, "1 of 5, on the slot's first master");
+    let slot = hash_slot(format!("{prefix}:{{{subject}}}").as_bytes());
+    let migration = cluster.begin_migration(slot, new);
+    assert_eq!(
+        migration.move_keys(100),
+        1,
+        "the key moved to the new master"
+    );
+    for n in 2..=4 {
+        assert!(decide().await, "{n} of 5, through ASK to the new master");
+    }
+    migration.finish();
+    assert!(decide().await, "5 of 5, on the new master by the map");
+    assert!(
+        !decide().await,
+        "the sixth is denied: nothing was lost or doubled"
+    );
+}

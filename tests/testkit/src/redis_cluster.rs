@@ -217,21 +217,24 @@ impl RedisCluster {
             call_ok(first, &meet);
         }
         // A replica can only follow a master it knows.
-        self.wait_until("every node knows every other node", || {
-            self.live().all(|n| {
-                let table = nodes_table(n.addr());
-                table.len() == self.nodes.len()
-                    && table
-                        .iter()
-                        .all(|e| !e.has_flag("handshake") && !e.has_flag("noaddr"))
-            })
-        });
+        self.wait_until("every node knows every other node", || self.all_met());
         for (i, replica) in self.nodes[MASTERS..].iter().enumerate() {
             call_ok(replica.addr(), &["CLUSTER", "REPLICATE", &self.nodes[i].id]);
         }
         self.wait_until("the cluster is ok with every replica in sync", || {
             self.is_settled()
         });
+    }
+
+    /// Whether every live node knows every node, none still in handshake.
+    fn all_met(&self) -> bool {
+        self.live().all(|n| {
+            let table = nodes_table(n.addr());
+            table.len() == self.nodes.len()
+                && table
+                    .iter()
+                    .all(|e| !e.has_flag("handshake") && !e.has_flag("noaddr"))
+        })
     }
 
     /// Whether every live node says `cluster_state:ok`, sees every master and
@@ -415,6 +418,43 @@ impl RedisCluster {
             agreed.is_some() && ok
         });
         (promoted.expect("a new master"), started.elapsed())
+    }
+
+    /// Start one more node and join it as a master that owns no slot, as
+    /// when a cluster is scaled out: until a slot moves onto it, no slot
+    /// map names it. Returns its index; the cluster's other nodes keep
+    /// theirs. (For a cluster from [`start`](RedisCluster::start): the new
+    /// node listens without TLS.)
+    ///
+    /// # Panics
+    ///
+    /// When the node does not start, or the others do not all know it
+    /// within 30 seconds.
+    pub fn add_master(&mut self) -> usize {
+        let new_enough = check_binary();
+        let (server, bus_port) = start_node(new_enough, None, &[]);
+        let id = call_text(server.addr(), &["CLUSTER", "MYID"]);
+        let epoch = (self.nodes.len() + 1).to_string();
+        call_ok(server.addr(), &["CLUSTER", "SET-CONFIG-EPOCH", &epoch]);
+        let (port, bus) = (server.port().to_string(), bus_port.to_string());
+        let mut meet = vec!["CLUSTER", "MEET", "127.0.0.1", &port];
+        if new_enough {
+            meet.push(&bus);
+        }
+        let known = self.live().next().expect("a live node").addr();
+        call_ok(known, &meet);
+        self.nodes.push(ClusterNode {
+            server,
+            id,
+            bus_port,
+            killed: false,
+        });
+        let added = self.nodes.len() - 1;
+        self.wait_until("every node knows the new master, and it the slots", || {
+            let info = info_map(&call_text(self.nodes[added].addr(), &["CLUSTER", "INFO"]));
+            info.get("cluster_state").map(String::as_str) == Some("ok") && self.all_met()
+        });
+        added
     }
 
     /// Start moving `slot` to node `to`: `SETSLOT IMPORTING` on `to`, then

@@ -84,6 +84,7 @@ use crate::settings::{within, CheckedSettings, RedisBuilder};
 mod redirects;
 mod reservations;
 mod slots;
+mod strays;
 
 use redirects::call;
 use slots::slot_groups;
@@ -93,6 +94,8 @@ pub use slots::{hash_slot, SLOT_COUNT};
 #[derive(Clone)]
 pub struct RedisClusterStore {
     conn: ClusterConnection,
+    /// Connections to nodes the client has none to (a new master).
+    strays: Arc<strays::Strays>,
     /// This process's reservations in flight, per key.
     holds: Arc<Holds>,
     checked: CheckedSettings,
@@ -135,12 +138,21 @@ impl RedisClusterStoreBuilder {
     pub async fn connect(self) -> Result<RedisClusterStore, StoreError> {
         let checked = self.settings.checked()?;
         let client = self.client()?;
+        let first = self
+            .place
+            .nodes
+            .first()
+            .map(String::as_str)
+            .unwrap_or_default();
+        let base = crate::client::connection_info(first, &self.settings)?;
+        let strays = Arc::new(strays::Strays::new(base, self.settings.clone()));
         let timeout = self.settings.connect_timeout;
         let conn = within(timeout, client.get_async_connection())
             .await?
             .map_err(connect_error)?;
         let store = RedisClusterStore {
             conn,
+            strays,
             holds: Arc::default(),
             checked,
         };
@@ -385,16 +397,20 @@ impl RedisClusterStore {
     ) -> Result<(), StoreError> {
         for group in groups {
             let slot = hash_slot(keys[group[0]].as_bytes());
-            let node = answered.node_of(slot).unwrap_or_else(|| {
-                SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master))
-            });
-            let route = RoutingInfo::SingleNode(node);
-            let reply = self
-                .conn
-                .clone()
-                .route_command(ack.command(), route)
-                .await
-                .map_err(from_redis)?;
+            let mut conn = self.conn.clone();
+            let reply = match answered.node_of(slot) {
+                Some((host, port)) => {
+                    let (wait, asking) = (ack.command(), strays::Asking::No);
+                    let sent = self.strays.send(&mut conn, (&host, port), asking, &wait);
+                    sent.await
+                }
+                None => {
+                    let node = Route::new(slot, SlotAddr::Master);
+                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(node));
+                    conn.route_command(ack.command(), route).await
+                }
+            }
+            .map_err(from_redis)?;
             let acknowledged: u64 = redis::from_redis_value(reply)
                 .map_err(|e| StoreError::Protocol(format!("WAIT's answer: {e}")))?;
             ack.judge(acknowledged)?;
@@ -526,7 +542,13 @@ impl RedisClusterStore {
         let answered = Some(&prepared.answered);
         self.until(
             prepared.deadline,
-            call(self.conn.clone(), cmd, self.runner(), answered),
+            call(
+                self.conn.clone(),
+                self.strays.clone(),
+                cmd,
+                self.runner(),
+                answered,
+            ),
         )
         .await?
         .map_err(|e| in_group(e, layers, group))

@@ -10,6 +10,7 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tollgate_limiter::StoreError;
 
 use super::slots::hash_slot;
+use super::strays::{Asking, Strays};
 use crate::engine::{
     check_load, is_missing_function, is_module_missing, is_unknown, CallCommand, Runner,
 };
@@ -48,6 +49,7 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// would charge twice). The caller's deadline bounds the loop.
 pub(crate) async fn call(
     mut conn: ClusterConnection,
+    strays: Arc<Strays>,
     cmd: Cmd,
     runner: Arc<Runner>,
     answered: Option<&Answered>,
@@ -56,7 +58,7 @@ pub(crate) async fn call(
     loop {
         sending.attempts += 1;
         let sent_to = sending.target.take();
-        let e = match sending.send(&mut conn, sent_to.clone()).await {
+        let e = match sending.send(&mut conn, &strays, sent_to.clone()).await {
             Ok(reply) => {
                 if let Some(answered) = answered {
                     let node = sent_to.map(|(_, host, port)| (host, port));
@@ -66,7 +68,10 @@ pub(crate) async fn call(
             }
             Err(e) => e,
         };
-        let e = match sending.lacks_code(&mut conn, &runner, e, &sent_to).await? {
+        let e = match sending
+            .lacks_code(&mut conn, &strays, &runner, e, &sent_to)
+            .await?
+        {
             None => {
                 sending.target = sent_to;
                 continue;
@@ -100,16 +105,14 @@ impl Answered {
         }
     }
 
-    /// Where `slot`'s call was answered, when it was redirected.
-    pub(crate) fn node_of(&self, slot: u16) -> Option<SingleNodeRoutingInfo> {
+    /// Where `slot`'s call was answered (host and port), when it was
+    /// redirected.
+    pub(crate) fn node_of(&self, slot: u16) -> Option<(String, u16)> {
         let nodes = self.0.lock().unwrap_or_else(|p| p.into_inner());
         nodes
             .iter()
             .find(|(s, _, _)| *s == slot)
-            .map(|(_, host, port)| SingleNodeRoutingInfo::ByAddress {
-                host: host.clone(),
-                port: *port,
-            })
+            .map(|(_, host, port)| (host.clone(), *port))
     }
 }
 
@@ -146,6 +149,7 @@ impl Sending {
     async fn send(
         &self,
         conn: &mut ClusterConnection,
+        strays: &Strays,
         sent_to: Option<(Redirect, String, u16)>,
     ) -> RedisResult<Vec<i64>> {
         let current = self.eval.as_ref().unwrap_or(&self.cmd);
@@ -158,7 +162,14 @@ impl Sending {
                 send(conn, current, node).await
             }
             None => current.query_async::<Vec<i64>>(conn).await,
-            Some((redirect, host, port)) => send_to(conn, current, redirect, host, port).await,
+            Some((redirect, host, port)) => {
+                let asking = match redirect {
+                    Redirect::Moved => Asking::No,
+                    Redirect::Ask => Asking::Yes,
+                };
+                let reply = strays.send(conn, (&host, port), asking, current).await?;
+                Ok(redis::from_redis_value(reply.extract_error()?)?)
+            }
         }
     }
 
@@ -169,6 +180,7 @@ impl Sending {
     async fn lacks_code(
         &mut self,
         conn: &mut ClusterConnection,
+        strays: &Strays,
         runner: &Runner,
         e: RedisError,
         sent_to: &Option<(Redirect, String, u16)>,
@@ -193,17 +205,19 @@ impl Sending {
         }
         if is_missing_function(&e) && !self.loaded {
             // Load where the call went, then send it there again.
-            let node = match sent_to {
-                Some((_, host, port)) => SingleNodeRoutingInfo::ByAddress {
-                    host: host.clone(),
-                    port: *port,
-                },
-                None => SingleNodeRoutingInfo::SpecificNode(Route::new(
-                    slot_of(&self.cmd),
-                    SlotAddr::Master,
-                )),
+            let load = Runner::load_command(CallCommand::Fcall);
+            let answer = match sent_to {
+                Some((_, host, port)) => strays.send(conn, (host, *port), Asking::No, &load).await,
+                None => {
+                    let node = SingleNodeRoutingInfo::SpecificNode(Route::new(
+                        slot_of(&self.cmd),
+                        SlotAddr::Master,
+                    ));
+                    conn.route_command(load, RoutingInfo::SingleNode(node))
+                        .await
+                }
             };
-            load_at(conn, node).await.map_err(from_redis)?;
+            loaded(answer).map_err(from_redis)?;
             self.loaded = true;
             return Ok(None);
         }
@@ -260,39 +274,6 @@ enum Redirect {
     Ask,
 }
 
-/// Send `cmd` to the node at `host:port`: as is after `MOVED`; after `ASK`
-/// behind `ASKING`, in one pipeline so no other request comes between them
-/// on the shared connection. A node the client has no connection to yet
-/// (it learns the new map in the background) fails with
-/// `ClusterConnectionNotFound`, which the caller retries by slot.
-async fn send_to(
-    conn: &mut ClusterConnection,
-    cmd: &Cmd,
-    redirect: Redirect,
-    host: String,
-    port: u16,
-) -> RedisResult<Vec<i64>> {
-    let node = SingleNodeRoutingInfo::ByAddress { host, port };
-    let reply = match redirect {
-        Redirect::Moved => {
-            conn.route_command(cmd.clone(), RoutingInfo::SingleNode(node))
-                .await?
-        }
-        Redirect::Ask => {
-            let mut pipe = redis::pipe();
-            pipe.cmd("ASKING").add_command(cmd.clone());
-            let mut replies = conn.route_pipeline(pipe, 1, 1, node).await?;
-            replies.pop().ok_or_else(|| {
-                RedisError::from((
-                    ErrorKind::Client,
-                    "an empty reply to ASKING and a script call",
-                ))
-            })?
-        }
-    };
-    Ok(redis::from_redis_value(reply.extract_error()?)?)
-}
-
 /// Send `cmd` to `node` as is.
 async fn send(
     conn: &mut ClusterConnection,
@@ -342,15 +323,9 @@ fn fcall_of(module: &Cmd) -> Cmd {
     fcall
 }
 
-/// `FUNCTION LOAD REPLACE` of the library on one node.
-async fn load_at(conn: &mut ClusterConnection, node: SingleNodeRoutingInfo) -> RedisResult<()> {
-    let answer = conn
-        .route_command(
-            Runner::load_command(CallCommand::Fcall),
-            RoutingInfo::SingleNode(node),
-        )
-        .await?;
-    let name: String = redis::from_redis_value(answer)?;
+/// Whether `FUNCTION LOAD REPLACE`'s `answer` says the library loaded.
+fn loaded(answer: RedisResult<redis::Value>) -> RedisResult<()> {
+    let name: String = redis::from_redis_value(answer?)?;
     check_load(CallCommand::Fcall, &name)
 }
 

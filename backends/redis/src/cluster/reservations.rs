@@ -1,6 +1,7 @@
 //! Layers on several slots: reserved group by group, in slot order, and
 //! refunded when a later group denies (see the [module docs](super)).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::cluster_async::ClusterConnection;
@@ -9,6 +10,7 @@ use tokio::time::Instant;
 use tollgate_limiter::{LayerRequest, StoreError, Verdict, Verdicts};
 
 use super::redirects::call;
+use super::strays::Strays;
 use super::{group_call, in_group, RedisClusterStore};
 use crate::engine::CallCommand;
 use crate::holds::Held;
@@ -163,7 +165,13 @@ impl RedisClusterStore {
         } = *request;
         let style = self.call_command();
         let cmd = group_call(keys, args, group, time, (mode, None), &[], style);
-        let calling = call(self.conn.clone(), cmd, self.runner(), Some(answered));
+        let calling = call(
+            self.conn.clone(),
+            self.strays.clone(),
+            cmd,
+            self.runner(),
+            Some(answered),
+        );
         self.until(deadline, calling)
             .await?
             .map_err(|e| in_group(e, layers, group))
@@ -201,6 +209,7 @@ impl RedisClusterStore {
     fn reservations(&self, time: &TimeArgs) -> Reservations {
         Reservations {
             conn: self.conn.clone(),
+            strays: self.strays.clone(),
             checked: self.checked.clone(),
             time: time.clone(),
             groups: Vec::new(),
@@ -306,6 +315,7 @@ struct ReservedGroup {
 /// when the cluster can still take the refund.
 struct Reservations {
     conn: ClusterConnection,
+    strays: Arc<Strays>,
     /// The store's settings: its runner, its deadline, its clock.
     checked: CheckedSettings,
     /// The decision's time, for a refund when the clock cannot be read.
@@ -337,12 +347,13 @@ impl Reservations {
             .into_iter()
             .map(|group| {
                 let cmd = refund_call(&group, &time, runner.call_command());
-                let (conn, runner, timeout) =
-                    (self.conn.clone(), runner.clone(), self.checked.deadline);
+                let (conn, strays) = (self.conn.clone(), self.strays.clone());
+                let (runner, timeout) = (runner.clone(), self.checked.deadline);
                 runtime.spawn(async move {
                     // A refund that fails leaves its charge: under-admission
                     // until the state's TTL, never over-admission.
-                    let _ = tokio::time::timeout(timeout, call(conn, cmd, runner, None)).await;
+                    let _ =
+                        tokio::time::timeout(timeout, call(conn, strays, cmd, runner, None)).await;
                 })
             })
             .collect()
@@ -354,6 +365,7 @@ impl Drop for Reservations {
         if !self.groups.is_empty() {
             let held = Reservations {
                 conn: self.conn.clone(),
+                strays: self.strays.clone(),
                 checked: self.checked.clone(),
                 time: self.time.clone(),
                 groups: std::mem::take(&mut self.groups),
