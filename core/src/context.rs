@@ -80,6 +80,7 @@ impl Context {
 
     /// The store key of `layer` for this request, or `None` when the request
     /// lacks what the layer counts by. Keys of one tenant share its hash tag.
+    #[inline]
     pub(crate) fn key_for<'a>(&'a self, layer: &'a Layer) -> Option<StoreKey<'a>> {
         let scope = layer.middle.scope();
         let (tag, subject) = match &layer.scope {

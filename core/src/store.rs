@@ -184,6 +184,7 @@ impl<'a> StoreKey<'a> {
 
     /// A key of a layer whose middle part is ready, of its `tag` and
     /// `subject` (each with its text's hash, taken when it was made).
+    #[inline]
     pub(crate) fn of_layer(
         (tag, tag_hash): (&'a str, u64),
         policy: &'a Policy,
@@ -268,7 +269,9 @@ impl<'a> StoreKey<'a> {
         if self.subject_is_tag() {
             return rest.is_empty();
         }
-        rest.strip_prefix(b":") == Some(self.subject.as_bytes())
+        rest.split_first().is_some_and(|(&colon, subject)| {
+            colon == b':' && same_bytes(subject, self.subject.as_bytes())
+        })
     }
 
     /// Whether `rendered` is this key's text, without allocating.
@@ -296,9 +299,9 @@ impl<'a> StoreKey<'a> {
             let middle_end = tag_end + 1 + middle.len();
             return rendered.len() >= middle_end
                 && rendered[0] == b'{'
-                && &rendered[1..tag_end] == self.tag.as_bytes()
+                && same_bytes(&rendered[1..tag_end], self.tag.as_bytes())
                 && rendered[tag_end] == b'}'
-                && &rendered[tag_end + 1..middle_end] == middle.as_bytes()
+                && same_bytes(&rendered[tag_end + 1..middle_end], middle.as_bytes())
                 && self.rest_matches(&rendered[middle_end..]);
         }
         let mut version = [0u8; 10];
@@ -312,6 +315,30 @@ impl<'a> StoreKey<'a> {
         }
         self.rest_matches(rest)
     }
+}
+
+/// Whether `a` and `b` hold the same bytes. A key's parts are short (a
+/// subject, a policy's middle part): compared eight bytes at a time here,
+/// inline, where `==` on slices calls the C library's `memcmp` for each
+/// part (4% of a one-key decision's samples).
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    const WORD: usize = 8;
+    let word =
+        |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + WORD].try_into().expect("eight bytes"));
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    if n < WORD {
+        return a.iter().zip(b).all(|(x, y)| x == y);
+    }
+    if n > 4 * WORD {
+        return a == b;
+    }
+    // Whole words, then the last word (overlapping the one before).
+    (0..n / WORD).all(|i| word(a, i * WORD) == word(b, i * WORD))
+        && word(a, n - WORD) == word(b, n - WORD)
 }
 
 impl fmt::Display for StoreKey<'_> {
@@ -562,6 +589,20 @@ mod tests {
     /// A key a layer makes (its middle rendered once) and the same key made
     /// from its parts are equal, hash alike and match the same text; keys
     /// differing in any part match nothing of the other.
+    #[test]
+    fn bytes_compare_as_slices_do() {
+        for n in 0usize..=40 {
+            let a: Vec<u8> = (0..n as u8).map(|i| i.wrapping_mul(37)).collect();
+            assert!(same_bytes(&a, &a.clone()), "{n} bytes, equal");
+            assert!(!same_bytes(&a, &a[..n.saturating_sub(1)]) || n == 0);
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] ^= 0x80;
+                assert!(!same_bytes(&a, &b), "{n} bytes, differing at {at}");
+            }
+        }
+    }
+
     #[test]
     fn a_layers_keys_are_the_keys_of_their_parts() {
         let hasher = std::collections::hash_map::RandomState::new();
