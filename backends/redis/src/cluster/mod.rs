@@ -385,9 +385,11 @@ impl RedisClusterStore {
     }
 
     /// `WAIT` on the node that took every group's charge, through the
-    /// connection its charge went through (redis-rs keeps one per node):
-    /// the slot's master, or the node a redirection sent the call to
-    /// (`answered`).
+    /// connection its charge went through (a `WAIT` counts the writes of
+    /// its own connection): the client's to the slot's master, or, after a
+    /// redirection (`answered`), the one the call was redirected through
+    /// (the client's, or this store's own to a node the client had none
+    /// to: [`strays`]).
     async fn acknowledge(
         &self,
         ack: &crate::replication::ReplicaAck,

@@ -62,10 +62,14 @@ impl Strays {
         }
     }
 
-    /// Send `cmd` to the node at `host:port`: through the cluster client
-    /// when it has a connection there, else through one of this store's
-    /// own (nothing was sent when the client had none, so sending it here
-    /// cannot run it twice).
+    /// Send `cmd` to the node at `host:port`: through this store's own
+    /// connection there when it keeps one, else through the cluster
+    /// client, else through a connection opened now (nothing was sent when
+    /// the client had none, so sending it here cannot run it twice).
+    ///
+    /// A kept connection goes first for two reasons: each call the client
+    /// cannot route makes it reconnect to every node, and a `WAIT` must go
+    /// through the connection that carried the charge it waits for.
     pub(crate) async fn send(
         &self,
         conn: &mut ClusterConnection,
@@ -73,6 +77,9 @@ impl Strays {
         asking: Asking,
         cmd: &Cmd,
     ) -> RedisResult<Value> {
+        if self.is_kept(host, port) {
+            return self.send_own(host, port, asking, cmd).await;
+        }
         let node = SingleNodeRoutingInfo::ByAddress {
             host: host.to_string(),
             port,
@@ -121,6 +128,11 @@ impl Strays {
             self.lock().remove(&(host.to_string(), port));
         }
         sent
+    }
+
+    /// Whether a connection to `host:port` is kept.
+    fn is_kept(&self, host: &str, port: u16) -> bool {
+        self.lock().contains_key(&(host.to_string(), port))
     }
 
     /// The kept connection to `host:port`, or a new one.
