@@ -229,8 +229,9 @@ impl Held {
     }
 }
 
-/// A third of the shortest lease: a renewal that fails (a store blip) is
-/// tried again twice before the lease runs out.
+/// A third of the shortest lease between renewals. A renewal that fails
+/// (a store blip) is tried again after a third of that (see
+/// [`renew_while_held`]).
 fn renewal_interval(layers: &[OwnedLayer]) -> Duration {
     lease_of(layers) / 3
 }
@@ -248,19 +249,26 @@ fn lease_of(layers: &[OwnedLayer]) -> Duration {
 }
 
 /// Renew `held` every `every` until it is released (or dropped, or holds
-/// nothing more).
+/// nothing more). After a renewal that failed, the next comes a third of
+/// `every` later: a place lives a lease (three times `every`) from its
+/// last renewal, so a failure at a third of the lease is followed by five
+/// more tries before it runs out (every `every` would leave one, and a
+/// place would be lost to two failures in a row).
 async fn renew_while_held(held: Weak<Held>, every: Duration) {
+    let mut pause = every;
     loop {
         {
             let Some(held) = held.upgrade() else { return };
             let released = held.released.notified();
-            if tokio::time::timeout(every, released).await.is_ok() {
+            if tokio::time::timeout(pause, released).await.is_ok() {
                 return;
             }
         }
         let Some(held) = held.upgrade() else { return };
-        if let Ok(false) = held.renew().await {
-            return;
-        }
+        pause = match held.renew().await {
+            Ok(false) => return,
+            Ok(true) => every,
+            Err(_) => every / 3,
+        };
     }
 }

@@ -535,6 +535,8 @@ struct CountingReleases {
     /// While set, an acquisition of one layer stalls as
     /// `stall_acquisitions` makes every one stall.
     stall_lone_layers: std::sync::atomic::AtomicBool,
+    /// This many renewals fail (the store unavailable), then they pass.
+    failing_renewals: AtomicUsize,
 }
 
 #[tollgate_limiter::async_trait]
@@ -582,6 +584,13 @@ impl tollgate_limiter::Store for CountingReleases {
         if self.stall_renewals.load(Ordering::SeqCst) {
             self.renewal_gate.notified().await;
         }
+        let failing = &self.failing_renewals;
+        if failing
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(tollgate_limiter::StoreError::Unavailable("a blip".into()));
+        }
         self.inner.renew(layers, holds).await
     }
 }
@@ -612,4 +621,48 @@ async fn places_dropped_together_go_back_in_one_call() {
     }
     assert_eq!(store.calls.load(Ordering::SeqCst), 1);
     assert_eq!(store.layers.load(Ordering::SeqCst), 10);
+}
+
+/// Two renewals in a row that fail (a store blip of more than a third of
+/// the lease) do not lose the place: a failed renewal is tried again
+/// sooner, and the third try, still within the lease, keeps it. Past the
+/// first lease the place is still held.
+#[tokio::test(start_paused = true)]
+async fn a_place_outlives_two_failed_renewals() {
+    let clock = ManualClock::new(START);
+    let store = Arc::new(CountingReleases {
+        inner: MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+        failing_renewals: AtomicUsize::new(2),
+        ..Default::default()
+    });
+    let policy = Policy::new("exports", Limit::concurrency(1, LEASE).unwrap()).unwrap();
+    let limiter = Limiter::builder(store.clone())
+        .layer("in-flight", Scope::Subject, policy)
+        .clock(Arc::new(clock.clone()))
+        .build()
+        .unwrap();
+    let ctx = customer();
+    let permit = limiter.acquire(&ctx, 1).await.unwrap().permit.unwrap();
+    // 43 seconds, in ninths of the lease (the store's clock first).
+    for _ in 0..13 {
+        clock.advance(LEASE / 9);
+        tokio::time::advance(LEASE / 9).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(
+        store.failing_renewals.load(Ordering::SeqCst),
+        0,
+        "both failed"
+    );
+    let second = limiter.acquire(&ctx, 1).await.unwrap();
+    assert!(
+        !second.decision.is_allowed(),
+        "the first holder kept its place"
+    );
+    drop(permit);
+    assert!(eventually_admitted(&limiter, &ctx, 100).await.is_some());
 }
