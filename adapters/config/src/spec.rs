@@ -347,15 +347,11 @@ pub(crate) fn de<T: DeserializeOwned>(
 
 /// `message` with the value it quotes first (`"…"` or `` `…` ``: serde
 /// quotes what it read first, then what it expected) replaced by `…`;
-/// unchanged when what it quotes is a field's name or one of a field's
-/// named choices (`unknown field`, `unknown variant`), never a secret.
+/// unchanged when what it quotes is a field's name (`unknown field`,
+/// `missing field`), never a secret. (`unknown variant` quotes the value
+/// written, then the choices: the value goes.)
 pub(crate) fn without_values(message: &str) -> String {
-    let names = [
-        "unknown field",
-        "unknown variant",
-        "missing field",
-        "duplicate field",
-    ];
+    let names = ["unknown field", "missing field", "duplicate field"];
     if names.iter().any(|n| message.starts_with(n)) {
         return message.to_string();
     }
@@ -866,5 +862,10 @@ mod tests {
         assert_eq!(hidden, r#"invalid value: string "…", expected a URL"#);
         let named = "unknown field `pasword`, expected one of `url`, `password`";
         assert_eq!(without_values(named), named);
+        let variant = "unknown variant `hunter2`, expected `evict` or `refuse`";
+        assert_eq!(
+            without_values(variant),
+            "unknown variant `…`, expected `evict` or `refuse`"
+        );
     }
 }

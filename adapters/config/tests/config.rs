@@ -212,7 +212,7 @@ window = "1s"
     );
     assert!(
         list.iter()
-            .any(|e| e.starts_with("store.when_full: unknown variant `sometimes`")),
+            .any(|e| e == "store.when_full: unknown variant `…`, expected `evict` or `refuse`"),
         "{list:#?}"
     );
 }
@@ -552,6 +552,11 @@ fn store_errors_never_repeat_a_password() {
     let number = "[store]\nkind = \"redis-sentinel\"\nsentinels = [\"redis://10.0.0.1:26379\"]\nservice = \"limits\"\npassword = 123456\n";
     let e = Config::from_toml_str(number).unwrap_err().to_string();
     assert!(!e.contains("123456"), "{e}");
+    // A value pasted into a field of named choices.
+    let choice = "[store]\nkind = \"memory\"\nwhen_full = \"hunter2\"\n";
+    let e = Config::from_toml_str(choice).unwrap_err().to_string();
+    assert!(!e.contains("hunter2"), "{e}");
+    assert!(e.contains("store.when_full"), "{e}");
 }
 
 #[cfg(feature = "redis")]
