@@ -21,6 +21,9 @@ use tollgate_limiter::{
     WhenFull,
 };
 
+/// A policy's budget for the keys of one version and algorithm.
+type Variant = (u32, &'static str, Arc<Budget>);
+
 /// Passes of a decision that found a budget full: each makes room across
 /// the store first (reclaiming expired keys, evicting when the budget
 /// evicts).
@@ -329,8 +332,9 @@ pub struct MemoryStore {
     clock: Arc<dyn Clock>,
     /// The store-wide bound.
     total: Budget,
-    /// Policies' own budgets, by policy name.
-    budgets: Mutex<HashMap<Box<str>, Arc<Budget>>>,
+    /// Policies' own budgets, by policy name, then by the version and
+    /// algorithm its keys carry (see [`budget_of`](Self::budget_of)).
+    budgets: Mutex<HashMap<Box<str>, Vec<Variant>>>,
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -536,24 +540,35 @@ impl MemoryStore {
 
     /// The policy's own budget, if it has one (created on first use; a
     /// changed size or `WhenFull` applies from now on).
+    ///
+    /// One budget per version and algorithm of a policy, as its keys carry
+    /// them: after a reload swaps the algorithm or bumps the version, the
+    /// old keys are never read again, and a refusing budget they still
+    /// filled would refuse every client until they expired.
     fn budget_of(&self, policy: &Policy) -> Option<Arc<Budget>> {
         let spec = policy.key_budget()?;
+        let (version, algorithm) = (policy.version(), policy.limit().key_code());
         let mut budgets = self
             .budgets
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let budget = match budgets.get(policy.name()) {
-            Some(b) => b.clone(),
-            None => {
-                let b = Arc::new(Budget::new(
-                    Some(policy.name()),
-                    spec.max_keys(),
-                    spec.when_full(),
-                ));
-                budgets.insert(policy.name().into(), b.clone());
-                b
-            }
+        let variants = match budgets.get_mut(policy.name()) {
+            Some(variants) => variants,
+            None => budgets.entry(policy.name().into()).or_default(),
         };
+        let found = variants
+            .iter()
+            .find(|(v, a, _)| (*v, *a) == (version, algorithm))
+            .map(|(_, _, b)| b.clone());
+        let budget = found.unwrap_or_else(|| {
+            let b = Arc::new(Budget::new(
+                Some(policy.name()),
+                spec.max_keys(),
+                spec.when_full(),
+            ));
+            variants.push((version, algorithm, b.clone()));
+            b
+        });
         budget.max.store(spec.max_keys(), Ordering::Relaxed);
         budget
             .when_full

@@ -436,6 +436,51 @@ fn one_policy_cannot_take_another_policys_room() {
     }
 }
 
+/// A policy's refusing budget, full, and a reload that swaps its
+/// algorithm or bumps its version: the new keys have a budget of their own
+/// (the old keys are never read again), so clients are decided, not
+/// refused until the old keys expire. The old algorithm, still in use
+/// elsewhere (a plan, a process not yet reloaded), keeps its own.
+#[test]
+fn a_swapped_algorithm_is_not_refused_by_its_old_keys_budget() {
+    let clock = ManualClock::new(START);
+    let store: Arc<dyn Store> = Arc::new(
+        MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+    );
+    let budget = KeyBudget::new(2, WhenFull::Refuse).unwrap();
+    let hour = Duration::from_secs(3_600);
+    let login = |limit: Limit, version: u32| {
+        let policy = Policy::new("login", limit).unwrap().with_key_budget(budget);
+        Limiter::builder(store.clone())
+            .layer("ip", Scope::Subject, policy.with_version(version))
+            .build()
+            .unwrap()
+    };
+    let decide = |limiter: &Limiter, who: &str| {
+        let d = ready(limiter.check(&subject(who), 1)).unwrap();
+        (d.is_allowed(), d.store_error())
+    };
+    let before = login(Limit::sliding_log(5, hour).unwrap(), 1);
+    assert_eq!(decide(&before, "a"), (true, None));
+    assert_eq!(decide(&before, "b"), (true, None));
+    assert_eq!(
+        decide(&before, "c"),
+        (false, Some("full")),
+        "the budget is full"
+    );
+    let swapped = login(Limit::fixed_window(5, hour).unwrap(), 1);
+    assert_eq!(decide(&swapped, "a"), (true, None), "another algorithm");
+    let bumped = login(Limit::sliding_log(5, hour).unwrap(), 2);
+    assert_eq!(decide(&bumped, "a"), (true, None), "another version");
+    assert_eq!(
+        decide(&before, "c"),
+        (false, Some("full")),
+        "the old one's own"
+    );
+}
+
 /// Clocks at the extremes: the store refuses to decide before 2020 or after
 /// 2100 (never over-admits, never panics), for every algorithm, and a
 /// manual clock saturates instead of wrapping.
