@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use tollgate_limiter::{Clock, RouteLimits, Store, StoreError};
+use tollgate_limiter::{Clock, Limit, RouteLimits, Store, StoreError};
 
 use crate::observe;
 
@@ -40,6 +40,9 @@ struct Shared {
     /// The file's contents the running configuration was read from (or
     /// last applied from the file): where a watch begins.
     in_force: Mutex<Option<Vec<u8>>>,
+    /// Every limit applied since the process started, by policy name and
+    /// version: see [`lease_changed`].
+    leases: Mutex<BTreeMap<(String, u32), Limit>>,
 }
 
 /// A configuration that can be reloaded while the service runs.
@@ -264,6 +267,7 @@ impl LiveConfig {
         tollgate_limiter::observe::describe();
         observe::describe();
         let (path, in_force) = file.unzip();
+        let running_config = config.clone();
         Ok(LiveConfig {
             shared: Arc::new(Shared {
                 path,
@@ -278,6 +282,7 @@ impl LiveConfig {
                 }),
                 bound: Mutex::new(BTreeSet::new()),
                 reloading: tokio::sync::Mutex::new(()),
+                leases: Mutex::new(leases_of(&running_config)),
             }),
         })
     }
@@ -430,7 +435,7 @@ impl LiveConfig {
         if !missing.is_empty() {
             return Err(ReloadError::MissingRoutes(missing));
         }
-        if let Some(error) = lease_changed(&running.config, &config) {
+        if let Some(error) = lease_changed(&self.leases(), &config) {
             return Err(ReloadError::Invalid(ConfigError::Invalid(vec![error])));
         }
         let clock = &self.shared.clock;
@@ -468,6 +473,7 @@ impl LiveConfig {
             .filter(|name| !bound.contains(*name))
             .cloned()
             .collect();
+        self.leases().extend(leases_of(&config));
         let replaced = self.shared.running.swap(Arc::new(Running {
             config,
             store,
@@ -486,6 +492,10 @@ impl LiveConfig {
 
     fn bound(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
         self.shared.bound.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn leases(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u32), Limit>> {
+        self.shared.leases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Reload whenever the file's contents change, read every `every` (at
@@ -545,23 +555,37 @@ impl LiveConfig {
     }
 }
 
-/// A concurrency limit of `new` whose lease differs from the running
-/// one's under the same version: its places, kept in the same keys, would
-/// be read with the new lease (a shorter one counts the older places as
-/// gone, and admits past the limit). A lease changes with the version.
-fn lease_changed(running: &Config, new: &Config) -> Option<tollgate_limiter::PolicyError> {
+/// A concurrency limit of `new` whose lease differs from one applied under
+/// the same name and version since the process started (`seen`), the
+/// running configuration's included: its places, kept in the same keys,
+/// would be read with the new lease (a shorter one counts the older places
+/// as gone, and admits past the limit). A policy removed by one reload and
+/// brought back by a later one still has its places in the store. A lease
+/// changes with the version.
+fn lease_changed(
+    seen: &BTreeMap<(String, u32), Limit>,
+    new: &Config,
+) -> Option<tollgate_limiter::PolicyError> {
     new.policies().iter().find_map(|(name, policy)| {
-        let old = running.policy(name)?;
-        let (was, now) = old.limit().lease_change(policy.limit())?;
-        (old.version() == policy.version()).then(|| {
-            tollgate_limiter::PolicyError::new(
-                format!("policies.{name}.lease"),
-                format!(
-                    "changes from {was:?} to {now:?} under the same version: bump `version` (places held now are kept under the old lease until they end)"
-                ),
-            )
-        })
+        let old = seen.get(&(name.clone(), policy.version()))?;
+        let (was, now) = old.lease_change(policy.limit())?;
+        Some(tollgate_limiter::PolicyError::new(
+            format!("policies.{name}.lease"),
+            format!(
+                "changes from {was:?} to {now:?} under the same version: bump `version` (places held now are kept under the old lease until they end)"
+            ),
+        ))
     })
+}
+
+/// `config`'s limits, by policy name and version (those of concurrency
+/// limits are the ones [`lease_changed`] reads).
+fn leases_of(config: &Config) -> BTreeMap<(String, u32), Limit> {
+    config
+        .policies()
+        .iter()
+        .map(|(name, policy)| ((name.clone(), policy.version()), policy.limit().clone()))
+        .collect()
 }
 
 /// `path` and the file's contents.

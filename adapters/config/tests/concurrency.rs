@@ -94,4 +94,20 @@ async fn a_reload_changes_a_lease_only_with_the_version() {
     live.reload_with(bumped)
         .await
         .expect("a new version may change the lease");
+    // Version 1 removed, then back with another lease: its places may
+    // still be in the store, under the lease it had.
+    let elsewhere = FILE
+        .replace("policy = \"exports\"", "policy = \"others\"")
+        .replace("[policies.exports]", "[policies.others]");
+    live.reload_with(Config::from_toml_str(&elsewhere).unwrap())
+        .await
+        .expect("exports removed");
+    let back = live
+        .reload_with(edited("lease = \"30s\"", "lease = \"5s\""))
+        .await
+        .unwrap_err();
+    assert!(
+        back.to_string().contains("policies.exports.lease"),
+        "{back}"
+    );
 }
