@@ -38,14 +38,35 @@ impl LeasedStore {
         clock: Arc<dyn Clock>,
         shortest: Duration,
     ) -> Arc<Self> {
-        Arc::new_cyclic(|this| LeasedStore {
+        let leased = Arc::new_cyclic(|this| LeasedStore {
             inner,
             clock,
             table: Mutex::new(LeaseTable::new(shortest)),
             sweep_every: shortest / 2,
             this: this.clone(),
             sweeping: Default::default(),
-        })
+        });
+        let mut all = every_leased_store();
+        all.retain(|s| s.strong_count() > 0);
+        all.push(Arc::downgrade(&leased));
+        drop(all);
+        leased
+    }
+
+    /// Forget `layers`' batches in this limiter's table and in those of
+    /// every other limiter of this process on the same store: a block or a
+    /// reset through one route's limiter must stop the batches another
+    /// route's limiter took for the same keys.
+    fn forget_everywhere(&self, layers: &[LayerRequest<'_>]) {
+        let siblings: Vec<Arc<LeasedStore>> = every_leased_store()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|s| Arc::ptr_eq(&s.inner, &self.inner))
+            .collect();
+        self.table().forget(layers);
+        for sibling in siblings {
+            sibling.table().forget(layers);
+        }
     }
 
     /// A decision the batches could not give: through the store (a
@@ -167,9 +188,9 @@ impl Store for LeasedStore {
     async fn reset(&self, layers: &[LayerRequest<'_>]) -> Result<(), StoreError> {
         // Before (no batch admits meanwhile) and after (none charged
         // meanwhile is held).
-        self.table().forget(layers);
+        self.forget_everywhere(layers);
         let answer = self.inner.reset(layers).await;
-        self.table().forget(layers);
+        self.forget_everywhere(layers);
         answer
     }
 
@@ -182,11 +203,11 @@ impl Store for LeasedStore {
         // reward changes what the store holds, not what was charged.
         let block = matches!(adjustment, Adjustment::Block(_));
         if block {
-            self.table().forget(layers);
+            self.forget_everywhere(layers);
         }
         let answer = self.inner.adjust(layers, adjustment).await;
         if block {
-            self.table().forget(layers);
+            self.forget_everywhere(layers);
         }
         answer
     }
@@ -333,6 +354,15 @@ async fn give_back(store: &dyn Store, unused: Vec<Unused>) {
             crate::observe::lease_returned(u.layer.policy().name(), u.units);
         }
     }
+}
+
+/// Every leased store of the process (one per limiter with leased
+/// layers), so that a block or a reset reaches the batches of each
+/// ([`LeasedStore::forget_everywhere`]). Dead ones are dropped when a new
+/// one is made.
+fn every_leased_store() -> MutexGuard<'static, Vec<Weak<LeasedStore>>> {
+    static ALL: Mutex<Vec<Weak<LeasedStore>>> = Mutex::new(Vec::new());
+    ALL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The sweeping task's hold on its store's `sweeping` flag. However the

@@ -147,6 +147,45 @@ async fn blocks_stop_the_batches() {
     assert_eq!(admitted(&limiter, &ctx, 10).await, 10);
 }
 
+/// Two limiters of one process on one store (two routes with the same
+/// leased policy), each holding a batch for the same client: a block
+/// through one stops the other's batch too, and a reset through one
+/// forgets both (the other's would be spent on top of a full limit).
+#[tokio::test]
+async fn a_block_through_one_limiter_stops_every_limiters_batch() {
+    let clock = ManualClock::new(START);
+    let store = remote(&clock);
+    let route = || {
+        Limiter::builder(store.clone())
+            .clock(Arc::new(clock.clone()))
+            .layer("client", Scope::Subject, leased_bucket(50))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (route(), route());
+    let ctx = Context::for_subject(Subject::new("hot-client").unwrap());
+    assert_eq!(admitted(&a, &ctx, 100).await, 100);
+    assert_eq!(admitted(&b, &ctx, 100).await, 100);
+    let held = b.peek(&ctx, 1).await.unwrap().layers()[0].verdict.remaining;
+    assert!(
+        held > in_store(&store, Scope::Subject, &ctx).await,
+        "b holds a batch"
+    );
+    a.block(&ctx, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        admitted(&b, &ctx, 10).await,
+        0,
+        "blocked: b's batch admits nothing"
+    );
+    a.reset(&ctx).await.unwrap();
+    let after = b.peek(&ctx, 1).await.unwrap().layers()[0].verdict.remaining;
+    assert_eq!(
+        after,
+        in_store(&store, Scope::Subject, &ctx).await,
+        "b holds no batch"
+    );
+}
+
 /// The store failing mid-lease: what the batch holds is admitted (it was
 /// charged), then the failure mode answers (here: closed).
 #[tokio::test]
