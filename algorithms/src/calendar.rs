@@ -12,11 +12,17 @@ use crate::refund::{Charge, Refund};
 /// Calendar quota over the state `[count, span start µs, span end µs]`.
 ///
 /// The span is the one holding `now` (for a store: the one the caller
-/// sent). A state of that span, or of one overlapping it (a schedule
-/// changed under the same key), goes on counting in it; a state of a later
-/// span (a caller whose clock runs ahead began it) goes on counting in that
-/// one, so a caller whose clock lags at a boundary never restarts a span
-/// another has begun; a state of an earlier span counts as none.
+/// sent). A state of that span, or of one overlapping it that has not
+/// ended (a schedule changed under the same key), goes on counting in it;
+/// a state of a later span (a caller whose clock runs ahead began it) goes
+/// on counting in that one, so a caller whose clock lags at a boundary
+/// never restarts a span another has begun; a state of an earlier span
+/// counts as none.
+///
+/// A count carried from another span stays in that span's state until an
+/// admission moves it (a denial writes nothing): each new span overlapping
+/// the stored one carries it again, until the stored span ends. A denial
+/// then says to wait until that end, the instant the count is gone.
 ///
 /// A span that has ended at `now` — the store's clock (Redis `TIME`) ahead
 /// of the caller's that chose it — admits nothing and writes nothing: its
@@ -26,17 +32,25 @@ use crate::refund::{Charge, Refund};
 pub fn calendar(p: &Calendar, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transition {
     let now = crate::bounded(now);
     let (span_start, span_end) = p.span_at(now);
-    let (count, start, end) = match state {
-        Some([count, start, end]) if start >= span_end => (count, start, end),
-        Some([count, _, end]) if end > span_start => (count, span_start, span_end),
-        _ => (0, span_start, span_end),
+    let (count, start, end, carried_until) = match state {
+        Some([count, start, end]) if start >= span_end => (count, start, end, None),
+        Some([count, start, end]) if end > span_start && end > now => {
+            let carried = (start, end) != (span_start, span_end) && count > 0;
+            (count, span_start, span_end, carried.then_some(end))
+        }
+        _ => (0, span_start, span_end, None),
     };
     if end <= now {
         return ended(p.limit());
     }
-    crate::counter::count(p.limit(), count, cost, now, (now, end), |count_after| {
+    let mut t = crate::counter::count(p.limit(), count, cost, now, (now, end), |count_after| {
         State::Cells([count_after, start, end])
-    })
+    });
+    if let (false, Some(gone_at)) = (t.verdict.allowed, carried_until) {
+        t.verdict.reset_after = crate::after(gone_at, now);
+        t.verdict.retry_after = Some(t.verdict.reset_after);
+    }
+    t
 }
 
 /// The verdict in a span that has ended at the store's clock: denied,

@@ -11,10 +11,12 @@
 --   client; spans are deterministic).
 -- State: cells {count, start µs, end µs} of the span it counts, stored as
 --   "a b c"; nil: none. A stored span of the one sent, or overlapping it
---   (a changed schedule), goes on in the one sent; a later one goes on in
---   itself; an earlier one counts as none. A span ended at now (Redis TIME
---   ahead of the caller's clock) admits nothing, writes nothing, and says
---   retry in a millisecond.
+--   and not ended (a changed schedule), goes on in the one sent; a later
+--   one goes on in itself; an earlier one counts as none. A count carried
+--   from another span stays there until an admission moves it: a denial
+--   waits until that span ends. A span ended at now (Redis TIME ahead of
+--   the caller's clock) admits nothing, writes nothing, and says retry in
+--   a millisecond.
 -- Returns: as fixed_window.lua.
 -- Whether the cells are a state a calendar quota writes: a count below
 -- 2^53 and a span of 1 µs to MAX_CALENDAR_SPAN_US (Rust: within_reach,
@@ -25,15 +27,23 @@ end
 
 local function calendar(limit, span_start, span_end, stored, start, stop, now, cost)
   local count = 0
+  local carried_until = nil
   if stored and start >= span_end then
     count = stored
-  elseif stored and stop > span_start then
+  elseif stored and stop > span_start and stop > now then
+    if (start ~= span_start or stop ~= span_end) and stored > 0 then
+      carried_until = stop
+    end
     count, start, stop = stored, span_start, span_end
   else
     start, stop = span_start, span_end
   end
   if stop <= now then
     return false, limit, 0, 0, ENDED_RETRY_US
+  end
+  if carried_until and count + cost > limit then
+    local wait = after(carried_until, now)
+    return false, limit, max(limit - count, 0), wait, wait
   end
   return counted(limit, count, cost, now, now, stop, start, stop)
 end

@@ -815,13 +815,58 @@ pub async fn calendar_quotas_follow_the_calendar(factory: impl StoreFactory) {
     let (noon, midnight) = (1_774_785_600_000_000, 1_774_821_600_000_000);
     clock.set(Timestamp::from_micros(noon));
     let daily = Limit::calendar(1, calendar("day", "Europe/Berlin")).expect("valid");
-    let limiter = single(store, daily);
+    let limiter = single(store.clone(), daily);
     assert_eq!(admitted(&limiter, &ctx, 2, 1).await, 1);
     let denied = limiter.check(&ctx, 1).await.expect("store answers");
     assert_eq!(
         denied.retry_after(),
         Some(Duration::from_micros(midnight - noon))
     );
+    billing_date_moved(store, &clock).await;
+}
+
+/// A billing date moved from the 17th to the 1st on 20 March (UTC), after
+/// the span [17 March, 17 April) was spent: its count stays in that
+/// span's state until the span ends (a denial writes nothing, and April's
+/// span overlaps it as March's did), and each denial says to wait for that
+/// end, when the customer is admitted again.
+async fn billing_date_moved(store: Arc<dyn Store>, clock: &ManualClock) {
+    // 2026-03-20T12:00Z, 2026-04-01T00:00Z, 2026-04-17T00:00Z.
+    let (march_20, april_1, april_17) = (
+        1_774_008_000_000_000,
+        1_775_001_600_000_000,
+        1_776_384_000_000_000,
+    );
+    clock.set(Timestamp::from_micros(march_20));
+    let name = unique("billing");
+    let billed_from = |from: &str| {
+        let unit = "month".parse().expect("a calendar unit");
+        let every = tollgate_limiter::Recurrence::new(unit, "UTC", from).expect("valid");
+        let limit = Limit::calendar(2, every).expect("valid");
+        let policy = Policy::new(name.clone(), limit).expect("valid policy");
+        Limiter::builder(store.clone())
+            .layer("only", Scope::Subject, policy)
+            .build()
+            .expect("valid limiter")
+    };
+    let ctx = fresh_subject();
+    let on_the_17th = billed_from("2025-01-17T00:00");
+    assert_eq!(
+        admitted(&on_the_17th, &ctx, 3, 1).await,
+        2,
+        "the 17th's two"
+    );
+    let on_the_1st = billed_from("2025-01-01T00:00");
+    for (now, month) in [(march_20, "March"), (april_1, "April")] {
+        clock.set(Timestamp::from_micros(now));
+        let denied = on_the_1st.check(&ctx, 1).await.expect("store answers");
+        assert!(!denied.is_allowed(), "{month}: the count carried");
+        let until = Duration::from_micros(april_17 - now);
+        assert_eq!(denied.retry_after(), Some(until), "{month}: until 17 April");
+    }
+    clock.set(Timestamp::from_micros(april_17));
+    let after = admitted(&on_the_1st, &ctx, 3, 1).await;
+    assert_eq!(after, 2, "the old span ended: April's two");
 }
 
 /// A plan changes a policy's limit, never its key: a window counter keeps
