@@ -199,7 +199,10 @@ impl CircuitBreaker {
             .now()
             .as_micros()
             .saturating_add(duration_micros(self.config.open_for));
-        if probe {
+        // A probe whose breaker another request's success closed meanwhile
+        // counts as any failure: one late answer does not reopen a closed
+        // breaker past its threshold, nor end a newer probe.
+        if probe && self.open_until.load(Ordering::Acquire) != 0 {
             self.open_until.store(reopen_at, Ordering::Release);
             self.probing.store(false, Ordering::Release);
             return true;
@@ -260,6 +263,28 @@ mod tests {
         assert!(breaker.failure(false));
         clock.advance(Duration::from_secs(2));
         assert_eq!(breaker.admit(), Admission::Probe);
+    }
+
+    /// A probe that fails after another request's success closed the
+    /// breaker (a request sent before it opened, slower than the open
+    /// period) counts as one failure, below the threshold: the breaker
+    /// stays closed.
+    #[test]
+    fn a_late_probe_failure_does_not_reopen_a_closed_breaker() {
+        let clock = ManualClock::new(Timestamp::from_micros(1_780_000_000_000_000));
+        let config = BreakerConfig {
+            failure_threshold: 5,
+            open_for: Duration::from_secs(1),
+        };
+        let breaker = CircuitBreaker::with_clock(config, Arc::new(clock.clone()));
+        for _ in 0..5 {
+            breaker.failure(false);
+        }
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(breaker.admit(), Admission::Probe);
+        assert!(breaker.success(), "the slow request closed it");
+        assert!(!breaker.failure(true), "the probe's failure");
+        assert_eq!(breaker.state(), BreakerState::Closed);
     }
 
     /// A clock stepping back does not stretch an open period: it ends at
