@@ -10,6 +10,7 @@ mod degraded;
 mod detached;
 mod planned;
 mod shadow;
+pub(crate) use shadow::undecidable;
 
 use std::fmt;
 use std::future::Future;

@@ -34,6 +34,16 @@ impl Limiter {
     /// ```
     pub async fn peek(&self, ctx: &Context, cost: u64) -> Result<Decision, Error> {
         let this = self.planned(ctx).await;
+        // A shadow layer that cannot take part is left out, as `check`
+        // leaves it out.
+        let left_out = |l: &Layer| crate::limiter::undecidable(l, ctx, cost);
+        if this.layers().iter().any(left_out) {
+            let kept = match this.subset(&left_out) {
+                Some(subset) => Some(Box::pin(subset.peek(ctx, cost)).await?),
+                None => None,
+            };
+            return Ok(this.with_left_out(kept, &left_out));
+        }
         let requests = this.requests(ctx, cost, |_| true)?;
         let verdicts = this.store().peek(&requests).await?;
         if verdicts.len() != requests.len() {

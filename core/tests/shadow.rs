@@ -51,6 +51,11 @@ fn a_shadow_layer_that_cannot_decide_is_left_out() {
     );
     // Over the enforced layer's capacity is still an error.
     assert!(ready(limiter.check(&ctx("k"), 11)).is_err());
+    // A peek leaves it out as a check does, charging nothing.
+    let peeked = ready(limiter.peek(&ctx("k"), 3)).unwrap();
+    assert_eq!(peeked.layers()[0].verdict.remaining, 7, "nothing charged");
+    assert_eq!(peeked.layers()[1].source, Source::FailClosed);
+    assert!(ready(limiter.peek(&ctx("k"), 11)).is_err());
 }
 
 #[test]

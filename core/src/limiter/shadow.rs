@@ -79,7 +79,7 @@ impl Limiter {
     /// (the [`subset`](Self::subset)'s), the layers `left_out` picks
     /// reporting a would-be denial that no store made
     /// (`Source::FailClosed`).
-    pub(super) fn with_left_out(
+    pub(crate) fn with_left_out(
         &self,
         decided_kept: Option<Decision>,
         left_out: &(dyn Fn(&Layer) -> bool + Sync),
@@ -118,7 +118,7 @@ impl Limiter {
 
 /// Whether `layer` is a shadow layer this request cannot be decided by (a
 /// cost above its capacity, no subject for it).
-pub(super) fn undecidable(layer: &Layer, ctx: &Context, cost: u64) -> bool {
+pub(crate) fn undecidable(layer: &Layer, ctx: &Context, cost: u64) -> bool {
     layer.policy.is_shadow()
         && (layer.policy.check_cost(cost).is_err() || ctx.key_for(layer).is_none())
 }
