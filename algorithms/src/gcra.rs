@@ -30,6 +30,10 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
         Some([tat, rate, _]) => rebased_tat(p, tat, rate, now),
         None => now,
     };
+    // A state of another interval (its plan changed) recovers at that
+    // interval until a write moves it to this one, and a denial writes
+    // nothing: its waits are counted at that interval.
+    let another_interval = state.filter(|&[tat, rate, _]| rebases(p, tat, rate, now));
     let t = now;
     let base = tat.max(t);
     let new_tat = base.saturating_add(cost.saturating_mul(interval));
@@ -49,14 +53,22 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
         }
     } else {
         // Admitted once the effective time reaches new_tat - tolerance; that
-        // instant is not after `base`, so `base` is unchanged by then.
-        let retry_at = new_tat - tolerance;
+        // instant is not after `base`, so `base` is unchanged by then. At
+        // another interval: once the units used, ⌈(TAT − t) ÷ interval⌉ at
+        // that interval, leave room for the cost; full at its TAT.
+        let (retry_at, reset_at) = match another_interval {
+            Some([old_tat, old, _]) => {
+                let room = p.burst().saturating_sub(cost).saturating_mul(old);
+                (old_tat.saturating_sub(room), old_tat)
+            }
+            None => (new_tat - tolerance, base),
+        };
         Transition {
             verdict: Verdict {
                 allowed: false,
                 limit: p.burst(),
                 remaining: tolerance.saturating_sub(base - t) / interval,
-                reset_after: after(base, now),
+                reset_after: after(reset_at, now),
                 retry_after: Some(after(retry_at, now)),
             },
             next: None,
@@ -73,11 +85,17 @@ pub fn gcra(p: &Gcra, state: Option<[u64; 3]>, now: u64, cost: u64) -> Transitio
 ///
 /// [`Limit::keeping_units`]: tollgate_limiter::Limit::keeping_units
 pub fn rebased_tat(p: &Gcra, tat: u64, rate: u64, now: u64) -> u64 {
-    if !p.keeps_units() || rate == 0 || rate == p.interval_us() || tat <= now {
+    if !rebases(p, tat, rate, now) {
         return tat;
     }
     let used = (tat - now).div_ceil(rate).min(p.burst());
     now + used * p.interval_us()
+}
+
+/// Whether [`rebased_tat`] reads a TAT written at the interval `rate` as
+/// units used (a layer that keeps units, another interval, not yet full).
+fn rebases(p: &Gcra, tat: u64, rate: u64, now: u64) -> bool {
+    p.keeps_units() && rate != 0 && rate != p.interval_us() && tat > now
 }
 
 /// The charge moved the TAT `cost × interval` later, to `mark`. Without it,

@@ -27,7 +27,8 @@ pub fn token_bucket(p: &TokenBucket, state: Option<[u64; 3]>, now: u64, cost: u6
     let now = crate::bounded(now);
     let (period, refill) = (p.period_us(), p.refill());
     let full = p.capacity() * period;
-    let level = level_at(full, refill, state.and_then(|s| rebased(p, s, now)), now);
+    let read = state.and_then(|s| rebased(p, s, now));
+    let level = level_at(full, refill, read, now);
     let need = cost * period;
     if level >= need {
         let left = level - need;
@@ -49,8 +50,16 @@ pub fn token_bucket(p: &TokenBucket, state: Option<[u64; 3]>, now: u64, cost: u6
             }),
         }
     } else {
-        let retry_at = now.saturating_add((need - level).div_ceil(refill));
-        let reset_at = now.saturating_add((full - level).div_ceil(refill));
+        let (retry_at, reset_at) = match (state, read) {
+            (Some(old), _) if at_another_rate(p, old, now) => old_rate_waits(p, old, cost),
+            (_, Some([full_at, remainder, _])) if full_at > now => {
+                own_rate_waits(full, refill, need, full_at, remainder)
+            }
+            _ => (
+                now.saturating_add((need - level).div_ceil(refill)),
+                now.saturating_add((full - level).div_ceil(refill)),
+            ),
+        };
         Transition {
             verdict: Verdict {
                 allowed: false,
@@ -88,6 +97,43 @@ pub fn rebased(p: &TokenBucket, state: [u64; 3], now: u64) -> Option<[u64; 3]> {
     let used = units_used(full_at - now, remainder, rate).min(p.capacity());
     let (until_full, remainder) = refill_time(used * p.period_us(), p.refill());
     Some([now + until_full, remainder, p.recorded_rate()])
+}
+
+/// Whether [`rebased`] reads `state` as the units used at another rate
+/// (a layer that keeps units, another rate recorded, not yet full).
+fn at_another_rate(p: &TokenBucket, [full_at, _, rate]: [u64; 3], now: u64) -> bool {
+    p.keeps_units() && rate != 0 && rate != p.recorded_rate() && full_at > now
+}
+
+/// When a denied request of `cost` is admitted, and when the bucket is
+/// full, for a state written at another rate (its plan changed): it
+/// refills at that rate until a write moves it to this one, and a denial
+/// writes nothing. `u` µs before it is full it has used ⌈(u × R − r) ÷ P⌉
+/// units at that rate, so it admits once `u × R ≤ (capacity − cost) × P
+/// + r`, and is full once `u × R ≤ r`.
+fn old_rate_waits(p: &TokenBucket, [full_at, remainder, rate]: [u64; 3], cost: u64) -> (u64, u64) {
+    let (refill, period) = TokenBucket::rate_of_record(rate);
+    let room = p
+        .capacity()
+        .saturating_sub(cost)
+        .saturating_mul(period)
+        .saturating_add(remainder);
+    (
+        full_at.saturating_sub(room / refill),
+        full_at.saturating_sub(remainder / refill),
+    )
+}
+
+/// The same at this layer's own rate, from the state as it is read:
+/// `u` µs before full the level is `full + r − u × R`, so the request is
+/// admitted once `u × R ≤ full + r − need`. Unlike the level, not capped
+/// at empty: a state written under a larger capacity is further below.
+fn own_rate_waits(full: u64, refill: u64, need: u64, full_at: u64, remainder: u64) -> (u64, u64) {
+    let room = (full + remainder).saturating_sub(need);
+    (
+        full_at.saturating_sub(room / refill),
+        full_at.saturating_sub(remainder / refill),
+    )
 }
 
 /// The units a bucket full again in `until_full` µs (with `remainder`)

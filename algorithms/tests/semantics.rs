@@ -390,3 +390,34 @@ fn a_cost_no_state_can_admit_is_denied_for_good() {
         }
     }
 }
+
+/// A capacity cut under the same rate (a reload without a version bump):
+/// a bucket that used more than the new capacity is that far below empty,
+/// and a denial says when it is back above the cost, exactly (it said one
+/// unit's refill: the level is shown capped at empty).
+#[test]
+fn a_cut_capacitys_wait_counts_what_was_used_beyond_it() {
+    let hour = Duration::from_secs(3600);
+    let limits = [
+        Limit::token_bucket(20, 10, hour).unwrap(),
+        Limit::gcra(10, hour, 20).unwrap(),
+    ];
+    let cut = [
+        Limit::token_bucket(5, 10, hour).unwrap(),
+        Limit::gcra(10, hour, 5).unwrap(),
+    ];
+    for (large, small) in limits.into_iter().zip(cut) {
+        let name = large.algorithm_name();
+        let mut key = Key::new(large);
+        assert_eq!(key.admitted(T0, 15), 15, "{name}");
+        key.limit = small;
+        let v = key.at(T0, 1);
+        assert!(!v.allowed, "{name}");
+        // 15 used of 5: 11 units back (4 used) before one more fits.
+        let wait = Duration::from_secs(11 * 360);
+        assert_eq!(v.retry_after, Some(wait), "{name}");
+        let at = T0 + wait.as_micros() as u64;
+        assert!(!key.at(at - 1, 1).allowed, "{name}: a µs early");
+        assert!(key.at(at, 1).allowed, "{name}: when the denial said");
+    }
+}

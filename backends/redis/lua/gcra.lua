@@ -40,6 +40,12 @@ local function gcra_understood(_, rate, _)
 end
 
 local function gcra(burst, interval, _, tat, rate, _, now, cost, keep)
+  -- A state of another interval (its plan changed) recovers at that
+  -- interval until a write moves it: a denial's waits are counted there.
+  local old_tat = nil
+  if keep and tat and rate ~= 0 and rate ~= interval and tat > now then
+    old_tat = tat
+  end
   tat = rebased_tat(burst, interval, tat, rate, now, keep)
   local tolerance = burst * interval
   local t = now
@@ -58,9 +64,14 @@ local function gcra(burst, interval, _, tat, rate, _, now, cost, keep)
   -- Admitted once the effective time reaches new_tat - tolerance (base does
   -- not move before then). The max() guards states written under other
   -- parameters, or before the clock stepped back.
-  local retry_at = new_tat - tolerance
+  local retry_at, reset_at = new_tat - tolerance, base
+  if old_tat then
+    -- Once the units used at that interval leave room for the cost. (The
+    -- product is below old_tat - now in a denial: exact.)
+    retry_at, reset_at = max(old_tat - max(burst - cost, 0) * rate, 0), old_tat
+  end
   return false, burst, fdiv(max(tolerance - (base - t), 0), interval),
-    after(base, now), after(retry_at, now)
+    after(reset_at, now), after(retry_at, now)
 end
 
 -- GCRA. The charge moved the TAT `cost × interval` later, to `tat_after`;

@@ -102,6 +102,13 @@ local function token_bucket_level(full, refill, full_at, remainder, now)
 end
 
 local function token_bucket(capacity, refill, period, full_at, remainder, rate, now, cost, keep)
+  -- A state of another rate (its plan changed) refills at that rate until
+  -- a write moves it: a denial's waits are counted there (Rust:
+  -- old_rate_waits).
+  local old_at, old_remainder, old_rate = nil, 0, 0
+  if keep and full_at and rate ~= 0 and rate ~= token_bucket_rate(refill, period, keep) and full_at > now then
+    old_at, old_remainder, old_rate = full_at, remainder, rate
+  end
   full_at, remainder = token_bucket_rebased(capacity, refill, period, full_at, remainder, rate, now, keep)
   local full = capacity * period
   local level = token_bucket_level(full, refill, full_at, remainder, now)
@@ -116,8 +123,22 @@ local function token_bucket(capacity, refill, period, full_at, remainder, rate, 
       cdiv(until_full, 1000), now + until_full, until_full * refill - deficit,
       token_bucket_rate(refill, period, keep)
   end
-  return false, capacity, fdiv(level, period), cdiv(full - level, refill),
-    cdiv(need - level, refill)
+  local retry_after, reset_after = cdiv(need - level, refill), cdiv(full - level, refill)
+  if old_at then
+    -- u µs before full it has used ceil((u * R - r) / P) units at that rate.
+    local old_refill = fdiv(old_rate, RATE_PERIOD)
+    local old_period = old_rate - old_refill * RATE_PERIOD
+    local room = max(capacity - cost, 0) * old_period + old_remainder
+    retry_after = after(max(old_at - fdiv(room, old_refill), 0), now)
+    reset_after = after(max(old_at - fdiv(old_remainder, old_refill), 0), now)
+  elseif full_at and full_at > now then
+    -- u µs before full the level is full + r - u * R (Rust:
+    -- own_rate_waits), not capped at empty.
+    local room = max(full + remainder - need, 0)
+    retry_after = after(max(full_at - fdiv(room, refill), 0), now)
+    reset_after = after(max(full_at - fdiv(remainder, refill), 0), now)
+  end
+  return false, capacity, fdiv(level, period), reset_after, retry_after
 end
 
 -- Token bucket: GCRA's refund in scaled tokens (Rust: token_bucket_refund).

@@ -1025,14 +1025,24 @@ pub async fn bucket_plans_keep_the_units_used(factory: impl StoreFactory) {
         );
         let small = on(&third, "small");
         assert_eq!(admitted(&limiter, &small, 3, 1).await, 0, "downgraded");
+        // The denial's wait is counted at the rate the units were used at
+        // (a denial writes nothing, so the state refills at that rate),
+        // and it is exact: a microsecond earlier is still denied.
+        let denied = limiter.check(&small, 1).await.expect("store answers");
+        let wait = denied.retry_after().expect("denied, with a wait");
         let below = bucket(5, per).capacity() - 1;
-        clock.advance(
-            interval * u32::try_from(used - below).expect("small") + Duration::from_millis(1),
+        let at_old_rate = interval * u32::try_from(used - below).expect("small");
+        assert!(
+            wait.abs_diff(at_old_rate) <= Duration::from_micros(1),
+            "{wait:?}, at the old rate {at_old_rate:?}"
         );
+        clock.advance(wait - Duration::from_micros(1));
+        assert_eq!(admitted(&limiter, &small, 1, 1).await, 0, "a µs early");
+        clock.advance(Duration::from_micros(1));
         assert_eq!(
             admitted(&limiter, &small, 3, 1).await,
             1,
-            "one unit under the new capacity"
+            "one unit under the new capacity, when the denial said"
         );
     }
 }
