@@ -49,6 +49,9 @@ pub(crate) struct LayerInfo {
     pub(crate) policy: Box<str>,
     pub(crate) shadow: bool,
     pub(crate) window: Option<Duration>,
+    /// The window of the emergency limit the policy falls back to, if any
+    /// ([`Fallback`](crate::Fallback)): what a decision it made announces.
+    pub(crate) fallback_window: Option<Duration>,
     /// Whether the layer limits requests in flight rather than over time.
     pub(crate) in_flight: bool,
     /// The plan whose limit the layer decides by, if the limiter has plans.
@@ -123,9 +126,14 @@ impl LayerDecision {
         self.info.shadow
     }
 
-    /// The window the policy announces ([`Limit::window`](crate::Limit::window)).
+    /// The window the policy announces ([`Limit::window`](crate::Limit::window)),
+    /// or, when the in-process emergency store decided
+    /// ([`Source::Fallback`]), the window of the limit it decided by.
     pub fn window(&self) -> Option<Duration> {
-        self.info.window
+        match (self.source, self.info.fallback_window) {
+            (Source::Fallback, Some(window)) => Some(window),
+            _ => self.info.window,
+        }
     }
 
     /// Whether the layer limits requests in flight

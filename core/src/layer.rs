@@ -87,6 +87,7 @@ impl Layer {
             policy: policy.name().into(),
             shadow: policy.is_shadow(),
             window: policy.limit().window(),
+            fallback_window: fallback.as_ref().and_then(|f| f.limit().window()),
             in_flight: matches!(policy.limit(), Limit::Concurrency(_)),
             plan: None,
         });

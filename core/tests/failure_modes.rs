@@ -522,3 +522,34 @@ async fn an_outage_in_a_pass_past_a_shadow_denial_reaches_the_breaker() {
     assert_eq!(d.store_error(), Some("unavailable"));
     assert_eq!(limiter.breaker().state(), BreakerState::Open);
 }
+
+/// A decision the emergency store made announces the window of the limit
+/// it decided by: an hour's policy falling back to 10 a minute reads as 10
+/// a minute (its `RateLimit-Policy` said 10 an hour); the store's own
+/// decisions announce the policy's hour.
+#[tokio::test]
+async fn a_fallback_decision_announces_its_own_window() {
+    let store = Arc::new(RemoteStore::new(Arc::new(MemoryStore::default())));
+    let (minute, hour) = (Duration::from_secs(60), Duration::from_secs(3_600));
+    let emergency = Fallback::Limit(Limit::fixed_window(10, minute).unwrap());
+    let limiter = Limiter::builder(store.clone())
+        .layer(
+            "key",
+            Scope::Subject,
+            Policy::new("k", Limit::fixed_window(1_000, hour).unwrap())
+                .unwrap()
+                .with_on_failure(OnStoreFailure::Fallback(emergency))
+                .unwrap(),
+        )
+        .fallback_store(Arc::new(MemoryStore::default()))
+        .build()
+        .unwrap();
+    let d = limiter.check(&ctx(), 1).await.unwrap();
+    assert_eq!(d.layers()[0].source, Source::Store);
+    assert_eq!(d.layers()[0].window(), Some(hour));
+    store.set_down(true);
+    let d = limiter.check(&ctx(), 1).await.unwrap();
+    assert_eq!(d.layers()[0].source, Source::Fallback);
+    assert_eq!(d.layers()[0].verdict.limit, 10);
+    assert_eq!(d.layers()[0].window(), Some(minute), "the emergency limit's");
+}
