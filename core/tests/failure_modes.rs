@@ -551,5 +551,9 @@ async fn a_fallback_decision_announces_its_own_window() {
     let d = limiter.check(&ctx(), 1).await.unwrap();
     assert_eq!(d.layers()[0].source, Source::Fallback);
     assert_eq!(d.layers()[0].verdict.limit, 10);
-    assert_eq!(d.layers()[0].window(), Some(minute), "the emergency limit's");
+    assert_eq!(
+        d.layers()[0].window(),
+        Some(minute),
+        "the emergency limit's"
+    );
 }
