@@ -107,6 +107,11 @@ pub enum StoreError {
     /// 2020 or after 2100, see [`Timestamp::is_plausible`](crate::Timestamp::is_plausible)).
     #[error("the store's clock reads {0}, which is not between 2020-01-01 and 2100-01-01; refusing to decide with it (check the clock given to the store)")]
     ImplausibleTime(crate::Timestamp),
+    /// The caller's clock and the store's disagree by more than the store
+    /// allows (the Redis store's `max_skew`): a wrong clock, not an outage.
+    /// The store's own error says by how much.
+    #[error("{0}")]
+    ClockSkew(#[source] Box<dyn StdError + Send + Sync>),
     /// The store cannot run this policy's algorithm.
     #[error("this store cannot run the {0} algorithm; use a built-in algorithm or a store with a generic path")]
     Unsupported(&'static str),
@@ -160,6 +165,7 @@ impl StoreError {
             StoreError::Full { .. } => "full",
             StoreError::Conflict { .. } => "conflict",
             StoreError::ImplausibleTime(_) => "implausible_time",
+            StoreError::ClockSkew(_) => "clock_skew",
             StoreError::Unsupported(_) | StoreError::UnsupportedOperation(_) => "unsupported",
             StoreError::InvalidBlock(_) => "invalid_block",
             StoreError::Protocol(_) => "protocol",

@@ -104,7 +104,9 @@ impl RedisStoreError {
     /// The Redis store's own error inside `error`, if that is what it holds.
     pub fn of(error: &StoreError) -> Option<&RedisStoreError> {
         match error {
-            StoreError::Backend(inner) => inner.downcast_ref::<RedisStoreError>(),
+            StoreError::Backend(inner) | StoreError::ClockSkew(inner) => {
+                inner.downcast_ref::<RedisStoreError>()
+            }
             _ => None,
         }
     }
@@ -232,13 +234,13 @@ fn skew_error(e: &redis::RedisError) -> StoreError {
         .filter_map(|n| n.parse().ok())
         .collect();
     match numbers[..] {
-        [caller, server, max] => RedisStoreError::ClockSkew {
+        // A wrong clock, not an outage: the breaker does not count it.
+        [caller, server, max] => StoreError::ClockSkew(Box::new(RedisStoreError::ClockSkew {
             caller,
             server,
             skew: Duration::from_micros(caller.abs_diff(server)),
             max_skew: Duration::from_micros(max),
-        }
-        .into(),
+        })),
         _ => StoreError::Protocol(e.to_string()),
     }
 }

@@ -753,6 +753,8 @@ async fn caller_time_is_checked_against_the_server_clock() {
         }
         other => panic!("expected ClockSkew, got {other:?} ({err})"),
     }
+    assert!(!err.is_outage(), "a wrong clock is not an outage");
+    assert_eq!(err.class(), "clock_skew");
 
     let close = ManualClock::new(now);
     let store = RedisStore::builder(RedisServer::shared().url())
