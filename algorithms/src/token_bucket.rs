@@ -118,10 +118,7 @@ fn old_rate_waits(p: &TokenBucket, [full_at, remainder, rate]: [u64; 3], cost: u
         .saturating_sub(cost)
         .saturating_mul(period)
         .saturating_add(remainder);
-    (
-        full_at.saturating_sub(room / refill),
-        full_at.saturating_sub(remainder / refill),
-    )
+    waits(full_at, remainder, room, refill)
 }
 
 /// The same at this layer's own rate, from the state as it is read:
@@ -130,6 +127,14 @@ fn old_rate_waits(p: &TokenBucket, [full_at, remainder, rate]: [u64; 3], cost: u
 /// at empty: a state written under a larger capacity is further below.
 fn own_rate_waits(full: u64, refill: u64, need: u64, full_at: u64, remainder: u64) -> (u64, u64) {
     let room = (full + remainder).saturating_sub(need);
+    waits(full_at, remainder, room, refill)
+}
+
+/// When a bucket full at `full_at` (with `remainder`), refilling `refill`
+/// scaled tokens a µs, has `room` scaled tokens to spare, and when it is
+/// full: the instants `u` µs before `full_at` where `u × refill` is at most
+/// `room`, and at most `remainder`.
+fn waits(full_at: u64, remainder: u64, room: u64, refill: u64) -> (u64, u64) {
     (
         full_at.saturating_sub(room / refill),
         full_at.saturating_sub(remainder / refill),

@@ -58,14 +58,14 @@ impl LeasedStore {
     /// reset through one route's limiter must stop the batches another
     /// route's limiter took for the same keys.
     fn forget_everywhere(&self, layers: &[LayerRequest<'_>]) {
-        let siblings: Vec<Arc<LeasedStore>> = every_leased_store()
+        // This store is among them: every one registers when it is made.
+        let on_this_store: Vec<Arc<LeasedStore>> = every_leased_store()
             .iter()
             .filter_map(Weak::upgrade)
             .filter(|s| Arc::ptr_eq(&s.inner, &self.inner))
             .collect();
-        self.table().forget(layers);
-        for sibling in siblings {
-            sibling.table().forget(layers);
+        for leased in on_this_store {
+            leased.table().forget(layers);
         }
     }
 
