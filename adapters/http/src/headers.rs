@@ -19,6 +19,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::borrow::Cow;
 use std::fmt::Write;
 use std::time::Duration;
 
@@ -102,18 +103,27 @@ pub fn rate_limit_policy(decision: &Decision, shadow: bool) -> String {
 /// The name a layer's items carry in both lists: its policy's, unless
 /// another layer `shown` beside it decides by the same policy (one per
 /// subject, one per tenant): then the layer's own, when it is a plain
-/// name (as policy names are), so that each item names one limit.
+/// name (as policy names are) that no other shown layer's policy has, so
+/// that each item names one limit; else the policy's and the layer's
+/// place among those shown (`"api.2"`).
 pub(crate) fn item_name<'a>(
     layer: &LayerDecision,
-    shown: impl Iterator<Item = &'a LayerDecision>,
-) -> &'static str {
+    shown: impl Iterator<Item = &'a LayerDecision> + Clone,
+) -> Cow<'static, str> {
     let policy = layer.policy();
-    let shared = shown.filter(|l| l.policy() == policy).count() > 1;
-    if shared && tollgate_limiter::check_name("layer", layer.layer()).is_ok() {
-        layer.layer()
-    } else {
-        policy
+    if shown.clone().filter(|l| l.policy() == policy).count() < 2 {
+        return Cow::Borrowed(policy);
     }
+    let own = layer.layer();
+    let plain = tollgate_limiter::check_name("layer", own).is_ok();
+    let others_policy = shown
+        .clone()
+        .any(|l| !std::ptr::eq(l, layer) && l.policy() == own && own != policy);
+    if plain && !others_policy {
+        return Cow::Borrowed(own);
+    }
+    let place = shown.take_while(|l| !std::ptr::eq(*l, layer)).count() + 1;
+    Cow::Owned(format!("{policy}.{place}"))
 }
 
 /// Whether a layer's numbers come from counting (the store, the emergency

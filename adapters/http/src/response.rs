@@ -127,7 +127,7 @@ pub fn decision_headers(decision: &Decision, style: HeaderStyle) -> Headers {
     let tightest = decision
         .layers()
         .iter()
-        .filter(|l| headers::is_counted(l) && headers::is_shown(l, style.shadow))
+        .filter(|l| headers::is_counted(l) && !l.is_shadow())
         .min_by_key(|l| l.tightness());
     if let Some(layer) = tightest {
         let t = headers::layer_t(layer).to_string();
@@ -506,8 +506,8 @@ fn policy_names(
     let mut names: Vec<String> = Vec::new();
     for layer in decision.denied_layers().filter(|l| keep(l)) {
         let name = headers::item_name(layer, shown());
-        if !names.iter().any(|n| n == name) {
-            names.push(name.to_string());
+        if !names.iter().any(|n| *n == name) {
+            names.push(name.into_owned());
         }
     }
     names
@@ -621,6 +621,13 @@ mod tests {
         let h = decision_headers(&d, style.shadow(true));
         assert_eq!(get(&h, names::RATELIMIT_REMAINING).unwrap(), "3");
         assert_eq!(d.tightest().unwrap().policy(), "per-key");
+        // The enforced layer not counted (its store failed open): the
+        // shadow layer is the only one counted, and still not described.
+        let trial = layer_of("trial", true, 3, Source::Store, true);
+        let d = Decision::new(vec![layer("per-key", true, 9, Source::FailOpen), trial]);
+        let h = decision_headers(&d, style.shadow(true));
+        assert_eq!(get(&h, names::RATELIMIT_REMAINING), None, "{h:?}");
+        assert_eq!(get(&h, names::X_RATELIMIT_REMAINING), None, "{h:?}");
         // A denial without its own retry time (a custom algorithm's) waits
         // until the layer is full again, in every answer.
         let mut full_again = denied("custom", 60);
@@ -678,6 +685,28 @@ mod tests {
         let r = Reply::too_many_requests(&d, HeaderStyle::default());
         let body: serde_json::Value = serde_json::from_str(r.body()).unwrap();
         assert_eq!(body["violated-policies"], serde_json::json!(["per-key"]));
+
+        // A layer name that is no plain name ("per key"), or that another
+        // layer's policy has ("daily"), gives way to the policy's name and
+        // the layer's place: still one name per limit.
+        let daily = Policy::new(
+            "daily",
+            Limit::fixed_window(9, Duration::from_secs(60)).unwrap(),
+        );
+        let d = Layer::new("d", Scope::Subject, daily.unwrap());
+        let spaced = Layer::new("per key", Scope::Subject, per_key.policy().clone());
+        let named_daily = Layer::new("daily", Scope::Tenant, per_key.policy().clone());
+        let decision = Decision::new(vec![
+            LayerDecision::new(&d, verdict(4), Source::Store),
+            LayerDecision::new(&spaced, verdict(0), Source::Store),
+            LayerDecision::new(&named_daily, verdict(4), Source::Store),
+        ]);
+        let h = decision_headers(&decision, HeaderStyle::default());
+        let get = |n: &str| h.iter().find(|(k, _)| *k == n).unwrap().1.clone();
+        assert_eq!(
+            get(names::RATELIMIT),
+            r#""daily";r=4;t=30, "api.2";r=0;t=30, "api.3";r=4;t=30"#
+        );
     }
 
     /// A concurrency limit is announced as places, not as a rate over its
