@@ -373,18 +373,25 @@ pub(crate) fn is_module_missing(e: &RedisError) -> bool {
     is_unknown(e, "tollgate.decide")
 }
 
-/// `ERR unknown command '<name>'…`: the server has no command `name`, and
-/// refused the call before running anything. Only the call's own command
-/// counts: an "unknown command" met inside a call that may have written
-/// (a command an operator renamed away; Valkey words it `Unknown command
-/// called from script`) must never make the call be sent again.
+/// `ERR unknown command '<name>'…` (before Redis 7.0, `` `<name>` ``):
+/// the server has no command `name`, and refused the call before running
+/// anything. Only the call's own command counts: an "unknown command" met
+/// inside a call that may have written (a command an operator renamed
+/// away; Valkey words it `Unknown command called from script`) must never
+/// make the call be sent again.
 pub(crate) fn is_unknown(e: &RedisError, name: &str) -> bool {
     is_unknown_command(e)
         && e.detail().is_some_and(|d| {
             let d = d.to_ascii_lowercase();
-            d.strip_prefix("unknown command '")
-                .and_then(|rest| rest.strip_prefix(name))
-                .is_some_and(|rest| rest.starts_with('\''))
+            let Some(quoted) = d.strip_prefix("unknown command ") else {
+                return false;
+            };
+            ['\'', '`'].into_iter().any(|quote| {
+                quoted
+                    .strip_prefix(quote)
+                    .and_then(|rest| rest.strip_prefix(name))
+                    .is_some_and(|rest| rest.starts_with(quote))
+            })
         })
 }
 
@@ -448,6 +455,26 @@ mod tests {
         let runner = Runner::new(Engine::Auto);
         assert!(runner.next_style(CallCommand::Fcall, fcall).is_ok());
         assert!(runner.next_style(CallCommand::Fcall, inside).is_err());
+    }
+
+    /// Redis before 7.0 quotes an unknown command in backticks: the
+    /// automatic engine still moves on from the module to functions, and
+    /// from functions to the script (it failed the connection there).
+    #[test]
+    fn an_unknown_command_in_backticks_is_unknown() {
+        let function = server_error(
+            "ERR unknown command `FUNCTION`, with args beginning with: `LOAD`, `REPLACE`, ",
+        );
+        let module =
+            server_error("ERR unknown command `TOLLGATE.DECIDE`, with args beginning with: ");
+        assert!(needs_load(&module, CallCommand::Module));
+        let runner = Runner::new(Engine::Auto);
+        assert!(matches!(
+            runner.next_style(CallCommand::Fcall, function),
+            Ok(CallCommand::Evalsha)
+        ));
+        let mixed = server_error("ERR unknown command 'FUNCTION`, with args beginning with: ");
+        assert!(!is_unknown(&mixed, "function"));
     }
 
     #[test]

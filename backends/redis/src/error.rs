@@ -135,6 +135,7 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
         ErrorKind::Extension if e.code() == Some("TOLLGATE_SKEW") => skew_error(&e),
         ErrorKind::Extension if e.code() == Some("TOLLGATE_CONFLICT") => conflict_error(&e),
         ErrorKind::Extension if e.code() == Some("WRONGTYPE") => crate::conflicts::unlocated(),
+        _ if is_wrapped_wrongtype(&e) => crate::conflicts::unlocated(),
         ErrorKind::Client if e.detail() == Some(crate::engine::NO_FUNCTIONS) => {
             RedisStoreError::NoFunctions.into()
         }
@@ -171,6 +172,19 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
         }
         _ => StoreError::Protocol(without_arguments(&e.to_string())),
     }
+}
+
+/// A `WRONGTYPE` raised inside a script before Redis 7.0, which wraps it:
+/// `ERR Error running script (call to f_…): @user_script:12: WRONGTYPE
+/// Operation against a key holding the wrong kind of value`. A key of
+/// another type is a conflict on every version, never a protocol failure
+/// (which the breaker counts as an outage).
+fn is_wrapped_wrongtype(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail().is_some_and(|d| {
+            d.starts_with("Error running script")
+                && d.contains(": WRONGTYPE Operation against a key")
+        })
 }
 
 /// A server's error text without the arguments it may repeat (`unknown
@@ -248,6 +262,26 @@ fn skew_error(e: &redis::RedisError) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key of another type met inside a script is a conflict, as
+    /// Redis 7 reports it and as Redis 6.2 wraps it.
+    #[test]
+    fn a_wrong_type_is_a_conflict_on_every_version() {
+        let parsed = |reply: &str| {
+            let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap();
+            from_redis(value.extract_error().unwrap_err())
+        };
+        let seven = parsed("WRONGTYPE Operation against a key holding the wrong kind of value");
+        let six = parsed(
+            "ERR Error running script (call to f_9c5c1c3b): @user_script:143: WRONGTYPE \
+             Operation against a key holding the wrong kind of value",
+        );
+        for e in [seven, six] {
+            assert!(crate::conflicts::is_unlocated(&e), "{e:?}");
+        }
+        let other = parsed("ERR Error running script (call to f_9c5c1c3b): @user_script:1: oops");
+        assert!(matches!(other, StoreError::Protocol(_)), "{other:?}");
+    }
 
     /// An unknown command's arguments (the call's keys) never reach the
     /// error, and so never a log.
