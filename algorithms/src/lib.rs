@@ -84,6 +84,33 @@ pub fn decide(limit: &Limit, state: Option<&State>, now: Timestamp, cost: u64) -
     builtin::decide(limit, state, now, cost)
 }
 
+/// How long a store keeps the state a denying layer read, at least: until
+/// the verdict's reset, when the state is as good as new under the policy
+/// that denied (`None` for an admitting verdict, which writes its state
+/// with its own TTL).
+///
+/// Why: a denial writes nothing, so the state keeps the TTL of its last
+/// write, which the policy of that write set. A policy changed since (a
+/// reload, a plan: a longer window) may count the state for longer: a
+/// sliding log of 2 a second moved to 2 a minute denies for 59 seconds,
+/// and its key, left to expire after one, would have admitted two more.
+/// Under an unchanged policy the state already lives that long: nothing
+/// to write.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_limiter::{Limit, Timestamp};
+/// let second = Limit::sliding_log(2, Duration::from_secs(1)).unwrap();
+/// let minute = Limit::sliding_log(2, Duration::from_secs(60)).unwrap();
+/// let now = Timestamp::from_micros(1_780_000_000_000_000);
+/// let state = tollgate_algorithms::decide(&second, None, now, 2).next.unwrap().state;
+/// let denied = tollgate_algorithms::decide(&minute, Some(&state), now, 1).verdict;
+/// assert_eq!(tollgate_algorithms::kept_by_denial(&denied), Some(Duration::from_secs(60)));
+/// ```
+pub fn kept_by_denial(verdict: &tollgate_limiter::Verdict) -> Option<std::time::Duration> {
+    (!verdict.allowed).then_some(verdict.reset_after)
+}
+
 /// The answer to a cost no state can ever admit.
 #[cold]
 fn never_admitted(limit: &Limit) -> Transition {
@@ -101,8 +128,8 @@ fn never_admitted(limit: &Limit) -> Transition {
 
 /// Whether the reference can take the counter `state` read from a store
 /// under `limit` without overflowing. Tollgate's own states stay far
-/// inside these bounds (a count below 2^53, a sliding window's count times
-/// its window below 2^62): a number beyond came from someone else, who put
+/// inside these bounds (a count below 2^53): a number beyond came from
+/// someone else, who put
 /// a plausible time beside it, and a store treats it as data Tollgate did
 /// not write. Any other state is within reach.
 ///

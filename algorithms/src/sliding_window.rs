@@ -30,10 +30,16 @@ pub fn sliding_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) 
     };
     let e = t - start;
     let budget = limit * w;
-    let used = prev * (w - e) + cur * w;
-    let allowed = used + cost * w <= budget;
+    // In u128: a count written under another policy (a plan, a reload: a
+    // larger limit, a shorter window) times this window can pass 2^64,
+    // and must read as far over the budget, not wrap below it.
+    let weighed = |prev: u64, cur: u64| {
+        u128::from(prev) * u128::from(w - e) + u128::from(cur) * u128::from(w)
+    };
+    let used = weighed(prev, cur);
+    let allowed = used + u128::from(cost * w) <= u128::from(budget);
     let cur_after = if allowed { cur + cost } else { cur };
-    let used_after = prev * (w - e) + cur_after * w;
+    let used_after = weighed(prev, cur_after);
     let reset_at = if cur_after > 0 {
         start.saturating_add(2 * w)
     } else if prev > 0 {
@@ -46,7 +52,8 @@ pub fn sliding_window(p: &Window, state: Option<[u64; 3]>, now: u64, cost: u64) 
         verdict: Verdict {
             allowed,
             limit,
-            remaining: budget.saturating_sub(used_after) / w,
+            // (Below the budget when anything remains: it fits a u64.)
+            remaining: (u128::from(budget).saturating_sub(used_after) / u128::from(w)) as u64,
             reset_after: after(reset_at, now),
             retry_after,
         },
@@ -141,9 +148,10 @@ impl Reference for SlidingWindow {
             .next
             .or((current.given > 0).then_some(after_current))
     }
-    /// [current, previous, last]: each count weighted by the window.
+    /// [current, previous, last]: counts below 2^53, as the Lua reads
+    /// them exactly (weighed by the window in u128, any such count is
+    /// decided: one written under another window or limit included).
     fn within_reach(&self, [cur, prev, _]: [u64; 3]) -> bool {
-        let most = MAX_EXACT.min((u64::MAX / 4) / self.window_us());
-        cur <= most && prev <= most
+        cur < MAX_EXACT && prev < MAX_EXACT
     }
 }

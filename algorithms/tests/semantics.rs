@@ -421,3 +421,24 @@ fn a_cut_capacitys_wait_counts_what_was_used_beyond_it() {
         assert!(key.at(at, 1).allowed, "{name}: when the denial said");
     }
 }
+
+/// A sliding window's count written under a large limit and a short
+/// window (a plan or a reload changed both) meets a week-long window: the
+/// count times the window passes 2^64, and the request is denied with
+/// nothing remaining (u64 arithmetic wrapped it to a tenth of one window
+/// and admitted it with 8 remaining), as the Lua decides.
+#[test]
+fn a_count_times_a_longer_window_past_u64_is_denied() {
+    let old = Limit::sliding_window(40_000_000, Duration::from_secs(60)).unwrap();
+    let week = Limit::sliding_window(10, Duration::from_secs(7 * 86_400)).unwrap();
+    let mut key = Key::new(old);
+    assert!(key.at(T0, 30_500_569).allowed);
+    key.limit = week;
+    let v = key.at(T0 + 1, 1);
+    assert!(!v.allowed, "a count 3 million times the limit admitted");
+    assert_eq!(v.remaining, 0);
+    assert!(tollgate_algorithms::within_reach(
+        &key.limit,
+        key.state.as_ref().unwrap()
+    ));
+}

@@ -772,8 +772,9 @@ impl MemoryStore {
                 let shard = read(&self.shards[id]);
                 if let Some(entry) = shard.find(hash, &layer.key) {
                     if let Some(t) = entry.state.decide_in_place(how, now_us, layer.cost) {
-                        if let Some(next) = &t.next {
-                            entry.outlive(now_us.saturating_add(duration_micros(next.ttl)));
+                        let ttl = t.next.as_ref().map(|next| next.ttl);
+                        if let Some(ttl) = ttl.or(tollgate_algorithms::kept_by_denial(&t.verdict)) {
+                            entry.outlive(now_us.saturating_add(duration_micros(ttl)));
                         }
                         out.push(t.verdict);
                         return Ok(Ok(()));
@@ -790,10 +791,15 @@ impl MemoryStore {
                 let snapshot = entry.state.read();
                 let state = (entry.expires_at() > now_us).then(|| snapshot.get());
                 let t = tollgate_algorithms::decide(layer.policy.limit(), state, now, layer.cost);
+                let read = state.is_some();
                 drop(snapshot);
                 if let Some(next) = t.next {
                     let expires_at = entry.replace(next, now_us);
                     shard.next_expiry = shard.next_expiry.min(expires_at);
+                } else if let Some(kept) = tollgate_algorithms::kept_by_denial(&t.verdict) {
+                    if read {
+                        entry.outlive(now_us.saturating_add(duration_micros(kept)));
+                    }
                 }
                 out.push(t.verdict);
                 return Ok(Ok(()));
@@ -862,6 +868,7 @@ impl MemoryStore {
             }
         };
         if !layered.admitted() {
+            keep_denied(&mut shards, &located, &found, &layered.verdicts, now_us);
             out.extend_from_slice(&layered.verdicts);
             return Ok(Ok(()));
         }
@@ -1142,5 +1149,26 @@ impl Store for MemoryStore {
             layered
         })?;
         Ok(renewed.into_inner())
+    }
+}
+
+/// A layered denial's states outlive its verdicts' resets, each denying
+/// layer's that it read (`tollgate_algorithms::kept_by_denial`): nothing
+/// else is written.
+fn keep_denied(
+    shards: &mut LockedShards<'_>,
+    located: &[(u64, usize)],
+    found: &[Option<usize>],
+    verdicts: &[tollgate_limiter::Verdict],
+    now_us: u64,
+) {
+    for ((&(_, id), index), verdict) in located.iter().zip(found).zip(verdicts) {
+        let kept = tollgate_algorithms::kept_by_denial(verdict);
+        let entry = index.and_then(|i| shards.get(id).entries.get_bucket(i));
+        if let (Some(kept), Some(entry)) = (kept, entry) {
+            if entry.expires_at() > now_us {
+                entry.outlive(now_us.saturating_add(duration_micros(kept)));
+            }
+        }
     }
 }

@@ -133,6 +133,8 @@ fn decide(ctx: &Context, at: &Layers<'_>) -> Result<Vec<i64>, RedisError> {
     let writes = layered.admitted() && matches!(call.mode, Mode::Decide | Mode::Reserve);
     if writes {
         at.write(ctx, &layered)?;
+    } else if matches!(call.mode, Mode::Decide | Mode::Reserve) {
+        keep_denied(ctx, at, &layered.verdicts)?;
     }
     if call.mode == Mode::Reset {
         keyspace::delete(ctx, keys)?;
@@ -150,6 +152,17 @@ fn decide(ctx: &Context, at: &Layers<'_>) -> Result<Vec<i64>, RedisError> {
         layer_reply(&mut reply, call.mode, &verdict, charge);
     }
     Ok(reply)
+}
+
+/// A decision that denied keeps each state a denying layer read
+/// ([`tollgate_algorithms::kept_by_denial`]).
+fn keep_denied(ctx: &Context, at: &Layers<'_>, verdicts: &[Verdict]) -> Result<(), RedisError> {
+    for ((key, state), verdict) in at.keys.iter().zip(at.states).zip(verdicts) {
+        if let (Some(kept), Some(_)) = (tollgate_algorithms::kept_by_denial(verdict), state) {
+            keyspace::keep_denied(ctx, key, kept)?;
+        }
+    }
+    Ok(())
 }
 
 /// One layer's reply: its verdict, and in a `reserve` the charge it made

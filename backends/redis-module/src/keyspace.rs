@@ -153,6 +153,20 @@ pub(crate) fn pttl(ctx: &Context, key: &RedisString) -> Result<i64, RedisError> 
     }
 }
 
+/// Keep the state at `key`, which a denial read, for `kept` at least
+/// (`tollgate_algorithms::kept_by_denial`): a `PEXPIRE`, replicated, only
+/// when its TTL is shorter ([`kept_px`](tollgate_redis_protocol::kept_px)).
+pub(crate) fn keep_denied(
+    ctx: &Context,
+    key: &RedisString,
+    kept: std::time::Duration,
+) -> Result<(), RedisError> {
+    if let Some(px) = tollgate_redis_protocol::kept_px(kept, pttl(ctx, key)?) {
+        effect(ctx, "PEXPIRE", &[key.as_slice(), px.to_string().as_bytes()])?;
+    }
+    Ok(())
+}
+
 /// Run a write through Redis, replicated as it ran.
 fn effect(ctx: &Context, command: &str, args: &[&[u8]]) -> Result<(), RedisError> {
     let options: CallOptions = CallOptionsBuilder::new()

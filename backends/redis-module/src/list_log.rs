@@ -85,13 +85,20 @@ pub(crate) fn decide(
             keyspace::append_log(ctx, key, append.drop, append.stamp, push, px(append.ttl))?;
             layer_reply(&mut reply, call.mode, &step.verdict, Some(append.charge()));
         }
-        // A peek charges nothing.
-        _ => layer_reply(
-            &mut reply,
-            call.mode,
-            &step.verdict.uncharged(layer.cost),
-            None,
-        ),
+        // A peek charges nothing; a denial keeps the log it read.
+        _ => {
+            if let Some(kept) = tollgate_algorithms::kept_by_denial(&step.verdict) {
+                if call.mode != Mode::Peek && len > 0 {
+                    keyspace::keep_denied(ctx, key, kept)?;
+                }
+            }
+            layer_reply(
+                &mut reply,
+                call.mode,
+                &step.verdict.uncharged(layer.cost),
+                None,
+            );
+        }
     }
     Ok(Outcome::Decided(reply))
 }

@@ -28,9 +28,11 @@
 //!
 //! The last argument selects a [`Mode`]; without it the call decides:
 //! every layer is judged against its state, and only if every layer admits
-//! is every layer written, each with its TTL ([`px`]). Otherwise nothing
+//! is every layer written, each with its TTL ([`px`]). Otherwise no state
 //! is written, and the admitting layers report remaining + cost, capped at
-//! the limit (`Verdict::uncharged`).
+//! the limit (`Verdict::uncharged`); a denying layer's key whose TTL ends
+//! before its verdict's reset is given that TTL (`PEXPIRE`, [`kept_px`]):
+//! a policy made longer since the last write counts the state for longer.
 //!
 //! - `reserve` decides, and answers each layer's charge after its verdict
 //!   ([`RESERVE_FIELDS`]): the time it charged at and a mark (`0 0` when
@@ -97,7 +99,7 @@ mod state;
 pub use call::{
     layer_args, numkeys, parse, ArgsError, Call, Layer, Mode, Time, LAYER_ARGS, REFUND_LAYER_ARGS,
 };
-pub use expiry::{px, PUSH_CHUNK, TTL_MARGIN_MS};
+pub use expiry::{kept_px, px, PUSH_CHUNK, TTL_MARGIN_MS};
 pub use limit_args::{
     algorithm_code, algorithm_of, limit_args, limit_from_args, ALGORITHM_CODES, KEEPS_UNITS,
 };

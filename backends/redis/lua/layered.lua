@@ -39,7 +39,8 @@
 -- up, at least 1) plus one millisecond: Redis counts a relative TTL from its
 -- clock truncated to the millisecond, so "PX n" lives between n − 1 and n ms
 -- (and "PX 1" can expire at once); the extra millisecond keeps every state
--- until the algorithm says it is as good as new, never shorter. Otherwise nothing is written, and the layers that
+-- until the algorithm says it is as good as new, never shorter. Otherwise no state is written (a denying
+-- layer's TTL may be lengthened: keep_denied), and the layers that
 -- admitted report remaining + cost (capped at the limit): the request was not
 -- charged (Rust: Verdict::uncharged).
 
@@ -117,13 +118,12 @@ end
 -- path).
 -- What each algorithm's cells must hold besides a time in range (Rust:
 -- each reference's within_reach): counts below 2^53, a recorded rate, a
--- calendar span. The sliding window's bound depends on the layer's window
--- and is not checked here (the module refuses counts past it; the Lua
--- reads them as a window far past its limit).
+-- calendar span.
 local UNDERSTOOD = {
   [TOKEN_BUCKET] = token_bucket_understood,
   [GCRA] = gcra_understood,
   [FIXED_WINDOW] = fixed_window_understood,
+  [SLIDING_WINDOW] = sliding_window_understood,
   [CALENDAR] = calendar_understood,
 }
 
@@ -167,7 +167,7 @@ local function write_cells(key, code, ttl, a, b, c)
   if n == 2 and t < 2 and b == 0 then
     n = 1
   end
-  redis.call('SET', key, format(FORMATS[n], a, b, c), 'PX', ttl)
+  redis.call('SET', key, format(FORMATS[n], a, b, c), 'PX', int(ttl))
 end
 
 -- Logs kept as text (TEXT_LOGS: a concurrency limit's holders, released
@@ -297,7 +297,7 @@ local function read_list_log(key)
       at = function(i)
         local v = seen[i]
         if not v then
-          v = list_entry(redis.call('LINDEX', key, i - 1))
+          v = list_entry(redis.call('LINDEX', key, int(i - 1)))
           seen[i] = v
         end
         return v
@@ -357,12 +357,12 @@ local function settle_holders(key, ttl)
   if n > 0 and n <= TEXT_LOG_MAX then
     local v = concat(redis.call('LRANGE', key, 0, -1), ' ')
     if ttl then
-      redis.call('SET', key, v, 'PX', ttl)
+      redis.call('SET', key, v, 'PX', int(ttl))
     else
       redis.call('SET', key, v)
     end
   elseif n > 0 and ttl then
-    redis.call('PEXPIRE', key, ttl)
+    redis.call('PEXPIRE', key, int(ttl))
   end
 end
 
@@ -385,25 +385,25 @@ local function write_log(key, next, cost, ttl)
   if log and log.text then
     if log.n - next.drop + cost <= TEXT_LOG_MAX then
       local v = text_join(text_entries(log.text, next.drop + 1, log.n), text_stamps(next.t, cost))
-      redis.call('SET', key, v, 'PX', ttl)
+      redis.call('SET', key, v, 'PX', int(ttl))
       return
     end
     text_to_list(key, log, next.drop + 1)
     push_stamps(key, next.t, cost)
-    redis.call('PEXPIRE', key, ttl)
+    redis.call('PEXPIRE', key, int(ttl))
     return
   end
   if next.clear then
     -- The list held a block that has ended.
     redis.call('DEL', key)
   elseif next.drop > 0 then
-    redis.call('LTRIM', key, next.drop, -1)
+    redis.call('LTRIM', key, int(next.drop), -1)
   end
   push_stamps(key, next.t, cost)
   if next.textual then
     settle_holders(key, ttl)
   else
-    redis.call('PEXPIRE', key, ttl)
+    redis.call('PEXPIRE', key, int(ttl))
   end
 end
 
@@ -515,7 +515,7 @@ local function write_held(key, v, lease, now)
     return
   end
   local newest = tonumber(sub(v, -LOG_ENTRY_DIGITS))
-  redis.call('SET', key, v, 'PX', ttl_ms(newest + lease, now) + TTL_MARGIN_MS)
+  redis.call('SET', key, v, 'PX', int(ttl_ms(newest + lease, now) + TTL_MARGIN_MS))
 end
 
 -- A concurrency limit's release (Rust: tollgate_algorithms::release): the
@@ -673,6 +673,20 @@ local function judge(i, key, code, keep, cost, ARGV, p, now, got)
   return ok and 1 or 0, limit, remaining, reset_after, retry_after, ttl, a, b, c
 end
 
+-- A denial writes no state, but keeps the state at `key` until the
+-- verdict's reset, `reset_after` µs from `now` (Rust:
+-- tollgate_algorithms::kept_by_denial): a policy changed since the
+-- state's last write (a longer window) counts it for longer than its TTL
+-- says. Under an unchanged policy the TTL is that long already, and
+-- nothing is written; a missing key, or one without a TTL, is left alone.
+local function keep_denied(key, reset_after, now)
+  local need = ttl_ms(now + reset_after, now)
+  local pttl = redis.call('PTTL', key)
+  if pttl >= 0 and pttl < need then
+    redis.call('PEXPIRE', key, int(need + TTL_MARGIN_MS))
+  end
+end
+
 -- A concurrency limit's acquire (one layer) decided as on a key that
 -- holds nothing (the usual case: its last holder released it) and
 -- written with SET NX GET: when the key held nothing, the reply's
@@ -730,9 +744,9 @@ local function write_block(key, code, until_us, now)
   if LOGS[code] and not TEXT_LOGS[code] then
     redis.call('DEL', key)
     redis.call('RPUSH', key, v)
-    redis.call('PEXPIRE', key, ttl)
+    redis.call('PEXPIRE', key, int(ttl))
   else
-    redis.call('SET', key, v, 'PX', ttl)
+    redis.call('SET', key, v, 'PX', int(ttl))
   end
 end
 
@@ -774,7 +788,7 @@ local function reward_layer(key, code, keep, p1, p2, p3, now, units)
       end
       return true
     end
-    redis.call('LTRIM', key, 0, -(units + 1))
+    redis.call('LTRIM', key, 0, int(-(units + 1)))
     if TEXT_LOGS[code] then
       settle_holders(key, nil)
     end
@@ -862,7 +876,7 @@ local function adjust(KEYS, ARGV, now, mode)
     local ok, limit, remaining, reset_after, retry_after = judge(i, key, code, keep, 1, ARGV, p, now)
     if log_charged then
       -- (A list the reward emptied is gone: PEXPIRE does nothing.)
-      redis.call('PEXPIRE', key, adjusted_ttl(reset_after, now, log_charged))
+      redis.call('PEXPIRE', key, int(adjusted_ttl(reset_after, now, log_charged)))
     end
     if ok == 1 then
       remaining = min(remaining + 1, limit)
@@ -954,6 +968,8 @@ local function decide(KEYS, ARGV)
           at, mark = CHARGES[code](a, b, c)
         end
       end
+    else
+      keep_denied(KEYS[1], reset_after, now)
     end
     if mode == 'reserve' then
       return { ok, limit, remaining, reset_after, retry_after, at, mark }
@@ -1002,12 +1018,15 @@ local function decide(KEYS, ARGV)
       end
     end
   else
-    -- Nothing was charged: admitting layers give the cost back.
+    -- Nothing was charged: admitting layers give the cost back, and a
+    -- decision's denying layers keep their states.
     for i = 1, layers do
       local r = REPLY_FIELDS * (i - 1)
       if reply[r + 1] == 1 then
         local cost = tonumber(ARGV[2 + LAYER_ARGS * (i - 1) + 2])
         reply[r + 3] = min(reply[r + 3] + cost, reply[r + 2])
+      elseif mode == 'decide' or mode == 'reserve' then
+        keep_denied(KEYS[i], reply[r + 4], now)
       end
     end
   end

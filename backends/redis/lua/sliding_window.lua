@@ -18,6 +18,12 @@
 --   retry_after µs (-1 when admitted), and when admitted the TTL in
 --   milliseconds and the next cells (a, b, c). No table is built.
 
+-- Whether the cells are a state a sliding window writes: counts below
+-- 2^53 (Rust: within_reach). Any other is data Tollgate did not write.
+local function sliding_window_understood(cur, prev, _)
+  return cur < MAX_EXACT and prev < MAX_EXACT
+end
+
 -- The earliest instant a denied request of cost passes.
 local function sliding_window_retry_at(limit, w, prev, cur, cost, start)
   -- Later in this window, as the previous window's weight fades:

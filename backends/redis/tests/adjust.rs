@@ -163,7 +163,7 @@ async fn run(limits: Vec<Limit>, ops: Vec<Op>, path: Path) {
             .zip(&layouts)
             .map(|(h, &l)| keyspace::state_of(l, &h.raw))
             .collect();
-        let written = reference_writes(op, &layers, &states, clock.now(), scale);
+        let (written, kept) = reference_writes(op, &layers, &states, clock.now(), scale);
         for (j, key) in keys.iter().enumerate() {
             let after = keyspace::held(&mut con, key).await;
             let stored = written.get(j).and_then(Option::as_ref);
@@ -172,6 +172,7 @@ async fn run(limits: Vec<Limit>, ops: Vec<Op>, path: Path) {
                 &before[j],
                 &after,
                 stored,
+                kept.get(j).copied().flatten(),
                 called,
                 keyspace::wall_ms(),
             ) {
@@ -197,19 +198,26 @@ fn reference_writes<'a>(
     states: &[Option<State>],
     now: tollgate_limiter::Timestamp,
     scale: u64,
-) -> Vec<Option<Stored>> {
+) -> (Vec<Option<Stored>>, Vec<Option<Duration>>) {
     let states: Vec<Option<&State>> = states.iter().map(Option::as_ref).collect();
     let adjust = |units: u64, how: Adjustment| {
-        tollgate_algorithms::adjust_layers(&layers(units), &states, now, how)
-            .expect("the reference adjusts")
-            .writes
-            .to_vec()
+        let adjusted = tollgate_algorithms::adjust_layers(&layers(units), &states, now, how)
+            .expect("the reference adjusts");
+        (adjusted.writes.to_vec(), Vec::new())
     };
     match op {
-        Op::Decide(c) => tollgate_algorithms::decide_layers(&layers(*c), &states, now)
-            .writes
-            .to_vec(),
-        Op::Peek | Op::Wait(_) => Vec::new(),
+        Op::Decide(c) => {
+            let layered = tollgate_algorithms::decide_layers(&layers(*c), &states, now);
+            // What a denial keeps: each denying layer's state it read.
+            let kept = layered
+                .verdicts
+                .iter()
+                .zip(&states)
+                .map(|(v, s)| s.and(tollgate_algorithms::kept_by_denial(v)))
+                .collect();
+            (layered.writes.to_vec(), kept)
+        }
+        Op::Peek | Op::Wait(_) => (Vec::new(), Vec::new()),
         Op::Penalize(u) => adjust(*u, Adjustment::Penalize),
         Op::Reward(u) => adjust(*u, Adjustment::Reward),
         Op::Block(k) => adjust(

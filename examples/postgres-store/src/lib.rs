@@ -48,7 +48,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 use tollgate::{
     async_trait, check_holds, duration_micros, Adjustment, Clock, Hold, Holds, LayerRequest, Limit,
-    State, Store, StoreError, SystemClock, Verdicts, MAX_RECOVERY,
+    State, Store, StoreError, SystemClock, Verdict, Verdicts, MAX_RECOVERY,
 };
 
 /// How often one decision is retried after a deadlock or a row deleted
@@ -318,8 +318,15 @@ impl PgStore {
                 self.write_states(&tx, &keys, layers, layered.writes, now_us)
                     .await?
             }
-            _ if !expired.is_empty() => self.delete(&tx, &expired).await?,
-            _ => {}
+            _ => {
+                if !expired.is_empty() {
+                    self.delete(&tx, &expired).await?;
+                }
+                if matches!(op, Op::Decide) {
+                    self.keep_denied(&tx, &keys, &states, &layered.verdicts, now_us)
+                        .await?;
+                }
+            }
         }
         // 5.
         tx.commit().await?;
@@ -365,6 +372,33 @@ impl PgStore {
     ) -> Result<(), tokio_postgres::Error> {
         let delete = format!("DELETE FROM {} WHERE key = ANY($1)", self.table);
         tx.execute(&delete, &[&keys]).await.map(drop)
+    }
+
+    /// A denial writes no state, but keeps each state a denying layer
+    /// read until that verdict's reset
+    /// ([`kept_by_denial`](tollgate::algorithms::kept_by_denial)): a policy
+    /// changed since the state's last write (a longer window) counts it
+    /// for longer than the row's expiry says.
+    async fn keep_denied(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        keys: &[String],
+        states: &[Option<&State>],
+        verdicts: &[Verdict],
+        now_us: u64,
+    ) -> Result<(), tokio_postgres::Error> {
+        let outlive = format!(
+            "UPDATE {} SET expires_at = GREATEST(expires_at, $2) WHERE key = $1",
+            self.table
+        );
+        for ((key, state), verdict) in keys.iter().zip(states).zip(verdicts) {
+            let kept = tollgate::algorithms::kept_by_denial(verdict);
+            if let (Some(kept), Some(_)) = (kept, state) {
+                let until = now_us.saturating_add(duration_micros(kept)) as i64;
+                tx.execute(&outlive, &[key, &until]).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Write each layer's next state (`writes`, in the layers' order).

@@ -1191,6 +1191,67 @@ pub async fn rolling_deploys_are_bounded(factory: impl StoreFactory) {
     }
 }
 
+/// A window made longer (a reload, a plan) counts what was used under the
+/// shorter one for the longer: a denial writes nothing, so the store keeps
+/// the state it read until the denial's reset
+/// ([`tollgate_algorithms::kept_by_denial`]). Left with the shorter
+/// window's TTL, the key expired and two more were admitted within the
+/// minute. Each window algorithm, alone and beside a layer that admits.
+/// Redis expires keys on its own clock: the test also waits past the
+/// shorter window's TTL in real time.
+pub async fn longer_windows_keep_what_was_used(factory: impl StoreFactory) {
+    let clock = ManualClock::new(START);
+    let store = factory.make(clock.clone()).await;
+    let (short, long) = (Duration::from_millis(200), Duration::from_secs(60));
+    type Window = fn(u64, Duration) -> Result<Limit, tollgate_limiter::PolicyError>;
+    let windows: [Window; 3] = [
+        Limit::fixed_window,
+        Limit::sliding_window,
+        Limit::sliding_log,
+    ];
+    for (window, layered) in windows.into_iter().flat_map(|w| [(w, false), (w, true)]) {
+        clock.set(START);
+        let name = unique("longer");
+        let beside = Policy::new(
+            unique("beside"),
+            Limit::fixed_window(100, long).expect("valid"),
+        );
+        let limiter = |w: Duration| {
+            let policy = Policy::new(name.clone(), window(2, w).expect("valid"));
+            let builder =
+                Limiter::builder(store.clone()).layer("l", Scope::Subject, policy.expect("valid"));
+            let builder = match layered {
+                true => builder.layer("beside", Scope::Subject, beside.clone().expect("valid")),
+                false => builder,
+            };
+            builder.build().expect("valid limiter")
+        };
+        let (shorter, longer) = (limiter(short), limiter(long));
+        let ctx = fresh_subject();
+        let case = format!(
+            "{} (layered: {layered})",
+            window(2, short).expect("valid").algorithm_name()
+        );
+        assert_eq!(admitted(&shorter, &ctx, 2, 1).await, 2, "{case}");
+        // (Within the shorter window: the fixed one ends 77 ms after START.)
+        clock.advance(Duration::from_millis(50));
+        let denied = longer.check(&ctx, 1).await.expect("store answers");
+        assert!(!denied.is_allowed(), "{case}: counted under the minute");
+        let retry = denied.retry_after().expect("a retry");
+        assert!(
+            retry > Duration::from_secs(10),
+            "{case}: retry after {retry:?}"
+        );
+        clock.advance(Duration::from_millis(300));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            admitted(&longer, &ctx, 2, 1).await,
+            0,
+            "{case}: the state expired with the shorter window's TTL"
+        );
+    }
+}
+
 /// A store whose clock reads an instant before 2020 or after 2100 (unset,
 /// or a test's mistake) refuses to decide with it: every decision fails
 /// with [`StoreError::ImplausibleTime`], nothing is admitted and nothing
@@ -1480,6 +1541,7 @@ macro_rules! conformance_tests {
             leases_come_back,
             shadow_layers_count_but_never_deny,
             rolling_deploys_are_bounded,
+            longer_windows_keep_what_was_used,
             implausible_times_are_refused,
             peek_charges_nothing,
             reset_forgets_the_state,

@@ -2,7 +2,7 @@
 //! Rust reference says it must hold after a write: the keyspace half of
 //! the differential tests (the verdicts are the other half).
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::MultiplexedConnection;
 use tollgate_limiter::{Layout, State, Stored};
@@ -111,12 +111,22 @@ pub fn check_write(
     before: &Held,
     after: &Held,
     written: Option<&Stored>,
+    kept: Option<Duration>,
     called: (i64, i64),
     read_at: i64,
 ) -> Result<(), String> {
     let Some(stored) = written else {
         let expired = after.raw == Raw::Missing && before.expires_ms <= read_at;
-        return match after == before || expired {
+        // A denial keeps the state it read until its reset
+        // (`tollgate_algorithms::kept_by_denial`): its TTL may only grow,
+        // to that reset from the call's clock.
+        let kept_longer = kept.is_some_and(|kept| {
+            let px = px(kept) as i64;
+            after.raw == before.raw
+                && after.expires_ms > before.expires_ms
+                && (called.0 + px..=called.1 + px).contains(&after.expires_ms)
+        });
+        return match after == before || expired || kept_longer {
             true => Ok(()),
             false => Err(format!("left alone, yet {before:?} became {after:?}")),
         };
