@@ -73,6 +73,9 @@ enum Target {
     RawFcall(MultiplexedConnection, Arc<Vec<String>>, bool),
     /// A request through a concurrency layer: acquired, then released.
     Permits(Limiter, Arc<Vec<Context>>),
+    /// `Limiter::check`, answered by the store, admitted or not (the
+    /// denial case).
+    Decided(Limiter, Arc<Vec<Context>>),
 }
 
 /// One decision on key `i`.
@@ -81,6 +84,10 @@ async fn decide(target: &mut Target, i: usize) {
         Target::Limiter(limiter, contexts) => {
             let d = limiter.check(&contexts[i], 1).await.expect("decision");
             assert!(d.is_allowed() && d.store_error().is_none(), "{d:?}");
+        }
+        Target::Decided(limiter, contexts) => {
+            let d = limiter.check(&contexts[i], 1).await.expect("decision");
+            assert!(d.store_error().is_none(), "{d:?}");
         }
         Target::Permits(limiter, contexts) => {
             let acquired = limiter.acquire(&contexts[i], 1).await.expect("decision");
@@ -474,6 +481,12 @@ fn cost_report(setup: &Setup) {
             "fixed window 30 d",
             Limit::fixed_window(1_000_000, 30 * 24 * 3600 * second).expect("valid"),
         ),
+        // Denials: one token a day per key, spent by the first round (a
+        // denial reads the state, writes nothing, and checks its TTL).
+        (
+            "token bucket denied",
+            Limit::token_bucket(1, 1, 86_400 * second).expect("valid"),
+        ),
         (
             "calendar month",
             Limit::calendar(
@@ -494,15 +507,20 @@ fn cost_report(setup: &Setup) {
                 ("fcall", Engine::Functions, "fcall"),
             ] {
                 let store = store(url, "bench-cost", engine).await;
+                // (The denials' bucket under a policy of its own: under
+                // "api" it would share the token bucket's keys.)
+                let denied = name.ends_with("denied");
+                let policy = roomy(if denied { "denied" } else { "api" }, limit.clone());
                 let limiter = Limiter::builder(Arc::new(store) as Arc<dyn Store>)
-                    .layer("key", Scope::Subject, roomy("api", limit.clone()))
+                    .layer("key", Scope::Subject, policy)
                     .build()
                     .expect("valid");
-                cases.push((
-                    format!("{name}, 1 layer, {way}"),
-                    command,
-                    Target::Limiter(limiter, Arc::new(contexts())),
-                ));
+                let contexts = Arc::new(contexts());
+                let target = match denied {
+                    true => Target::Decided(limiter, contexts),
+                    false => Target::Limiter(limiter, contexts),
+                };
+                cases.push((format!("{name}, 1 layer, {way}"), command, target));
             }
         }
         // The concurrency goal: a layer of requests in flight (each
