@@ -105,7 +105,8 @@ pub fn rate_limit_policy(decision: &Decision, shadow: bool) -> String {
 /// subject, one per tenant): then the layer's own, when it is a plain
 /// name (as policy names are) that no other shown layer's policy has, so
 /// that each item names one limit; else the policy's and the layer's
-/// place among those shown (`"api.2"`).
+/// place among those shown (`"api#2"`: no policy's or plain name holds a
+/// `#`, so no other item is named so).
 pub(crate) fn item_name<'a>(
     layer: &LayerDecision,
     shown: impl Iterator<Item = &'a LayerDecision> + Clone,
@@ -123,7 +124,7 @@ pub(crate) fn item_name<'a>(
         return Cow::Borrowed(own);
     }
     let place = shown.take_while(|l| !std::ptr::eq(*l, layer)).count() + 1;
-    Cow::Owned(format!("{policy}.{place}"))
+    Cow::Owned(format!("{policy}#{place}"))
 }
 
 /// Whether a layer's numbers come from counting (the store, the emergency

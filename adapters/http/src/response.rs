@@ -705,7 +705,7 @@ mod tests {
         let get = |n: &str| h.iter().find(|(k, _)| *k == n).unwrap().1.clone();
         assert_eq!(
             get(names::RATELIMIT),
-            r#""daily";r=4;t=30, "api.2";r=0;t=30, "api.3";r=4;t=30"#
+            r#""daily";r=4;t=30, "api#2";r=0;t=30, "api#3";r=4;t=30"#
         );
     }
 

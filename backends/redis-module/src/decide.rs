@@ -51,8 +51,18 @@ fn args_error(e: protocol::ArgsError) -> RedisError {
 }
 
 /// The instant the call decides at: the server's clock, or the caller's
-/// within the allowed skew.
+/// within the allowed skew; either between 2020 and 2100
+/// (`Timestamp::is_plausible`: a state written at a server's clock reset
+/// to 1970 would read later as someone else's data).
 fn now(call: &Call, argv: &[&[u8]]) -> Result<u64, RedisError> {
+    let now = read_now(call, argv)?;
+    if !Timestamp::from_micros(now).is_plausible() {
+        return Err(RedisError::String(format!("TOLLGATE_TIME {now}")));
+    }
+    Ok(now)
+}
+
+fn read_now(call: &Call, argv: &[&[u8]]) -> Result<u64, RedisError> {
     match call.time {
         Time::Server => Ok(keyspace::server_micros()),
         Time::Caller {

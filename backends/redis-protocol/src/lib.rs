@@ -69,6 +69,9 @@
 //!   nothing is written, the key is left as it was.
 //! - `TOLLGATE_SKEW <caller µs> <server µs> <max skew µs>`: the caller's
 //!   clock is too far from the server's.
+//! - `TOLLGATE_TIME <µs>`: the call's time (the server's clock, or the
+//!   caller's) is before 2020 or after 2100
+//!   (`Timestamp::is_plausible`); nothing is written.
 //! - `TOLLGATE_ARGS <why>`: arguments the code does not understand
 //!   ([`ArgsError`]).
 //!

@@ -10,6 +10,8 @@ use crate::{
 
 /// Lua `local` definitions of the shared constants: `EARLIEST` and
 /// `LATEST` (the [`STORED_TIMES`] bounds, the end excluded),
+/// `LATEST_CLOCK` (the latest time a call decides at,
+/// [`Timestamp::LATEST`](tollgate_limiter::Timestamp::LATEST)),
 /// `TTL_MARGIN_MS`, `PUSH_CHUNK`, `LOG_ENTRY_DIGITS`, `TEXT_LOG_MAX`, and the
 /// strides of calls and replies
 /// (`LAYER_ARGS`, `REFUND_LAYER_ARGS`, `REPLY_FIELDS`, `RESERVE_FIELDS`),
@@ -27,6 +29,10 @@ pub fn lua_constants() -> String {
     for (name, value) in [
         ("EARLIEST", STORED_TIMES.start),
         ("LATEST", STORED_TIMES.end),
+        (
+            "LATEST_CLOCK",
+            tollgate_limiter::Timestamp::LATEST.as_micros(),
+        ),
         ("TTL_MARGIN_MS", TTL_MARGIN_MS),
         ("PUSH_CHUNK", PUSH_CHUNK),
         ("LOG_ENTRY_DIGITS", LOG_ENTRY_DIGITS as u64),

@@ -30,7 +30,8 @@
 --   peek afterwards, and write what tollgate_algorithms::adjust writes,
 --   TTL included (adjusted_ttl below).
 -- Errors: "TOLLGATE_CONFLICT <i> not_a_state", Redis's WRONGTYPE,
---   "TOLLGATE_SKEW <caller> <server> <max skew>", "TOLLGATE_ARGS <why>";
+--   "TOLLGATE_SKEW <caller> <server> <max skew>", "TOLLGATE_TIME <µs>",
+--   "TOLLGATE_ARGS <why>";
 --   nothing is written then.
 
 -- Every layer is judged against its current state first. Only if every layer
@@ -272,13 +273,52 @@ local function list_entry(v)
   return v and tonumber(match(v, '^%d+$'))
 end
 
+-- Whether this call reads every entry of a list log (set by decide for
+-- each call): all but a one-layer decision, reservation or peek, which
+-- read only the entries they look at (the module's rule too).
+local whole_logs = true
+
+-- An entry of a list log as a time within EARLIEST..LATEST, else nil.
+local function time_entry(v)
+  local t = list_entry(v)
+  if t and t >= EARLIEST and t < LATEST then
+    return t
+  end
+  return nil
+end
+
+-- A log of n entries read one at a time through raw(i) (an item of the
+-- list, or nil), each parsed once; an entry that is not a time in range
+-- marks the log `foreign` (and reads as EARLIEST, so the decision runs to
+-- its end): the caller answers a conflict before anything is written.
+local function entry_by_entry(n, raw)
+  local seen = {}
+  local log = { n = n }
+  log.at = function(i)
+    local v = seen[i]
+    if not v then
+      v = time_entry(raw(i))
+      if not v then
+        log.foreign = true
+        v = EARLIEST
+      end
+      seen[i] = v
+    end
+    return v
+  end
+  return log
+end
+
 -- The log in the list at `key`, as read_log answers it. Another type
--- fails the LLEN with WRONGTYPE. Its ends must be times in range, in
--- order, as a text log's are: a list of other numbers is someone else's.
+-- fails the LLEN with WRONGTYPE. Every entry read must be a time in
+-- range, and the ends in order, as a text log's are: a list of other
+-- numbers is someone else's (false). A call that reads logs whole
+-- (whole_logs) checks every entry; a one-layer decision, reservation or
+-- peek checks the entries it reads (entry_by_entry), as the module does.
 local function read_list_log(key)
   local n = redis.call('LLEN', key)
   local log
-  if n <= READ_WHOLE then
+  if n <= READ_WHOLE or whole_logs then
     local items = {}
     if n > 0 then
       items = redis.call('LRANGE', key, 0, -1)
@@ -289,24 +329,18 @@ local function read_list_log(key)
         return { n = 0, blocked = u, at = function() return nil end }
       end
     end
-    log = { n = n, at = function(i) return list_entry(items[i]) end }
+    log = entry_by_entry(n, function(i) return items[i] end)
+    if whole_logs then
+      for i = 1, n do
+        log.at(i)
+      end
+    end
   else
-    local seen = {}
-    log = {
-      n = n,
-      at = function(i)
-        local v = seen[i]
-        if not v then
-          v = list_entry(redis.call('LINDEX', key, int(i - 1)))
-          seen[i] = v
-        end
-        return v
-      end,
-    }
+    log = entry_by_entry(n, function(i) return redis.call('LINDEX', key, int(i - 1)) end)
   end
   if n > 0 then
     local first, last = log.at(1), log.at(n)
-    if not (first and last) or first < EARLIEST or last >= LATEST or first > last then
+    if log.foreign or first > last then
       return false
     end
   end
@@ -650,6 +684,9 @@ local function judge(i, key, code, keep, cost, ARGV, p, now, got)
       return 0, p1, 0, log.blocked - now, log.blocked - now
     end
     ok, limit, remaining, reset_after, retry_after, a, ttl = run(p1, p2, p3, log, now, cost)
+    if log.foreign then
+      return nil, redis.error_reply('TOLLGATE_CONFLICT ' .. i .. ' not_a_state')
+    end
     if ok then
       a.log = log
       a.clear = log.blocked ~= nil
@@ -711,7 +748,7 @@ local function acquire_if_empty(key, code, cost, ARGV, now)
   if not ok or cost < 1 or cost > TEXT_LOG_MAX then
     return nil, nil
   end
-  local got = redis.pcall('SET', key, text_stamps(next.t, cost), 'NX', 'GET', 'PX', ttl + TTL_MARGIN_MS)
+  local got = redis.pcall('SET', key, text_stamps(next.t, cost), 'NX', 'GET', 'PX', int(ttl + TTL_MARGIN_MS))
   if type(got) == 'table' and sub(got['err'] or '', 1, 9) ~= 'WRONGTYPE' then
     -- Refused for another reason (out of memory): nothing was written.
     return nil, nil
@@ -925,6 +962,13 @@ local function decide(KEYS, ARGV)
     end
   end
 
+  -- A time before 2020 or after 2100 (a server's clock reset to 1970, a
+  -- caller's past the checks of its store) would write states read
+  -- later as someone else's data (Rust: Timestamp::is_plausible).
+  if now < EARLIEST or now > LATEST_CLOCK then
+    return redis.error_reply('TOLLGATE_TIME ' .. int(now))
+  end
+  whole_logs = not (layers == 1 and (mode == 'decide' or mode == 'reserve' or mode == 'peek'))
   if mode == 'refund' then
     return refund(KEYS, ARGV, now)
   end

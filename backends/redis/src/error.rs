@@ -133,6 +133,7 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
     use redis::{ErrorKind, ServerErrorKind};
     match e.kind() {
         ErrorKind::Extension if e.code() == Some("TOLLGATE_SKEW") => skew_error(&e),
+        ErrorKind::Extension if e.code() == Some("TOLLGATE_TIME") => time_error(&e),
         ErrorKind::Extension if e.code() == Some("TOLLGATE_CONFLICT") => conflict_error(&e),
         ErrorKind::Extension if e.code() == Some("WRONGTYPE") => crate::conflicts::unlocated(),
         _ if is_wrapped_wrongtype(&e) => crate::conflicts::unlocated(),
@@ -171,6 +172,15 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
             StoreError::Unavailable(e.to_string())
         }
         _ => StoreError::Protocol(without_arguments(&e.to_string())),
+    }
+}
+
+/// `TOLLGATE_TIME <µs>`: the call's time (the server's clock, unless the
+/// store sent its own) is before 2020 or after 2100.
+fn time_error(e: &redis::RedisError) -> StoreError {
+    match e.detail().and_then(|d| d.trim().parse::<u64>().ok()) {
+        Some(us) => StoreError::ImplausibleTime(Timestamp::from_micros(us)),
+        None => StoreError::Protocol(e.to_string()),
     }
 }
 
@@ -281,6 +291,18 @@ mod tests {
         }
         let other = parsed("ERR Error running script (call to f_9c5c1c3b): @user_script:1: oops");
         assert!(matches!(other, StoreError::Protocol(_)), "{other:?}");
+    }
+
+    /// The server's clock before 2020 is the implausible time it is, not
+    /// a protocol failure.
+    #[test]
+    fn an_implausible_server_time_is_named() {
+        let value = redis::parse_redis_value(b"-TOLLGATE_TIME 1000000\r\n").unwrap();
+        let e = from_redis(value.extract_error().unwrap_err());
+        assert!(
+            matches!(e, StoreError::ImplausibleTime(t) if t.as_micros() == 1_000_000),
+            "{e:?}"
+        );
     }
 
     /// An unknown command's arguments (the call's keys) never reach the

@@ -642,8 +642,10 @@ impl RedisStore {
     ) -> Result<Vec<i64>, StoreError> {
         match result {
             Ok(reply) => {
-                // A decision wrote only when every layer admitted; a peek
-                // writes nothing; anything else may have written.
+                // A decision wrote a state only when every layer admitted
+                // (a denial may lengthen a TTL, kept_by_denial: not waited
+                // for, so a denial stays free of WAIT); a peek writes
+                // nothing; anything else may have written.
                 if let Some(ack) = &self.checked.replica_ack {
                     let every_layer_admitted = |stride: usize| {
                         reply.len() == layers.len() * stride

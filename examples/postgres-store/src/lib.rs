@@ -322,7 +322,7 @@ impl PgStore {
                 if !expired.is_empty() {
                     self.delete(&tx, &expired).await?;
                 }
-                if matches!(op, Op::Decide) {
+                if matches!(op, Op::Decide | Op::Acquire) {
                     self.keep_denied(&tx, &keys, &states, &layered.verdicts, now_us)
                         .await?;
                 }
