@@ -91,6 +91,13 @@ impl Budget {
     fn give_back(&self) {
         self.held.fetch_sub(1, Ordering::AcqRel);
         // Room freed: a cached "full until" no longer holds.
+        self.forget_full();
+    }
+
+    /// Forget when the budget was seen full until: room was freed, or a
+    /// key's expiry was brought forward (a reward, a shorter window), so
+    /// a key may expire before it.
+    fn forget_full(&self) {
         if self.free_at.load(Ordering::Relaxed) != 0 {
             self.free_at.store(0, Ordering::Relaxed);
         }
@@ -120,11 +127,19 @@ impl Entry {
     }
 
     /// Replace the state with `next` (under the shard's exclusive lock),
-    /// living `next.ttl` from `now_us`; the new expiry (µs).
-    fn replace(&mut self, next: Stored, now_us: u64) -> u64 {
+    /// living `next.ttl` from `now_us`; the new expiry (µs). An expiry
+    /// brought forward makes the store's budget (`total`) and the
+    /// entry's forget when they were seen full until.
+    fn replace(&mut self, next: Stored, now_us: u64, total: &Budget) -> u64 {
         let expires_at = now_us.saturating_add(duration_micros(next.ttl));
         self.state.set(next.state);
-        *self.expires_at.get_mut() = expires_at;
+        let before = std::mem::replace(self.expires_at.get_mut(), expires_at);
+        if expires_at < before {
+            total.forget_full();
+            if let Some(budget) = &self.budget {
+                budget.forget_full();
+            }
+        }
         expires_at
     }
 
@@ -196,13 +211,13 @@ impl Shard {
     /// is inserted before the overwrites; the hash is checked all the
     /// same, so a broken assumption stops the decision instead of writing
     /// another key's state.
-    fn overwrite(&mut self, index: usize, hash: u64, next: Stored, now_us: u64) {
+    fn overwrite(&mut self, index: usize, hash: u64, next: Stored, now_us: u64, total: &Budget) {
         let expires_at = self
             .entries
             .get_bucket_mut(index)
             .filter(|e| e.hash == hash)
             .expect("an entry found under this lock is still where it was found")
-            .replace(next, now_us);
+            .replace(next, now_us, total);
         self.next_expiry = self.next_expiry.min(expires_at);
     }
 
@@ -526,7 +541,10 @@ impl MemoryStore {
         }
         let now = now.as_micros();
         for shard in self.shards.iter() {
-            lock(shard).sweep(now, &self.total, &[]);
+            let mut shard = lock(shard);
+            shard.sweep(now, &self.total, &[]);
+            // The table's room too: a sweep keeps it for the next burst.
+            shard.entries.shrink_to_fit(|e| e.hash);
         }
     }
 
@@ -794,7 +812,7 @@ impl MemoryStore {
                 let read = state.is_some();
                 drop(snapshot);
                 if let Some(next) = t.next {
-                    let expires_at = entry.replace(next, now_us);
+                    let expires_at = entry.replace(next, now_us, &self.total);
                     shard.next_expiry = shard.next_expiry.min(expires_at);
                 } else if let Some(kept) = tollgate_algorithms::kept_by_denial(&t.verdict) {
                     if read {
@@ -935,7 +953,9 @@ impl MemoryStore {
             let Some(index) = at.found[i] else { continue };
             if let Some(next) = write.take() {
                 let (hash, id) = at.located[i];
-                shards.get_mut(id).overwrite(index, hash, next, now_us);
+                shards
+                    .get_mut(id)
+                    .overwrite(index, hash, next, now_us, &self.total);
             }
         }
         // What is left is the new keys'.

@@ -745,3 +745,44 @@ fn short_and_long_keys_each_keep_their_own_state() {
     }
     assert_eq!(store.len(), names.len());
 }
+
+/// A full store's refusal says when its first key expires, also after a
+/// key's expiry was brought forward (a reward): the instant it found when
+/// last full was kept until room was freed, and told clients to wait an
+/// hour for a key that expired within minutes.
+#[test]
+fn a_full_stores_wait_follows_an_expiry_brought_forward() {
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::builder()
+        .max_keys(1)
+        .shards(1)
+        .when_full(WhenFull::Refuse)
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let policy = Policy::new(
+        "gcra",
+        Limit::gcra(60, Duration::from_secs(3_600), 60).unwrap(),
+    )
+    .unwrap();
+    let request = |name: &'static str| LayerRequest {
+        key: StoreKey::new(name, &policy, "subject", name),
+        policy: &policy,
+        cost: 60,
+    };
+    let wait = |name: &'static str| match ready(tollgate_limiter::ask(&store, &[request(name)])) {
+        Err(StoreError::Full { retry_after, .. }) => retry_after,
+        other => panic!("{other:?}"),
+    };
+    ready(tollgate_limiter::ask(&store, &[request("a")])).expect("the first key fits");
+    assert!(wait("b") > Duration::from_secs(3_000), "a's hour");
+    let reward = LayerRequest {
+        cost: 58,
+        ..request("a")
+    };
+    ready(store.adjust(&[reward], tollgate_limiter::Adjustment::Reward)).unwrap();
+    let after = wait("c");
+    assert!(
+        after <= Duration::from_secs(300),
+        "waits {after:?} for a key that expires within minutes"
+    );
+}

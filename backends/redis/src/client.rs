@@ -52,12 +52,28 @@ pub(crate) fn connection_info(
         .into());
     }
     let _ = settings;
-    url.into_connection_info()
-        .map_err(|e| RedisStoreError::InvalidUrl(e.to_string()).into())
+    let info = url
+        .into_connection_info()
+        .map_err(|e| RedisStoreError::InvalidUrl(e.to_string()))?;
+    if tls_mode(&info).1 {
+        // (redis-rs is built without its insecure mode: every such
+        // connect would fail.)
+        return Err(RedisStoreError::InvalidUrl(
+            "#insecure (TLS without verifying the server) is not supported: drop it, and give \
+             the server's CA with Tls::ca_pem"
+                .into(),
+        )
+        .into());
+    }
+    Ok(info)
 }
 
 /// A client for `info`, with the store's certificates where it has any.
 pub(crate) fn open_info(info: ConnectionInfo, settings: &Settings) -> Result<Client, StoreError> {
+    #[cfg(feature = "tls")]
+    if tls_mode(&info).0 {
+        crate::tls::choose_crypto();
+    }
     #[cfg(feature = "tls")]
     if let Some(tls) = &settings.tls {
         return Client::build_with_tls(info, tls.certificates()).map_err(|e| {

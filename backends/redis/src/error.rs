@@ -137,6 +137,7 @@ pub(crate) fn from_redis(e: redis::RedisError) -> StoreError {
         ErrorKind::Extension if e.code() == Some("TOLLGATE_CONFLICT") => conflict_error(&e),
         ErrorKind::Extension if e.code() == Some("WRONGTYPE") => crate::conflicts::unlocated(),
         _ if is_wrapped_wrongtype(&e) => crate::conflicts::unlocated(),
+        _ if is_read_only(&e) => StoreError::Unavailable(e.to_string()),
         ErrorKind::Client if e.detail() == Some(crate::engine::NO_FUNCTIONS) => {
             RedisStoreError::NoFunctions.into()
         }
@@ -182,6 +183,20 @@ fn time_error(e: &redis::RedisError) -> StoreError {
         Some(us) => StoreError::ImplausibleTime(Timestamp::from_micros(us)),
         None => StoreError::Protocol(e.to_string()),
     }
+}
+
+/// A server that is no longer a primary (`READONLY`: a failover demoted
+/// it), as Redis 7 reports it and as Redis 6.2 wraps it when a script's
+/// write meets it (`ERR Error running script … READONLY You can't write
+/// against a read only replica.`): the connection must go to the primary.
+pub(crate) fn is_read_only(e: &redis::RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly))
+        || (e.code() == Some("ERR")
+            && e.detail().is_some_and(|d| {
+                d.starts_with("Error running script")
+                    && d.contains("READONLY You can't write against a read only replica")
+            }))
 }
 
 /// A `WRONGTYPE` raised inside a script before Redis 7.0, which wraps it:
@@ -291,6 +306,28 @@ mod tests {
         }
         let other = parsed("ERR Error running script (call to f_9c5c1c3b): @user_script:1: oops");
         assert!(matches!(other, StoreError::Protocol(_)), "{other:?}");
+    }
+
+    /// A demoted server's `READONLY` is one on every version: the
+    /// connection goes to the primary, and the decision is an outage.
+    #[test]
+    fn a_read_only_replica_is_one_on_every_version() {
+        let error = |reply: &str| {
+            let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap();
+            value.extract_error().unwrap_err()
+        };
+        let seven = error("READONLY You can't write against a read only replica.");
+        let six = error(
+            "ERR Error running script (call to f_9c5c1c3b): @user_script:143: @user_script: \
+             143: -READONLY You can't write against a read only replica.",
+        );
+        for e in [seven, six] {
+            assert!(is_read_only(&e), "{e:?}");
+            assert!(matches!(from_redis(e), StoreError::Unavailable(_)));
+        }
+        assert!(!is_read_only(&error(
+            "ERR Error running script (call to f_1): oops"
+        )));
     }
 
     /// The server's clock before 2020 is the implausible time it is, not

@@ -111,6 +111,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod acl;
+mod call_watch;
 mod client;
 #[cfg(feature = "cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
@@ -121,6 +122,7 @@ mod engine;
 mod error;
 #[cfg(feature = "cluster")]
 mod holds;
+mod managed;
 mod permissions;
 #[cfg(feature = "serde")]
 mod redis_settings;

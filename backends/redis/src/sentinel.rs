@@ -8,7 +8,7 @@
 //! name the old primary). A call that finds the connection dead (an I/O
 //! error) or the server demoted (`READONLY`) drops it; the next decision
 //! finds the primary again; so does a connection on which
-//! [`UNANSWERED_MAX`] calls in a row went unanswered past their deadline
+//! [`UNANSWERED_MAX`](crate::call_watch::UNANSWERED_MAX) calls in a row went unanswered past their deadline
 //! (a primary whose host died without closing its sockets answers
 //! nothing, and no error would say so until the kernel gives up on the
 //! connection, many minutes later). Finding it runs in a background task, so a
@@ -33,16 +33,13 @@ use redis::{
 use tokio::sync::watch;
 use tollgate_limiter::StoreError;
 
+use crate::call_watch::{CallWatch, Watched};
 use crate::client;
 use crate::error::RedisStoreError;
 use crate::settings::Settings;
 
 /// The shortest time between two searches for the primary.
 pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(50);
-
-/// Calls in a row abandoned unanswered (their deadline passed) after which
-/// the connection is taken for dead and the sentinels are asked again.
-pub(crate) const UNANSWERED_MAX: u32 = 3;
 
 /// Where the primary of a Sentinel-managed service is found, and how to
 /// log in to it.
@@ -84,36 +81,13 @@ pub(crate) struct Sentinel {
     unanswered: AtomicU32,
 }
 
-/// One call on the connection of `generation`: dropped before it was
-/// [`answered`](CallWatch::answered) (its deadline passed), it counts as
-/// unanswered, and [`UNANSWERED_MAX`] of them in a row forget the
-/// connection.
-pub(crate) struct CallWatch<'a> {
-    sentinel: &'a Sentinel,
-    generation: u64,
-    answered: bool,
-}
-
-impl CallWatch<'_> {
-    /// The server answered (an error included): the count starts again.
-    pub(crate) fn answered(mut self) {
-        self.answered = true;
-        if self.sentinel.unanswered.load(Ordering::Relaxed) != 0 {
-            self.sentinel.unanswered.store(0, Ordering::Relaxed);
-        }
+impl Watched for Sentinel {
+    fn unanswered(&self) -> &AtomicU32 {
+        &self.unanswered
     }
-}
 
-impl Drop for CallWatch<'_> {
-    fn drop(&mut self) {
-        if self.answered {
-            return;
-        }
-        let unanswered = self.sentinel.unanswered.fetch_add(1, Ordering::AcqRel) + 1;
-        if unanswered >= UNANSWERED_MAX {
-            self.sentinel.unanswered.store(0, Ordering::Relaxed);
-            self.sentinel.forget(self.generation);
-        }
+    fn dead(&self, generation: u64) {
+        self.forget(generation);
     }
 }
 
@@ -226,23 +200,15 @@ impl Sentinel {
     /// Forget the connection of `generation` after `e` showed it is no
     /// longer the primary's (dead, or demoted to a replica).
     pub(crate) fn check(&self, generation: u64, e: &RedisError) {
-        let lost = e.is_unrecoverable_error()
-            || matches!(
-                e.kind(),
-                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-            );
+        let lost = e.is_unrecoverable_error() || crate::error::is_read_only(e);
         if lost {
             self.forget(generation);
         }
     }
 
     /// Watch one call on the connection of `generation`.
-    pub(crate) fn watch(&self, generation: u64) -> CallWatch<'_> {
-        CallWatch {
-            sentinel: self,
-            generation,
-            answered: false,
-        }
+    pub(crate) fn watch(&self, generation: u64) -> CallWatch<'_, Sentinel> {
+        CallWatch::new(self, generation)
     }
 
     /// Drop the connection of `generation` (not a newer one): the next

@@ -64,6 +64,15 @@ impl Settings {
         if let Some(ack) = self.replica_ack {
             ack.check(self.deadline)?;
         }
+        if self.max_skew.is_some() && self.clock.is_none() {
+            return Err(RedisStoreError::InvalidSetting(
+                "max_skew bounds a clock of the store's own against the server's, and no clock \
+                 was given: give one with clock(…), or leave max_skew out (the server's TIME \
+                 needs no bound)"
+                    .into(),
+            )
+            .into());
+        }
         Ok(CheckedSettings {
             replica_ack: self.replica_ack,
             prefix: self.prefix.as_str().into(),

@@ -26,6 +26,7 @@ use crate::conflicts;
 use crate::connect_failures::{self, ConnectFailures};
 use crate::engine::CallCommand;
 use crate::error::{from_redis, name_conflict, RedisStoreError};
+use crate::managed::Managed;
 use crate::permissions::{first_refusal, load_and_probe, probe_commands};
 use crate::script::{layer_args, parse_reply, with_block, Mode, ScriptCall, TimeArgs};
 use crate::sentinel::{Sentinel, SentinelTarget};
@@ -65,7 +66,7 @@ pub struct RedisStore {
 
 #[derive(Clone)]
 enum Conn {
-    Multiplexed(ConnectionManager),
+    Multiplexed(Arc<Managed>),
     Pool(bb8::Pool<PoolManager>, ConnectFailures),
     Sentinel(Arc<Sentinel>),
 }
@@ -220,7 +221,11 @@ impl RedisStoreBuilder {
                 let manager =
                     ConnectionManager::new_with_config(client.clone(), self.manager_config());
                 match within(timeout, manager).await {
-                    Ok(manager) => Conn::Multiplexed(manager.map_err(connect_error)?),
+                    Ok(manager) => {
+                        let manager = manager.map_err(connect_error)?;
+                        let config = self.manager_config();
+                        Conn::Multiplexed(Arc::new(Managed::new(client, config, manager)))
+                    }
                     // The manager retries until the timeout, which hides
                     // why: one plain attempt names it (a certificate that
                     // does not verify, a refused login, …).
@@ -254,10 +259,13 @@ impl RedisStoreBuilder {
         let (source, checked) = self.validate()?;
         let conn = match (source, self.place.mode) {
             (Source::Sentinel(sentinel), ConnectionMode::Multiplexed) => Conn::Sentinel(sentinel),
-            (Source::Client(client), ConnectionMode::Multiplexed) => Conn::Multiplexed(
-                ConnectionManager::new_lazy_with_config(client, self.manager_config())
-                    .map_err(from_redis)?,
-            ),
+            (Source::Client(client), ConnectionMode::Multiplexed) => {
+                let config = self.manager_config();
+                let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)
+                    .map_err(from_redis)?;
+                let config = self.manager_config();
+                Conn::Multiplexed(Arc::new(Managed::new(client, config, manager)))
+            }
             (source, ConnectionMode::Pool { size }) => {
                 let failures = ConnectFailures::new();
                 let pool = self
@@ -384,7 +392,14 @@ impl RedisStore {
     async fn load_code(&self) -> Result<(), StoreError> {
         let runner = &self.checked.runner;
         match &self.conn {
-            Conn::Multiplexed(manager) => runner.load(&mut manager.clone()).await.map(|_| ()),
+            Conn::Multiplexed(managed) => {
+                let (generation, mut con) = managed.connection();
+                let result = runner.load(&mut con).await.map(|_| ());
+                if let Err(e) = &result {
+                    managed.check(generation, e);
+                }
+                result
+            }
             Conn::Pool(pool, failures) => {
                 let mut pooled = self.checkout(pool, failures).await?;
                 let result = runner.load(&mut pooled.con).await.map(|_| ());
@@ -412,7 +427,7 @@ impl RedisStore {
             pipe.add_command(cmd);
         }
         let answers: RedisResult<Vec<RedisResult<redis::Value>>> = match &self.conn {
-            Conn::Multiplexed(manager) => pipe.query_async(&mut manager.clone()).await,
+            Conn::Multiplexed(managed) => pipe.query_async(&mut managed.connection().1).await,
             Conn::Pool(pool, failures) => {
                 let mut pooled = self.checkout(pool, failures).await?;
                 pipe.query_async(&mut pooled.con).await
@@ -517,9 +532,15 @@ impl RedisStore {
         // checkout, a search for the primary) would make every call's
         // future larger, the multiplexed one's included.
         match &self.conn {
-            Conn::Multiplexed(manager) => {
-                let mut con = manager.clone();
+            Conn::Multiplexed(managed) => {
+                let (generation, mut con) = managed.connection();
+                // Dropped unanswered when the caller's deadline passes.
+                let watch = managed.watch(generation);
                 let result = runner.call(&mut con, &cmd, style, rebuild).await;
+                watch.answered();
+                if let Err(e) = &result {
+                    managed.check(generation, e);
+                }
                 self.answered(&mut con, result, layers, mode).await
             }
             Conn::Pool(pool, failures) => {
@@ -855,7 +876,7 @@ struct PooledConnection {
     /// Calls in a row dropped unanswered, mostly at their deadline (a
     /// caller's own drop counts too; three in a row in the middle of a
     /// call on one connection are rare): at
-    /// [`UNANSWERED_MAX`](crate::sentinel::UNANSWERED_MAX) the connection
+    /// [`UNANSWERED_MAX`](crate::call_watch::UNANSWERED_MAX) the connection
     /// is taken for dead, as a Sentinel connection is. A server that went
     /// silent (a frozen primary, a host gone without closing its sockets)
     /// sends no error that would mark it broken.
@@ -869,10 +890,7 @@ impl PooledConnection {
     /// it. Other server errors leave it usable.
     fn check<T>(&mut self, result: &RedisResult<T>) {
         if let Err(e) = result {
-            let demoted = matches!(
-                e.kind(),
-                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-            );
+            let demoted = crate::error::is_read_only(e);
             if e.is_unrecoverable_error() || demoted {
                 self.broken = true;
             }
@@ -917,6 +935,6 @@ impl bb8::ManageConnection for PoolManager {
     }
 
     fn has_broken(&self, conn: &mut PooledConnection) -> bool {
-        conn.broken || conn.unanswered >= crate::sentinel::UNANSWERED_MAX
+        conn.broken || conn.unanswered >= crate::call_watch::UNANSWERED_MAX
     }
 }

@@ -70,3 +70,13 @@ impl Tls {
         }
     }
 }
+
+/// Make rustls's `ring` provider the process's default, unless one was
+/// chosen already. redis-rs builds its TLS configuration with the
+/// process's default, and rustls cannot pick one when the build has two
+/// (an application whose other crates turn on `aws-lc-rs`, as many HTTP
+/// clients do): it panicked inside the connect. An application that
+/// chose its own provider keeps it.
+pub(crate) fn choose_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -275,3 +275,178 @@ async fn load_script_on_a_frozen_server_gives_up_at_the_connect_timeout() {
         .await
         .expect("loads once the server answers");
 }
+
+/// A TCP proxy in front of a server that can go silent on the connections
+/// it carries (a host gone without closing its sockets): bytes sent on
+/// them are swallowed, nothing answers, nothing closes. Or it can send
+/// new connections to another server (an address moved to another node),
+/// leaving the open ones where they are.
+struct Proxy {
+    url: String,
+    /// Connections numbered below this are silent.
+    silent_below: Arc<std::sync::atomic::AtomicU64>,
+    next: Arc<std::sync::atomic::AtomicU64>,
+    upstream: Arc<std::sync::Mutex<std::net::SocketAddr>>,
+}
+
+impl Proxy {
+    async fn start(upstream: std::net::SocketAddr) -> Proxy {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}/", listener.local_addr().unwrap());
+        let (silent_below, next) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let upstream = Arc::new(std::sync::Mutex::new(upstream));
+        let (silent, counter, target) = (silent_below.clone(), next.clone(), upstream.clone());
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let id = counter.fetch_add(1, Ordering::SeqCst);
+                let to = *target.lock().unwrap();
+                let Ok(outbound) = tokio::net::TcpStream::connect(to).await else {
+                    continue;
+                };
+                let (client_read, client_write) = inbound.into_split();
+                let (server_read, server_write) = outbound.into_split();
+                tokio::spawn(carry(client_read, server_write, id, silent.clone()));
+                tokio::spawn(carry(server_read, client_write, id, silent.clone()));
+            }
+        });
+        Proxy {
+            url,
+            silent_below,
+            next,
+            upstream,
+        }
+    }
+
+    /// Every connection open now goes silent.
+    fn silence_open_connections(&self) {
+        use std::sync::atomic::Ordering;
+        let next = self.next.load(Ordering::SeqCst);
+        self.silent_below.store(next, Ordering::SeqCst);
+    }
+
+    /// New connections go to `to`.
+    fn retarget(&self, to: std::net::SocketAddr) {
+        *self.upstream.lock().unwrap() = to;
+    }
+}
+
+/// Copy `from` to `to` until either closes; once connection `id` is
+/// silenced, what arrives is read and dropped.
+async fn carry(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    id: u64,
+    silent_below: Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if id < silent_below.load(Ordering::SeqCst) {
+            continue;
+        }
+        if to.write_all(&buffer[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A server that goes silent on the store's connection (nothing answers,
+/// nothing closes) costs decisions their deadline until three in a row
+/// went unanswered; then the store opens a new connection and decides
+/// again. (The multiplexed connection waited for the kernel to give up on
+/// the socket, many minutes; the pool and Sentinel connections already did
+/// this.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_replaced() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.addr()).await;
+    let (limiter, ctx) = deciding_through(&proxy, DEADLINE).await;
+    proxy.silence_open_connections();
+    let mut failed = 0;
+    let decided = loop {
+        let d = limiter.check(&ctx, 1).await.unwrap();
+        if d.store_error().is_none() {
+            break d;
+        }
+        failed += 1;
+        assert!(failed < 20, "still failing after {failed} decisions: {d:?}");
+    };
+    assert!(decided.is_allowed());
+    assert!(
+        failed >= 3,
+        "decided on a silent connection after {failed} failures"
+    );
+    println!("a silent connection: replaced after {failed} decisions failed");
+}
+
+/// The server behind the store's address is demoted to a replica, and the
+/// address moves to the new primary (a DNS name or a virtual address that
+/// follows failovers): the store's connection still reaches the old
+/// server, which answers `READONLY` to every write. The store opens a new
+/// connection (at most once a second), which reaches the new primary.
+/// (redis-rs's connection manager reopens after an I/O error only: it
+/// answered `READONLY` for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_server_behind_a_moved_address_is_left() {
+    let (old, new) = (RedisServer::start(), RedisServer::start());
+    let proxy = Proxy::start(old.addr()).await;
+    let (limiter, ctx) = deciding_through(&proxy, Duration::from_millis(500)).await;
+    let port = new.port().to_string();
+    old.command(&["REPLICAOF", "127.0.0.1", &port]);
+    proxy.retarget(new.addr());
+    let demoted = limiter.check(&ctx, 1).await.unwrap();
+    assert!(demoted.store_error().is_some(), "{demoted:?}");
+    let started = std::time::Instant::now();
+    loop {
+        let d = limiter.check(&ctx, 1).await.unwrap();
+        if d.store_error().is_none() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "still on the demoted server: {d:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "a demoted server: decided on the new primary after {:?}",
+        started.elapsed()
+    );
+}
+
+/// A limiter on a store that reaches its server through `proxy`, with the
+/// store's `deadline` and a breaker that stays closed (these tests count
+/// the store's own answers), and a subject; one decision made.
+async fn deciding_through(
+    proxy: &Proxy,
+    deadline: Duration,
+) -> (Limiter, tollgate_limiter::Context) {
+    let store = RedisStore::builder(proxy.url.as_str())
+        .prefix(unique("fault"))
+        .deadline(deadline)
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect through the proxy");
+    let limit = Limit::token_bucket(1_000, 1_000, Duration::from_secs(1)).unwrap();
+    let limiter = Limiter::builder(Arc::new(store))
+        .layer("client", Scope::Subject, Policy::new("api", limit).unwrap())
+        .breaker(BreakerConfig {
+            failure_threshold: 1_000,
+            open_for: Duration::from_millis(1),
+        })
+        .build()
+        .unwrap();
+    let ctx = tollgate_limiter::Context::for_subject(
+        tollgate_limiter::Subject::new(unique("subject")).unwrap(),
+    );
+    let first = limiter.check(&ctx, 1).await.unwrap();
+    assert!(first.store_error().is_none(), "{first:?}");
+    (limiter, ctx)
+}

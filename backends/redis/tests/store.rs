@@ -917,6 +917,19 @@ async fn bad_configuration_is_refused() {
         !err.to_string().contains("hunter2"),
         "the password is not repeated: {err}"
     );
+    // A skew bound without a clock of the store's own bounded nothing,
+    // silently.
+    let err = RedisStore::builder(RedisServer::shared().url())
+        .max_skew(Duration::from_millis(1))
+        .build()
+        .expect_err("max_skew without a clock");
+    assert!(
+        matches!(
+            RedisStoreError::of(&err),
+            Some(RedisStoreError::InvalidSetting(m)) if m.contains("clock")
+        ),
+        "{err}"
+    );
 }
 
 /// A Redis out of memory refuses the script's writes: the decision fails as

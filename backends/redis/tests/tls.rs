@@ -173,6 +173,20 @@ async fn tls_settings_need_a_rediss_url() {
     );
 }
 
+/// `#insecure` (TLS without verifying the server) is refused when the
+/// store is built: it was accepted, and every connect failed (the TLS
+/// client is built without an insecure mode), as a protocol error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insecure_tls_url_is_refused_with_what_to_do() {
+    let error = RedisStore::builder(format!("{}#insecure", tls_url()))
+        .build()
+        .expect_err("#insecure");
+    assert!(
+        matches!(RedisStoreError::of(&error), Some(RedisStoreError::InvalidUrl(m)) if m.contains("ca_pem")),
+        "{error}"
+    );
+}
+
 /// Sentinel over TLS: the sentinels and the primary they name are
 /// reached with the store's TLS settings.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

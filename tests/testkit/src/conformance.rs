@@ -1194,7 +1194,7 @@ pub async fn rolling_deploys_are_bounded(factory: impl StoreFactory) {
 /// A window made longer (a reload, a plan) counts what was used under the
 /// shorter one for the longer: a denial writes nothing, so the store keeps
 /// the state it read until the denial's reset
-/// ([`tollgate_algorithms::kept_by_denial`]). Left with the shorter
+/// (`tollgate_algorithms::kept_by_denial`). Left with the shorter
 /// window's TTL, the key expired and two more were admitted within the
 /// minute. Each window algorithm, alone and beside a layer that admits.
 /// Redis expires keys on its own clock: the test also waits past the

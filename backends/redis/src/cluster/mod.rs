@@ -170,6 +170,15 @@ impl RedisClusterStoreBuilder {
         }
         let builder = ClusterClientBuilder::new(self.place.nodes.iter().map(String::as_str));
         #[cfg(feature = "tls")]
+        if self
+            .place
+            .nodes
+            .iter()
+            .any(|url| crate::client::is_tls_url(url))
+        {
+            crate::tls::choose_crypto();
+        }
+        #[cfg(feature = "tls")]
         let builder = match &self.settings.tls {
             Some(tls) => builder.certs(tls.certificates()),
             None => builder,
