@@ -87,6 +87,12 @@ impl Managed {
     /// connects on its first call (and retries in the background, as the
     /// first did).
     fn replace(&self, generation: u64, pause: Duration) {
+        // A manager spawns its tasks on the runtime: a call dropped
+        // outside one (a runtime shutting down) leaves the replacement to
+        // the next call.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
         let mut current = write(&self.current);
         if current.generation != generation || current.since.elapsed() < pause {
             return;

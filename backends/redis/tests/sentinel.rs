@@ -342,11 +342,11 @@ async fn with_a_pool_a_lagging_replica_does_not_hold_up_denials() {
             .connect()
             .await
             .expect("connect through the sentinels");
-        let policy = Policy::new(
-            "lag",
-            Limit::fixed_window(1, Duration::from_secs(600)).unwrap(),
-        )
-        .unwrap();
+        // One unit per ten minutes, refilled continuously: a fixed window
+        // ended at its ten-minute boundary and admitted (a failed test
+        // when the boundary fell in the run).
+        let policy =
+            Policy::new("lag", Limit::gcra(1, Duration::from_secs(600), 1).unwrap()).unwrap();
         let denied_key = || tollgate_limiter::StoreKey::new("lag", &policy, "s", "full");
         let full = [tollgate_limiter::LayerRequest {
             key: denied_key(),
