@@ -219,27 +219,28 @@ fn text(ctx: &Context, bytes: &[u8]) -> RedisString {
 }
 
 /// The ms `key` has left to live, as `PTTL` answers it (−1: no TTL, or
-/// no value; −2: missing), read through the key API: a denial asks it of every key it
-/// read, and `PTTL` through `RedisModule_Call` cost it about 0.9 µs of
-/// Redis CPU (a third of a decision; docs/benchmarks.md). `None` when this
-/// server's module API lacks `GetExpire`: the caller runs `PTTL`.
-pub(crate) fn pttl(ctx: &Context, key: &RedisString) -> Option<i64> {
+/// no value; −2: missing), read through the key API: a denial asks it of
+/// every key it read, and `PTTL` through `RedisModule_Call` cost it about
+/// 0.9 µs of Redis CPU (a third of a decision; docs/benchmarks.md).
+pub(crate) fn pttl(ctx: &Context, key: &RedisString) -> Result<i64, RedisError> {
     // SAFETY: reading a `static mut` function pointer that Redis set once,
     // when the module loaded (`RedisModule_Init`), before any command ran;
     // nothing writes it afterwards.
     #[allow(unsafe_code)]
-    let get_expire = unsafe { raw::RedisModule_GetExpire }?;
+    let get_expire = unsafe { raw::RedisModule_GetExpire }.ok_or(RedisError::Str(
+        "TOLLGATE_FAILED this server's module API lacks GetExpire",
+    ))?;
     // Opened for reading: closing it signals no change to the key (a key
     // opened for writing does, which a `WATCH` would see).
     let handle = OpenKey(raw::open_key(ctx.ctx, key.inner, raw::KeyMode::READ));
     if handle.0.is_null() {
-        return Some(-2);
+        return Ok(-2);
     }
     // SAFETY: `handle.0` is a key opened on this command's context, open
     // until `handle` is dropped after this call; GetExpire only reads it.
     #[allow(unsafe_code)]
     let ms = unsafe { get_expire(handle.0) };
-    Some(ms)
+    Ok(ms)
 }
 
 /// An absolute expiry as the key API sets it.

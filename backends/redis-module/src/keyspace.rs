@@ -161,11 +161,7 @@ pub(crate) fn keep_denied(
     key: &RedisString,
     kept: std::time::Duration,
 ) -> Result<(), RedisError> {
-    let pttl = match crate::key_api::pttl(ctx, key) {
-        Some(ms) => ms,
-        None => pttl(ctx, key)?,
-    };
-    if let Some(px) = tollgate_redis_protocol::kept_px(kept, pttl) {
+    if let Some(px) = tollgate_redis_protocol::kept_px(kept, crate::key_api::pttl(ctx, key)?) {
         effect(ctx, "PEXPIRE", &[key.as_slice(), px.to_string().as_bytes()])?;
     }
     Ok(())

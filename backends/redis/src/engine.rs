@@ -427,11 +427,7 @@ pub(crate) fn no_functions() -> RedisError {
 mod tests {
     use super::*;
 
-    /// A server's error reply, as redis-rs reports it.
-    fn server_error(reply: &str) -> RedisError {
-        let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap();
-        value.extract_error().unwrap_err()
-    }
+    use crate::error::tests::server_error;
 
     /// Only an unknown `FCALL` itself asks for the library (and an unknown
     /// `TOLLGATE.DECIDE` for the module): an unknown command met inside a

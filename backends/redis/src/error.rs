@@ -187,29 +187,27 @@ fn time_error(e: &redis::RedisError) -> StoreError {
 
 /// A server that is no longer a primary (`READONLY`: a failover demoted
 /// it), as Redis 7 reports it and as Redis 6.2 wraps it when a script's
-/// write meets it (`ERR Error running script … READONLY You can't write
-/// against a read only replica.`): the connection must go to the primary.
+/// write meets it: the connection must go to the primary.
 pub(crate) fn is_read_only(e: &redis::RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind};
     matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly))
-        || (e.code() == Some("ERR")
-            && e.detail().is_some_and(|d| {
-                d.starts_with("Error running script")
-                    && d.contains("READONLY You can't write against a read only replica")
-            }))
+        || raised_in_script(e, "READONLY You can't write against a read only replica")
 }
 
-/// A `WRONGTYPE` raised inside a script before Redis 7.0, which wraps it:
-/// `ERR Error running script (call to f_…): @user_script:12: WRONGTYPE
-/// Operation against a key holding the wrong kind of value`. A key of
-/// another type is a conflict on every version, never a protocol failure
-/// (which the breaker counts as an outage).
+/// A `WRONGTYPE` raised inside a script before Redis 7.0, which wraps it.
+/// A key of another type is a conflict on every version, never a protocol
+/// failure (which the breaker counts as an outage).
 fn is_wrapped_wrongtype(e: &redis::RedisError) -> bool {
+    raised_in_script(e, ": WRONGTYPE Operation against a key")
+}
+
+/// Whether `e` is a server error raised inside a script, which Redis
+/// before 7.0 wraps as `ERR Error running script (call to f_…):
+/// @user_script:12: <the error>`, and the error holds `inner`.
+fn raised_in_script(e: &redis::RedisError, inner: &str) -> bool {
     e.code() == Some("ERR")
-        && e.detail().is_some_and(|d| {
-            d.starts_with("Error running script")
-                && d.contains(": WRONGTYPE Operation against a key")
-        })
+        && e.detail()
+            .is_some_and(|d| d.starts_with("Error running script") && d.contains(inner))
 }
 
 /// A server's error text without the arguments it may repeat (`unknown
@@ -285,17 +283,20 @@ fn skew_error(e: &redis::RedisError) -> StoreError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A server's error reply, as redis-rs reports it.
+    pub(crate) fn server_error(reply: &str) -> redis::RedisError {
+        let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap();
+        value.extract_error().unwrap_err()
+    }
 
     /// A key of another type met inside a script is a conflict, as
     /// Redis 7 reports it and as Redis 6.2 wraps it.
     #[test]
     fn a_wrong_type_is_a_conflict_on_every_version() {
-        let parsed = |reply: &str| {
-            let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap();
-            from_redis(value.extract_error().unwrap_err())
-        };
+        let parsed = |reply: &str| from_redis(server_error(reply));
         let seven = parsed("WRONGTYPE Operation against a key holding the wrong kind of value");
         let six = parsed(
             "ERR Error running script (call to f_9c5c1c3b): @user_script:143: WRONGTYPE \
@@ -312,10 +313,7 @@ mod tests {
     /// connection goes to the primary, and the decision is an outage.
     #[test]
     fn a_read_only_replica_is_one_on_every_version() {
-        let error = |reply: &str| {
-            let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap();
-            value.extract_error().unwrap_err()
-        };
+        let error = server_error;
         let seven = error("READONLY You can't write against a read only replica.");
         let six = error(
             "ERR Error running script (call to f_9c5c1c3b): @user_script:143: @user_script: \
@@ -334,8 +332,7 @@ mod tests {
     /// a protocol failure.
     #[test]
     fn an_implausible_server_time_is_named() {
-        let value = redis::parse_redis_value(b"-TOLLGATE_TIME 1000000\r\n").unwrap();
-        let e = from_redis(value.extract_error().unwrap_err());
+        let e = from_redis(server_error("TOLLGATE_TIME 1000000"));
         assert!(
             matches!(e, StoreError::ImplausibleTime(t) if t.as_micros() == 1_000_000),
             "{e:?}"

@@ -218,12 +218,11 @@ impl RedisStoreBuilder {
                 )
             }
             (Source::Client(client), ConnectionMode::Multiplexed) => {
-                let manager =
-                    ConnectionManager::new_with_config(client.clone(), self.manager_config());
+                let config = self.manager_config();
+                let manager = ConnectionManager::new_with_config(client.clone(), config.clone());
                 match within(timeout, manager).await {
                     Ok(manager) => {
                         let manager = manager.map_err(connect_error)?;
-                        let config = self.manager_config();
                         Conn::Multiplexed(Arc::new(Managed::new(client, config, manager)))
                     }
                     // The manager retries until the timeout, which hides
@@ -261,9 +260,9 @@ impl RedisStoreBuilder {
             (Source::Sentinel(sentinel), ConnectionMode::Multiplexed) => Conn::Sentinel(sentinel),
             (Source::Client(client), ConnectionMode::Multiplexed) => {
                 let config = self.manager_config();
-                let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)
-                    .map_err(from_redis)?;
-                let config = self.manager_config();
+                let manager =
+                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                        .map_err(from_redis)?;
                 Conn::Multiplexed(Arc::new(Managed::new(client, config, manager)))
             }
             (source, ConnectionMode::Pool { size }) => {
