@@ -193,15 +193,14 @@ impl LoginGuard {
         if after
             .layers()
             .iter()
-            .all(|l| l.verdict.allowed && l.verdict.remaining > 0)
+            .all(|l| l.verdict().allowed && l.verdict().remaining > 0)
         {
             return Ok(after);
         }
         let offences = self.offences.penalize(ctx, 1).await?;
-        let held = offences
-            .layers()
-            .first()
-            .map_or(1, |l| l.verdict.limit.saturating_sub(l.verdict.remaining));
+        let held = offences.layers().first().map_or(1, |l| {
+            l.verdict().limit.saturating_sub(l.verdict().remaining)
+        });
         self.failures
             .block(ctx, self.escalation.block_for(held))
             .await

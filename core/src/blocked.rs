@@ -149,14 +149,14 @@ impl BlockedCache {
             return None;
         }
         let elapsed = Duration::from_micros(now.saturating_sub(blocked.denied_at));
-        let layers = blocked.decision.layers().iter().map(|l| LayerDecision {
-            verdict: Verdict {
-                reset_after: l.verdict.reset_after.saturating_sub(elapsed),
-                retry_after: l.verdict.retry_after.map(|r| r.saturating_sub(elapsed)),
-                ..l.verdict
-            },
-            source: Source::Cache,
-            ..*l
+        let layers = blocked.decision.layers().iter().map(|l| {
+            let verdict = l.verdict();
+            let waited = Verdict {
+                reset_after: verdict.reset_after.saturating_sub(elapsed),
+                retry_after: verdict.retry_after.map(|r| r.saturating_sub(elapsed)),
+                ..verdict
+            };
+            LayerDecision::of(l.info, &waited, Source::Cache)
         });
         Some(Decision::new(layers))
     }

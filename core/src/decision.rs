@@ -85,30 +85,105 @@ impl LayerInfo {
 /// let verdict = Verdict { allowed: true, limit: 100, remaining: 42,
 ///     reset_after: Duration::from_secs(12), retry_after: None };
 /// let d = LayerDecision::new(&layer, verdict, Source::Store);
-/// assert_eq!((d.layer(), d.policy(), d.verdict.remaining), ("key", "search", 42));
+/// assert_eq!((d.layer(), d.policy(), d.verdict().remaining), ("key", "search", 42));
 /// assert_eq!(d.window(), Some(Duration::from_secs(60)));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq)]
 pub struct LayerDecision {
     pub(crate) info: &'static LayerInfo,
-    /// The layer's answer: admitted or not, its limit, what is left, when
-    /// it is full again and, when it denies, when to retry. When another
-    /// layer denies the request this layer was not charged, and its
-    /// `remaining` shows what it still has ([`Verdict::uncharged`]).
-    pub verdict: Verdict,
+    // The layer's verdict, packed: a decision is moved on every answer,
+    // and the `Verdict` with its two `Duration`s and its flag padded to
+    // eight bytes would make each layer half as large again.
+    limit: u64,
+    remaining: u64,
+    reset_after: u64,
+    retry_after: u64,
+    allowed: bool,
     /// Where the answer came from.
     pub source: Source,
 }
 
+/// A packed `retry_after` of `None`.
+const NO_RETRY: u64 = u64::MAX;
+
+/// `d` in whole nanoseconds, at most `most` (about 584 years: no window
+/// reaches it, and a wait that long reads the same to a client).
+#[inline]
+fn packed(d: Duration, most: u64) -> u64 {
+    d.as_secs()
+        .checked_mul(1_000_000_000)
+        .and_then(|n| n.checked_add(u64::from(d.subsec_nanos())))
+        .map_or(most, |n| n.min(most))
+}
+
+impl std::fmt::Debug for LayerDecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LayerDecision")
+            .field("layer", &self.layer())
+            .field("policy", &self.policy())
+            .field("verdict", &self.verdict())
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
 impl LayerDecision {
-    /// `layer`'s part of a decision: `verdict`, from `source`.
+    /// `layer`'s part of a decision: `verdict`, from `source`. Durations
+    /// beyond about 584 years read back as 584 years.
+    #[inline]
     pub fn new(layer: &Layer, verdict: Verdict, source: Source) -> Self {
+        Self::of(layer.info, &verdict, source)
+    }
+
+    #[inline]
+    pub(crate) fn of(info: &'static LayerInfo, verdict: &Verdict, source: Source) -> Self {
         LayerDecision {
-            info: layer.info,
-            verdict,
+            info,
+            limit: verdict.limit,
+            remaining: verdict.remaining,
+            reset_after: packed(verdict.reset_after, u64::MAX),
+            retry_after: verdict
+                .retry_after
+                .map_or(NO_RETRY, |d| packed(d, NO_RETRY - 1)),
+            allowed: verdict.allowed,
             source,
         }
+    }
+
+    /// The layer's answer: admitted or not, its limit, what is left, when
+    /// it is full again and, when it denies, when to retry. When another
+    /// layer denies the request this layer was not charged, and its
+    /// `remaining` shows what it still has ([`Verdict::uncharged`]).
+    #[inline]
+    pub fn verdict(&self) -> Verdict {
+        Verdict {
+            allowed: self.allowed,
+            limit: self.limit,
+            remaining: self.remaining,
+            reset_after: Duration::from_nanos(self.reset_after),
+            retry_after: (self.retry_after != NO_RETRY)
+                .then(|| Duration::from_nanos(self.retry_after)),
+        }
+    }
+
+    /// Whether the layer admits the request (`verdict().allowed`).
+    #[inline]
+    pub fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// What the layer has left right after this decision
+    /// (`verdict().remaining`).
+    #[inline]
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// The same layer's part with another verdict (for tests and custom
+    /// answers).
+    pub fn with_verdict(self, verdict: Verdict) -> Self {
+        Self::of(self.info, &verdict, self.source)
     }
 
     /// The layer's name.
@@ -147,7 +222,8 @@ impl LayerDecision {
     /// `retry_after`, else the time until it is full again), until it is
     /// full again when it admits.
     pub fn wait(&self) -> Duration {
-        self.verdict.retry_after.unwrap_or(self.verdict.reset_after)
+        let verdict = self.verdict();
+        verdict.retry_after.unwrap_or(verdict.reset_after)
     }
 
     /// The order in which headers report layers, tightest first: enforced
@@ -156,12 +232,8 @@ impl LayerDecision {
     /// among admitting ones the fewest remaining units first.
     pub fn tightness(&self) -> impl Ord {
         let wait = std::cmp::Reverse(self.wait());
-        let remaining = if self.verdict.allowed {
-            self.verdict.remaining
-        } else {
-            0
-        };
-        (self.is_shadow(), self.verdict.allowed, remaining, wait)
+        let remaining = if self.allowed { self.remaining } else { 0 };
+        (self.is_shadow(), self.allowed, remaining, wait)
     }
 
     /// The plan whose limit decided this layer, when the limiter has
@@ -212,11 +284,9 @@ impl Decision {
             store_error: None,
         };
         for (layer, verdict) in layers.iter().zip(verdicts) {
-            decision.layers.push(LayerDecision {
-                info: layer.info,
-                verdict: *verdict,
-                source: Source::Store,
-            });
+            decision
+                .layers
+                .push(LayerDecision::of(layer.info, verdict, Source::Store));
         }
         decision
     }
@@ -249,16 +319,12 @@ impl Decision {
     /// Whether the request may proceed: every enforced layer admits.
     #[inline]
     pub fn is_allowed(&self) -> bool {
-        self.layers
-            .iter()
-            .all(|l| l.verdict.allowed || l.is_shadow())
+        self.layers.iter().all(|l| l.allowed || l.is_shadow())
     }
 
     /// The shadow layers that would have denied the request.
     pub fn shadow_denied(&self) -> impl Iterator<Item = &LayerDecision> {
-        self.layers
-            .iter()
-            .filter(|l| !l.verdict.allowed && l.is_shadow())
+        self.layers.iter().filter(|l| !l.allowed && l.is_shadow())
     }
 
     /// Every layer, in the limiter's order.
@@ -269,9 +335,7 @@ impl Decision {
 
     /// The enforced layers that denied.
     pub fn denied_layers(&self) -> impl Iterator<Item = &LayerDecision> {
-        self.layers
-            .iter()
-            .filter(|l| !l.verdict.allowed && !l.is_shadow())
+        self.layers.iter().filter(|l| !l.allowed && !l.is_shadow())
     }
 
     /// When denied: the longest wait among the denying layers
@@ -288,5 +352,55 @@ impl Decision {
             .iter()
             .filter(|l| !l.is_shadow())
             .min_by_key(|l| l.tightness())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Limit, Policy, Scope};
+
+    fn layer() -> Layer {
+        let policy = Policy::new(
+            "p",
+            Limit::fixed_window(10, Duration::from_secs(1)).unwrap(),
+        )
+        .unwrap();
+        Layer::new("key", Scope::Subject, policy)
+    }
+
+    /// A decision moves on every answer: each layer stays six words.
+    #[test]
+    fn a_layer_decision_is_six_words() {
+        assert!(std::mem::size_of::<LayerDecision>() <= 48);
+    }
+
+    /// Packed numbers read back as they went in, to the nanosecond; a
+    /// zero wait stays a wait, and only durations past 584 years saturate.
+    #[test]
+    fn a_packed_verdict_reads_back_exactly() {
+        let exact = Verdict {
+            allowed: false,
+            limit: u64::MAX,
+            remaining: 7,
+            reset_after: Duration::new(86_400 * 366, 999_999_999),
+            retry_after: Some(Duration::ZERO),
+        };
+        let d = LayerDecision::new(&layer(), exact, Source::Store);
+        assert_eq!(d.verdict(), exact);
+        let none = Verdict {
+            retry_after: None,
+            ..exact
+        };
+        assert_eq!(d.with_verdict(none).verdict(), none);
+        let far = Verdict {
+            reset_after: Duration::MAX,
+            retry_after: Some(Duration::MAX),
+            ..exact
+        };
+        let read = d.with_verdict(far).verdict();
+        let years_584 = Duration::from_secs(584 * 365 * 86_400);
+        assert!(read.reset_after > years_584, "{read:?}");
+        assert!(read.retry_after.is_some_and(|r| r > years_584), "{read:?}");
     }
 }

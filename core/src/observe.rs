@@ -337,7 +337,7 @@ impl LimiterMetrics {
     pub(crate) fn layer(&self, i: usize, layer: &LayerDecision) {
         #[cfg(feature = "metrics")]
         if let Some(counters) = self.layers.get(i) {
-            let outcome = match (layer.verdict.allowed, layer.is_shadow()) {
+            let outcome = match (layer.verdict().allowed, layer.is_shadow()) {
                 (true, _) => 0,
                 (false, false) => 1,
                 (false, true) => 2,

@@ -28,7 +28,7 @@ impl Limiter {
     /// let ctx = Context::for_subject(Subject::new("user-7")?);
     /// let decision = limiter.peek(&ctx, 1).await?;
     /// for layer in decision.layers() {
-    ///     println!("{}: {} left", layer.policy(), layer.verdict.remaining);
+    ///     println!("{}: {} left", layer.policy(), layer.remaining());
     /// }
     /// # Ok(()) }
     /// ```

@@ -147,9 +147,9 @@ impl Plan {
 ///     .build()?;
 ///
 /// let free = Context::for_subject(Subject::new("key-1")?);
-/// assert_eq!(limiter.check(&free, 1).await?.layers()[0].verdict.limit, 60);
+/// assert_eq!(limiter.check(&free, 1).await?.layers()[0].verdict().limit, 60);
 /// let pro = Context::for_subject(Subject::new("key-9")?);
-/// assert_eq!(limiter.check(&pro, 1).await?.layers()[0].verdict.limit, 600);
+/// assert_eq!(limiter.check(&pro, 1).await?.layers()[0].verdict().limit, 600);
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]

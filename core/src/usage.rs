@@ -76,7 +76,7 @@ impl Limiter {
             .iter()
             .zip(decision.layers())
             .map(|(layer, d)| {
-                let verdict = d.verdict;
+                let verdict = d.verdict();
                 let resets_in = if verdict.allowed {
                     verdict
                         .reset_after

@@ -379,7 +379,7 @@ async fn a_monthly_quota_resets_at_midnight_new_york_time_and_says_so() {
     clock.set(Timestamp::from_micros(at("2026-04-01T04:00:00Z")));
     let april = limiter.check(&ctx, 1).await.unwrap();
     assert!(april.is_allowed());
-    let reset = april.layers()[0].verdict.reset_after;
+    let reset = april.layers()[0].verdict().reset_after;
     assert_eq!(
         reset,
         Duration::from_micros(at("2026-05-01T04:00:00Z") - at("2026-04-01T04:00:00Z"))

@@ -31,7 +31,7 @@ fn a_check_polled_again_after_it_answered_panics_and_charges_nothing_more() {
 
     let mut check = pin!(limiter.check(&ctx, 1));
     match check.as_mut().poll(&mut cx) {
-        Poll::Ready(Ok(decision)) => assert_eq!(decision.layers()[0].verdict.remaining, 4),
+        Poll::Ready(Ok(decision)) => assert_eq!(decision.layers()[0].verdict().remaining, 4),
         other => panic!("the first poll decides: {other:?}"),
     }
     let again = catch_unwind(AssertUnwindSafe(|| check.as_mut().poll(&mut cx)));
@@ -39,7 +39,7 @@ fn a_check_polled_again_after_it_answered_panics_and_charges_nothing_more() {
 
     let next = ready(limiter.check(&ctx, 1)).unwrap();
     assert_eq!(
-        next.layers()[0].verdict.remaining,
+        next.layers()[0].verdict().remaining,
         3,
         "only the two decisions were charged"
     );

@@ -407,7 +407,7 @@ async fn a_full_budget_fails_its_own_policy_alone() {
     assert!(second.is_allowed());
     assert_eq!(second.store_error(), Some("full"));
     assert_eq!(second.layers()[0].source, Source::Store);
-    assert_eq!(second.layers()[0].verdict.remaining, 0, "{second:?}");
+    assert_eq!(second.layers()[0].verdict().remaining, 0, "{second:?}");
     assert_eq!(second.layers()[1].source, Source::FailOpen);
     let third = limiter.check(&user_at("c"), 1).await.unwrap();
     assert!(!third.is_allowed(), "the user's own limit: {third:?}");
@@ -550,7 +550,7 @@ async fn a_fallback_decision_announces_its_own_window() {
     store.set_down(true);
     let d = limiter.check(&ctx(), 1).await.unwrap();
     assert_eq!(d.layers()[0].source, Source::Fallback);
-    assert_eq!(d.layers()[0].verdict.limit, 10);
+    assert_eq!(d.layers()[0].verdict().limit, 10);
     assert_eq!(
         d.layers()[0].window(),
         Some(minute),

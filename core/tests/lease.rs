@@ -62,13 +62,13 @@ async fn in_store(store: &Arc<RemoteStore>, scope: Scope, ctx: &Context) -> u64 
         .build()
         .unwrap();
     plain.peek(ctx, 1).await.unwrap().layers()[0]
-        .verdict
+        .verdict()
         .remaining
 }
 
 async fn remaining(limiter: &Limiter) -> u64 {
     limiter.peek(&Context::new(), 1).await.unwrap().layers()[0]
-        .verdict
+        .verdict()
         .remaining
 }
 
@@ -98,9 +98,9 @@ async fn hot_keys_are_decided_from_batches() {
     let d = limiter.check(&ctx, 1).await.unwrap();
     assert!(d.is_allowed());
     assert!(
-        d.layers()[0].verdict.remaining <= 9,
+        d.layers()[0].verdict().remaining <= 9,
         "{:?}",
-        d.layers()[0].verdict
+        d.layers()[0].verdict()
     );
 }
 
@@ -166,7 +166,9 @@ async fn a_block_through_one_limiter_stops_every_limiters_batch() {
     let ctx = Context::for_subject(Subject::new("hot-client").unwrap());
     assert_eq!(admitted(&a, &ctx, 100).await, 100);
     assert_eq!(admitted(&b, &ctx, 100).await, 100);
-    let held = b.peek(&ctx, 1).await.unwrap().layers()[0].verdict.remaining;
+    let held = b.peek(&ctx, 1).await.unwrap().layers()[0]
+        .verdict()
+        .remaining;
     assert!(
         held > in_store(&store, Scope::Subject, &ctx).await,
         "b holds a batch"
@@ -178,7 +180,9 @@ async fn a_block_through_one_limiter_stops_every_limiters_batch() {
         "blocked: b's batch admits nothing"
     );
     a.reset(&ctx).await.unwrap();
-    let after = b.peek(&ctx, 1).await.unwrap().layers()[0].verdict.remaining;
+    let after = b.peek(&ctx, 1).await.unwrap().layers()[0]
+        .verdict()
+        .remaining;
     assert_eq!(
         after,
         in_store(&store, Scope::Subject, &ctx).await,
@@ -276,13 +280,13 @@ async fn a_take_another_layer_denies_is_given_back() {
     for i in 0..100 {
         let again = limiter.check(&client(i), 1).await.unwrap();
         assert!(!again.is_allowed(), "client {i} twice");
-        let all = again.layers()[0].verdict;
+        let all = again.layers()[0].verdict();
         assert!(all.allowed, "the global layer admits: {all:?}");
     }
     limiter.return_leases().await;
     let peeked = limiter.peek(&client(1_000), 1).await.unwrap();
     assert_eq!(
-        peeked.layers()[0].verdict.remaining,
+        peeked.layers()[0].verdict().remaining,
         700,
         "300 admitted, nothing lost"
     );
@@ -327,7 +331,7 @@ async fn a_plan_change_ends_the_batch() {
     let small_plan = customer.clone().with_plan(PlanName::new("small").unwrap());
     for i in 0..100 {
         let d = limiter.check(&small_plan, 1).await.unwrap();
-        assert_eq!(d.layers()[0].verdict.limit, 500, "request {i}: {d:?}");
+        assert_eq!(d.layers()[0].verdict().limit, 500, "request {i}: {d:?}");
     }
 }
 
@@ -352,7 +356,7 @@ async fn a_buckets_burst_exceeds_its_capacity_by_at_most_its_batch() {
     assert_eq!(admitted(&limiter, &ctx, 80).await, 80);
     let plain = limiter_of(store, Policy::new("burst", bucket()).unwrap());
     let in_store = plain.peek(&ctx, 1).await.unwrap().layers()[0]
-        .verdict
+        .verdict()
         .remaining;
     let held = 100 - in_store - 80;
     assert!(
@@ -419,7 +423,7 @@ async fn plans_sharing_a_key_keep_each_others_batches() {
     let plain = limiter_of(store, Policy::new("hourly", hourly(4_000)).unwrap());
     let used = 4_000
         - plain.peek(&Context::new(), 1).await.unwrap().layers()[0]
-            .verdict
+            .verdict()
             .remaining;
     assert!(
         used <= 2_000 + 2 * 50,
@@ -477,7 +481,7 @@ async fn leases_on_an_in_process_store_change_nothing() {
     for i in 0..1_100 {
         let d = leased.check(&ctx, 1).await.unwrap();
         assert_eq!(d.is_allowed(), i < 1_000, "request {i}");
-        assert_eq!(d.layers()[0].verdict.remaining, 999u64.saturating_sub(i));
+        assert_eq!(d.layers()[0].verdict().remaining, 999u64.saturating_sub(i));
     }
 }
 
@@ -631,5 +635,5 @@ async fn usage_does_not_count_a_held_batch_as_used() {
     let usage = limiter.usage(&ctx).await.unwrap();
     let (used, remaining) = (usage.layers[0].used, usage.layers[0].remaining);
     assert_eq!(used, 301, "301 admitted");
-    assert_eq!(remaining, decision.layers()[0].verdict.remaining);
+    assert_eq!(remaining, decision.layers()[0].verdict().remaining);
 }

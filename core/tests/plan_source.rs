@@ -84,7 +84,7 @@ fn customer(name: &str) -> Context {
 
 async fn limit_of(limiter: &Limiter, ctx: &Context) -> u64 {
     limiter.check(ctx, 1).await.unwrap().layers()[0]
-        .verdict
+        .verdict()
         .limit
 }
 

@@ -62,7 +62,7 @@ async fn the_plan_comes_from_the_context_then_the_table_then_the_default() {
         .assign(Subject::new("key-pro").unwrap(), plan("pro"));
     let limiter = limiter(Limit::fixed_window(1_000, HOUR).unwrap(), plans, &clock);
     let limit_of =
-        |d: tollgate_limiter::Decision| (d.layers()[0].verdict.limit, d.layers()[0].plan());
+        |d: tollgate_limiter::Decision| (d.layers()[0].verdict().limit, d.layers()[0].plan());
 
     let unlisted = limiter.check(&customer("key-1"), 1).await.unwrap();
     assert_eq!(limit_of(unlisted), (1_000, Some("free")));
@@ -319,7 +319,7 @@ async fn plan_changes_under_load(window: fn(u64) -> Limit) {
                     let layer = &decision.layers()[0];
                     // Admitted under the plan it was asked under.
                     assert_eq!(layer.plan(), Some(plans[p]));
-                    assert_eq!(layer.verdict.limit, [1_000, 5_000, 500][p]);
+                    assert_eq!(layer.verdict().limit, [1_000, 5_000, 500][p]);
                     admitted_in[p].fetch_add(1, Ordering::SeqCst);
                 }
             }
@@ -375,7 +375,7 @@ async fn a_cached_denial_does_not_outlive_a_plan_change() {
     let pro = customer("k").with_plan(plan("pro"));
     let upgraded = limiter.check(&pro, 1).await.unwrap();
     assert!(upgraded.is_allowed(), "{upgraded:?}");
-    assert_eq!(upgraded.layers()[0].verdict.remaining, 5_000 - 501);
+    assert_eq!(upgraded.layers()[0].verdict().remaining, 5_000 - 501);
 }
 
 /// While the store is down, the emergency limit keeps each plan's units

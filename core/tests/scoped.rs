@@ -40,7 +40,7 @@ fn left(limiter: &Limiter, user: &str) -> Vec<u64> {
     peeked
         .layers()
         .iter()
-        .map(|l| l.verdict.remaining)
+        .map(|l| l.verdict().remaining)
         .collect()
 }
 
@@ -50,7 +50,7 @@ fn a_penalty_and_a_reward_change_only_the_scopes_layers() {
     let tenant = limiter.on_scope(&Scope::Tenant);
     let after = ready(tenant.penalize(&ctx("u1"), 3)).unwrap();
     assert_eq!(after.layers().len(), 1, "the tenant's layer alone");
-    assert_eq!(after.layers()[0].verdict.remaining, 5);
+    assert_eq!(after.layers()[0].verdict().remaining, 5);
     assert_eq!(
         left(&limiter, "u1"),
         [5, 5],

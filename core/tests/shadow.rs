@@ -39,7 +39,7 @@ fn a_shadow_layer_that_cannot_decide_is_left_out() {
     let d = ready(limiter.check(&ctx("k"), 3)).unwrap();
     assert!(d.is_allowed(), "{d:?}");
     assert_eq!(
-        d.layers()[0].verdict.remaining,
+        d.layers()[0].verdict().remaining,
         7,
         "the enforced layer decided"
     );
@@ -53,7 +53,7 @@ fn a_shadow_layer_that_cannot_decide_is_left_out() {
     assert!(ready(limiter.check(&ctx("k"), 11)).is_err());
     // A peek leaves it out as a check does, charging nothing.
     let peeked = ready(limiter.peek(&ctx("k"), 3)).unwrap();
-    assert_eq!(peeked.layers()[0].verdict.remaining, 7, "nothing charged");
+    assert_eq!(peeked.layers()[0].verdict().remaining, 7, "nothing charged");
     assert_eq!(peeked.layers()[1].source, Source::FailClosed);
     assert!(ready(limiter.peek(&ctx("k"), 11)).is_err());
 }
@@ -80,7 +80,7 @@ fn a_store_error_about_a_shadow_policy_leaves_the_enforced_layers_to_decide() {
     let d = ready(limiter.check(&ctx("b"), 1)).unwrap();
     assert!(d.is_allowed(), "{d:?}");
     assert_eq!(d.store_error(), None);
-    assert_eq!(d.layers()[0].verdict.remaining, 9);
+    assert_eq!(d.layers()[0].verdict().remaining, 9);
     assert_eq!(d.shadow_denied().count(), 1);
 }
 
@@ -130,7 +130,7 @@ fn only_the_undecidable_shadow_layer_is_left_out() {
             "no tenant: left out"
         );
         assert_eq!(d.layers()[2].source, Source::Store, "decided");
-        assert_eq!(d.layers()[2].verdict.allowed, i < 2, "request {i}");
+        assert_eq!(d.layers()[2].verdict().allowed, i < 2, "request {i}");
     }
     // The per-key trial counted its two admissions.
     let twin = Limiter::builder(store)

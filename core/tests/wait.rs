@@ -74,7 +74,7 @@ async fn a_waiter_sleeps_until_the_window_opens_then_is_admitted() {
     let decision = waiter.await.unwrap().unwrap();
     assert!(decision.is_allowed());
     assert_eq!(
-        decision.layers()[0].verdict.remaining,
+        decision.layers()[0].verdict().remaining,
         1,
         "one unit of the new window"
     );
@@ -104,7 +104,7 @@ async fn an_admitted_request_does_not_wait() {
     let limiter = two_per_minute(&clock);
     let decision = limiter.wait(&ctx(), 1, Duration::ZERO).await.unwrap();
     assert!(decision.is_allowed());
-    assert_eq!(decision.layers()[0].verdict.remaining, 1);
+    assert_eq!(decision.layers()[0].verdict().remaining, 1);
 }
 
 /// A stream of `items`, ready at once.

@@ -40,7 +40,7 @@ fn serve(rate_limit: RateLimit) -> Http {
                 .route(
                     "/",
                     web::get().to(|decision: web::ReqData<Decision>| async move {
-                        format!("left: {}", decision.layers()[0].verdict.remaining)
+                        format!("left: {}", decision.layers()[0].verdict().remaining)
                     }),
                 ),
         );

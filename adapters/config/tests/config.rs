@@ -456,7 +456,7 @@ async fn limiters_decide_as_configured() {
     let region = Context::new().with_attribute("region", Subject::new("eu").unwrap());
     let first = bulk.limiter().check(&region, bulk.cost()).await.unwrap();
     assert!(first.is_allowed());
-    assert_eq!(first.layers()[0].verdict.remaining, 3, "cost 2 of 5");
+    assert_eq!(first.layers()[0].verdict().remaining, 3, "cost 2 of 5");
 }
 
 #[tokio::test]

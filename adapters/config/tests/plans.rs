@@ -60,7 +60,7 @@ async fn limit_of(live: &LiveConfig, ctx: &Context) -> (u64, Option<&'static str
     let route = live.route("api").unwrap().current();
     let decision = route.limiter().check(ctx, 1).await.unwrap();
     let layer = decision.layers()[0];
-    (layer.verdict.limit, layer.plan())
+    (layer.verdict().limit, layer.plan())
 }
 
 #[tokio::test]

@@ -1200,7 +1200,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            decision.layers()[0].verdict.remaining,
+            decision.layers()[0].verdict().remaining,
             1,
             "2 - this check's unit"
         );

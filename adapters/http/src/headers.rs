@@ -90,7 +90,7 @@ pub fn rate_limit_policy(decision: &Decision, shadow: bool) -> String {
     for (i, layer) in shown.clone().enumerate() {
         let sep = if i == 0 { "" } else { ", " };
         let name = item_name(layer, shown.clone());
-        let _ = write!(out, "{sep}\"{name}\";q={}", layer.verdict.limit);
+        let _ = write!(out, "{sep}\"{name}\";q={}", layer.verdict().limit);
         if layer.is_concurrency() {
             out.push_str(";qu=\"concurrent-requests\"");
         } else if let Some(w) = layer.window().map(announced) {
@@ -148,7 +148,7 @@ pub fn rate_limit(decision: &Decision, shadow: bool) -> String {
             out,
             "{sep}\"{}\";r={};t={}",
             item_name(layer, named.clone()),
-            layer.verdict.remaining,
+            layer.verdict().remaining,
             layer_t(layer)
         );
     }

@@ -132,18 +132,18 @@ pub fn decision_headers(decision: &Decision, style: HeaderStyle) -> Headers {
     if let Some(layer) = tightest {
         let t = headers::layer_t(layer).to_string();
         if style.legacy {
-            out.push((names::RATELIMIT_LIMIT, layer.verdict.limit.to_string()));
+            out.push((names::RATELIMIT_LIMIT, layer.verdict().limit.to_string()));
             out.push((
                 names::RATELIMIT_REMAINING,
-                layer.verdict.remaining.to_string(),
+                layer.verdict().remaining.to_string(),
             ));
             out.push((names::RATELIMIT_RESET, t.clone()));
         }
         if style.x_ratelimit {
-            out.push((names::X_RATELIMIT_LIMIT, layer.verdict.limit.to_string()));
+            out.push((names::X_RATELIMIT_LIMIT, layer.verdict().limit.to_string()));
             out.push((
                 names::X_RATELIMIT_REMAINING,
-                layer.verdict.remaining.to_string(),
+                layer.verdict().remaining.to_string(),
             ));
             out.push((names::X_RATELIMIT_RESET, t));
         }
@@ -604,10 +604,12 @@ mod tests {
     #[test]
     fn single_value_headers_name_the_longest_wait_and_no_shadow_layer() {
         let denied = |name: &str, retry_secs: u64| {
-            let mut l = layer(name, false, 0, Source::Store);
-            l.verdict.retry_after = Some(Duration::from_secs(retry_secs));
-            l.verdict.reset_after = Duration::from_secs(retry_secs);
-            l
+            let l = layer(name, false, 0, Source::Store);
+            l.with_verdict(Verdict {
+                retry_after: Some(Duration::from_secs(retry_secs)),
+                reset_after: Duration::from_secs(retry_secs),
+                ..l.verdict()
+            })
         };
         let get = |h: &Headers, n: &str| h.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone());
         let style = HeaderStyle::default().legacy(true).x_ratelimit(true);
@@ -630,8 +632,11 @@ mod tests {
         assert_eq!(get(&h, names::X_RATELIMIT_REMAINING), None, "{h:?}");
         // A denial without its own retry time (a custom algorithm's) waits
         // until the layer is full again, in every answer.
-        let mut full_again = denied("custom", 60);
-        full_again.verdict.retry_after = None;
+        let full_again = denied("custom", 60);
+        let full_again = full_again.with_verdict(Verdict {
+            retry_after: None,
+            ..full_again.verdict()
+        });
         let d = Decision::new(vec![denied("burst", 1), full_again]);
         assert_eq!(d.retry_after(), Some(Duration::from_secs(60)));
         assert_eq!(

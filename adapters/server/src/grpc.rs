@@ -47,7 +47,7 @@ fn status(rules: &Rules, s: &Status) -> DescriptorStatus {
     DescriptorStatus {
         code: code as i32,
         current_limit,
-        limit_remaining: u32::try_from(layer.verdict.remaining).unwrap_or(u32::MAX),
+        limit_remaining: u32::try_from(layer.verdict().remaining).unwrap_or(u32::MAX),
         duration_until_reset: s.until_reset().map(duration),
         ..Default::default()
     }

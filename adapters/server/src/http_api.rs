@@ -137,7 +137,7 @@ fn status_json(rules: &crate::Rules, s: &crate::Status) -> serde_json::Value {
     }
     if let (Some(layer), Some(until)) = (&s.tightest, s.until_reset()) {
         v["policy"] = json!(layer.policy());
-        v["limit_remaining"] = json!(layer.verdict.remaining);
+        v["limit_remaining"] = json!(layer.verdict().remaining);
         v["duration_until_reset_ms"] = json!(tollgate_http::headers::ceil_millis(until));
         if let Some(e) = rules.envoy_limit(s) {
             v["current_limit"] = json!({

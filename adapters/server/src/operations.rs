@@ -160,7 +160,7 @@ fn layers(decision: &Decision, peek: bool) -> Vec<serde_json::Value> {
         .layers()
         .iter()
         .map(|l| {
-            let v = &l.verdict;
+            let v = &l.verdict();
             let mut layer = json!({
                 "layer": l.layer(),
                 "policy": l.policy(),

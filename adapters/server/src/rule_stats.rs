@@ -61,7 +61,7 @@ impl Counts {
         let Some(layer) = tightest else {
             return counts;
         };
-        let v = &layer.verdict;
+        let v = &layer.verdict();
         if !v.allowed {
             counts.over = hits;
             return counts;

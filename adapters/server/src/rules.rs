@@ -1293,12 +1293,12 @@ impl Rules {
             let tightest = |ls: &mut dyn Iterator<Item = &LayerDecision>| {
                 ls.min_by_key(|l| l.tightness()).copied()
             };
-            status.ok = enforced().all(|l| l.verdict.allowed);
+            status.ok = enforced().all(|l| l.verdict().allowed);
             // A rule whose layers are all in shadow mode still reports
             // its limit (answered OK), as the reference does.
             status.tightest = tightest(&mut enforced()).or_else(|| tightest(&mut layers.iter()));
             status.limit = descriptors[d].limit;
-            let shadow_denied = layers.iter().any(|l| l.is_shadow() && !l.verdict.allowed);
+            let shadow_denied = layers.iter().any(|l| l.is_shadow() && !l.verdict().allowed);
             let counts = Counts::of(cost, status.tightest.as_ref(), shadow_denied);
             let label = self.label(rule, &descriptors[d]);
             match &self.rules[rule].counters {

@@ -193,7 +193,7 @@ fn authenticated_app(layer: RateLimitLayer) -> Router {
         .route(
             "/",
             get(|Extension(decision): Extension<Decision>| async move {
-                format!("left: {}", decision.layers()[0].verdict.remaining)
+                format!("left: {}", decision.layers()[0].verdict().remaining)
             }),
         )
         .layer(layer)

@@ -145,7 +145,7 @@ fn layered_decisions_stay_atomic_across_threads() {
         1,
     ))
     .unwrap();
-    assert_eq!(global.layers()[2].verdict.remaining, 1000 - 31);
+    assert_eq!(global.layers()[2].verdict().remaining, 1000 - 31);
 }
 
 #[test]
@@ -177,7 +177,7 @@ fn layered_writes_of_new_and_existing_keys_in_one_shard_are_exact() {
         assert_eq!(store.len(), 201, "{name}: one entry per key");
         let last = ready(limiter.check(&subject("last"), 1)).unwrap();
         assert_eq!(
-            last.layers()[1].verdict.remaining,
+            last.layers()[1].verdict().remaining,
             1000 - 601,
             "{name}: the global layer was charged once per admission"
         );
@@ -298,11 +298,11 @@ fn state_expires_after_inactivity_and_the_key_starts_full() {
         ready(limiter.check(&ctx, 1)).unwrap();
         ready(limiter.check(&ctx, 1)).unwrap();
         let last = ready(limiter.check(&ctx, 1)).unwrap();
-        clock.advance(last.layers()[0].verdict.reset_after);
+        clock.advance(last.layers()[0].verdict().reset_after);
         store.purge_expired();
         let d = ready(limiter.check(&ctx, 1)).unwrap();
         assert!(
-            d.is_allowed() && d.layers()[0].verdict.remaining == 2,
+            d.is_allowed() && d.layers()[0].verdict().remaining == 2,
             "{name}: key did not start full"
         );
     }
@@ -328,7 +328,7 @@ fn a_gcra_entry_decided_under_the_shared_lock_lives_as_long_as_its_state_and_a_g
     for _ in 0..5 {
         let d = ready(limiter.check(&ctx, 1)).unwrap();
         assert!(d.is_allowed());
-        reset = d.layers()[0].verdict.reset_after;
+        reset = d.layers()[0].verdict().reset_after;
     }
     clock.advance(reset - Duration::from_micros(1));
     store.purge_expired();
@@ -737,7 +737,7 @@ fn short_and_long_keys_each_keep_their_own_state() {
             let d = ready(limiter.check(&subject(name), 1)).unwrap();
             assert_eq!(d.is_allowed(), round < 2, "{name:?} in round {round}");
             assert_eq!(
-                d.layers()[0].verdict.remaining,
+                d.layers()[0].verdict().remaining,
                 1 - round.min(1),
                 "{name:?}"
             );

@@ -165,10 +165,10 @@ async fn left(store: &Arc<dyn Store>, scope: Scope, policy: &Policy, ctx: &Conte
     let d = limiter.check(ctx, 1).await.expect("store answers");
     assert!(d.store_error().is_none(), "{d:?}");
     let l = &d.layers()[0];
-    if l.verdict.allowed {
-        l.verdict.remaining + 1
+    if l.verdict().allowed {
+        l.verdict().remaining + 1
     } else {
-        l.verdict.remaining
+        l.verdict().remaining
     }
 }
 
@@ -509,7 +509,7 @@ async fn a_decision_is_one_script_call_per_slot_group() {
     let denied = across.check(&ctx, 1).await.unwrap();
     assert!(!denied.is_allowed() && denied.store_error().is_none());
     assert_eq!(
-        denied.layers()[0].verdict.remaining,
+        denied.layers()[0].verdict().remaining,
         9,
         "the refunded layer reports uncharged"
     );

@@ -54,7 +54,7 @@ async fn redis_stopped_mid_lease_admits_only_what_was_charged() {
         );
     }
     let peeked = observer.peek(&ctx, 1).await.unwrap();
-    let held = 800 - peeked.layers()[0].verdict.remaining;
+    let held = 800 - peeked.layers()[0].verdict().remaining;
     assert!(held > 0, "a batch is held");
 
     server.kill();

@@ -171,7 +171,7 @@ async fn unacknowledged_charges_are_lost_and_acknowledgement_refuses_them() {
     let on_replica = limiter(replica.url(), &prefix, &clock, None).await;
     let decision = on_replica.check(&ctx, 1).await.unwrap();
     assert_eq!(
-        decision.layers()[0].verdict.remaining,
+        decision.layers()[0].verdict().remaining,
         CAPACITY - 1,
         "the promoted replica never saw the charges: the key starts full again"
     );

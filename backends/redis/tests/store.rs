@@ -261,7 +261,7 @@ async fn decisions_survive_function_and_script_flush() {
             let ctx = fresh_subject();
             assert_eq!(
                 limiter.check(&ctx, 1).await.unwrap().layers()[0]
-                    .verdict
+                    .verdict()
                     .remaining,
                 4
             );
@@ -269,7 +269,7 @@ async fn decisions_survive_function_and_script_flush() {
             let after = limiter.check(&ctx, 1).await.expect("reloaded and retried");
             assert_eq!(after.store_error(), None, "{mode:?} {engine:?}");
             assert_eq!(
-                after.layers()[0].verdict.remaining,
+                after.layers()[0].verdict().remaining,
                 3,
                 "{mode:?} {engine:?}: the state was kept"
             );
@@ -365,7 +365,7 @@ async fn a_flush_under_load_loses_no_decision_and_counts_each_once() {
         assert!(sent > 0, "{engine:?}: no decision sent");
         let d = limiter.check(&ctx, 1).await.unwrap();
         assert_eq!(
-            d.layers()[0].verdict.remaining,
+            d.layers()[0].verdict().remaining,
             1_000_000 - sent - 1,
             "{engine:?}: every decision counted once"
         );

@@ -123,11 +123,11 @@ async fn expired_rows_count_as_absent() {
     let denied = limiter.check(&ctx, 1).await.unwrap();
     assert!(!denied.is_allowed());
     assert!(
-        denied.layers()[0].verdict.allowed,
+        denied.layers()[0].verdict().allowed,
         "the expired row counts as absent"
     );
     assert_eq!(
-        denied.layers()[0].verdict.remaining,
+        denied.layers()[0].verdict().remaining,
         1,
         "a fresh window, not charged"
     );

@@ -169,7 +169,7 @@ pub async fn new_key_starts_full(factory: impl StoreFactory) {
         let first = limiter.check(&ctx, 1).await.expect("store answers");
         assert!(first.is_allowed(), "{name}: first request of a new key");
         assert_eq!(
-            first.layers()[0].verdict.remaining,
+            first.layers()[0].verdict().remaining,
             4,
             "{name}: remaining after one"
         );
@@ -181,7 +181,7 @@ pub async fn new_key_starts_full(factory: impl StoreFactory) {
         let denied = limiter.check(&ctx, 1).await.expect("store answers");
         assert!(!denied.is_allowed(), "{name}: request over capacity");
         assert_eq!(
-            denied.layers()[0].verdict.remaining,
+            denied.layers()[0].verdict().remaining,
             0,
             "{name}: nothing left"
         );
@@ -271,7 +271,7 @@ pub async fn backward_clock_neither_refills_nor_drains(factory: impl StoreFactor
         clock.advance(Duration::from_millis(300));
         let before = limiter.check(&ctx, 1).await.expect("store answers");
         assert!(before.is_allowed(), "{name}");
-        let remaining = before.layers()[0].verdict.remaining;
+        let remaining = before.layers()[0].verdict().remaining;
         // Step back 200ms: the same request must not see more, nor less.
         clock.rewind(Duration::from_millis(200));
         let after = limiter.check(&ctx, 1).await.expect("store answers");
@@ -279,12 +279,16 @@ pub async fn backward_clock_neither_refills_nor_drains(factory: impl StoreFactor
             assert!(!after.is_allowed(), "{name}: a backward clock refilled");
         } else if keeps_no_time {
             assert!(
-                !after.is_allowed() || after.layers()[0].verdict.remaining < remaining,
+                !after.is_allowed() || after.layers()[0].verdict().remaining < remaining,
                 "{name}: a backward clock refilled"
             );
         } else {
             assert!(after.is_allowed(), "{name}: a backward clock drained");
-            assert_eq!(after.layers()[0].verdict.remaining, remaining - 1, "{name}");
+            assert_eq!(
+                after.layers()[0].verdict().remaining,
+                remaining - 1,
+                "{name}"
+            );
         }
         // Coming forward again to the same instant refills nothing twice:
         // with the request at the step back, exactly what was left.
@@ -339,11 +343,11 @@ pub async fn layers_are_all_or_nothing(factory: impl StoreFactory) {
             let d = limiter.check(&ctx, 1).await.expect("store answers");
             assert!(!d.is_allowed(), "{name}");
             assert!(
-                d.layers()[0].verdict.allowed && !d.layers()[1].verdict.allowed,
+                d.layers()[0].verdict().allowed && !d.layers()[1].verdict().allowed,
                 "{name}: only the tenant layer denies"
             );
             assert_eq!(
-                d.layers()[0].verdict.remaining,
+                d.layers()[0].verdict().remaining,
                 8,
                 "{name}: the denied request charged the subject layer"
             );
@@ -365,7 +369,7 @@ pub async fn peek_charges_nothing(factory: impl StoreFactory) {
             let d = limiter.peek(&ctx, 1).await.expect("store peeks");
             assert!(d.is_allowed(), "{name}: a new key admits");
             assert_eq!(
-                d.layers()[0].verdict.remaining,
+                d.layers()[0].verdict().remaining,
                 5,
                 "{name}: nothing was charged"
             );
@@ -373,7 +377,7 @@ pub async fn peek_charges_nothing(factory: impl StoreFactory) {
         assert_eq!(admitted(&limiter, &ctx, 3, 1).await, 3, "{name}");
         let d = limiter.peek(&ctx, 1).await.expect("store peeks");
         assert_eq!(
-            d.layers()[0].verdict.remaining,
+            d.layers()[0].verdict().remaining,
             2,
             "{name}: peek sees the charges"
         );
@@ -418,9 +422,9 @@ pub async fn peek_charges_nothing(factory: impl StoreFactory) {
     let ctx = fresh_subject().with_tenant(Subject::new(unique("tenant")).expect("valid"));
     assert_eq!(admitted(&limiter, &ctx, 1, 1).await, 1);
     let d = limiter.peek(&ctx, 1).await.expect("store peeks");
-    assert!(d.layers()[0].verdict.allowed && !d.layers()[1].verdict.allowed);
+    assert!(d.layers()[0].verdict().allowed && !d.layers()[1].verdict().allowed);
     assert_eq!(
-        d.layers()[0].verdict.remaining,
+        d.layers()[0].verdict().remaining,
         9,
         "the subject layer as it is"
     );
@@ -464,14 +468,14 @@ pub async fn reset_forgets_the_state(factory: impl StoreFactory) {
         assert_eq!(admitted(&limiter, &other, 2, 1).await, 2, "{name}");
         limiter.reset(&ctx).await.expect("store resets");
         let d = limiter.peek(&ctx, 1).await.expect("store peeks");
-        let remaining: Vec<u64> = d.layers().iter().map(|l| l.verdict.remaining).collect();
+        let remaining: Vec<u64> = d.layers().iter().map(|l| l.verdict().remaining).collect();
         assert_eq!(
             remaining,
             [5, 1, 93],
             "{name}: the subject layer is new, the shared ones are not"
         );
         let d = limiter.peek(&other, 1).await.expect("store peeks");
-        let remaining: Vec<u64> = d.layers().iter().map(|l| l.verdict.remaining).collect();
+        let remaining: Vec<u64> = d.layers().iter().map(|l| l.verdict().remaining).collect();
         assert_eq!(
             remaining,
             [3, 4, 93],
@@ -513,7 +517,7 @@ pub async fn penalties_saturate_and_rewards_refill(factory: impl StoreFactory) {
         let left = |d: &Decision| {
             d.layers()
                 .iter()
-                .map(|l| l.verdict.remaining)
+                .map(|l| l.verdict().remaining)
                 .collect::<Vec<u64>>()
         };
         let d = limiter.penalize(&ctx, 2).await.expect("store penalizes");
@@ -531,7 +535,7 @@ pub async fn penalties_saturate_and_rewards_refill(factory: impl StoreFactory) {
         assert_eq!(admitted(&limiter, &ctx, 6, 1).await, 5, "{name}");
         let shared = limiter.peek(&ctx, 1).await.expect("store peeks");
         assert_eq!(
-            shared.layers()[2].verdict.remaining,
+            shared.layers()[2].verdict().remaining,
             100 - 2 - 5,
             "{name}: the tenant layer counts the checks only"
         );
@@ -606,7 +610,11 @@ pub async fn blocks_deny_until_their_end(factory: impl StoreFactory) {
         clock.advance(Duration::from_micros(1));
         let d = limiter.check(&ctx, 1).await.expect("store answers");
         assert!(d.is_allowed(), "{name}: the block is over");
-        assert_eq!(d.layers()[0].verdict.remaining, 4, "{name}: it starts full");
+        assert_eq!(
+            d.layers()[0].verdict().remaining,
+            4,
+            "{name}: it starts full"
+        );
         // A reset lifts a block.
         limiter
             .block(&ctx, ten_minutes)
@@ -685,7 +693,9 @@ pub async fn state_resets_after_reset_after(factory: impl StoreFactory) {
         for _ in 0..3 {
             last = Some(limiter.check(&ctx, 1).await.expect("store answers"));
         }
-        let reset = last.expect("three checks").layers()[0].verdict.reset_after;
+        let reset = last.expect("three checks").layers()[0]
+            .verdict()
+            .reset_after;
         clock.advance(reset);
         assert_eq!(
             admitted(&limiter, &ctx, 5, 1).await,
@@ -732,7 +742,7 @@ pub async fn algorithm_swaps_start_from_no_state(factory: impl StoreFactory) {
             } else {
                 assert!(first.is_allowed(), "{from} -> {to}: first");
                 assert_eq!(
-                    first.layers()[0].verdict.remaining,
+                    first.layers()[0].verdict().remaining,
                     4,
                     "{from} -> {to}: judged from no state"
                 );
@@ -804,7 +814,7 @@ pub async fn calendar_quotas_follow_the_calendar(factory: impl StoreFactory) {
     let first = limiter.check(&ctx, 1).await.expect("store answers");
     assert!(first.is_allowed(), "April");
     assert_eq!(
-        first.layers()[0].verdict.reset_after,
+        first.layers()[0].verdict().reset_after,
         Duration::from_micros(may - april)
     );
     // A clock a second behind: March on its face, April in the store.
@@ -1081,7 +1091,7 @@ pub async fn shadow_layers_count_but_never_deny(factory: impl StoreFactory) {
             let d = limiter.check(&ctx, 1).await.expect("store answers");
             assert!(d.is_allowed(), "{name}: request {i} passes: {d:?}");
             assert_eq!(
-                d.layers()[0].verdict.remaining,
+                d.layers()[0].verdict().remaining,
                 4 - i,
                 "{name}: the enforced layer is charged every time"
             );
@@ -1116,7 +1126,7 @@ pub async fn shadow_layers_count_but_never_deny(factory: impl StoreFactory) {
             .await
             .expect("store answers");
         assert_eq!(
-            shadow_left.layers()[0].verdict.remaining,
+            shadow_left.layers()[0].verdict().remaining,
             2,
             "{name}: a denied request charged the shadow layer nothing"
         );

@@ -158,7 +158,7 @@ pub async fn leases_come_back(factory: impl StoreFactory) {
     let observer = limiter(&store, &clock, &plain);
     let remaining = || async {
         let peeked = observer.peek(&Context::new(), 1).await.expect("peeked");
-        peeked.layers()[0].verdict.remaining
+        peeked.layers()[0].verdict().remaining
     };
 
     let process = limiter(&store, &clock, &leased);
