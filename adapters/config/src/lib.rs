@@ -255,7 +255,7 @@ impl Config {
     /// The `[access]` section: exempt and denied subjects and networks,
     /// methods and paths not limited — give it to the HTTP adapter's
     /// builder (`.access(config.access().clone())`). Read when the adapter
-    /// is built: a reload does not change a running gate's rules.
+    /// is built: a reload that changes them is refused (restart to apply).
     pub fn access(&self) -> &AccessRules {
         &self.access
     }

@@ -438,6 +438,17 @@ impl LiveConfig {
         if let Some(error) = lease_changed(&self.leases(), &config) {
             return Err(ReloadError::Invalid(ConfigError::Invalid(vec![error])));
         }
+        if config.access() != running.config.access() {
+            // Applied, it would be reported as done while every running
+            // gate kept the rules it was built with (a key denied in the
+            // file would still pass).
+            return Err(ReloadError::Invalid(ConfigError::Invalid(vec![
+                tollgate_limiter::PolicyError::new(
+                    "access",
+                    "changed, but running gates read [access] when they are built: restart the service to apply it, and reload with [access] as it runs",
+                ),
+            ])));
+        }
         let clock = &self.shared.clock;
         let store_reopened = !self.shared.given_store
             && !config

@@ -174,6 +174,16 @@ async fn an_invalid_reload_keeps_the_running_limits() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 
+    // [access] is read by gates when they are built: a changed one is
+    // refused, never reported as applied while the gates keep the old.
+    let denying = file(2, "[access]\ndeny_subjects = [\"leaked-key\"]\n");
+    let refused = live
+        .reload_with(Config::from_toml_str(&denying).unwrap())
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("restart"), "{refused}");
+    assert!(refused.to_string().contains("access"), "{refused}");
+
     // The in-memory way: same outcome.
     let ctx = subject("s");
     for _ in 0..2 {

@@ -81,6 +81,11 @@ pub(crate) fn response(rules: &Rules, outcome: &Answer) -> RateLimitResponse {
 }
 
 /// The method's path.
+/// The largest request a call may send. A `RateLimitRequest` is a domain
+/// and a few descriptors; tonic's default (4 MiB) held by every open call
+/// would let one client use gigabytes.
+const MAX_MESSAGE: usize = 256 * 1024;
+
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 impl tonic::server::NamedService for Service {
@@ -169,7 +174,8 @@ where
         let unary = Unary(self.clone(), span);
         Box::pin(async move {
             let codec = tonic_prost::ProstCodec::<RateLimitResponse, WireRequest>::default();
-            Ok(tonic::server::Grpc::new(codec).unary(unary, request).await)
+            let mut grpc = tonic::server::Grpc::new(codec).max_decoding_message_size(MAX_MESSAGE);
+            Ok(grpc.unary(unary, request).await)
         })
     }
 }

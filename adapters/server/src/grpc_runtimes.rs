@@ -28,6 +28,10 @@ use crate::incoming::{self, Tcp};
 /// Connections handed to a runtime and not yet taken, at most.
 const HANDED: usize = 128;
 
+/// Calls one gRPC connection may have open at once (Envoy opens another
+/// connection past it): a bound on what one client holds.
+const MAX_STREAMS: u32 = 1024;
+
 /// Accept on `listener` until stopped, handing each connection to the
 /// next of `runtimes` in turn (skipping one that has ended).
 pub(crate) fn hand_out(
@@ -133,6 +137,10 @@ pub(crate) fn spawn(runtime: Runtime) -> Result<JoinHandle<()>, ServerError> {
                 let server = tonic::transport::Server::builder()
                     .http2_keepalive_interval(Some(keepalive))
                     .http2_keepalive_timeout(Some(keepalive))
+                    // hyper's own bound, which tonic lifts when unset: a
+                    // client (unauthenticated when no token is set) must
+                    // not hold unbounded calls open.
+                    .max_concurrent_streams(Some(MAX_STREAMS))
                     .add_routes(routes);
                 tokio::select! {
                     () = serve(handed, local, tls, server, stopped) => {}

@@ -105,6 +105,19 @@ pub(crate) fn unauthorized() -> Response {
     r
 }
 
+/// Whether reading a body failed on its length limit, not on the body
+/// itself (a malformed chunk, a client gone mid-body).
+fn over_limit(e: &axum::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(e) = cause {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
 /// The body of `request` as JSON, at most `server.max_body_bytes`; or the
 /// answer saying what is wrong with it (413, 400).
 pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
@@ -116,9 +129,13 @@ pub(crate) async fn json_body<T: serde::de::DeserializeOwned>(
     let read = tokio::time::timeout(within, axum::body::to_bytes(request.into_body(), limit));
     let body = match read.await {
         Ok(Ok(body)) => body,
-        Ok(Err(_)) => {
+        Ok(Err(e)) if over_limit(&e) => {
             let why = format!("the body is over {limit} bytes (server.max_body_bytes)");
             return Err(error(StatusCode::PAYLOAD_TOO_LARGE, &why));
+        }
+        Ok(Err(_)) => {
+            let why = "the body could not be read (malformed chunked encoding, or cut short)";
+            return Err(error(StatusCode::BAD_REQUEST, why));
         }
         Err(_) => {
             let why = format!("the body did not arrive within {within:?}");

@@ -624,6 +624,7 @@ fn descriptor_rules(
         let name = crate::envoy_config::override_rule_name(domain);
         let placeholder = Limit::fixed_window(1, std::time::Duration::from_secs(1))
             .and_then(|limit| Policy::new(&name, limit))
+            .and_then(|policy| policy.with_on_failure(tree.on_failure.clone()))
             .map_err(|e| ServerError::Settings(e.to_string()))?;
         override_rules.insert(domain.clone(), rules.len());
         // Its keys and values are the client's: one label for them all.

@@ -575,6 +575,11 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
             vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    policy: smooth\n".into())],
             "config error, unknown key 'policy'",
         ),
+        // `tollgate:` where it is not read would be dropped with its policy.
+        (
+            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 10, tollgate: { policy: strict } }\n".into())],
+            "config error, 'tollgate' is read at the top of a file and on a descriptor only",
+        ),
         // Files the reference would read, named neither *.yaml nor *.yml:
         // refused rather than skipped (their limits would be gone), alone
         // or beside YAML files.
@@ -955,11 +960,12 @@ descriptors:
 }
 
 /// The descriptors of one request, each decided on its own, wait for a
-/// stalled store together: the answer comes within about one store
+/// stalled store together, fail open unless their domain says otherwise:
+/// the answer comes within about one store
 /// deadline, not one per descriptor in a row (before, 4 × 200 ms here:
 /// past Envoy's timeout, which lets the request through).
 #[tokio::test]
-async fn the_descriptors_of_a_request_wait_for_a_stalled_store_together() {
+async fn the_descriptors_of_a_request_wait_for_a_stalled_store_together_and_fail_open() {
     let redis = tollgate_testkit::redis_server::RedisServer::start();
     let dir = redis_directory(redis.url(), "deadline = \"200ms\"", "");
     let leaves: String = (1..=4)
@@ -970,6 +976,10 @@ async fn the_descriptors_of_a_request_wait_for_a_stalled_store_together() {
     dir.write(
         "config/d.yaml",
         &format!("domain: d\ndescriptors:\n{leaves}"),
+    );
+    dir.write(
+        "config/e.yaml",
+        &format!("domain: e\ntollgate: {{ on_failure: fail_closed }}\ndescriptors:\n{leaves}"),
     );
     let clock = Arc::new(tollgate_limiter::MonotonicClock::new());
     let server = Server::start(dir.path("server.toml"), clock)
@@ -986,10 +996,14 @@ async fn the_descriptors_of_a_request_wait_for_a_stalled_store_together() {
     let began = std::time::Instant::now();
     let answer = ask(&server, "d", &four).await;
     let took = began.elapsed();
+    let closed = ask(&server, "e", &four).await;
     // Resumed before any assertion: a stopped Redis cannot be stopped for good.
     redis.resume();
-    assert_eq!(answer.statuses.len(), 4);
     assert!(took < Duration::from_millis(600), "answered after {took:?}");
+    // A YAML limit answers a failed store as the reference does behind
+    // Envoy's default (admitted), unless its domain says fail_closed.
+    assert_eq!(codes(&answer), (OK, vec![OK; 4]), "fail open by default");
+    assert_eq!(codes(&closed).0, OVER, "the domain's on_failure");
     server.shutdown().await;
 }
 

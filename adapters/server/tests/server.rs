@@ -159,6 +159,26 @@ fn codes(r: &RateLimitResponse) -> (i32, Vec<i32>) {
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
 
+/// A call larger than any real request is refused before it is decoded:
+/// open calls cannot hold tonic's default of 4 MiB each.
+#[tokio::test]
+async fn an_oversized_call_is_refused() {
+    let file = File::new(&format!("{LIMITS}{}", server_section("")));
+    let server = Server::start(&file.0, Arc::new(ManualClock::new(START)))
+        .await
+        .expect("starts");
+    let mut c = client(server.grpc_addr()).await;
+    let huge = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![login(&"1".repeat(300 * 1024))],
+        hits_addend: 0,
+    };
+    let refused = c.should_rate_limit(huge).await.expect_err("refused");
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
+    let r = ask(&mut c, vec![login("10.0.0.1")], 0).await;
+    assert_eq!(codes(&r), (OK, vec![OK]), "the connection still serves");
+}
+
 /// Several descriptors decided together, all-or-nothing, with exact
 /// numbers; hits_addend; unknown descriptors allowed by default.
 #[tokio::test]
@@ -404,6 +424,23 @@ async fn get(url: &str) -> (u16, String) {
     send("GET", url, &[], "").await
 }
 
+/// `request` written as is to `addr`, and everything the server answers
+/// until it closes.
+async fn raw_http(addr: std::net::SocketAddr, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut peer = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
+    peer.write_all(request.as_bytes()).await.expect("sent");
+    let mut answer = Vec::new();
+    let read = peer.read_to_end(&mut answer);
+    tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .expect("the server answers and closes")
+        .expect("read");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
     let client: Client<_, Full<hyper::body::Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
@@ -477,6 +514,11 @@ async fn the_http_api_decides_and_reports() {
     let big = format!(r#"{{"domain":"{}","descriptors":[]}}"#, "x".repeat(4096));
     let (status, _) = send("POST", &check, &auth, &big).await;
     assert_eq!(status, 413, "over max_body_bytes");
+    // A body that cannot be read is the client's error, not a size.
+    let malformed = "POST /v1/check HTTP/1.1\r\nhost: x\r\nauthorization: Bearer s3cret-token\r\n\
+         transfer-encoding: chunked\r\nconnection: close\r\n\r\nzz\r\n{}\r\n0\r\n\r\n";
+    let answer = raw_http(server.http_addr(), malformed).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
 
     assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
     assert_eq!(get(&format!("{base}/readyz")).await.0, 200);

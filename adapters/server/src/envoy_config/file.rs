@@ -36,8 +36,22 @@ const KNOWN_KEYS: [&str; 17] = [
 /// The reference's check of a file's keys: every key of every mapping is
 /// one it knows (`metadata`'s contents excepted, and `tollgate`'s, which
 /// its own types check strictly: its keys anywhere else would be read as
-/// nothing), and every list holds mappings.
+/// nothing), and every list holds mappings. `tollgate` itself is read
+/// only at the top of a file and on a descriptor: anywhere else it would
+/// be dropped unread, so it refuses the file.
 pub(super) fn check_keys(value: &serde_norway::Value) -> Result<(), String> {
+    keys_in(value, Place::File)
+}
+
+/// Where a mapping of a file is: the places `tollgate:` is read.
+#[derive(Clone, Copy, PartialEq)]
+enum Place {
+    File,
+    Descriptor,
+    Elsewhere,
+}
+
+fn keys_in(value: &serde_norway::Value, place: Place) -> Result<(), String> {
     use serde_norway::Value;
     match value {
         Value::Mapping(map) => {
@@ -48,21 +62,29 @@ pub(super) fn check_keys(value: &serde_norway::Value) -> Result<(), String> {
                 if !KNOWN_KEYS.contains(&key.as_str()) {
                     return Err(format!("config error, unknown key '{key}'"));
                 }
-                if key != "metadata" && key != "tollgate" {
-                    check_keys(value)?;
+                match key.as_str() {
+                    "metadata" => {}
+                    "tollgate" if place == Place::Elsewhere => {
+                        return Err("config error, 'tollgate' is read at the top of a file \
+                             and on a descriptor only, not inside another key"
+                            .into())
+                    }
+                    "tollgate" => {}
+                    "descriptors" => keys_in(value, Place::Descriptor)?,
+                    _ => keys_in(value, Place::Elsewhere)?,
                 }
             }
             Ok(())
         }
         Value::Sequence(items) => items.iter().try_for_each(|item| match untagged(item) {
-            Value::Mapping(_) => check_keys(item),
+            Value::Mapping(_) => keys_in(item, place),
             other => Err(format!(
                 "config error, yaml file contains list of type other than map: {other:?}"
             )),
         }),
         // A tag (`!d {…}`) means nothing here; its value is read as if
         // untagged, so its keys are checked as that value's.
-        Value::Tagged(_) => check_keys(untagged(value)),
+        Value::Tagged(_) => keys_in(untagged(value), place),
         _ => Ok(()),
     }
 }
@@ -101,6 +123,30 @@ pub(super) struct DomainExtension {
     /// metric's label or a log line.
     #[serde(default)]
     pub(super) hashed: Vec<String>,
+    /// What the domain's `rate_limit` limits answer when the store fails.
+    #[serde(default)]
+    pub(super) on_failure: OnFailure,
+}
+
+/// `tollgate: { on_failure: … }`: the answer of a domain's `rate_limit`
+/// limits (and its overrides) when the store fails. The reference answers
+/// an error, which Envoy admits unless its `failure_mode_deny` is set: so
+/// `fail_open` by default.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum OnFailure {
+    #[default]
+    FailOpen,
+    FailClosed,
+}
+
+impl OnFailure {
+    pub(super) fn policy(self) -> tollgate_limiter::OnStoreFailure {
+        match self {
+            OnFailure::FailOpen => tollgate_limiter::OnStoreFailure::FailOpen,
+            OnFailure::FailClosed => tollgate_limiter::OnStoreFailure::FailClosed,
+        }
+    }
 }
 
 /// One descriptor of the tree.

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_limiter::{Limit, Policy, Subject};
+use tollgate_limiter::{Limit, OnStoreFailure, Policy, Subject};
 
 use crate::error::ServerError;
 use file::{DescriptorYaml, File};
@@ -64,6 +64,9 @@ pub(crate) struct Domain {
     /// The keys whose values are hashed with the server's key (Tollgate's
     /// extension `hashed`): each a key of the domain's tree.
     pub(crate) hashed: Arc<BTreeSet<String>>,
+    /// What its `rate_limit` limits and its overrides answer when the store
+    /// fails (Tollgate's extension `on_failure`, fail open by default).
+    pub(crate) on_failure: OnStoreFailure,
 }
 
 /// The loaded directory: its domains, and the leaves of all of them.
@@ -79,6 +82,7 @@ pub(crate) struct Domains {
 #[derive(Clone, Copy)]
 struct Place<'a> {
     domain: &'a str,
+    on_failure: &'a OnStoreFailure,
     parent: &'a str,
     path: &'a [String],
 }
@@ -279,8 +283,10 @@ impl Domains {
         }
         let mut root = Node::default();
         let parent = format!("{}.", file.domain);
+        let on_failure = file.tollgate.on_failure.policy();
         let at = Place {
             domain: &file.domain,
+            on_failure: &on_failure,
             parent: &parent,
             path: &[],
         };
@@ -289,6 +295,7 @@ impl Domains {
             root,
             all_or_nothing: file.tollgate.all_or_nothing,
             hashed: Arc::new(hashed_keys(&file)?),
+            on_failure,
         };
         self.domains.insert(file.domain, domain);
         Ok(())
@@ -308,12 +315,13 @@ impl Domains {
             let full = format!("{}{key}", at.parent);
             let path = [at.path, std::slice::from_ref(&key)].concat();
             let mut child = Node::default();
-            if let Some(leaf) = leaf(d, at.domain, &full, &path, policy)? {
+            if let Some(leaf) = leaf(d, at, &full, &path, policy)? {
                 child.leaf = Some(self.leaves.len());
                 self.leaves.push(leaf);
             }
             let below = Place {
                 domain: at.domain,
+                on_failure: at.on_failure,
                 parent: &format!("{full}."),
                 path: &path,
             };
@@ -330,11 +338,12 @@ impl Domains {
 /// `path`), if it has a limit.
 fn leaf(
     d: &DescriptorYaml,
-    domain: &str,
+    at: Place<'_>,
     full: &str,
     path: &[String],
     policy: &dyn Fn(&str) -> Option<Policy>,
 ) -> Result<Option<Leaf>, String> {
+    let domain = at.domain;
     let rule = rule_name(domain, path);
     let mut leaf = Leaf {
         label: full[domain.len() + 1..].to_string(),
@@ -361,7 +370,9 @@ fn leaf(
                     let limit = Limit::fixed_window(rpu, window).map_err(|e| {
                         format!("descriptor {full:?}: requests_per_unit {}", e.reason())
                     })?;
-                    let policy = Policy::new(&rule, limit).map_err(|e| e.to_string())?;
+                    let policy = Policy::new(&rule, limit)
+                        .and_then(|p| p.with_on_failure(at.on_failure.clone()))
+                        .map_err(|e| e.to_string())?;
                     Counting::Policy(shadow(policy))
                 }
                 None => return Err(format!("invalid rate limit unit '{}'", limit.unit)),
