@@ -315,6 +315,11 @@ pub struct Rules {
     fallback: Option<Arc<dyn Store>>,
     clock: Arc<dyn Clock>,
     hash_key: Option<HashKey>,
+    /// Each rule's own limiter, by rule: built with the rules, however
+    /// many (a directory of per-customer values), never rebuilt.
+    singles: Vec<Arc<Combined>>,
+    /// Limiters of combinations of rules (and of overrides), up to
+    /// [`MAX_CACHED`].
     combined: RwLock<HashMap<Vec<RuleUse>, Arc<Combined>>>,
     /// The distinct limit overrides counted ([`Rules::counts_override`]),
     /// shared with the rules a reload replaces these with.
@@ -728,18 +733,20 @@ impl Rules {
             fallback,
             clock,
             hash_key,
+            singles: Vec::new(),
             combined: RwLock::new(HashMap::new()),
             overrides: Arc::default(),
         };
-        for (i, rule) in rules.rules.iter().enumerate() {
-            rules
-                .combined(&[(i, None)])
-                .map_err(|e| ServerError::Rule {
-                    rule: rule.name.clone(),
+        let singles = (0..rules.rules.len())
+            .map(|i| {
+                let single = rules.build(&[(i, None)]).map_err(|e| ServerError::Rule {
+                    rule: rules.rules[i].name.clone(),
                     reason: e.0,
                 })?;
-        }
-        Ok(rules)
+                Ok(Arc::new(single))
+            })
+            .collect::<Result<_, ServerError>>()?;
+        Ok(Rules { singles, ..rules })
     }
 
     /// How many rules there are: `[[server.rules]]`, and the limits of
@@ -1029,26 +1036,41 @@ impl Rules {
     }
 
     /// The limiter of a combination of rules, each with its descriptor's
-    /// override if any (built once).
-    fn combined(&self, rules: &[RuleUse]) -> Result<Arc<Combined>, BadRequest> {
-        if let Some(c) = self
-            .combined
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(rules)
-        {
-            return Ok(c.clone());
+    /// override if any: a rule alone is built with the rules; a
+    /// combination once, outside the lock decisions read under, and kept
+    /// while fewer than [`MAX_CACHED`] are (past it, built for its request
+    /// only).
+    fn combined(&self, uses: &[RuleUse]) -> Result<Arc<Combined>, BadRequest> {
+        if let [(i, None)] = uses {
+            if let Some(single) = self.singles.get(*i) {
+                return Ok(single.clone());
+            }
         }
+        let cached = |cache: &HashMap<Vec<RuleUse>, Arc<Combined>>| cache.get(uses).cloned();
+        if let Some(c) = cached(&self.combined.read().unwrap_or_else(|p| p.into_inner())) {
+            return Ok(c);
+        }
+        let built = Arc::new(self.build(uses)?);
         let mut cache = self.combined.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = cache.get(rules) {
-            return Ok(c.clone());
+        // Another request may have built it meanwhile: one limiter (one
+        // breaker) per combination.
+        if let Some(c) = cached(&cache) {
+            return Ok(c);
         }
+        if cache.len() < MAX_CACHED {
+            cache.insert(uses.to_vec(), built.clone());
+        }
+        Ok(built)
+    }
+
+    /// A limiter of `uses`' layers, in order.
+    fn build(&self, uses: &[RuleUse]) -> Result<Combined, BadRequest> {
         let mut builder =
             self.config
                 .limiter_builder(&self.store, self.fallback.as_ref(), &self.clock);
         let mut ranges = Vec::new();
         let mut at = 0;
-        for &(i, limit) in rules {
+        for &(i, limit) in uses {
             let layers = self.layers_of(i, limit)?;
             ranges.push(at..at + layers.len());
             at += layers.len();
@@ -1059,11 +1081,7 @@ impl Rules {
         let limiter = builder.build().map_err(|e| {
             BadRequest(format!("these descriptors cannot be decided together: {e}"))
         })?;
-        let combined = Arc::new(Combined { limiter, ranges });
-        if cache.len() < MAX_CACHED {
-            cache.insert(rules.to_vec(), combined.clone());
-        }
-        Ok(combined)
+        Ok(Combined { limiter, ranges })
     }
 
     /// The context of descriptor `d` under rule `i`, added to `ctx`.
@@ -1241,6 +1259,56 @@ impl Rules {
         }
     }
 
+    /// A refused charge of several units counted anyway, as the reference
+    /// counts every hit: each of the round's `rate_limit` limits (and
+    /// Envoy's own overrides) is charged what it still holds, so a charge
+    /// that did not fit (made after the response, with
+    /// `apply_on_stream_done`) still empties it. Limits named by
+    /// `tollgate: { policy }` keep Tollgate's rule: a denial charges
+    /// nothing. A failure here leaves the denial as answered.
+    async fn count_refused_hits(
+        &self,
+        uses: &[RuleUse],
+        limiter: &Limiter,
+        ctx: &Context,
+        cost: u64,
+        decided: &Result<Decision, tollgate_limiter::Error>,
+    ) {
+        let refused = match decided {
+            Ok(decision) => !decision.is_allowed(),
+            // A cost larger than a layer can ever hold.
+            Err(e) => matches!(e, tollgate_limiter::Error::Policy(_)),
+        };
+        if !refused || cost < 2 {
+            // One unit refused: the limit was already empty.
+            return;
+        }
+        for &(i, _) in uses {
+            if let Some(own) = self.counts_every_hit(i) {
+                let _ = limiter.on_scope(&own).penalize(ctx, cost).await;
+            }
+        }
+    }
+
+    /// The scope of rule `i`'s layer when it counts as the reference does
+    /// (a YAML `rate_limit`, or a domain's rule for Envoy's own limits).
+    fn counts_every_hit(&self, i: usize) -> Option<Scope> {
+        let Filling::Descriptor {
+            attribute, leaf, ..
+        } = &self.rules[i].filling
+        else {
+            return None;
+        };
+        let reference = match leaf {
+            None => true,
+            Some(l) => {
+                let leaf = &self.domains.leaves[*l];
+                matches!(&leaf.counting, Counting::Policy(p) if p.name() == leaf.rule)
+            }
+        };
+        reference.then(|| Scope::Attribute(attribute.clone()))
+    }
+
     /// Decide one round, descriptors `ds` at `cost` each (`statuses`: every
     /// descriptor's so far): charged, or only peeked once the request is
     /// `denied`. Its decision is `None` when the limiter refused the
@@ -1271,7 +1339,12 @@ impl Rules {
         let decided = if denied || cost == 0 {
             limiter.peek(&ctx, cost.max(1)).await
         } else {
-            limiter.check(&ctx, cost).await
+            let decided = limiter.check(&ctx, cost).await;
+            if !self.together(asked.domain) {
+                self.count_refused_hits(&rules, limiter, &ctx, cost, &decided)
+                    .await;
+            }
+            decided
         };
         // An error is bad input for a layer — more than it can ever hold
         // — so the request is over the limit (an error answer would be an

@@ -1146,3 +1146,44 @@ async fn hashed_entries_that_cannot_be_hashed_are_refused() {
         .expect_err("a key of no descriptor");
     assert!(refused.to_string().contains("\"apikey\""), "{refused}");
 }
+
+/// A charge of several units that does not fit (Envoy's `hits_addend`,
+/// sent after the response with `apply_on_stream_done`) is counted, as the
+/// reference counts every hit: the limit is empty after it. A limit named
+/// by `tollgate: { policy }` keeps Tollgate's rule (a denial charges
+/// nothing).
+#[tokio::test]
+async fn a_refused_charge_of_several_units_still_empties_the_limit() {
+    let yaml = "domain: tokens\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 10 }\n  - key: smooth\n    tollgate: { policy: smooth }\n";
+    let (_dir, server, _clock) = serve(&[("tokens.yaml", yaml)]).await;
+    let c = client(server.grpc_addr()).await;
+    let charge = |key: &'static str, hits: u32| {
+        let request = RateLimitRequest {
+            domain: "tokens".into(),
+            descriptors: vec![descriptor(&[(key, "u1")], None)],
+            hits_addend: hits,
+        };
+        let mut c = c.clone();
+        async move {
+            let r = c.should_rate_limit(request).await.expect("answered");
+            r.into_inner().overall_code
+        }
+    };
+    assert_eq!(charge("user", 8).await, OK, "8 of 10");
+    assert_eq!(charge("user", 5).await, OVER, "5 more do not fit");
+    assert_eq!(charge("user", 1).await, OVER, "the 5 were counted: empty");
+    assert_eq!(
+        charge("user", 50).await,
+        OVER,
+        "above the limit: counted too"
+    );
+    // smooth: 3 a minute, burst 3.
+    assert_eq!(charge("smooth", 2).await, OK);
+    assert_eq!(charge("smooth", 2).await, OVER);
+    assert_eq!(
+        charge("smooth", 1).await,
+        OK,
+        "Tollgate's rule: nothing charged"
+    );
+    server.shutdown().await;
+}
