@@ -17,7 +17,7 @@ use tollgate_limiter::{Clock, Limit, RouteLimits, Store, StoreError};
 
 use crate::observe;
 
-use crate::{Config, ConfigError, SetupError, StoreKinds};
+use crate::{Config, ConfigError, SetupError, StoreKinds, StoreSpec};
 
 /// The running configuration and what was built from it.
 struct Running {
@@ -240,7 +240,7 @@ impl LiveConfig {
         clock: Arc<dyn Clock>,
     ) -> Result<LiveConfig, ReloadError> {
         let (path, bytes) = read(path.as_ref())?;
-        let config = Config::from_file_bytes(&path, &bytes, &StoreKinds::new())?;
+        let config = Config::from_file_bytes(&path, &bytes, &StoreKinds::store_given())?;
         LiveConfig::start(Some((path, bytes)), config, Some(store), clock).await
     }
 
@@ -454,6 +454,14 @@ impl LiveConfig {
             && !config
                 .store()
                 .opens_the_same_store_as(running.config.store());
+        if store_reopened && matches!(running.config.store(), StoreSpec::Memory(_)) {
+            return Err(ReloadError::Invalid(ConfigError::Invalid(vec![
+                tollgate_limiter::PolicyError::new(
+                    "store",
+                    "changes the running in-process store, whose counters and places held live in this process: a new store would start empty (every limit lifted once, a concurrency limit's places given twice); restart to apply it, and reload with [store] as it runs",
+                ),
+            ])));
+        }
         let store = if store_reopened {
             config.open_store(clock.clone()).await?
         } else {

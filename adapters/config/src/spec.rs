@@ -121,8 +121,9 @@ const SECTIONS: &str = "store, fallback, breaker, access, policies, plans, route
 pub(crate) fn parse(mut doc: Table, kinds: &StoreKinds) -> Result<Config, ConfigError> {
     let mut errors = Vec::new();
     let store = match doc.remove("store") {
-        Some(value) => store(&mut errors, value, kinds),
-        None => Some(StoreSpec::Memory(MemorySettings::default())),
+        Some(value) if !kinds.ignores_store() => store(&mut errors, value, kinds),
+        // None, or one the caller's own store stands in for.
+        _ => Some(StoreSpec::Memory(MemorySettings::default())),
     };
     let fallback_max_keys = fallback_section(&mut errors, doc.remove("fallback"));
     let breaker = breaker_section(&mut errors, doc.remove("breaker"));

@@ -114,6 +114,9 @@ pub trait StoreKind: Send + Sync + 'static {
 #[derive(Clone, Default)]
 pub struct StoreKinds {
     kinds: Vec<Arc<dyn ReadSettings>>,
+    /// The store is given in code ([`LiveConfig::load_on`](crate::LiveConfig::load_on)):
+    /// `[store]` is not read at all, whatever it names.
+    store_given: bool,
 }
 
 impl StoreKinds {
@@ -139,6 +142,19 @@ impl StoreKinds {
         self
     }
 
+    /// No `[store]` read: the caller decides on a store of its own.
+    pub(crate) fn store_given() -> Self {
+        StoreKinds {
+            store_given: true,
+            ..StoreKinds::default()
+        }
+    }
+
+    /// Whether `[store]` is left unread ([`store_given`](Self::store_given)).
+    pub(crate) fn ignores_store(&self) -> bool {
+        self.store_given
+    }
+
     /// The registered kinds' names, in registration order.
     pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.kinds.iter().map(|k| k.name())
@@ -160,7 +176,7 @@ impl fmt::Debug for StoreKinds {
 /// Two lists are the same when they name the same kinds.
 impl PartialEq for StoreKinds {
     fn eq(&self, other: &Self) -> bool {
-        self.names().eq(other.names())
+        self.store_given == other.store_given && self.names().eq(other.names())
     }
 }
 

@@ -193,7 +193,8 @@ async fn an_invalid_reload_keeps_the_running_limits() {
 }
 
 /// A route the code is bound to cannot vanish; routes nobody binds are
-/// reported; the store (and its counters) is kept unless `[store]` changed.
+/// reported; the in-process store (and its counters) is kept, and a
+/// `[store]` that would replace it is refused.
 #[tokio::test]
 async fn bound_routes_stay_unbound_ones_are_reported_and_the_store_is_kept() {
     let (_clock, live) = live(&file(2, "")).await;
@@ -245,13 +246,16 @@ async fn bound_routes_stay_unbound_ones_are_reported_and_the_store_is_kept() {
         "the counter kept: two of two used"
     );
 
+    // A new in-process store would start empty: refused, the running
+    // one and its counters kept.
     let bigger = extra.replace("max_keys = 10000", "max_keys = 20000");
-    let report = live
+    let refused = live
         .reload_with(Config::from_toml_str(&bigger).unwrap())
         .await
-        .unwrap();
-    assert!(report.store_reopened, "[store] changed: a new store");
-    assert!(!Arc::ptr_eq(&store, &live.store()));
+        .unwrap_err();
+    assert!(refused.to_string().contains("restart"), "{refused}");
+    assert!(Arc::ptr_eq(&store, &live.store()));
+    assert!(!admits(&route, &ctx).await, "the counter kept");
 }
 
 /// A configuration error printed through `main`'s `?` (its Debug form)
@@ -331,4 +335,38 @@ async fn the_emergency_store_is_one_and_kept_across_reloads() {
         .unwrap();
     let new = live.fallback_store().unwrap();
     assert!(!Arc::ptr_eq(&first, &new), "a new size, a new store");
+}
+
+/// `load_on` decides on the caller's store: the file's `[store]` is not
+/// read at all, now or on a reload, whatever kind it names.
+#[tokio::test]
+async fn a_given_store_leaves_the_store_section_unread() {
+    let dir = std::env::temp_dir().join(format!("tollgate-given-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    let elsewhere = |limit| {
+        file(limit, "").replace(
+            "kind = \"memory\"\nmax_keys = 10000",
+            "kind = \"postgres\"\nurl = \"postgres://db/limits\"",
+        )
+    };
+    std::fs::write(&path, elsewhere(2)).unwrap();
+    let clock = Arc::new(ManualClock::new(START));
+    let store: Arc<dyn tollgate_limiter::Store> = Arc::new(
+        tollgate_memory::MemoryStore::builder()
+            .clock(clock.clone())
+            .build(),
+    );
+    let live = LiveConfig::load_on(&path, store.clone(), clock)
+        .await
+        .expect("[store] is not read");
+    assert!(Arc::ptr_eq(&live.store(), &store), "the given store");
+    std::fs::write(&path, elsewhere(3)).unwrap();
+    live.reload()
+        .await
+        .expect("a reload does not read it either");
+    let route = live.route("api").unwrap();
+    assert_eq!(route.limits().limiter().layers()[0].policy().capacity(), 3);
+    assert!(Arc::ptr_eq(&live.store(), &store), "still the given store");
+    let _ = std::fs::remove_dir_all(&dir);
 }
