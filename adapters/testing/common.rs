@@ -346,7 +346,8 @@ pub async fn assert_every_401_has_the_challenge(http: &Http) {
 }
 
 /// `GET /` decided by the route `api` of `live` (2 per minute): a reload to
-/// 5 is in force at the next request, and the counter was kept.
+/// 5 is in force at the next request, and the counter was kept; a reload
+/// the gate could not serve is refused.
 pub async fn assert_reload_applies(http: &Http, live: &tollgate_config::LiveConfig) {
     let reply = http.get("/", &[]).await;
     assert_eq!(reply.items("ratelimit-policy")[0].1["q"], 2);
@@ -356,6 +357,17 @@ pub async fn assert_reload_applies(http: &Http, live: &tollgate_config::LiveConf
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.items("ratelimit-policy")[0].1["q"], 5);
     assert_eq!(reply.remaining_and_reset().0, 3, "the counter was kept");
+    // A tenant layer the gate's identity cannot supply would fail every
+    // request (401): refused, and the gate serves on.
+    let with_tenant = live_file(5).replace(
+        "policy = \"api\" }]",
+        "policy = \"api\" }, { scope = \"tenant\", policy = \"api\" }]",
+    );
+    let config = tollgate_config::Config::from_toml_str(&with_tenant).unwrap();
+    let refused = live.reload_with(config).await.unwrap_err();
+    assert!(refused.to_string().contains("routes.api"), "{refused}");
+    assert!(refused.to_string().contains("tenant"), "{refused}");
+    assert_eq!(http.get("/", &[]).await.status, StatusCode::OK);
 }
 
 /// The hash key of the API-key identity in the 401 tests.

@@ -81,7 +81,7 @@ pub use limit::*;
 #[cfg(feature = "concurrency")]
 pub use limiter::Acquired;
 pub use limiter::{Limiter, LimiterBuilder};
-pub use live::{LimiterSource, ReloadableRoute, RouteLimits};
+pub use live::{LimiterSource, ReloadableRoute, RouteLimits, RouteRequirement};
 #[cfg(feature = "concurrency")]
 pub use permit::Permit;
 pub use plan::{Plan, PlanName, Plans};

@@ -2,7 +2,7 @@
 //! cost, read anew for each request from a reloadable configuration.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::limiter::Limiter;
 
@@ -40,7 +40,21 @@ pub trait ReloadableRoute: Send + Sync + fmt::Debug {
 
     /// The route's limits now.
     fn current(&self) -> Arc<RouteLimits>;
+
+    /// Keep `requirement` for as long as it lives (held weakly: dropping
+    /// what it came from withdraws it). An adapter built on the route
+    /// registers what every request needs of the limits (an identity for
+    /// each layer, a cost each layer can hold); a reload whose limits for
+    /// this route fail a requirement must be refused, or every request
+    /// would fail. The default keeps nothing.
+    fn require(&self, requirement: Weak<RouteRequirement>) {
+        let _ = requirement;
+    }
 }
+
+/// What an adapter needs of a route's limits: `Err` says why these limits
+/// cannot serve its requests ([`ReloadableRoute::require`]).
+pub type RouteRequirement = dyn Fn(&RouteLimits) -> Result<(), String> + Send + Sync;
 
 /// Where an HTTP adapter finds the limiter for each request: one fixed
 /// [`Limiter`], or a [`ReloadableRoute`] whose limits a reload replaces.

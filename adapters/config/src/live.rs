@@ -10,10 +10,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use arc_swap::ArcSwap;
-use tollgate_limiter::{Clock, Limit, RouteLimits, Store, StoreError};
+use tollgate_limiter::{Clock, Limit, RouteLimits, RouteRequirement, Store, StoreError};
 
 use crate::observe;
 
@@ -43,6 +43,9 @@ struct Shared {
     /// Every limit applied since the process started, by policy name and
     /// version: see [`lease_changed`].
     leases: Mutex<BTreeMap<(String, u32), Limit>>,
+    /// What the gates built on each route need of its limits, held weakly
+    /// (a dropped gate withdraws its own): a reload must meet them all.
+    requirements: Mutex<Vec<(Arc<str>, Weak<RouteRequirement>)>>,
 }
 
 /// A configuration that can be reloaded while the service runs.
@@ -130,6 +133,16 @@ impl tollgate_limiter::ReloadableRoute for LiveRoute {
             // A reload that drops a bound route is refused, so the route
             // is always there.
             .expect("a bound route stays in the configuration")
+    }
+
+    fn require(&self, requirement: Weak<RouteRequirement>) {
+        let mut all = self
+            .shared
+            .requirements
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        all.retain(|(_, r)| r.strong_count() > 0);
+        all.push((self.name.clone(), requirement));
     }
 }
 
@@ -283,6 +296,7 @@ impl LiveConfig {
                 bound: Mutex::new(BTreeSet::new()),
                 reloading: tokio::sync::Mutex::new(()),
                 leases: Mutex::new(leases_of(&running_config)),
+                requirements: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -476,6 +490,9 @@ impl LiveConfig {
             config.fallback_store(clock.clone())
         };
         let routes = config.routes_over(&store, &fallback, clock)?;
+        if let Some(error) = self.unserved(&routes) {
+            return Err(ReloadError::Invalid(ConfigError::Invalid(vec![error])));
+        }
         // Checked again under the lock `route` binds under, and swapped
         // under it: no route is bound to a configuration that lacks it.
         let bound = self.bound();
@@ -506,6 +523,27 @@ impl LiveConfig {
         Ok(ReloadReport {
             store_reopened,
             unbound_routes,
+        })
+    }
+
+    /// The first requirement of a gate that `routes` would fail (every
+    /// request of that gate would), as a configuration error.
+    fn unserved(
+        &self,
+        routes: &BTreeMap<String, Arc<RouteLimits>>,
+    ) -> Option<tollgate_limiter::PolicyError> {
+        let all = self
+            .shared
+            .requirements
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        all.iter().find_map(|(name, requirement)| {
+            let requirement = requirement.upgrade()?;
+            let why = requirement(routes.get(&**name)?).err()?;
+            Some(tollgate_limiter::PolicyError::new(
+                format!("routes.{name}"),
+                format!("cannot serve the gate built on it, whose every request would fail: {why}; keep what the gate needs, or build a gate that supplies it and restart"),
+            ))
         })
     }
 

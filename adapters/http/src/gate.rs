@@ -4,7 +4,9 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use tollgate_limiter::{Context, Decision, Error, Limiter, LimiterSource, RouteLimits, Scope};
+use tollgate_limiter::{
+    Context, Decision, Error, Limiter, LimiterSource, RouteLimits, RouteRequirement, Scope,
+};
 
 use crate::observe;
 
@@ -160,6 +162,10 @@ pub struct Gate<R: ?Sized> {
     on_reject: Option<RejectHook>,
     /// Exempt and denied subjects and networks.
     access: Arc<AccessRules>,
+    /// What a live route's limits must give this gate's requests, held
+    /// here while the route holds it weakly: a reload that fails it is
+    /// refused.
+    requirement: Option<Arc<RouteRequirement>>,
 }
 
 /// A request identified and costed, ready for [`Gate::decide`]. With a
@@ -418,6 +424,7 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
                 on_error: None,
                 on_reject: None,
                 access: Arc::new(AccessRules::new()),
+                requirement: None,
             },
             out: PhantomData,
         }
@@ -568,47 +575,22 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
         Out: From<Gate<R>>,
     {
         let supplies = self.gate.identity.supplies();
-        let current = match &self.gate.source {
-            LimiterSource::Fixed(limiter) => RouteLimits::new(limiter.clone(), 1),
-            LimiterSource::Live(live) => (*live.current()).clone(),
+        let fixed = match self.gate.cost {
+            Cost::Fixed(cost) => Some(cost),
+            _ => None,
         };
-        // Shadow layers never deny: a layer only they could fail on is not
-        // a configuration that cannot work.
-        for layer in current
-            .limiter()
-            .layers()
-            .iter()
-            .filter(|l| !l.policy().is_shadow())
-        {
-            let name = layer.name().to_string();
-            match layer.scope() {
-                Scope::Subject if supplies == Supplies::Nothing => {
-                    return Err(GateError::NoIdentity { layer: name })
-                }
-                Scope::Tenant if supplies != Supplies::Everything => {
-                    return Err(GateError::NoTenantSource { layer: name })
-                }
-                Scope::Attribute(attribute) if supplies != Supplies::Everything => {
-                    return Err(GateError::NoAttributeSource {
-                        layer: name,
-                        attribute: attribute.to_string(),
-                    })
-                }
-                _ => {}
+        match &self.gate.source {
+            LimiterSource::Fixed(limiter) => {
+                serves(supplies, fixed, &RouteLimits::new(limiter.clone(), 1))?;
             }
-            if let Cost::Fixed(cost) = self.gate.cost {
-                let capacity = layer.policy().capacity();
-                if cost == 0 || cost > capacity {
-                    return Err(GateError::Cost {
-                        cost,
-                        layer: name,
-                        capacity,
-                    });
-                }
+            LimiterSource::Live(live) => {
+                serves(supplies, fixed, &live.current())?;
+                let requirement: Arc<RouteRequirement> = Arc::new(move |limits| {
+                    serves(supplies, fixed, limits).map_err(|e| e.to_string())
+                });
+                live.require(Arc::downgrade(&requirement));
+                self.gate.requirement = Some(requirement);
             }
-        }
-        if let Cost::Fixed(cost) = self.gate.cost {
-            check_plan_costs(current.limiter(), cost)?;
         }
         if self.gate.access.has_networks()
             && self.gate.access.own_client_ip().is_none()
@@ -649,6 +631,7 @@ impl<R: ?Sized> Clone for Gate<R> {
             on_error: self.on_error.clone(),
             on_reject: self.on_reject.clone(),
             access: self.access.clone(),
+            requirement: self.requirement.clone(),
         }
     }
 }
@@ -679,6 +662,47 @@ fn with_extension_plan(ctx: Context, view: &dyn RequestView) -> Context {
 
 /// A fixed `cost` within every enforced layer's capacity under each of
 /// the limiter's plans (a plan's limit may be smaller than the layer's).
+/// Whether `limits` can serve a gate's requests: every enforced layer
+/// finds what it counts by among what the identity `supplies`, and a
+/// `fixed` cost fits each layer (and each plan's). Shadow layers never
+/// deny: a layer only they could fail on is not a configuration that
+/// cannot work.
+fn serves(supplies: Supplies, fixed: Option<u64>, limits: &RouteLimits) -> Result<(), GateError> {
+    let enforced = limits.limiter().layers().iter();
+    for layer in enforced.filter(|l| !l.policy().is_shadow()) {
+        let name = layer.name().to_string();
+        match layer.scope() {
+            Scope::Subject if supplies == Supplies::Nothing => {
+                return Err(GateError::NoIdentity { layer: name })
+            }
+            Scope::Tenant if supplies != Supplies::Everything => {
+                return Err(GateError::NoTenantSource { layer: name })
+            }
+            Scope::Attribute(attribute) if supplies != Supplies::Everything => {
+                return Err(GateError::NoAttributeSource {
+                    layer: name,
+                    attribute: attribute.to_string(),
+                })
+            }
+            _ => {}
+        }
+        if let Some(cost) = fixed {
+            let capacity = layer.policy().capacity();
+            if cost == 0 || cost > capacity {
+                return Err(GateError::Cost {
+                    cost,
+                    layer: name,
+                    capacity,
+                });
+            }
+        }
+    }
+    match fixed {
+        Some(cost) => check_plan_costs(limits.limiter(), cost),
+        None => Ok(()),
+    }
+}
+
 fn check_plan_costs(limiter: &Limiter, cost: u64) -> Result<(), GateError> {
     for (plan, layers) in limiter.plan_layers() {
         let enforced = layers.iter().filter(|l| !l.policy().is_shadow());
