@@ -108,7 +108,8 @@ pub struct LayerDecision {
 const NO_RETRY: u64 = u64::MAX;
 
 /// `d` in whole nanoseconds, at most `most` (about 584 years: no window
-/// reaches it, and a wait that long reads the same to a client).
+/// reaches it), which reads back as forever ([`Duration::MAX`]: a breaker
+/// open for good).
 #[inline]
 fn packed(d: Duration, most: u64) -> u64 {
     d.as_secs()
@@ -117,11 +118,20 @@ fn packed(d: Duration, most: u64) -> u64 {
         .map_or(most, |n| n.min(most))
 }
 
+/// A packed duration read back: `most` is forever.
+#[inline]
+fn unpacked(nanos: u64, most: u64) -> Duration {
+    if nanos == most {
+        Duration::MAX
+    } else {
+        Duration::from_nanos(nanos)
+    }
+}
+
 impl std::fmt::Debug for LayerDecision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LayerDecision")
-            .field("layer", &self.layer())
-            .field("policy", &self.policy())
+            .field("info", self.info)
             .field("verdict", &self.verdict())
             .field("source", &self.source)
             .finish()
@@ -130,7 +140,7 @@ impl std::fmt::Debug for LayerDecision {
 
 impl LayerDecision {
     /// `layer`'s part of a decision: `verdict`, from `source`. Durations
-    /// beyond about 584 years read back as 584 years.
+    /// of about 584 years or more read back as forever ([`Duration::MAX`]).
     #[inline]
     pub fn new(layer: &Layer, verdict: Verdict, source: Source) -> Self {
         Self::of(layer.info, &verdict, source)
@@ -161,9 +171,9 @@ impl LayerDecision {
             allowed: self.allowed,
             limit: self.limit,
             remaining: self.remaining,
-            reset_after: Duration::from_nanos(self.reset_after),
+            reset_after: unpacked(self.reset_after, u64::MAX),
             retry_after: (self.retry_after != NO_RETRY)
-                .then(|| Duration::from_nanos(self.retry_after)),
+                .then(|| unpacked(self.retry_after, NO_RETRY - 1)),
         }
     }
 
@@ -376,7 +386,7 @@ mod tests {
     }
 
     /// Packed numbers read back as they went in, to the nanosecond; a
-    /// zero wait stays a wait, and only durations past 584 years saturate.
+    /// zero wait stays a wait, and forever stays forever.
     #[test]
     fn a_packed_verdict_reads_back_exactly() {
         let exact = Verdict {
@@ -398,9 +408,6 @@ mod tests {
             retry_after: Some(Duration::MAX),
             ..exact
         };
-        let read = d.with_verdict(far).verdict();
-        let years_584 = Duration::from_secs(584 * 365 * 86_400);
-        assert!(read.reset_after > years_584, "{read:?}");
-        assert!(read.retry_after.is_some_and(|r| r > years_584), "{read:?}");
+        assert_eq!(d.with_verdict(far).verdict(), far, "forever stays forever");
     }
 }

@@ -45,7 +45,7 @@ struct Shared {
     leases: Mutex<BTreeMap<(String, u32), Limit>>,
     /// What the gates built on each route need of its limits, held weakly
     /// (a dropped gate withdraws its own): a reload must meet them all.
-    requirements: Mutex<Vec<(Arc<str>, Weak<RouteRequirement>)>>,
+    requirements: Mutex<Requirements>,
 }
 
 /// A configuration that can be reloaded while the service runs.
@@ -253,7 +253,7 @@ impl LiveConfig {
         clock: Arc<dyn Clock>,
     ) -> Result<LiveConfig, ReloadError> {
         let (path, bytes) = read(path.as_ref())?;
-        let config = Config::from_file_bytes(&path, &bytes, &StoreKinds::store_given())?;
+        let config = Config::from_file_bytes(&path, &bytes, &StoreKinds::new().ignoring_store())?;
         LiveConfig::start(Some((path, bytes)), config, Some(store), clock).await
     }
 
@@ -399,10 +399,15 @@ impl LiveConfig {
     }
 
     /// `bytes`, the file's contents, parsed against the store kinds the
-    /// running file was read against.
+    /// running file was read against (`[store]` unread with a given store).
     fn parsed(&self, path: &Path, bytes: &[u8]) -> Result<Config, ConfigError> {
         let running = self.shared.running.load();
-        Config::from_file_bytes(path, bytes, running.config.store_kinds())
+        let kinds = running.config.store_kinds();
+        if self.shared.given_store {
+            Config::from_file_bytes(path, bytes, &kinds.ignoring_store())
+        } else {
+            Config::from_file_bytes(path, bytes, kinds)
+        }
     }
 
     /// Apply `config` if it parsed; count and log the outcome either way.
@@ -490,7 +495,10 @@ impl LiveConfig {
             config.fallback_store(clock.clone())
         };
         let routes = config.routes_over(&store, &fallback, clock)?;
-        if let Some(error) = self.unserved(&routes) {
+        // Held through the swap: a gate registering meanwhile either is
+        // checked here or reads the limits swapped in.
+        let requirements = self.requirements();
+        if let Some(error) = unserved(&requirements, &routes) {
             return Err(ReloadError::Invalid(ConfigError::Invalid(vec![error])));
         }
         // Checked again under the lock `route` binds under, and swapped
@@ -517,6 +525,7 @@ impl LiveConfig {
             routes,
         }));
         drop(bound);
+        drop(requirements);
         // The old configuration (perhaps the last handle on a replaced
         // store) is dropped outside the lock.
         drop(replaced);
@@ -526,25 +535,11 @@ impl LiveConfig {
         })
     }
 
-    /// The first requirement of a gate that `routes` would fail (every
-    /// request of that gate would), as a configuration error.
-    fn unserved(
-        &self,
-        routes: &BTreeMap<String, Arc<RouteLimits>>,
-    ) -> Option<tollgate_limiter::PolicyError> {
-        let all = self
-            .shared
+    fn requirements(&self) -> std::sync::MutexGuard<'_, Requirements> {
+        self.shared
             .requirements
             .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        all.iter().find_map(|(name, requirement)| {
-            let requirement = requirement.upgrade()?;
-            let why = requirement(routes.get(&**name)?).err()?;
-            Some(tollgate_limiter::PolicyError::new(
-                format!("routes.{name}"),
-                format!("cannot serve the gate built on it, whose every request would fail: {why}; keep what the gate needs, or build a gate that supplies it and restart"),
-            ))
-        })
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     fn bound(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
@@ -619,6 +614,25 @@ impl LiveConfig {
 /// as gone, and admits past the limit). A policy removed by one reload and
 /// brought back by a later one still has its places in the store. A lease
 /// changes with the version.
+/// What the gates built on each route need of its limits, by route name.
+type Requirements = Vec<(Arc<str>, Weak<RouteRequirement>)>;
+
+/// The first requirement of a gate that `routes` would fail (every
+/// request of that gate would), as a configuration error.
+fn unserved(
+    requirements: &Requirements,
+    routes: &BTreeMap<String, Arc<RouteLimits>>,
+) -> Option<tollgate_limiter::PolicyError> {
+    requirements.iter().find_map(|(name, requirement)| {
+        let requirement = requirement.upgrade()?;
+        let why = requirement(routes.get(&**name)?).err()?;
+        Some(tollgate_limiter::PolicyError::new(
+            format!("routes.{name}"),
+            format!("cannot serve the gate built on it, whose every request would fail: {why}; keep what the gate needs, or build a gate that supplies it and restart"),
+        ))
+    })
+}
+
 fn lease_changed(
     seen: &BTreeMap<(String, u32), Limit>,
     new: &Config,

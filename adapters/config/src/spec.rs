@@ -172,7 +172,7 @@ pub(crate) fn parse(mut doc: Table, kinds: &StoreKinds) -> Result<Config, Config
             routes,
             plans,
             server,
-            kinds: kinds.clone(),
+            kinds: kinds.reading_store(),
         }),
         _ => Err(ConfigError::Invalid(errors)),
     }

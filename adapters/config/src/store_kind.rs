@@ -115,7 +115,8 @@ pub trait StoreKind: Send + Sync + 'static {
 pub struct StoreKinds {
     kinds: Vec<Arc<dyn ReadSettings>>,
     /// The store is given in code ([`LiveConfig::load_on`](crate::LiveConfig::load_on)):
-    /// `[store]` is not read at all, whatever it names.
+    /// `[store]` is not read at all, whatever it names. Never kept by a
+    /// parsed configuration.
     store_given: bool,
 }
 
@@ -142,15 +143,25 @@ impl StoreKinds {
         self
     }
 
-    /// No `[store]` read: the caller decides on a store of its own.
-    pub(crate) fn store_given() -> Self {
+    /// These kinds, with no `[store]` read: the caller decides on a store
+    /// of its own.
+    pub(crate) fn ignoring_store(&self) -> Self {
         StoreKinds {
             store_given: true,
-            ..StoreKinds::default()
+            ..self.clone()
         }
     }
 
-    /// Whether `[store]` is left unread ([`store_given`](Self::store_given)).
+    /// These kinds, `[store]` read: what a parsed configuration keeps, so
+    /// that a file parsed with its kinds is read whole.
+    pub(crate) fn reading_store(&self) -> Self {
+        StoreKinds {
+            store_given: false,
+            ..self.clone()
+        }
+    }
+
+    /// Whether `[store]` is left unread ([`ignoring_store`](Self::ignoring_store)).
     pub(crate) fn ignores_store(&self) -> bool {
         self.store_given
     }
@@ -176,7 +187,7 @@ impl fmt::Debug for StoreKinds {
 /// Two lists are the same when they name the same kinds.
 impl PartialEq for StoreKinds {
     fn eq(&self, other: &Self) -> bool {
-        self.store_given == other.store_given && self.names().eq(other.names())
+        self.names().eq(other.names())
     }
 }
 

@@ -584,11 +584,13 @@ impl<R: ?Sized, Out> GateBuilder<R, Out> {
                 serves(supplies, fixed, &RouteLimits::new(limiter.clone(), 1))?;
             }
             LimiterSource::Live(live) => {
-                serves(supplies, fixed, &live.current())?;
+                // Kept before the limits are read: a reload either meets
+                // the requirement or swapped in the limits read here.
                 let requirement: Arc<RouteRequirement> = Arc::new(move |limits| {
                     serves(supplies, fixed, limits).map_err(|e| e.to_string())
                 });
                 live.require(Arc::downgrade(&requirement));
+                serves(supplies, fixed, &live.current())?;
                 self.gate.requirement = Some(requirement);
             }
         }
@@ -660,8 +662,6 @@ fn with_extension_plan(ctx: Context, view: &dyn RequestView) -> Context {
     }
 }
 
-/// A fixed `cost` within every enforced layer's capacity under each of
-/// the limiter's plans (a plan's limit may be smaller than the layer's).
 /// Whether `limits` can serve a gate's requests: every enforced layer
 /// finds what it counts by among what the identity `supplies`, and a
 /// `fixed` cost fits each layer (and each plan's). Shadow layers never
@@ -703,6 +703,8 @@ fn serves(supplies: Supplies, fixed: Option<u64>, limits: &RouteLimits) -> Resul
     }
 }
 
+/// A fixed `cost` within every enforced layer's capacity under each of
+/// the limiter's plans (a plan's limit may be smaller than the layer's).
 fn check_plan_costs(limiter: &Limiter, cost: u64) -> Result<(), GateError> {
     for (plan, layers) in limiter.plan_layers() {
         let enforced = layers.iter().filter(|l| !l.policy().is_shadow());

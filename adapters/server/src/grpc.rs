@@ -80,12 +80,12 @@ pub(crate) fn response(rules: &Rules, outcome: &Answer) -> RateLimitResponse {
     }
 }
 
-/// The method's path.
 /// The largest request a call may send. A `RateLimitRequest` is a domain
 /// and a few descriptors; tonic's default (4 MiB) held by every open call
 /// would let one client use gigabytes.
 const MAX_MESSAGE: usize = 256 * 1024;
 
+/// The method's path.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 impl tonic::server::NamedService for Service {

@@ -246,6 +246,10 @@ impl Shared {
                 "operator_tokens",
                 settings.operator_tokens == started.operator_tokens,
             ),
+            (
+                "[store] of the in-process store",
+                self.keeps_in_process_store(&config),
+            ),
         ] {
             if !same {
                 return Err(ServerError::NeedsRestart(what));
@@ -262,6 +266,17 @@ impl Shared {
             self.clock.clone(),
         )?;
         Ok((config, domains))
+    }
+}
+
+impl Shared {
+    /// Whether `config` keeps the running store when that store is
+    /// in-process: a new one would start empty, so only a restart may
+    /// replace it (another store is opened by the reload).
+    fn keeps_in_process_store(&self, config: &Config) -> bool {
+        let running = self.live.config();
+        !matches!(running.store(), tollgate_config::StoreSpec::Memory(_))
+            || config.store().opens_the_same_store_as(running.store())
     }
 }
 

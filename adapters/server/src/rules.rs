@@ -1263,31 +1263,57 @@ impl Rules {
     /// counts every hit: each of the round's `rate_limit` limits (and
     /// Envoy's own overrides) is charged what it still holds, so a charge
     /// that did not fit (made after the response, with
-    /// `apply_on_stream_done`) still empties it. Limits named by
-    /// `tollgate: { policy }` keep Tollgate's rule: a denial charges
-    /// nothing. A failure here leaves the denial as answered.
+    /// `apply_on_stream_done`) still empties it; the answer then says so
+    /// (nothing remaining). Limits named by `tollgate: { policy }` keep
+    /// Tollgate's rule: a denial charges nothing. Only a denial the store
+    /// made, with the limiter's breaker closed: the charge goes to the
+    /// store directly, and must not wait on one that is failing. A failure
+    /// here leaves the denial as answered.
     async fn count_refused_hits(
         &self,
         uses: &[RuleUse],
         limiter: &Limiter,
         ctx: &Context,
         cost: u64,
-        decided: &Result<Decision, tollgate_limiter::Error>,
-    ) {
-        let refused = match decided {
-            Ok(decision) => !decision.is_allowed(),
+        decided: Result<Decision, tollgate_limiter::Error>,
+    ) -> Result<Decision, tollgate_limiter::Error> {
+        let refused = match &decided {
+            Ok(decision) => {
+                !decision.is_allowed()
+                    && decision
+                        .denied_layers()
+                        .all(|l| l.source == tollgate_limiter::Source::Store)
+            }
             // A cost larger than a layer can ever hold.
             Err(e) => matches!(e, tollgate_limiter::Error::Policy(_)),
         };
-        if !refused || cost < 2 {
-            // One unit refused: the limit was already empty.
-            return;
+        let healthy = limiter.breaker().state() == tollgate_limiter::BreakerState::Closed;
+        // One unit refused: the limit was already empty.
+        if !refused || !healthy || cost < 2 {
+            return decided;
         }
+        let mut emptied = Vec::new();
         for &(i, _) in uses {
             if let Some(own) = self.counts_every_hit(i) {
-                let _ = limiter.on_scope(&own).penalize(ctx, cost).await;
+                if limiter.on_scope(&own).penalize(ctx, cost).await.is_ok() {
+                    emptied.push(self.rules[i].name.as_str());
+                }
             }
         }
+        let Ok(decision) = decided else {
+            return decided;
+        };
+        let layers = decision.layers().iter().map(|l| {
+            if !emptied.contains(&l.layer()) {
+                return *l;
+            }
+            let verdict = l.verdict();
+            l.with_verdict(tollgate_limiter::Verdict {
+                remaining: 0,
+                ..verdict
+            })
+        });
+        Ok(Decision::new(layers))
     }
 
     /// The scope of rule `i`'s layer when it counts as the reference does
@@ -1340,11 +1366,12 @@ impl Rules {
             limiter.peek(&ctx, cost.max(1)).await
         } else {
             let decided = limiter.check(&ctx, cost).await;
-            if !self.together(asked.domain) {
-                self.count_refused_hits(&rules, limiter, &ctx, cost, &decided)
-                    .await;
+            if self.together(asked.domain) {
+                decided
+            } else {
+                self.count_refused_hits(&rules, limiter, &ctx, cost, decided)
+                    .await
             }
-            decided
         };
         // An error is bad input for a layer — more than it can ever hold
         // — so the request is over the limit (an error answer would be an

@@ -580,6 +580,10 @@ async fn invalid_files_are_refused_with_the_references_reasons() {
             vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 10, tollgate: { policy: strict } }\n".into())],
             "config error, 'tollgate' is read at the top of a file and on a descriptor only",
         ),
+        (
+            vec![("a.yaml", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: minute, requests_per_unit: 10, descriptors: [{ key: j, tollgate: { policy: strict } }] }\n".into())],
+            "config error, 'tollgate' is read at the top of a file and on a descriptor only",
+        ),
         // Files the reference would read, named neither *.yaml nor *.yml:
         // refused rather than skipped (their limits would be gone), alone
         // or beside YAML files.

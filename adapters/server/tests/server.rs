@@ -587,6 +587,15 @@ async fn reloads_apply_valid_files_only() {
     .expect("rewrite");
     let e = server.reload().await.expect_err("refused");
     assert!(e.to_string().contains("restart"), "{e}");
+    // A new in-process store would start empty: a restart's, too.
+    let resized = format!(
+        "[store]\nkind = \"memory\"\nmax_keys = 5000\n{LIMITS}{}",
+        server_section("")
+    );
+    std::fs::write(&file.0, resized).expect("rewrite");
+    let e = server.reload().await.expect_err("refused");
+    assert!(e.to_string().contains("restart"), "{e}");
+    assert!(e.to_string().contains("[store]"), "{e}");
     let r = ask(&mut c, vec![user("u1", "acme")], 0).await;
     assert_eq!(
         r.statuses[0].limit_remaining, 5,

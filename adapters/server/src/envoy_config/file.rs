@@ -70,7 +70,9 @@ fn keys_in(value: &serde_norway::Value, place: Place) -> Result<(), String> {
                             .into())
                     }
                     "tollgate" => {}
-                    "descriptors" => keys_in(value, Place::Descriptor)?,
+                    "descriptors" if place != Place::Elsewhere => {
+                        keys_in(value, Place::Descriptor)?
+                    }
                     _ => keys_in(value, Place::Elsewhere)?,
                 }
             }
