@@ -82,7 +82,7 @@ pub use tollgate_limiter::{
 // Time.
 pub use tollgate_limiter::{Clock, ManualClock, MonotonicClock, SystemClock, Timestamp};
 // Routes whose limits a reload replaces.
-pub use tollgate_limiter::{LimiterSource, ReloadableRoute, RouteLimits};
+pub use tollgate_limiter::{LimiterSource, ReloadableRoute, RouteLimits, RouteRequirement};
 // The login recipe (an application of the limiter, not part of the core).
 mod login;
 pub use login::{Escalation, LoginGuard};
@@ -91,7 +91,9 @@ pub use tollgate_limiter::MAX_RECOVERY;
 pub use tollgate_limiter::{ask, Decide, Deciding};
 pub use tollgate_limiter::{async_trait, Algorithm, LayerRequest, State, Store, StoreKey};
 pub use tollgate_limiter::{check_holds, Hold, Holds};
-pub use tollgate_limiter::{duration_micros, Builtin, Layout, Stored, Transition, Verdicts};
+pub use tollgate_limiter::{
+    duration_micros, Builtin, FieldKind, Layout, Stored, Transition, Verdicts,
+};
 // Metrics and log events.
 pub use tollgate_limiter::observe;
 // With `wait`: outbound clients wait for capacity.

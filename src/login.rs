@@ -103,18 +103,21 @@ impl Escalation {
     }
 }
 
-/// A login's rate limit, as users expect it: every failed attempt is
-/// charged to the account, running out of attempts blocks the account with
-/// [`Escalation`]'s growing durations, and a successful login (or a
-/// password reset) forgets the failures and the escalation.
+/// A login's rate limit, as users expect it: every attempt is charged to
+/// the account before its password is checked, running out of attempts
+/// blocks the account with [`Escalation`]'s growing durations, and a
+/// successful login (or a password reset) forgets the failures and the
+/// escalation.
 ///
 /// Two limiters on one store: `failures` (the policy given, one unit per
-/// failed attempt, per subject) and `offences` (a sliding log per subject
-/// named `<policy>-offences`: the blocks within a quiet period). Key the
-/// [`Context`] on the account (a user name or id; hash it with
-/// [`Subject::hashed`](tollgate_limiter::Subject::hashed) if it is sensitive), and keep
-/// a per-client limit on the route as well, so one client cannot walk
-/// through many accounts.
+/// attempt, per subject) and `offences` (a sliding log per subject named
+/// `<policy>-offences`: the blocks within a quiet period). Key the
+/// [`Context`] on the account (its stable id, or its name as your sign-in
+/// compares it: lowercased if it ignores case; hash it with
+/// [`Subject::hashed`](tollgate_limiter::Subject::hashed) if it is
+/// sensitive), and keep a per-client limit on the route as well, so one
+/// client cannot walk through many accounts. The store must implement
+/// `peek`, `adjust` and `reset` (every store of the project does).
 ///
 /// ```no_run
 /// # async fn f(store: std::sync::Arc<dyn tollgate::Store>) -> Result<(), Box<dyn std::error::Error>> {
@@ -124,16 +127,20 @@ impl Escalation {
 /// let minute = Duration::from_secs(60);
 /// let guard = LoginGuard::new(
 ///     store,
-///     Policy::new("login", Limit::sliding_log(3, 15 * minute)?)?,
+///     Policy::new("login", Limit::sliding_log(3, minute)?)?,
 ///     Escalation::new([minute, 10 * minute, 60 * minute], 24 * 60 * minute)?,
 /// )?;
 /// let dave = Context::for_subject(Subject::new("dave")?);
-/// assert!(guard.allows(&dave).await?.is_allowed());
-/// guard.failed(&dave).await?;
-/// guard.failed(&dave).await?;
-/// let third = guard.failed(&dave).await?; // out of attempts: blocked
-/// assert_eq!(third.retry_after(), Some(minute));
-/// assert!(!guard.allows(&dave).await?.is_allowed());
+/// for left in [2, 1] {
+///     let attempt = guard.attempt(&dave).await?; // charged before the check
+///     assert!(attempt.is_allowed());
+///     // ... the password is wrong:
+///     assert_eq!(guard.failed(&dave, &attempt).await?.layers()[0].remaining(), left);
+/// }
+/// let third = guard.attempt(&dave).await?;
+/// let blocked = guard.failed(&dave, &third).await?; // the last attempt: blocked
+/// assert_eq!(blocked.retry_after(), Some(minute));
+/// assert!(!guard.attempt(&dave).await?.is_allowed()); // not even checked
 /// guard.succeeded(&dave).await?; // e.g. after a password reset
 /// assert!(guard.allows(&dave).await?.is_allowed());
 /// # Ok(()) }
@@ -170,40 +177,50 @@ impl LoginGuard {
         })
     }
 
-    /// Whether `ctx` may try to log in now (nothing is charged): denied
-    /// while blocked or out of attempts, with the exact retry-after.
+    /// Whether `ctx` may try to log in now, nothing charged (to show it):
+    /// denied while blocked or out of attempts, with the exact
+    /// retry-after. A login itself goes through [`attempt`](Self::attempt).
     pub async fn allows(&self, ctx: &Context) -> Result<Decision, Error> {
         self.failures.peek(ctx, 1).await
     }
 
-    /// A failed attempt: charged one unit; the one that leaves no attempt
-    /// blocks `ctx` for the next step of the escalation. Answers the
-    /// failures layer afterwards (denied, with the block's end, when
-    /// blocked). An attempt [`allows`](Self::allows) refuses (made while
-    /// blocked) is not charged and is no new offence: it answers that
-    /// refusal. Failures of one account racing each other (both allowed,
-    /// then both finding it out of attempts) each count as an offence, so
-    /// a parallel burst of wrong passwords escalates faster.
-    pub async fn failed(&self, ctx: &Context) -> Result<Decision, Error> {
-        let now = self.allows(ctx).await?;
-        if !now.is_allowed() {
-            return Ok(now);
-        }
-        let after = self.failures.penalize(ctx, 1).await?;
-        if after
-            .layers()
-            .iter()
-            .all(|l| l.verdict().allowed && l.verdict().remaining > 0)
-        {
-            return Ok(after);
+    /// An attempt to log in as `ctx`, charged before its password is
+    /// checked: admitted while the account has attempts left and is not
+    /// blocked. Check the password only when it admits, then answer with
+    /// [`succeeded`](Self::succeeded) or [`failed`](Self::failed). Charged
+    /// first, a burst of parallel guesses gets the policy's attempts, not
+    /// one password check each.
+    pub async fn attempt(&self, ctx: &Context) -> Result<Decision, Error> {
+        self.failures.check(ctx, 1).await
+    }
+
+    /// A wrong password on `attempt` (what [`attempt`](Self::attempt)
+    /// answered). The attempt that took the last one blocks `ctx` for the
+    /// next step of the escalation, and at least until the policy alone
+    /// would be full again: a block never lets through more guesses than
+    /// the policy would. Answers the failures layer afterwards (denied,
+    /// with the block's end, when blocked). A refused attempt is no new
+    /// offence: it answers that refusal.
+    pub async fn failed(&self, ctx: &Context, attempt: &Decision) -> Result<Decision, Error> {
+        let last = attempt.layers().iter().any(|l| l.remaining() == 0);
+        if !attempt.is_allowed() || !last {
+            return Ok(attempt.clone());
         }
         let offences = self.offences.penalize(ctx, 1).await?;
         let held = offences.layers().first().map_or(1, |l| {
             l.verdict().limit.saturating_sub(l.verdict().remaining)
         });
-        self.failures
-            .block(ctx, self.escalation.block_for(held))
-            .await
+        // The policy's own wait: until its state is back to full.
+        let full_again = attempt
+            .layers()
+            .iter()
+            .map(|l| l.verdict().reset_after)
+            .max();
+        let block = self
+            .escalation
+            .block_for(held)
+            .max(full_again.unwrap_or_default());
+        self.failures.block(ctx, block.min(MAX_RECOVERY)).await
     }
 
     /// A successful login, or a password reset: the failures and the

@@ -27,7 +27,8 @@ impl Limiter {
     ///
     /// Returns the last decision: admitted, or the denial that came with a
     /// wait that would run past `max_wait` (at once, rather than after
-    /// sleeping in vain), or one that names no time to wait. It never
+    /// sleeping in vain), or one that names no time to wait or a wait of
+    /// forever ([`Duration::MAX`]: a breaker open for good). It never
     /// reserves capacity: every attempt is an ordinary
     /// [`check`](Limiter::check), which charges only when it admits. It
     /// sleeps on the limiter's clock ([`Clock::sleep_until`](crate::Clock::sleep_until)):
@@ -65,7 +66,9 @@ impl Limiter {
             if decision.is_allowed() {
                 return Ok(decision);
             }
-            let Some(retry_after) = decision.retry_after() else {
+            // None, or forever (a breaker open for good): waiting would
+            // never admit, whatever the bound.
+            let Some(retry_after) = decision.retry_after().filter(|r| *r != Duration::MAX) else {
                 return Ok(decision);
             };
             let now = clock.now();

@@ -250,15 +250,21 @@ fn on(store: Arc<dyn Store>, clock: &ManualClock) -> Limiter {
         .unwrap()
 }
 
-/// The longest waits add up without overflow: the waiter sleeps.
+/// The longest waits add up without overflow: the waiter sleeps. A
+/// denial for good (a retry of `Duration::MAX`, a breaker open for good)
+/// is answered at once, even with no bound on the wait.
 #[tokio::test(flavor = "current_thread")]
 async fn the_longest_waits_do_not_overflow() {
     let clock = ManualClock::new(START);
-    let limiter = denying(&clock, Duration::MAX);
+    let five_centuries = Duration::from_secs(500 * 365 * 86_400);
+    let limiter = denying(&clock, five_centuries);
     let waiter = tokio::spawn(async move { limiter.wait(&ctx(), 1, Duration::MAX).await });
     until_asleep(&clock).await;
     assert!(!waiter.is_finished(), "asleep, not panicked");
     waiter.abort();
+    let forever = denying(&clock, Duration::MAX);
+    let answer = forever.wait(&ctx(), 1, Duration::MAX).await.unwrap();
+    assert_eq!(answer.retry_after(), Some(Duration::MAX), "denied at once");
 }
 
 /// A clock stepping back does not give the waiter its bound again: the

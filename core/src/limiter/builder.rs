@@ -91,8 +91,10 @@ impl LimiterBuilder {
         self
     }
 
-    /// The clock the circuit breaker and blocked-key cache read (default:
-    /// a [`MonotonicClock`]).
+    /// The clock the circuit breaker and blocked-key cache read, and the
+    /// one `wait` and `throttle` measure and sleep on (default: a
+    /// [`MonotonicClock`]): with a [`ManualClock`](crate::ManualClock), a
+    /// wait ends only as the clock is moved.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
