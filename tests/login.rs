@@ -1,6 +1,7 @@
 //! The login recipe against guessing: attempts are charged before the
 //! password is checked, and a block never lets through more guesses than
 //! the policy alone.
+#![cfg(feature = "memory")]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -146,6 +146,7 @@ impl LayerDecision {
         Self::of(layer.info, &verdict, source)
     }
 
+    /// As [`new`](Self::new), from a layer's interned info.
     #[inline]
     pub(crate) fn of(info: &'static LayerInfo, verdict: &Verdict, source: Source) -> Self {
         LayerDecision {

@@ -607,13 +607,6 @@ impl LiveConfig {
     }
 }
 
-/// A concurrency limit of `new` whose lease differs from one applied under
-/// the same name and version since the process started (`seen`), the
-/// running configuration's included: its places, kept in the same keys,
-/// would be read with the new lease (a shorter one counts the older places
-/// as gone, and admits past the limit). A policy removed by one reload and
-/// brought back by a later one still has its places in the store. A lease
-/// changes with the version.
 /// What the gates built on each route need of its limits, by route name.
 type Requirements = Vec<(Arc<str>, Weak<RouteRequirement>)>;
 
@@ -633,6 +626,13 @@ fn unserved(
     })
 }
 
+/// A concurrency limit of `new` whose lease differs from one applied under
+/// the same name and version since the process started (`seen`), the
+/// running configuration's included: its places, kept in the same keys,
+/// would be read with the new lease (a shorter one counts the older places
+/// as gone, and admits past the limit). A policy removed by one reload and
+/// brought back by a later one still has its places in the store. A lease
+/// changes with the version.
 fn lease_changed(
     seen: &BTreeMap<(String, u32), Limit>,
     new: &Config,
