@@ -17,7 +17,7 @@ use tollgate_limiter::{Clock, Limit, RouteLimits, RouteRequirement, Store, Store
 
 use crate::observe;
 
-use crate::{Config, ConfigError, SetupError, StoreKinds, StoreSpec};
+use crate::{Config, ConfigError, SetupError, StoreKinds};
 
 /// The running configuration and what was built from it.
 struct Running {
@@ -473,7 +473,8 @@ impl LiveConfig {
             && !config
                 .store()
                 .opens_the_same_store_as(running.config.store());
-        if store_reopened && matches!(running.config.store(), StoreSpec::Memory(_)) {
+        let running_store = running.config.store();
+        if !self.shared.given_store && running_store.loses_state_when_replaced_by(config.store()) {
             return Err(ReloadError::Invalid(ConfigError::Invalid(vec![
                 tollgate_limiter::PolicyError::new(
                     "store",

@@ -58,6 +58,13 @@ impl StoreSpec {
             _ => self == other,
         }
     }
+
+    /// Whether replacing this running store by `next` would lose its
+    /// state: it is the in-process store, and `next` opens another one
+    /// (a new in-process store starts empty). Only a restart may do it.
+    pub fn loses_state_when_replaced_by(&self, next: &StoreSpec) -> bool {
+        matches!(self, StoreSpec::Memory(_)) && !next.opens_the_same_store_as(self)
+    }
 }
 
 #[derive(Deserialize)]

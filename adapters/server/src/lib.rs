@@ -274,9 +274,11 @@ impl Shared {
     /// in-process: a new one would start empty, so only a restart may
     /// replace it (another store is opened by the reload).
     fn keeps_in_process_store(&self, config: &Config) -> bool {
-        let running = self.live.config();
-        !matches!(running.store(), tollgate_config::StoreSpec::Memory(_))
-            || config.store().opens_the_same_store_as(running.store())
+        !self
+            .live
+            .config()
+            .store()
+            .loses_state_when_replaced_by(config.store())
     }
 }
 
