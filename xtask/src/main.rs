@@ -184,28 +184,25 @@ fn on_path(program: &str) -> bool {
 /// the Cluster, each key admitting exactly its capacity.
 fn soak() -> Result {
     ensure_redis_server()?;
-    let redis_test = |test: &str| {
-        let mut cmd = cargo();
-        cmd.args([
-            "test",
-            "-p",
-            "tollgate-redis",
-            "--features",
-            "cluster",
-            "--test",
-            test,
-        ]);
-        cmd
-    };
     run(
         "differential, 1,000,000 operations per algorithm",
-        redis_test("differential")
+        workspace_tests()
+            .args(["--test", "redis", "--", "differential::"])
             .env("TOLLGATE_DIFFERENTIAL_OPS", "100000")
             .env("TOLLGATE_DIFFERENTIAL_CASES", "10"),
     )?;
     run(
         "1,000,000 concurrent decisions per algorithm, standalone and Cluster",
-        redis_test("soak").args(["--", "--ignored", "--nocapture", "--test-threads", "1"]),
+        workspace_tests().args([
+            "--test",
+            "redis",
+            "--",
+            "soak::",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ]),
     )
 }
 
@@ -348,16 +345,25 @@ fn test(extra: &[String]) -> Result {
     setup()?;
     run(
         "cargo test --workspace --all-features --exclude tollgate-postgres-store",
-        cargo()
-            .args([
-                "test",
-                "--workspace",
-                "--all-features",
-                "--exclude",
-                "tollgate-postgres-store",
-            ])
-            .args(extra),
+        workspace_tests().args(extra),
     )
+}
+
+/// `cargo test` over the workspace with every feature, as the README's test
+/// command runs it. The Valkey and soak runs select their suites from the
+/// same build, so they reuse its binaries instead of building the Redis
+/// crate again with other features. The PostgreSQL example is left to
+/// `cargo xtask custom-store`, which starts PostgreSQL.
+fn workspace_tests() -> Command {
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "--workspace",
+        "--all-features",
+        "--exclude",
+        "tollgate-postgres-store",
+    ]);
+    cmd
 }
 
 fn features() -> Result {

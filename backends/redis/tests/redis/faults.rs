@@ -14,7 +14,7 @@ use tollgate_redis::RedisStore;
 use tollgate_testkit::conformance::unique;
 use tollgate_testkit::redis_server::RedisServer;
 
-mod common;
+use crate::common;
 use common::load::{max_latency, recovered, Load, Seen, CLIENTS};
 
 /// The store's per-decision deadline in these tests.

@@ -8,7 +8,7 @@
 //! module too (`conformance.rs`, `differential.rs`, `refund.rs`,
 //! `adjust.rs`); the Cluster's are in `cluster.rs`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

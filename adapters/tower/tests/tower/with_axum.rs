@@ -1,8 +1,7 @@
 //! The tower layer in a real axum server on 127.0.0.1, driven by a real
 //! HTTP client. Time is a manual clock; nothing sleeps.
 
-#[path = "../../testing/common.rs"]
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

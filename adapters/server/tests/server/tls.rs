@@ -3,7 +3,7 @@
 //! bearer token (UNAUTHENTICATED without it), and certificates replaced on
 //! disk taken up by new connections.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

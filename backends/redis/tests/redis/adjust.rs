@@ -6,7 +6,7 @@
 //! identical, and after every call each key must hold exactly what the
 //! reference wrote — the same bytes, expiring after the reference's TTL.
 
-mod common;
+use crate::common;
 
 use common::keyspace;
 

@@ -4,7 +4,7 @@
 //! primary answers, decisions come back from the store after the
 //! promotion, and the gap is printed.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

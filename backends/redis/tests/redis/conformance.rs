@@ -2,7 +2,7 @@
 //! bb8 pool, function library; the script form; Tollgate's native module),
 //! against a real redis-server, time from the manual clock.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

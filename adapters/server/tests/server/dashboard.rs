@@ -5,7 +5,7 @@
 //! Prometheus comes from `cargo xtask setup` (Debian's `prometheus`
 //! package) or the PATH; without it the test fails and says how to get it.
 
-mod common;
+use crate::common;
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Child, Command, Stdio};

@@ -1,8 +1,7 @@
 //! The actix-web middleware in a real actix-web server on 127.0.0.1, driven
 //! by a real HTTP client. Time is a manual clock; nothing sleeps.
 
-#[path = "../../testing/common.rs"]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! through a real gRPC client, on the in-process store with a manual
 //! clock.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

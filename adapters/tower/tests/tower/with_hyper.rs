@@ -1,8 +1,7 @@
 //! The tower layer around a plain hyper service (no axum): the server puts
 //! the peer address in a `PeerAddr` extension per connection.
 
-#[path = "../../testing/common.rs"]
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 

@@ -3,7 +3,7 @@
 //! `SCRIPT FLUSH`, TTLs on every key, deadlines, and the checks on
 //! caller-supplied time.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};

@@ -8,7 +8,7 @@
 //! wheel, unpacked into the user's cache), `TOLLGATE_ENVOY`, or the PATH;
 //! without one the test fails and says how to get it.
 
-mod common;
+use crate::common;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;

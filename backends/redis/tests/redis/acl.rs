@@ -3,8 +3,6 @@
 //! with any one permission fewer fails at connect with that permission
 //! named.
 
-mod common;
-
 use std::sync::{Arc, OnceLock};
 
 use tollgate_limiter::{Clock, ManualClock, Store, StoreError};

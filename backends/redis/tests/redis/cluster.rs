@@ -7,7 +7,7 @@
 //! which is printed).
 #![cfg(feature = "cluster")]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};

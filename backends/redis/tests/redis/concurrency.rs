@@ -5,7 +5,7 @@
 //! bytes the three Redis paths keep compared with each other (as text
 //! while the holders are few, as a list past `TEXT_LOG_MAX`).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

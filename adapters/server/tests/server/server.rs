@@ -2,7 +2,7 @@
 //! `ShouldRateLimit` requests, a real HTTP client calls the API, on the
 //! in-process store with a manual clock and on a real Redis.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::net::SocketAddr;

@@ -21,7 +21,7 @@
 //! sequences per algorithm and layered cases), the script form and the
 //! module (one sequence per algorithm each; the module's layered cases too).
 
-mod common;
+use crate::common;
 
 use std::collections::VecDeque;
 use std::time::Duration;

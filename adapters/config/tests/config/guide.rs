@@ -4,7 +4,7 @@
 
 use tollgate_config::Config;
 
-const GUIDE: &str = include_str!("../../../docs/configuration.md");
+const GUIDE: &str = include_str!("../../../../docs/configuration.md");
 
 /// `(info string, body)` of every fenced block.
 fn blocks() -> Vec<(String, String)> {

@@ -2,7 +2,7 @@
 //! caller sent in `traceparent`, exported over OTLP/HTTP as JSON to a
 //! receiver that keeps what it is sent.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 

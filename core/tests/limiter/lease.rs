@@ -3,7 +3,7 @@
 //! off), with a manual clock and tokio's paused timer driving the task
 //! that ends leases. The same cases against real Redis are the conformance
 //! suite's (`leased_layers_never_over_admit`, `leases_come_back`) and the
-//! Redis store's `tests/lease.rs`.
+//! Redis store's `tests/redis/lease.rs`.
 #![cfg(feature = "lease")]
 
 use std::sync::Arc;

@@ -79,7 +79,7 @@ proptest! {
 
     /// Calendar quota: no day of the calendar ever holds more than the
     /// limit, the clock stepping back across midnight included (the
-    /// daylight-saving days themselves: `core/tests/calendar.rs` and the
+    /// daylight-saving days themselves: `core/tests/limiter/calendar.rs` and the
     /// Redis differential).
     #[test]
     fn calendar_never_exceeds_the_limit_in_a_span(

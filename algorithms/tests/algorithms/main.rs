@@ -1,0 +1,4 @@
+//! The algorithms' integration tests, one binary (each file a module).
+
+mod properties;
+mod semantics;
