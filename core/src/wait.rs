@@ -19,6 +19,9 @@ use crate::time::duration_micros;
 /// The shortest sleep between two tries of [`Limiter::wait`].
 const MIN_SLEEP: Duration = Duration::from_millis(1);
 
+/// The longest sleep after a denial that says to retry at once.
+const MAX_BLIND_SLEEP: Duration = Duration::from_secs(1);
+
 impl Limiter {
     /// Decide a request of `cost` units for `ctx`, waiting for capacity:
     /// while it is denied, sleep until the layers say it may pass (plus a
@@ -28,7 +31,9 @@ impl Limiter {
     /// Returns the last decision: admitted, or the denial that came with a
     /// wait that would run past `max_wait` (at once, rather than after
     /// sleeping in vain), or one that names no time to wait or a wait of
-    /// forever ([`Duration::MAX`]: a breaker open for good). It never
+    /// forever ([`Duration::MAX`]: a breaker open for good). A denial
+    /// that says to retry at once is tried again after 1 ms, then 2, 4, …
+    /// up to a second while such denials come in a row. It never
     /// reserves capacity: every attempt is an ordinary
     /// [`check`](Limiter::check), which charges only when it admits. It
     /// sleeps on the limiter's clock ([`Clock::sleep_until`](crate::Clock::sleep_until)):
@@ -58,6 +63,7 @@ impl Limiter {
         let start = clock.now();
         let jitter_seed = RandomState::new();
         let mut attempt = 0u32;
+        let mut at_once_in_a_row = 0u32;
         // The sleeps asked for: a lower bound of the time waited that a
         // clock stepping back cannot undo.
         let mut slept = Duration::ZERO;
@@ -79,11 +85,19 @@ impl Limiter {
             if retry_after > left || left.is_zero() {
                 return Ok(decision);
             }
-            // At least a millisecond: a retry "at once" (a breaker open
-            // for 0 s) would otherwise ask again in a busy loop.
+            // A retry "at once" (a breaker open for 0 s, a custom
+            // algorithm that cannot tell) would otherwise ask again in a
+            // busy loop.
+            let floor = if retry_after < MIN_SLEEP {
+                at_once_in_a_row = at_once_in_a_row.saturating_add(1);
+                blind_sleep(at_once_in_a_row)
+            } else {
+                at_once_in_a_row = 0;
+                MIN_SLEEP
+            };
             let sleep = retry_after
                 .saturating_add(jitter(&jitter_seed, attempt, retry_after))
-                .max(MIN_SLEEP)
+                .max(floor)
                 .min(left);
             clock.sleep_until(now.saturating_add(sleep)).await;
             slept = slept.saturating_add(sleep);
@@ -125,6 +139,17 @@ impl Limiter {
             pending: None,
         }
     }
+}
+
+/// The sleep after the `in_a_row`-th denial in a row that said to retry
+/// at once: 1 ms, doubling each time, at most [`MAX_BLIND_SLEEP`]. Such a
+/// denial tells nothing about when capacity comes back, and asking every
+/// millisecond until the bound would only load the store.
+fn blind_sleep(in_a_row: u32) -> Duration {
+    let doublings = in_a_row.saturating_sub(1).min(10);
+    MIN_SLEEP
+        .saturating_mul(1 << doublings)
+        .min(MAX_BLIND_SLEEP)
 }
 
 /// Up to a tenth of `wait` (at most 100 ms), different for every waiter

@@ -5,6 +5,7 @@
 
 use std::future::poll_fn;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
@@ -177,9 +178,9 @@ fn a_sleep_is_one_entry_and_leaves_none_when_dropped() {
 /// A store that denies every request, saying to retry after its wait
 /// ("at once": as a breaker open for 0 s answers), yielding before each
 /// answer; given a clock, it steps the clock back an hour at its first
-/// answer.
+/// answer. It counts the decisions it runs.
 #[derive(Debug)]
-struct RetryAfter(Duration, Option<ManualClock>);
+struct RetryAfter(Duration, Option<ManualClock>, AtomicUsize);
 
 #[async_trait]
 impl Store for RetryAfter {
@@ -192,6 +193,9 @@ impl Store for RetryAfter {
         verdicts: &'a mut Verdicts,
     ) -> Decide<'a> {
         Decide::Later(Box::pin(async move {
+            // Counted when run: a `Later` answer is asked for again on
+            // the waiting path, and the first one dropped.
+            self.2.fetch_add(1, Ordering::Relaxed);
             tokio::task::yield_now().await;
             if let Some(clock) = &self.1 {
                 if clock.now() >= START {
@@ -228,9 +232,44 @@ async fn a_retry_at_once_sleeps_on_the_clock() {
     assert!(!decision.is_allowed(), "denied once no wait is left");
 }
 
+/// Denials that keep saying "retry at once" are tried again after longer
+/// and longer sleeps (1 ms, doubling, at most a second): a 10 s bound
+/// sees a score of tries, not one every millisecond.
+#[tokio::test(flavor = "current_thread")]
+async fn retries_at_once_back_off() {
+    let clock = ManualClock::new(START);
+    let store = Arc::new(RetryAfter(Duration::ZERO, None, AtomicUsize::new(0)));
+    let limiter = on(store.clone(), &clock);
+    let waiter =
+        tokio::spawn(async move { limiter.wait(&ctx(), 1, Duration::from_secs(10)).await });
+    let mut millis = 0;
+    while !waiter.is_finished() {
+        for _ in 0..100 {
+            if clock.sleepers() > 0 || waiter.is_finished() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        clock.advance(Duration::from_millis(1));
+        tokio::task::yield_now().await;
+        millis += 1;
+        assert!(
+            millis <= 11_000,
+            "still waiting after {millis} ms of a 10 s bound"
+        );
+    }
+    assert!(!waiter.await.unwrap().unwrap().is_allowed());
+    let tries = store.2.load(Ordering::Relaxed);
+    // 1 + 2 + … + 512 ms in ten sleeps, then a try a second.
+    assert!((5..=30).contains(&tries), "{tries} tries in a 10 s wait");
+}
+
 /// A limiter on a store that denies, saying to retry after `retry_after`.
 fn denying(clock: &ManualClock, retry_after: Duration) -> Limiter {
-    on(Arc::new(RetryAfter(retry_after, None)), clock)
+    on(
+        Arc::new(RetryAfter(retry_after, None, AtomicUsize::new(0))),
+        clock,
+    )
 }
 
 /// A one-layer limiter on `store` and `clock`.
@@ -274,7 +313,11 @@ async fn a_clock_stepping_back_does_not_extend_the_wait() {
     let clock = ManualClock::new(START);
     // Stepped back an hour during the first try: the clock stays behind
     // the wait's start for every later one.
-    let store = Arc::new(RetryAfter(Duration::from_secs(1), Some(clock.clone())));
+    let store = Arc::new(RetryAfter(
+        Duration::from_secs(1),
+        Some(clock.clone()),
+        AtomicUsize::new(0),
+    ));
     let limiter = on(store, &clock);
     let waiter = tokio::spawn(async move { limiter.wait(&ctx(), 1, Duration::from_secs(3)).await });
     let mut wakes = 0;
