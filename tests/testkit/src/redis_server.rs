@@ -105,8 +105,9 @@ impl RedisServer {
 
     /// Start a server with extra `redis-server` arguments (for example
     /// `["--maxmemory", "10mb"]`, or cluster options), after the defaults:
-    /// `--bind 127.0.0.1 --port <free port> --save "" --appendonly no` and
-    /// its own temporary working directory.
+    /// `--bind 127.0.0.1 --port <free port> --save "" --appendonly no
+    /// --repl-diskless-sync-delay 0` and its own temporary working
+    /// directory.
     ///
     /// # Panics
     ///
@@ -213,6 +214,10 @@ impl RedisServer {
             "",
             "--appendonly",
             "no",
+            // A replica's first sync starts at once, not after Redis's
+            // default five seconds of waiting for more replicas.
+            "--repl-diskless-sync-delay",
+            "0",
             "--daemonize",
             "no",
             "--dir",
