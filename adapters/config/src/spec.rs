@@ -59,11 +59,23 @@ impl StoreSpec {
         }
     }
 
+    /// Whether the store keeps its state in this process, so that a new
+    /// one starts empty: `memory`, or a registered kind that says so
+    /// ([`StoreKind::in_process`](crate::StoreKind::in_process)).
+    pub fn in_process(&self) -> bool {
+        match self {
+            StoreSpec::Memory(_) => true,
+            StoreSpec::Custom(custom) => custom.in_process(),
+            #[cfg(feature = "redis")]
+            StoreSpec::Redis(_) => false,
+        }
+    }
+
     /// Whether replacing this running store by `next` would lose its
-    /// state: it is the in-process store, and `next` opens another one
-    /// (a new in-process store starts empty). Only a restart may do it.
+    /// state: it is kept [in process](Self::in_process), and `next` opens
+    /// another one. Only a restart may do it.
     pub fn loses_state_when_replaced_by(&self, next: &StoreSpec) -> bool {
-        matches!(self, StoreSpec::Memory(_)) && !next.opens_the_same_store_as(self)
+        self.in_process() && !next.opens_the_same_store_as(self)
     }
 }
 

@@ -99,12 +99,22 @@ pub trait StoreKind: Send + Sync + 'static {
     /// Open the store `settings` describe, deciding on `clock` (the
     /// clock [`Config::build`](crate::Config::build) was given). Called when
     /// the limiters are built, and again on a reload that changes the
-    /// `[store]` section.
+    /// `[store]` section (refused for a store kept
+    /// [in process](StoreKind::in_process)).
     async fn open(
         &self,
         settings: &Self::Settings,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<dyn Store>, StoreError>;
+
+    /// Whether the store keeps its state in this process, so that a new
+    /// one starts empty, as `memory` does. A reload that would replace
+    /// such a store is refused as one replacing `memory` is: every limit
+    /// would be lifted once. False unless overridden: the state of most
+    /// stores of one's own lives in a database or a server.
+    fn in_process(&self) -> bool {
+        false
+    }
 }
 
 /// The store kinds a configuration file may name besides the built-in
@@ -211,6 +221,7 @@ impl<K: StoreKind> ReadSettings for Registered<K> {
             crate::spec::de::<K::Settings>(errors, "store", Value::Table(fields.clone()))?;
         Some(CustomStore {
             kind: self.0.name(),
+            in_process: self.0.in_process(),
             fields,
             opener: Arc::new(Read {
                 kind: self.0.clone(),
@@ -225,6 +236,8 @@ impl<K: StoreKind> ReadSettings for Registered<K> {
 #[derive(Clone)]
 pub struct CustomStore {
     kind: &'static str,
+    /// The kind keeps its state in this process ([`StoreKind::in_process`]).
+    in_process: bool,
     /// The fields as written, to tell whether a reload changed them.
     fields: toml::Table,
     opener: Arc<dyn OpenStore>,
@@ -234,6 +247,12 @@ impl CustomStore {
     /// The kind's name.
     pub fn kind(&self) -> &'static str {
         self.kind
+    }
+
+    /// Whether the kind keeps its state in this process
+    /// ([`StoreKind::in_process`]).
+    pub fn in_process(&self) -> bool {
+        self.in_process
     }
 
     /// Open the store, on `clock`.

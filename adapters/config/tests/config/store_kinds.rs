@@ -222,6 +222,79 @@ async fn a_reload_reads_the_registered_kinds_and_reopens_only_on_change() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `kind = "kept-memory"`: an in-process store that says so.
+#[derive(Default, Clone)]
+struct KeptMemory(CountedMemory);
+
+#[async_trait]
+impl StoreKind for KeptMemory {
+    type Settings = CountedSettings;
+
+    fn name(&self) -> &'static str {
+        "kept-memory"
+    }
+
+    async fn open(
+        &self,
+        settings: &CountedSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<dyn Store>, StoreError> {
+        self.0.open(settings, clock).await
+    }
+
+    fn in_process(&self) -> bool {
+        true
+    }
+}
+
+/// A registered kind that keeps its state in this process is kept as the
+/// in-process store is: a reload that would open a new one (empty: every
+/// limit lifted once) is refused and the running store keeps deciding; a
+/// reload with `[store]` as it runs applies.
+#[tokio::test]
+async fn a_reload_never_replaces_a_registered_in_process_store() {
+    let kind = KeptMemory::default();
+    let kinds = StoreKinds::new().with(kind.clone());
+    let dir = std::env::temp_dir().join(format!("tollgate-kinds-kept-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("limits.toml");
+    let kept = "kind = \"kept-memory\"\nmax_keys = 100";
+    std::fs::write(&path, file(kept, 1)).unwrap();
+    let live = LiveConfig::load_with(&path, &kinds, Arc::new(ManualClock::new(START)))
+        .await
+        .unwrap();
+    assert!(live.config().store().in_process());
+    let route = live.route("api").unwrap();
+    let ctx = Context::for_subject(Subject::new("key-7").unwrap());
+    assert!(route
+        .limits()
+        .limiter()
+        .check(&ctx, 1)
+        .await
+        .unwrap()
+        .is_allowed());
+
+    std::fs::write(&path, file(&kept.replace("100", "200"), 1)).unwrap();
+    let refused = live.reload().await.unwrap_err().to_string();
+    assert!(refused.contains("restart"), "{refused}");
+    assert_eq!(
+        kind.0.opened.load(Ordering::SeqCst),
+        1,
+        "never opened again"
+    );
+    let limits = route.limits();
+    assert!(
+        !limits.limiter().check(&ctx, 1).await.unwrap().is_allowed(),
+        "the running store still holds the key's charge"
+    );
+
+    std::fs::write(&path, file(kept, 3)).unwrap();
+    let report = live.reload().await.unwrap();
+    assert!(!report.store_reopened);
+    assert_eq!(route.limits().limiter().layers()[0].policy().capacity(), 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A watched file whose store cannot be opened for now is tried again
 /// (each failure reported) until it applies; an edit made between the
 /// load and the watch is applied too.
