@@ -41,6 +41,7 @@ pub struct AclRule {
     replica_ack: bool,
     cluster: bool,
     sentinel: bool,
+    database: bool,
 }
 
 impl AclRule {
@@ -53,6 +54,7 @@ impl AclRule {
             replica_ack: false,
             cluster: false,
             sentinel: false,
+            database: false,
         }
     }
 
@@ -88,6 +90,14 @@ impl AclRule {
         self.sentinel = on;
         self
     }
+
+    /// For stores whose URL names a database other than 0
+    /// (`redis://host:6379/3`): adds `SELECT`, which the connection sends
+    /// before anything else. (The Cluster has database 0 only.)
+    pub fn database(mut self, on: bool) -> Self {
+        self.database = on;
+        self
+    }
 }
 
 impl fmt::Display for AclRule {
@@ -116,6 +126,9 @@ impl fmt::Display for AclRule {
         }
         if self.sentinel {
             f.write_str(" +role")?;
+        }
+        if self.database {
+            f.write_str(" +select")?;
         }
         Ok(())
     }

@@ -121,12 +121,19 @@ fn tls_hint(detail: &str) -> &'static str {
     }
 }
 
-/// A refused command or key (`NOPERM`).
+/// A refused command or key (`NOPERM`). redis-rs reports a refused
+/// `SELECT` (the URL's database, chosen as it connects) without the
+/// server's code, in a text that holds the server's message.
 pub(crate) fn is_no_permission(e: &RedisError) -> bool {
+    let refused_select = || {
+        let text = e.to_string();
+        text.contains("switch database") && text.contains("no permissions")
+    };
     matches!(
         e.kind(),
         redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
     ) || e.code() == Some("NOPERM")
+        || refused_select()
 }
 
 /// rustls reports a certificate it cannot verify, or an alert from the

@@ -396,6 +396,53 @@ async fn a_refused_login_or_permission_is_named_in_every_mode_whatever_the_deadl
     }
 }
 
+/// A URL naming a database connects with `SELECT` first: without
+/// `database(true)` the connect fails naming it, with it the store decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_in_the_url_needs_select() {
+    let url = format!("redis://tollgate-db:pw@127.0.0.1:{}/3", server().port());
+    let connect = || {
+        RedisStore::builder(url.clone())
+            .prefix(format!("{PREFIX}:{}", unique("t")))
+            .connect()
+    };
+    set_user("tollgate-db", &AclRule::new(PREFIX).to_string());
+    let error = connect().await.expect_err("SELECT is not granted");
+    assert!(
+        matches!(RedisStoreError::of(&error), Some(RedisStoreError::NoPermission(d)) if d.to_lowercase().contains("select")),
+        "{error:?}"
+    );
+    set_user(
+        "tollgate-db",
+        &AclRule::new(PREFIX).database(true).to_string(),
+    );
+    let store = connect().await.expect("connect with the database's rule");
+    let policy = tollgate_limiter::Policy::new(
+        "db",
+        tollgate_limiter::Limit::fixed_window(2, std::time::Duration::from_secs(60)).unwrap(),
+    )
+    .unwrap();
+    let request = [tollgate_limiter::LayerRequest {
+        key: tollgate_limiter::StoreKey::new("db", &policy, "s", "u1"),
+        policy: &policy,
+        cost: 1,
+    }];
+    let mut admitted = 0;
+    for _ in 0..3 {
+        let verdicts = tollgate_limiter::ask(&store, &request)
+            .await
+            .expect("decides");
+        admitted += u32::from(verdicts[0].allowed);
+    }
+    assert_eq!(admitted, 2);
+    let in_database_3 = server().command(&[
+        "EVAL",
+        "redis.call('SELECT', 3) return redis.call('DBSIZE')",
+        "0",
+    ]);
+    assert_eq!(in_database_3, Reply::Int(1), "the state is in database 3");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_replicas_needs_wait() {
     let rule = AclRule::new(PREFIX).replica_ack(true).to_string();
