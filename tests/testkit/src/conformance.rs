@@ -1511,8 +1511,13 @@ pub async fn key_budgets(factory: impl BoundedStoreFactory) {
         .expect("valid")
         .with_key_budget(KeyBudget::new(10, WhenFull::EvictNearestExpiry).expect("valid"));
     let evicting = limiter(&store, evicting);
+    let first_subject = fresh_subject();
     for i in 0..30 {
-        let ctx = fresh_subject();
+        let ctx = if i == 0 {
+            first_subject.clone()
+        } else {
+            fresh_subject()
+        };
         let first = evicting.check(&ctx, 1).await.expect("decided");
         assert!(first.is_allowed(), "new subject {i}: {first:?}");
         let second = evicting.check(&ctx, 1).await.expect("decided");
@@ -1522,6 +1527,16 @@ pub async fn key_budgets(factory: impl BoundedStoreFactory) {
         );
         clock.advance(Duration::from_millis(10));
     }
+    // Within its window, but its key was evicted long ago (the nearest to
+    // expiry): a store that ignored the budget would still limit it.
+    assert!(
+        evicting
+            .check(&first_subject, 1)
+            .await
+            .expect("decided")
+            .is_allowed(),
+        "the first subject's key was evicted: it starts afresh"
+    );
 }
 
 /// Turns every conformance case into a `#[tokio::test]` (multi-threaded).

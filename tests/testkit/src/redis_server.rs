@@ -56,7 +56,10 @@ const START_ATTEMPTS: usize = 5;
 /// acts on it only once continued).
 /// Redis runs in the background of a non-interactive shell, so its own
 /// standard input is `/dev/null`: only the watchdog holds the pipe.
-const WATCHDOG: &str = r#"server="$1"; dir="$2"; shift 2
+/// The watchdog ignores `SIGINT` (a Ctrl-C reaches the whole foreground
+/// group): it outlives the test process, and cleans up at the pipe's end.
+const WATCHDOG: &str = r#"trap '' INT
+server="$1"; dir="$2"; shift 2
 "$server" "$@" </dev/null >/dev/null 2>&1 &
 pid=$!
 echo "$pid"
@@ -277,7 +280,15 @@ impl RedisServer {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if ping(self.addr()).is_ok() {
-                return Ok(());
+                // A port taken between choosing it and binding it answers
+                // for another test's server: this one failed to bind.
+                return match answering_pid(self.addr()) {
+                    Some(pid) if pid == self.pid => Ok(()),
+                    other => Err(format!(
+                        "port {} answers for process {other:?}, not this server ({})",
+                        self.port, self.pid
+                    )),
+                };
             }
             if let Ok(Some(status)) = self.watchdog.try_wait() {
                 return Err(format!(
@@ -499,6 +510,17 @@ fn ping(addr: SocketAddr) -> std::io::Result<()> {
     } else {
         Err(std::io::Error::other("unexpected reply to PING"))
     }
+}
+
+/// The `process_id` of the server answering on `addr` (`INFO server`).
+fn answering_pid(addr: SocketAddr) -> Option<u32> {
+    let Ok(crate::resp::Reply::Bulk(Some(info))) = crate::resp::call(addr, &["INFO", "server"])
+    else {
+        return None;
+    };
+    String::from_utf8_lossy(&info)
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("process_id:")?.parse().ok())
 }
 
 /// Whether a process is running. On Linux, from `/proc/<pid>/stat` (an
