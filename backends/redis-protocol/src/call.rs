@@ -250,7 +250,11 @@ pub fn parse(argv: &[&[u8]], keys: usize) -> Result<Call, ArgsError> {
     let mode = match named {
         _ if n == 2 + LAYER_ARGS * keys => Mode::Decide,
         Some(mode) if n == 3 + mode.layer_args() * keys => mode,
-        _ => return Err(ArgsError::new("expected 2 arguments and 5 per key")),
+        _ => {
+            return Err(ArgsError::new(
+                "expected 2 arguments and 5 per key (or a mode name last, and 7 per key for refund and renew)",
+            ))
+        }
     };
     let per_layer = mode.layer_args();
     let time = match (argv[0], argv[1]) {
@@ -335,8 +339,9 @@ fn checked_cost(mode: Mode, layout: Layout, limit: &Limit, cost: u64) -> Result<
         // counter; a log's reward drops at most every entry, however many.
         // A counter's reward may take up to twice its limit: a sliding
         // window holds its current window and the one before, each up to
-        // the limit (capped at the limit, the module kept units of the
-        // previous window that the Lua code and the reference take).
+        // the limit. (Capped at the limit, the module would keep units of
+        // the previous window that the Lua code and the reference give
+        // back.)
         Mode::Penalize => Ok(cost.min(capacity)),
         Mode::Reward if layout.is_log() => Ok(cost),
         Mode::Reward => Ok(cost.min(capacity.saturating_mul(2))),

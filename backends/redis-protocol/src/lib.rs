@@ -35,8 +35,10 @@
 //! a policy made longer since the last write counts the state for longer.
 //!
 //! - `reserve` decides, and answers each layer's charge after its verdict
-//!   ([`RESERVE_FIELDS`]): the time it charged at and a mark (`0 0` when
-//!   nothing was charged), what `refund` takes back.
+//!   ([`RESERVE_FIELDS`]): its `at` and `mark`, what `refund` takes back
+//!   (`tollgate_algorithms::Charge`: per algorithm, a time, a remainder or
+//!   a TAT, and `at` is 0 for GCRA even when it charged). A layer not
+//!   charged answers `0 0`; `0 0` alone does not say nothing was charged.
 //! - `peek` judges and writes nothing; `reset` judges as a peek does, then
 //!   deletes every key.
 //! - `penalize`, `reward` and `block` are an operator's change to every
@@ -65,8 +67,9 @@
 //! # Errors
 //!
 //! - `TOLLGATE_CONFLICT <i> not_a_state`: key *i* (from 1) holds a value
-//!   Tollgate did not write (Redis's own `WRONGTYPE` for another type);
-//!   nothing is written, the key is left as it was.
+//!   Tollgate did not write; `TOLLGATE_CONFLICT <i> wrong_type` from the
+//!   module for a key of a type no state has (the Lua answers Redis's own
+//!   `WRONGTYPE`). Nothing is written, the key is left as it was.
 //! - `TOLLGATE_SKEW <caller µs> <server µs> <max skew µs>`: the caller's
 //!   clock is too far from the server's.
 //! - `TOLLGATE_TIME <µs>`: the call's time (the server's clock, or the

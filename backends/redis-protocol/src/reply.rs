@@ -34,7 +34,8 @@ pub fn verdict_fields(v: &Verdict) -> [i64; REPLY_FIELDS] {
 }
 
 /// One verdict per layer from a reply of [`REPLY_FIELDS`] integers per
-/// layer; a reply of another shape is a [`StoreError::Protocol`].
+/// layer; a reply of another shape, or one admitting a layer with a time
+/// to retry at, is a [`StoreError::Protocol`].
 pub fn parse_reply(reply: &[i64], layers: usize) -> Result<Verdicts, StoreError> {
     if reply.len() != layers * REPLY_FIELDS {
         return Err(StoreError::Protocol(format!(
@@ -62,6 +63,13 @@ fn verdict(r: &[i64]) -> Result<Verdict, StoreError> {
     };
     let retry_after = match r[4] {
         -1 => None,
+        // An admitted layer has no time to retry at: a reply saying both
+        // is not understood, and never admits.
+        v if allowed => {
+            return Err(StoreError::Protocol(format!(
+                "the script answered allowed = 1 with retry_after = {v}"
+            )))
+        }
         v => Some(Duration::from_micros(unsigned(v, "retry_after")?)),
     };
     Ok(Verdict {
@@ -74,7 +82,8 @@ fn verdict(r: &[i64]) -> Result<Verdict, StoreError> {
 }
 
 /// What a `reserve` call charged one layer: the `at` and `mark` of its
-/// charge (`(0, 0)` when nothing was charged).
+/// charge (`tollgate_algorithms::Charge` says what each holds per
+/// algorithm); `(0, 0)` for a layer not charged.
 pub type Charged = (u64, u64);
 
 /// The verdicts and charges of a `reserve` reply ([`RESERVE_FIELDS`]
@@ -136,6 +145,10 @@ mod tests {
         assert_eq!(verdict_fields(&v[1]), [0, 3, 0, 5, 7]);
         assert!(matches!(
             parse_reply(&[1, 2, 3], 1),
+            Err(StoreError::Protocol(_))
+        ));
+        assert!(matches!(
+            parse_reply(&[1, 10, 9, 5, 7], 1),
             Err(StoreError::Protocol(_))
         ));
         assert!(matches!(

@@ -93,17 +93,21 @@ pub fn read_cells(layout: Layout, v: &[u8]) -> Option<State> {
     let Layout::Cells { cells, time_cell } = layout else {
         return None;
     };
-    let parts: Vec<&[u8]> = v.split(|&b| b == b' ').collect();
-    // Cells after the time cell may have been left out (0).
-    if !(time_cell + 1..=cells).contains(&parts.len()) {
-        return block_end(v).map(State::Blocked);
-    }
+    // Read part by part, and no further than the cells: a foreign value
+    // may be of any size, and is never split whole.
     let mut read = [0u64; 3];
-    for (cell, part) in read.iter_mut().zip(&parts) {
-        match digits(part) {
-            Some(x) => *cell = x,
-            None => return block_end(v).map(State::Blocked),
+    let mut parts = 0;
+    for part in v.split(|&b| b == b' ') {
+        let cell = read.get_mut(parts).filter(|_| parts < cells);
+        match (cell, digits(part)) {
+            (Some(cell), Some(x)) => *cell = x,
+            _ => return block_end(v).map(State::Blocked),
         }
+        parts += 1;
+    }
+    // Cells after the time cell may have been left out (0).
+    if parts <= time_cell {
+        return block_end(v).map(State::Blocked);
     }
     (EARLIEST..LATEST)
         .contains(&read[time_cell])
@@ -157,7 +161,10 @@ pub fn read_log_text(v: &[u8]) -> Option<State> {
     if v.is_empty() {
         return None;
     }
-    let mut entries = VecDeque::with_capacity(v.len() / (LOG_ENTRY_DIGITS + 1) + 1);
+    // Sized by the value, but never past a log's longest text: a foreign
+    // value may be of any size.
+    let entries_in_v = v.len() / (LOG_ENTRY_DIGITS + 1) + 1;
+    let mut entries = VecDeque::with_capacity(entries_in_v.min(TEXT_LOG_MAX + 1));
     for entry in v.split(|&b| b == b' ') {
         let at = Some(entry)
             .filter(|e| e.len() == LOG_ENTRY_DIGITS)

@@ -232,8 +232,9 @@ end
 
 -- The log kept as text in the string v (nil: the key is missing), as
 -- read_log answers it, with its `text`; false when v is no such log. Its
--- length, its characters and its ends are checked; the order of the
--- entries between its ends is not (as a list's is not).
+-- length, its characters, its ends and the order of every entry are
+-- checked, as the module checks them (a text log is short; a list's
+-- entries between its ends are not read).
 local function text_log(v)
   if not v then
     return { n = 0, text = '', at = no_entry }
@@ -263,6 +264,16 @@ local function text_log(v)
   end
   if not entries_only(v, n) then
     return false
+  end
+  -- Oldest first, every entry: entries of one width compare as text.
+  local previous = sub(v, 1, LOG_ENTRY_DIGITS)
+  for i = 2, n do
+    local from = (i - 1) * STRIDE + 1
+    local entry = sub(v, from, from + LOG_ENTRY_DIGITS - 1)
+    if entry < previous then
+      return false
+    end
+    previous = entry
   end
   return log
 end
@@ -941,7 +952,7 @@ local function decide(KEYS, ARGV)
     elseif nargs == 3 + REFUND_LAYER_ARGS * layers and (last == 'refund' or last == 'renew') then
       mode = last
     else
-      return redis.error_reply('TOLLGATE_ARGS expected 2 arguments and 5 per key')
+      return redis.error_reply('TOLLGATE_ARGS expected 2 arguments and 5 per key (or a mode name last, and 7 per key for refund and renew)')
     end
   end
 

@@ -273,19 +273,24 @@ proptest! {
     }
 }
 
-/// A string that reads like holders kept as text at its ends and length,
-/// but is not one (times a comma apart): a conflict on every engine, and
-/// left as it was (before, the script and the functions checked only the
-/// ends and the length, admitted, and wrote their holders over it).
+/// Strings that read like holders kept as text at their ends and length,
+/// but are not: times a comma apart, and times whose middle entry comes
+/// after the last. A conflict on every engine, and left as they were
+/// (before, the script and the functions checked only the ends and the
+/// length, admitted, and wrote their holders over them).
 #[tokio::test(flavor = "current_thread")]
-async fn a_string_that_is_almost_a_text_log_is_a_conflict_and_kept() {
-    let foreign = "1800000000000000,1800000000000009";
-    foreign_data_is_a_conflict_and_kept(|key| {
-        let mut set = redis::cmd("SET");
-        set.arg(key).arg(foreign);
-        set
-    })
-    .await;
+async fn strings_that_are_almost_a_text_log_are_conflicts_and_kept() {
+    for foreign in [
+        "1800000000000000,1800000000000009",
+        "1800000000000000 1900000000000000 1800000000000009",
+    ] {
+        foreign_data_is_a_conflict_and_kept(|key| {
+            let mut set = redis::cmd("SET");
+            set.arg(key).arg(foreign);
+            set
+        })
+        .await;
+    }
 }
 
 /// A key of a type no state has (a hash) where a concurrency limit keeps
