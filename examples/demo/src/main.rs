@@ -180,6 +180,10 @@ fn too_many_requests(decision: &Decision) -> Response {
 fn plain(status: u16, body: &'static str) -> Response {
     let mut response = Response::new(axum::body::Body::from(body));
     *response.status_mut() = axum::http::StatusCode::from_u16(status).expect("a status");
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     response
 }
 
@@ -437,7 +441,7 @@ async fn run() -> Result<(), Error> {
     }
     println!("Keys: demo-key-alice, demo-key-bob (tenant acme, plan free), demo-key-carol (tenant globex, plan pro: 10 searches).");
     println!(
-        "\nLimits reload without a restart: edit {} (say, `limit = 10` under [policies.login]) and save,\nor send SIGHUP: kill -HUP {}. An invalid file keeps the running limits and says why. Ctrl-C stops.",
+        "\nLimits reload without a restart: edit {} (say, `capacity = 10` under [policies.search]) and save,\nor send SIGHUP: kill -HUP {}. An invalid file keeps the running limits and says why. Ctrl-C stops.",
         args.config.display(),
         std::process::id()
     );
@@ -645,6 +649,16 @@ async fn login_recipe(t: &mut Tester, clock: &ManualClock) -> Result<(), Error> 
     Ok(())
 }
 
+/// A file removed when this is dropped: the self-test's copy of the
+/// configuration goes whichever way the test ends.
+struct RemovedOnDrop(std::path::PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// The server on a free port with a manual clock, bursts at every route,
 /// then a reload of a changed file and of an invalid one.
 async fn selftest(path: &std::path::Path) -> Result<(), Error> {
@@ -654,6 +668,7 @@ async fn selftest(path: &std::path::Path) -> Result<(), Error> {
     let original =
         std::fs::read_to_string(path).map_err(|e| format!("--config {}: {e}", path.display()))?;
     std::fs::write(&copy, &original)?;
+    let _removed = RemovedOnDrop(copy.clone());
     // Always the in-process store: the checks below move its clock.
     let live = LiveConfig::load(&copy, Arc::new(clock.clone()))
         .await
@@ -763,7 +778,6 @@ async fn selftest(path: &std::path::Path) -> Result<(), Error> {
         "an invalid file (limit = 0): refused, the running limits kept",
         refused.is_err(),
     );
-    let _ = std::fs::remove_file(&copy);
     clock.advance(Duration::from_secs(60));
     t.burst("POST /login, 7 a minute later", "POST /login", None, 7, 6)
         .await?;
