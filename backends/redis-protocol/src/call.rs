@@ -402,6 +402,8 @@ mod tests {
         );
     }
 
+    /// Calls of a shape the Lua refuses too (a count, a mode); the Lua
+    /// does not check each layer's arguments as `parse` does.
     #[test]
     fn calls_the_lua_would_refuse_are_refused() {
         for (argv, keys) in [

@@ -76,7 +76,11 @@
 //!   caller's) is before 2020 or after 2100
 //!   (`Timestamp::is_plausible`); nothing is written.
 //! - `TOLLGATE_ARGS <why>`: arguments the code does not understand
-//!   ([`ArgsError`]).
+//!   ([`ArgsError`]). The module checks every argument ([`parse`]); the
+//!   Lua checks the call's shape (its count, its mode, the time) and
+//!   trusts each layer's arguments, which the store checks before it
+//!   sends them. A caller of the function library of its own must send
+//!   what the store would (a cost of 1 to the capacity, plain digits).
 //!
 //! # Stored states
 //!
