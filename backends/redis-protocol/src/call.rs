@@ -404,6 +404,37 @@ mod tests {
 
     /// Calls of a shape the Lua refuses too (a count, a mode); the Lua
     /// does not check each layer's arguments as `parse` does.
+    /// The wire as this release speaks it: the constants the Lua shares
+    /// with the module, every mode's word and stride, and the encodings of
+    /// a state. A module of another release misreads a call when any of
+    /// them changes, so a change must come with a new [`PROTOCOL`] (the
+    /// store then refuses a module answering the old one).
+    #[test]
+    fn the_wire_is_pinned_to_its_protocol_version() {
+        let mut wire = crate::lua_constants();
+        for (word, mode) in Mode::WORDS {
+            wire.push_str(&format!("{word} {}\n", mode.layer_args()));
+        }
+        let t = 1_800_000_000_000_000;
+        let cells = tollgate_limiter::Layout::Cells {
+            cells: 3,
+            time_cell: 1,
+        };
+        wire.push_str(&crate::write_cells(cells, [7, t, 9]));
+        wire.push_str(&crate::block_text(t));
+        wire.push_str(&crate::write_log_text(&[t, t + 1].into()));
+        // FNV-1a: stable across Rust releases, unlike `DefaultHasher`.
+        let digest = wire.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        assert_eq!(
+            (crate::PROTOCOL, digest),
+            (1, 0xfadb_da86_ac1d_1f2f),
+            "the wire changed: bump PROTOCOL, then pin ({}, {digest:#x}) here",
+            crate::PROTOCOL + 1
+        );
+    }
+
     #[test]
     fn calls_the_lua_would_refuse_are_refused() {
         for (argv, keys) in [

@@ -126,5 +126,7 @@ pub use state::{
 
 /// The calling convention's version (arguments, modes, replies and
 /// encodings). The Redis store sends `TOLLGATE.DECIDE` only to a module
-/// answering its own version to `TOLLGATE.PROTOCOL`.
+/// answering its own version to `TOLLGATE.PROTOCOL`. A test pins the wire
+/// (the shared constants, the modes, the encodings) to this number: a
+/// change to the wire fails it until the number is raised.
 pub const PROTOCOL: i64 = 1;

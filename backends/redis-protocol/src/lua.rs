@@ -15,9 +15,10 @@ use crate::{
 /// `TTL_MARGIN_MS`, `PUSH_CHUNK`, `LOG_ENTRY_DIGITS`, `TEXT_LOG_MAX`, and the
 /// strides of calls and replies
 /// (`LAYER_ARGS`, `REFUND_LAYER_ARGS`, `REPLY_FIELDS`, `RESERVE_FIELDS`),
-/// `KEEPS_UNITS`, the flag added to an algorithm's code, and the bounds of
+/// `KEEPS_UNITS`, the flag added to an algorithm's code, the bounds of
 /// a state Tollgate writes (`MAX_WINDOW_US`, `MAX_RECORDED_REFILL`,
-/// `MAX_EXACT`, `MAX_CALENDAR_SPAN_US`).
+/// `MAX_EXACT`, `MAX_CALENDAR_SPAN_US`), and `ENDED_RETRY_US`, the retry
+/// a calendar quota that ended answers.
 /// The Redis store puts them before its Lua files.
 ///
 /// ```
