@@ -725,9 +725,6 @@ fn start_node(
             // Relative to the node's own working directory.
             "--cluster-config-file",
             "nodes.conf",
-            // Replicas sync at once instead of waiting 5 s for other replicas.
-            "--repl-diskless-sync-delay",
-            "0",
         ];
         if new_enough {
             args.extend(["--cluster-port", &bus_text]);

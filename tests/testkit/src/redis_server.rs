@@ -146,15 +146,16 @@ impl RedisServer {
         extra: &[&str],
         config: Option<&str>,
     ) -> RedisServer {
-        let tls_port = free_port();
-        let tls_port_text = tls_port.to_string();
         let cert_args = certs.server_args();
-        let mut args: Vec<&str> = vec!["--tls-port", &tls_port_text];
-        args.extend(cert_args.iter().map(String::as_str));
-        args.extend_from_slice(extra);
-        let mut server = RedisServer::start_configured(&args, config);
-        server.tls_port = Some(tls_port);
-        server
+        // A TLS port of its own for each attempt: one taken meanwhile
+        // would fail every attempt.
+        RedisServer::start_attempts(config, || {
+            let tls_port = free_port();
+            let mut args = vec!["--tls-port".to_string(), tls_port.to_string()];
+            args.extend(cert_args.iter().cloned());
+            args.extend(extra.iter().map(|a| a.to_string()));
+            (args, Some(tls_port))
+        })
     }
 
     /// Start a server with `config` as its configuration file (written in
@@ -165,12 +166,28 @@ impl RedisServer {
     ///
     /// As [`start`](RedisServer::start).
     pub fn start_configured(extra: &[&str], config: Option<&str>) -> RedisServer {
+        RedisServer::start_attempts(config, || {
+            (extra.iter().map(|a| a.to_string()).collect(), None)
+        })
+    }
+
+    /// Start a server on a free port, with the arguments (and the TLS port
+    /// they name) `args` gives for each attempt, until one starts.
+    fn start_attempts(
+        config: Option<&str>,
+        args: impl Fn() -> (Vec<String>, Option<u16>),
+    ) -> RedisServer {
         let binary = server_binary();
         let mut last_error = String::new();
         for _ in 0..START_ATTEMPTS {
             let port = free_port();
-            match RedisServer::try_start(&binary, port, extra, config) {
-                Ok(server) => return server,
+            let (extra, tls_port) = args();
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            match RedisServer::try_start(&binary, port, &extra, config) {
+                Ok(mut server) => {
+                    server.tls_port = tls_port;
+                    return server;
+                }
                 Err(e) => last_error = e,
             }
         }
