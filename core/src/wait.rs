@@ -87,8 +87,9 @@ impl Limiter {
             }
             // A retry "at once" (a breaker open for 0 s, a custom
             // algorithm that cannot tell) would otherwise ask again in a
-            // busy loop.
-            let floor = if retry_after < MIN_SLEEP {
+            // busy loop; a retry of under a millisecond is a real one
+            // (a fast limit), kept to the shortest sleep.
+            let floor = if retry_after.is_zero() {
                 at_once_in_a_row = at_once_in_a_row.saturating_add(1);
                 blind_sleep(at_once_in_a_row)
             } else {

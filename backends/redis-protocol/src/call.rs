@@ -402,8 +402,6 @@ mod tests {
         );
     }
 
-    /// Calls of a shape the Lua refuses too (a count, a mode); the Lua
-    /// does not check each layer's arguments as `parse` does.
     /// The wire as this release speaks it: the constants the Lua shares
     /// with the module, every mode's word and stride, and the encodings of
     /// a state. A module of another release misreads a call when any of
@@ -435,6 +433,8 @@ mod tests {
         );
     }
 
+    /// Calls of a shape the Lua refuses too (a count, a mode); the Lua
+    /// does not check each layer's arguments as `parse` does.
     #[test]
     fn calls_the_lua_would_refuse_are_refused() {
         for (argv, keys) in [

@@ -234,11 +234,25 @@ async fn a_retry_at_once_sleeps_on_the_clock() {
 
 /// Denials that keep saying "retry at once" are tried again after longer
 /// and longer sleeps (1 ms, doubling, at most a second): a 10 s bound
-/// sees a score of tries, not one every millisecond.
+/// sees a score of tries, not one every millisecond. A retry of under a
+/// millisecond (a fast limit) is a real one: tried every millisecond.
 #[tokio::test(flavor = "current_thread")]
 async fn retries_at_once_back_off() {
+    let tries = tries_in_ten_seconds(Duration::ZERO).await;
+    // 1 + 2 + … + 512 ms in ten sleeps, then a try a second.
+    assert!((5..=30).contains(&tries), "{tries} tries in a 10 s wait");
+    let tries = tries_in_ten_seconds(Duration::from_micros(500)).await;
+    assert!(
+        tries >= 5_000,
+        "{tries} tries in a 10 s wait of 500 µs retries"
+    );
+}
+
+/// The decisions a wait of at most 10 s asks of a store that always denies
+/// with `retry_after`, the clock moved a millisecond at a time.
+async fn tries_in_ten_seconds(retry_after: Duration) -> usize {
     let clock = ManualClock::new(START);
-    let store = Arc::new(RetryAfter(Duration::ZERO, None, AtomicUsize::new(0)));
+    let store = Arc::new(RetryAfter(retry_after, None, AtomicUsize::new(0)));
     let limiter = on(store.clone(), &clock);
     let waiter =
         tokio::spawn(async move { limiter.wait(&ctx(), 1, Duration::from_secs(10)).await });
@@ -259,9 +273,7 @@ async fn retries_at_once_back_off() {
         );
     }
     assert!(!waiter.await.unwrap().unwrap().is_allowed());
-    let tries = store.2.load(Ordering::Relaxed);
-    // 1 + 2 + … + 512 ms in ten sleeps, then a try a second.
-    assert!((5..=30).contains(&tries), "{tries} tries in a 10 s wait");
+    store.2.load(Ordering::Relaxed)
 }
 
 /// A limiter on a store that denies, saying to retry after `retry_after`.
