@@ -531,12 +531,8 @@ fn ping(addr: SocketAddr) -> std::io::Result<()> {
 
 /// The `process_id` of the server answering on `addr` (`INFO server`).
 fn answering_pid(addr: SocketAddr) -> Option<u32> {
-    let Ok(crate::resp::Reply::Bulk(Some(info))) = crate::resp::call(addr, &["INFO", "server"])
-    else {
-        return None;
-    };
-    String::from_utf8_lossy(&info)
-        .lines()
+    let info = crate::resp::call(addr, &["INFO", "server"]).ok()?.text()?;
+    info.lines()
         .find_map(|line| line.trim().strip_prefix("process_id:")?.parse().ok())
 }
 
