@@ -11,7 +11,7 @@
 use crate::common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tollgate_limiter::{
     Clock, LayerRequest, Limit, ManualClock, Policy, Store, StoreKey, SystemClock,
@@ -56,6 +56,23 @@ fn replica_of(primary: &RedisServer) -> RedisServer {
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("the replica on port {} never synced", replica.port());
+}
+
+/// Wait until `replica` has applied everything `primary` replicated so
+/// far. (`WAIT` on the harness's fresh connection is no barrier: it waits
+/// for that connection's own writes only, and it wrote none.)
+fn caught_up(primary: &RedisServer, replica: &RedisServer) {
+    let offset = |server: &RedisServer| info_number(server, "replication", "master_repl_offset");
+    let target = offset(primary);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while offset(replica) < target {
+        assert!(
+            Instant::now() < deadline,
+            "the replica on port {} did not catch up with offset {target}",
+            replica.port()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// A store on `url` deciding at the server's clock (what replicas must
@@ -334,7 +351,7 @@ fn a_failed_release_still_replicates_its_deletes() {
         matches!(answer, Reply::Error(_)),
         "the refund failed: {answer:?}"
     );
-    assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
+    caught_up(&primary, &replica);
     assert_eq!(int(primary.command(&["EXISTS", &held])), 0, "released");
     assert_eq!(
         int(replica.command(&["EXISTS", &held])),
@@ -861,7 +878,7 @@ async fn replicas_and_the_aof_hold_the_primarys_states() {
         )
         .await
         .expect("block");
-    assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
+    caught_up(&primary, &replica);
     let keys = match primary.command(&["KEYS", &format!("{prefix}:*")]) {
         Reply::Array(Some(keys)) => keys.into_iter().map(text).collect::<Vec<_>>(),
         other => panic!("{other:?}"),
@@ -968,7 +985,7 @@ async fn releases_are_replicated_as_their_effects() {
         .collect();
     let released: Vec<_> = first_of_each.iter().map(|(_, hold)| *hold).collect();
     store.release(&layers, &released).await.expect("release");
-    assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
+    caught_up(&primary, &replica);
     let state = |server: &RedisServer, subject: &str| -> Option<(String, i64)> {
         let key = store
             .settings()
@@ -1022,7 +1039,7 @@ async fn a_release_from_a_long_list_is_replicated_as_the_removal() {
         .expect("release");
     let sent = offset(&primary) - before;
     assert!(sent < 1_000, "{sent} bytes replicated for one release");
-    assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
+    caught_up(&primary, &replica);
     let key = store
         .settings()
         .redis_key(&one_place(&in_flight, &subject).key);
@@ -1047,7 +1064,7 @@ async fn a_block_on_a_new_log_replicates_no_delete() {
     let subject = unique("s");
     // `DEL`s the replica ran (the store's connection probes run some).
     let deletes = || {
-        assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
+        caught_up(&primary, &replica);
         let stats = text(replica.command(&["INFO", "commandstats"]));
         stats
             .lines()
@@ -1086,7 +1103,7 @@ async fn a_replica_promoted_without_the_module_decides_on_from_the_same_states()
     for _ in 0..10 {
         assert!(admits(&before, &policies, &subject, 3).await);
     }
-    assert_eq!(int(primary.command(&["WAIT", "1", "5000"])), 1);
+    caught_up(&primary, &replica);
     primary.kill();
     assert_eq!(
         replica.command(&["REPLICAOF", "NO", "ONE"]),
